@@ -1,0 +1,361 @@
+//! Scaled dot-product attention, `softmax(Q·Kᵀ·scale + mask)·V`, as one streaming kernel.
+//!
+//! [`attention`] serves every attention in qkv: self-, cross- and causal attention,
+//! multi-head, grouped-query and multi-query, prefill (many queries) and decode (one query
+//! against a long KV cache).
+//!
+//! - Layout: Q `[tq, heads, d_qk]`, K `[tk, kv_heads, d_qk]`, V `[tk, kv_heads, d_v]`, each a
+//!   strided view ([`QueryView`], [`KvView`]) so that a KV cache with spare capacity, or a
+//!   head-major cache, is read in place. K and V may be f32 or f16. Query head `h` reads KV
+//!   head `h / (heads / kv_heads)`. The output is `[tq, heads, d_v]`, contiguous.
+//! - Streaming softmax: keys are visited in blocks; each query row keeps its running maximum,
+//!   normaliser and weighted sum, so the `tq × tk` score matrix never exists beyond one block
+//!   per worker thread.
+//! - Masks ([`AttentionMask`]) are fused into the loop: causal with a query offset, per-key
+//!   padding flags at any positions, and an optional dense `[tq, tk]` mask. Key blocks that lie
+//!   wholly in the future of every query of a block are skipped, not computed.
+//! - **A query row whose keys are all masked returns zeros** (PyTorch would return NaN with
+//!   `-inf` fills, or the mean of V with `-1e9` fills).
+//! - Work is split over (KV head, query block) across rayon's pool; when that gives too few
+//!   pieces (decode), the keys are split too and the partial softmax states are merged.
+//!
+//! [`attention_with_probs`] is the slow path that also returns the probabilities.
+//!
+//! ```
+//! use qkv_kernels::{attention, AttentionMask, KvView, QueryView};
+//! // One head, two queries, three keys, d = 2; causal from position 0.
+//! let q = [1.0, 0.0, 0.0, 1.0];
+//! let k = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+//! let v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+//! let mut out = [0.0; 4];
+//! attention(
+//!     &QueryView::contiguous(&q, 2, 1, 2),
+//!     &KvView::contiguous_f32(&k, 3, 1, 2),
+//!     &KvView::contiguous_f32(&v, 3, 1, 2),
+//!     &AttentionMask::causal(0),
+//!     None,
+//!     &mut out,
+//! )
+//! .unwrap();
+//! assert_eq!(&out[..2], &[1.0, 2.0]); // query 0 sees key 0 only
+//! ```
+
+use crate::error::{check_covers, check_len, check_nonzero, KernelError, Result};
+use half::f16;
+
+/// Queries: `rows × heads × dim` f32 values, element `(r, h, d)` at
+/// `r·row_stride + h·head_stride + d`.
+#[derive(Clone, Copy, Debug)]
+pub struct QueryView<'a> {
+    /// The backing slice.
+    pub data: &'a [f32],
+    /// Number of query positions (`tq`).
+    pub rows: usize,
+    /// Number of query heads.
+    pub heads: usize,
+    /// Elements per head (`d_qk`).
+    pub dim: usize,
+    /// Elements between consecutive positions.
+    pub row_stride: usize,
+    /// Elements between consecutive heads of one position.
+    pub head_stride: usize,
+}
+
+impl<'a> QueryView<'a> {
+    /// A dense `[rows, heads, dim]` view.
+    pub fn contiguous(data: &'a [f32], rows: usize, heads: usize, dim: usize) -> Self {
+        QueryView {
+            data,
+            rows,
+            heads,
+            dim,
+            row_stride: heads * dim,
+            head_stride: dim,
+        }
+    }
+}
+
+/// The element type of a K or V view.
+#[derive(Clone, Copy, Debug)]
+pub enum KvData<'a> {
+    /// 32-bit floats.
+    F32(&'a [f32]),
+    /// Half floats, widened as they are read.
+    F16(&'a [f16]),
+}
+
+impl KvData<'_> {
+    fn len(&self) -> usize {
+        match self {
+            KvData::F32(d) => d.len(),
+            KvData::F16(d) => d.len(),
+        }
+    }
+}
+
+/// Keys or values: `rows × heads × dim`, element `(r, h, d)` at
+/// `r·row_stride + h·head_stride + d`. A cache of capacity `C > rows` is viewed in place by
+/// passing its first `rows` positions' strides.
+#[derive(Clone, Copy, Debug)]
+pub struct KvView<'a> {
+    /// The backing slice.
+    pub data: KvData<'a>,
+    /// Number of key positions (`tk`).
+    pub rows: usize,
+    /// Number of KV heads.
+    pub heads: usize,
+    /// Elements per head.
+    pub dim: usize,
+    /// Elements between consecutive positions.
+    pub row_stride: usize,
+    /// Elements between consecutive heads of one position.
+    pub head_stride: usize,
+}
+
+impl<'a> KvView<'a> {
+    /// A dense `[rows, heads, dim]` f32 view.
+    pub fn contiguous_f32(data: &'a [f32], rows: usize, heads: usize, dim: usize) -> Self {
+        KvView {
+            data: KvData::F32(data),
+            rows,
+            heads,
+            dim,
+            row_stride: heads * dim,
+            head_stride: dim,
+        }
+    }
+
+    /// A dense `[rows, heads, dim]` f16 view.
+    pub fn contiguous_f16(data: &'a [f16], rows: usize, heads: usize, dim: usize) -> Self {
+        KvView {
+            data: KvData::F16(data),
+            rows,
+            heads,
+            dim,
+            row_stride: heads * dim,
+            head_stride: dim,
+        }
+    }
+
+    #[inline]
+    fn offset(&self, row: usize, head: usize) -> usize {
+        row * self.row_stride + head * self.head_stride
+    }
+
+    #[inline]
+    fn get(&self, row: usize, head: usize, d: usize) -> f32 {
+        let i = self.offset(row, head) + d;
+        match self.data {
+            KvData::F32(x) => x[i],
+            KvData::F16(x) => x[i].to_f32(),
+        }
+    }
+}
+
+/// Which (query, key) pairs may attend. `true` means *visible* everywhere in this API; a key is
+/// attended only if every given mask allows it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionMask<'a> {
+    /// Causal masking with a query offset `p₀`: query `i` sits at absolute position `p₀ + i`
+    /// and sees keys `j ≤ p₀ + i`. `Some(0)` is PyTorch's `is_causal=True` (top-left aligned).
+    pub causal_offset: Option<usize>,
+    /// Per-key flags, length `tk`: `false` marks padding that no query attends.
+    pub key_keep: Option<&'a [bool]>,
+    /// Dense flags `[tq, tk]`, row-major: `false` blocks that (query, key) pair.
+    pub dense_keep: Option<&'a [bool]>,
+}
+
+impl<'a> AttentionMask<'a> {
+    /// No masking.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Causal masking, queries starting at absolute position `offset`.
+    pub fn causal(offset: usize) -> Self {
+        AttentionMask {
+            causal_offset: Some(offset),
+            ..Self::default()
+        }
+    }
+
+    /// Adds per-key padding flags (`true` = real key).
+    pub fn with_key_keep(mut self, keep: &'a [bool]) -> Self {
+        self.key_keep = Some(keep);
+        self
+    }
+
+    /// Adds a dense `[tq, tk]` mask (`true` = visible).
+    pub fn with_dense_keep(mut self, keep: &'a [bool]) -> Self {
+        self.dense_keep = Some(keep);
+        self
+    }
+
+    /// True when query `i` may attend key `j` (`tk` is the number of keys).
+    #[inline]
+    pub fn visible(&self, i: usize, j: usize, tk: usize) -> bool {
+        if let Some(p0) = self.causal_offset {
+            if j > p0 + i {
+                return false;
+            }
+        }
+        if let Some(keep) = self.key_keep {
+            if !keep[j] {
+                return false;
+            }
+        }
+        if let Some(dense) = self.dense_keep {
+            if !dense[i * tk + j] {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Shapes every attention entry point agrees on, after validation.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    tq: usize,
+    tk: usize,
+    heads: usize,
+    kv_heads: usize,
+    d_qk: usize,
+    d_v: usize,
+    scale: f32,
+}
+
+fn view_span(rows: usize, heads: usize, dim: usize, row_stride: usize, head_stride: usize) -> Option<usize> {
+    (rows - 1)
+        .checked_mul(row_stride)?
+        .checked_add((heads - 1).checked_mul(head_stride)?)?
+        .checked_add(dim)
+}
+
+fn validate(
+    q: &QueryView<'_>,
+    k: &KvView<'_>,
+    v: &KvView<'_>,
+    mask: &AttentionMask<'_>,
+    scale: Option<f32>,
+    out_len: usize,
+) -> Result<Dims> {
+    check_nonzero("tq (query rows)", q.rows)?;
+    check_nonzero("heads", q.heads)?;
+    check_nonzero("d_qk (query dim)", q.dim)?;
+    check_nonzero("tk (key rows)", k.rows)?;
+    check_nonzero("kv_heads", k.heads)?;
+    check_nonzero("d_v (value dim)", v.dim)?;
+    if k.rows != v.rows {
+        return Err(KernelError::Mismatch { what: "key rows vs value rows", left: k.rows, right: v.rows });
+    }
+    if k.heads != v.heads {
+        return Err(KernelError::Mismatch { what: "key heads vs value heads", left: k.heads, right: v.heads });
+    }
+    if k.dim != q.dim {
+        return Err(KernelError::Mismatch { what: "key dim vs query dim", left: k.dim, right: q.dim });
+    }
+    if q.heads % k.heads != 0 {
+        return Err(KernelError::Mismatch { what: "heads must be a multiple of kv_heads", left: q.heads, right: k.heads });
+    }
+    let span = |what: &'static str, rows, heads, dim, rs, hs, len| -> Result<()> {
+        let need = view_span(rows, heads, dim, rs, hs)
+            .ok_or_else(|| KernelError::Invalid(format!("`{what}` strides overflow")))?;
+        check_covers(what, need, len)
+    };
+    span("q", q.rows, q.heads, q.dim, q.row_stride, q.head_stride, q.data.len())?;
+    span("k", k.rows, k.heads, k.dim, k.row_stride, k.head_stride, k.data.len())?;
+    span("v", v.rows, v.heads, v.dim, v.row_stride, v.head_stride, v.data.len())?;
+    check_len("out", q.rows * q.heads * v.dim, out_len)?;
+    if let Some(keep) = mask.key_keep {
+        check_len("key_keep", k.rows, keep.len())?;
+    }
+    if let Some(dense) = mask.dense_keep {
+        check_len("dense_keep", q.rows * k.rows, dense.len())?;
+    }
+    let scale = scale.unwrap_or(1.0 / (q.dim as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(KernelError::Invalid(format!("scale must be finite, got {scale}")));
+    }
+    Ok(Dims {
+        tq: q.rows,
+        tk: k.rows,
+        heads: q.heads,
+        kv_heads: k.heads,
+        d_qk: q.dim,
+        d_v: v.dim,
+        scale,
+    })
+}
+
+/// Attention over the views, written to `out` `[tq, heads, d_v]`. `scale` defaults to
+/// `1/√d_qk`. Errors (never panics) when shapes, strides, lengths or masks disagree.
+pub fn attention(
+    q: &QueryView<'_>,
+    k: &KvView<'_>,
+    v: &KvView<'_>,
+    mask: &AttentionMask<'_>,
+    scale: Option<f32>,
+    out: &mut [f32],
+) -> Result<()> {
+    let dims = validate(q, k, v, mask, scale, out.len())?;
+    streaming::run(q, k, v, mask, &dims, out);
+    Ok(())
+}
+
+/// The slow path: the same result as [`attention`] plus the probabilities `[heads, tq, tk]`
+/// (row `(h, i)` sums to 1, or is all zeros when every key is masked). It materializes the
+/// whole score matrix, so it is for inspection and tests, not for speed.
+pub fn attention_with_probs(
+    q: &QueryView<'_>,
+    k: &KvView<'_>,
+    v: &KvView<'_>,
+    mask: &AttentionMask<'_>,
+    scale: Option<f32>,
+    out: &mut [f32],
+) -> Result<Vec<f32>> {
+    let dims = validate(q, k, v, mask, scale, out.len())?;
+    let Dims { tq, tk, heads, kv_heads, d_qk, d_v, scale } = dims;
+    let group = heads / kv_heads;
+    let mut probs = vec![0.0f32; heads * tq * tk];
+    for h in 0..heads {
+        let g = h / group;
+        for i in 0..tq {
+            let row = &mut probs[(h * tq + i) * tk..(h * tq + i + 1) * tk];
+            let qo = i * q.row_stride + h * q.head_stride;
+            let mut max = f32::NEG_INFINITY;
+            for (j, s) in row.iter_mut().enumerate() {
+                if mask.visible(i, j, tk) {
+                    let mut dot = 0.0f32;
+                    for d in 0..d_qk {
+                        dot += q.data[qo + d] * k.get(j, g, d);
+                    }
+                    *s = dot * scale;
+                    max = max.max(*s);
+                } else {
+                    *s = f32::NEG_INFINITY;
+                }
+            }
+            let o = &mut out[(i * heads + h) * d_v..(i * heads + h + 1) * d_v];
+            o.fill(0.0);
+            if max == f32::NEG_INFINITY {
+                row.fill(0.0);
+                continue;
+            }
+            let mut sum = 0.0f32;
+            for s in row.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            for (j, s) in row.iter_mut().enumerate() {
+                *s /= sum;
+                for (d, od) in o.iter_mut().enumerate() {
+                    *od += *s * v.get(j, g, d);
+                }
+            }
+        }
+    }
+    Ok(probs)
+}
+
+mod streaming;

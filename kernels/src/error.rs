@@ -1,0 +1,87 @@
+//! The one error type of the kernel crate.
+
+use std::fmt;
+
+/// What a kernel refused, and why. Every public kernel validates its slices and shapes
+/// before it touches memory, so bad input becomes one of these instead of a panic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelError {
+    /// A slice is shorter (or longer) than the shape it was passed with says.
+    Length {
+        /// Which argument, e.g. `"x"`, `"weights"`, `"key_keep"`.
+        what: &'static str,
+        /// Elements the shape requires.
+        expected: usize,
+        /// Elements the slice has.
+        actual: usize,
+    },
+    /// A dimension that must be non-zero is zero.
+    ZeroDim(&'static str),
+    /// Two dimensions that must agree do not.
+    Mismatch {
+        /// What the disagreement is about, e.g. `"heads % kv_heads"`.
+        what: &'static str,
+        /// The left-hand value.
+        left: usize,
+        /// The right-hand value.
+        right: usize,
+    },
+    /// Any other invalid argument, with a sentence that says which.
+    Invalid(String),
+}
+
+impl fmt::Display for KernelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelError::Length {
+                what,
+                expected,
+                actual,
+            } => write!(
+                f,
+                "`{what}` has {actual} elements but its shape needs {expected}"
+            ),
+            KernelError::ZeroDim(what) => write!(f, "dimension `{what}` must not be zero"),
+            KernelError::Mismatch { what, left, right } => {
+                write!(f, "{what}: {left} does not agree with {right}")
+            }
+            KernelError::Invalid(msg) => f.write_str(msg),
+        }
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+/// Result alias for the kernels.
+pub type Result<T> = std::result::Result<T, KernelError>;
+
+/// Checks that `slice_len` is at least `needed` (for strided views) or exactly it.
+pub(crate) fn check_len(what: &'static str, needed: usize, actual: usize) -> Result<()> {
+    if actual != needed {
+        return Err(KernelError::Length {
+            what,
+            expected: needed,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that a strided view of `actual` elements covers `needed` elements.
+pub(crate) fn check_covers(what: &'static str, needed: usize, actual: usize) -> Result<()> {
+    if actual < needed {
+        return Err(KernelError::Length {
+            what,
+            expected: needed,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn check_nonzero(what: &'static str, v: usize) -> Result<()> {
+    if v == 0 {
+        return Err(KernelError::ZeroDim(what));
+    }
+    Ok(())
+}

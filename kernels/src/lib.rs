@@ -1,0 +1,39 @@
+//! # qkv-kernels
+//!
+//! The compute kernels of qkv: slices and shapes in, slices out. Nothing here knows what a
+//! model is. Every SIMD kernel has a plain scalar reference beside it (`*_scalar` or a
+//! `reference` module) that the tests compare it with.
+//!
+//! - [`matmul`]: `y = x·Wᵀ (+ b)` with `W` in the PyTorch `nn.Linear` layout, f32 or f16;
+//!   the gemm crate for many rows, our own streaming GEMV for few rows.
+//! - [`attention`]: one streaming-softmax attention kernel with fused causal, padding and
+//!   dense masks, for self-, cross- and causal attention, MHA/GQA/MQA, prefill and decode.
+//! - [`norm`], [`activation`], [`rope`], [`position`], [`convert`]: the rest of a
+//!   transformer layer.
+//!
+//! Run-time dispatch: the generic kernels go through [`pulp::Arch`]; the f16 and attention
+//! micro-kernels need F16C and a vector `exp`, which pulp's portable trait does not offer,
+//! so they are written for AVX2+FMA+F16C behind a run-time check ([`simd::has_avx2_fma_f16c`])
+//! with a scalar fallback on every other machine.
+
+#![warn(missing_docs)]
+
+pub mod activation;
+pub mod attention;
+pub mod convert;
+pub mod error;
+pub mod matmul;
+pub mod norm;
+pub mod position;
+pub mod rope;
+pub mod simd;
+
+pub use attention::{attention, attention_with_probs, AttentionMask, KvData, KvView, QueryView};
+pub use error::{KernelError, Result};
+pub use half::f16;
+pub use matmul::{linear, Weights};
+
+/// Number of threads the kernels split work across (rayon's current pool).
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}

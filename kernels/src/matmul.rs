@@ -1,0 +1,454 @@
+//! `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias[n])`: the `nn.Linear` product, with `W` stored f32 or
+//! f16 in PyTorch's `[out_features, in_features]` layout and activations in f32.
+//!
+//! - Few rows (`m ≤` [`GEMV_MAX_ROWS`], decode): our own GEMV streams `W` once, converting
+//!   f16 to f32 in registers, split across threads by rows of `W`.
+//! - Many rows (prefill): the gemm crate in f32, parallel with rayon. f16 weights are
+//!   converted to f32 one cache-sized panel of rows at a time inside the call, never as a
+//!   whole-matrix copy.
+//!
+//! ```
+//! use qkv_kernels::{linear, Weights};
+//! // y = x·Wᵀ + b with x [1, 2], W [3, 2]
+//! let x = [1.0, 2.0];
+//! let w = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+//! let b = [0.5, 0.5, 0.5];
+//! let mut y = [0.0; 3];
+//! linear(&mut y, &x, Weights::F32(&w), Some(&b), 1, 2, 3).unwrap();
+//! assert_eq!(y, [1.5, 2.5, 3.5]);
+//! ```
+
+use crate::error::{check_len, check_nonzero, Result};
+use half::f16;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Up to this many rows of `x`, [`linear`] takes the streaming GEMV instead of gemm.
+pub const GEMV_MAX_ROWS: usize = 8;
+
+/// A weight matrix `[n, k]` (row-major, one row per output feature) in a compute dtype.
+#[derive(Clone, Copy, Debug)]
+pub enum Weights<'a> {
+    /// 32-bit floats.
+    F32(&'a [f32]),
+    /// IEEE half floats, widened to f32 inside the kernels.
+    F16(&'a [f16]),
+}
+
+impl Weights<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Weights::F32(w) => w.len(),
+            Weights::F16(w) => w.len(),
+        }
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes one element takes.
+    pub fn elem_bytes(&self) -> usize {
+        match self {
+            Weights::F32(_) => 4,
+            Weights::F16(_) => 2,
+        }
+    }
+
+    /// Element `i` as f32.
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            Weights::F32(w) => w[i],
+            Weights::F16(w) => w[i].to_f32(),
+        }
+    }
+}
+
+fn validate(
+    y: &[f32],
+    x: &[f32],
+    w: Weights<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<()> {
+    check_nonzero("m", m)?;
+    check_nonzero("k", k)?;
+    check_nonzero("n", n)?;
+    check_len("x", m * k, x.len())?;
+    check_len("weights", n * k, w.len())?;
+    check_len("y", m * n, y.len())?;
+    if let Some(b) = bias {
+        check_len("bias", n, b.len())?;
+    }
+    Ok(())
+}
+
+/// `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)`, overwriting `y`.
+///
+/// Picks the GEMV for `m ≤ GEMV_MAX_ROWS` and gemm otherwise; both use rayon's current pool.
+/// Errors if a slice length disagrees with `m`, `k`, `n` or a dimension is zero.
+pub fn linear(
+    y: &mut [f32],
+    x: &[f32],
+    w: Weights<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<()> {
+    validate(y, x, w, bias, m, k, n)?;
+    if m <= GEMV_MAX_ROWS {
+        gemv(y, x, w, bias, m, k, n);
+    } else {
+        match w {
+            Weights::F32(w) => gemm_f32(y, x, w, bias, m, k, n),
+            Weights::F16(w) => gemm_f16_panels(y, x, w, bias, m, k, n),
+        }
+    }
+    Ok(())
+}
+
+/// The plain reference for [`linear`]: one dot product per output, f32 accumulation.
+pub fn linear_scalar(
+    y: &mut [f32],
+    x: &[f32],
+    w: Weights<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<()> {
+    validate(y, x, w, bias, m, k, n)?;
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for p in 0..k {
+                acc += x[i * k + p] * w.get(j * k + p);
+            }
+            y[i * n + j] = acc + bias.map_or(0.0, |b| b[j]);
+        }
+    }
+    Ok(())
+}
+
+/// Calls the gemm crate for `dst[m, n] (row stride dst_rs) = x[m, k] · wt`, where `wt` is the
+/// `[n, k]` row-major weight block read as its transpose. With `accumulate`, adds to `dst`.
+fn gemm_raw(
+    dst: &mut [f32],
+    dst_rs: usize,
+    x: &[f32],
+    w: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    accumulate: bool,
+) {
+    debug_assert!(dst.len() >= (m - 1) * dst_rs + n);
+    debug_assert!(x.len() >= m * k && w.len() >= n * k);
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 && m * n * k >= 1 << 16 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the debug-asserted bounds hold for every caller (validated in `linear`): dst
+    // covers m rows of stride dst_rs with n columns, x is m·k row-major, w is n·k row-major
+    // and read as the k×n matrix with row stride 1 and column stride k.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+fn fill_bias(y: &mut [f32], bias: Option<&[f32]>, n: usize) -> bool {
+    match bias {
+        Some(b) => {
+            for row in y.chunks_exact_mut(n) {
+                row.copy_from_slice(b);
+            }
+            true
+        }
+        None => false,
+    }
+}
+
+fn gemm_f32(
+    y: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    let accumulate = fill_bias(y, bias, n);
+    gemm_raw(y, n, x, w, m, k, n, accumulate);
+}
+
+thread_local! {
+    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Rows of `W` converted per panel: about 512 KiB of f32, a multiple of 16 rows.
+fn panel_rows(k: usize, n: usize) -> usize {
+    let rows = ((128 * 1024) / k).max(16) / 16 * 16;
+    rows.min(n)
+}
+
+fn gemm_f16_panels(
+    y: &mut [f32],
+    x: &[f32],
+    w: &[f16],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    let accumulate = fill_bias(y, bias, n);
+    let rows = panel_rows(k, n);
+    PANEL.with(|panel| {
+        let mut panel = panel.borrow_mut();
+        if panel.len() < rows * k {
+            panel.resize(rows * k, 0.0);
+        }
+        let mut j0 = 0;
+        while j0 < n {
+            let nr = rows.min(n - j0);
+            let dst = &mut panel[..nr * k];
+            crate::convert::f16_to_f32(&w[j0 * k..(j0 + nr) * k], dst)
+                .expect("panel lengths agree by construction");
+            gemm_raw(&mut y[j0..], n, x, dst, m, k, nr, accumulate);
+            j0 += nr;
+        }
+    });
+}
+
+/// Minimum `n·k` below which the GEMV stays on one thread: smaller matrices finish before a
+/// hand-off to another thread would pay for itself.
+const GEMV_PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// Output columns per unit of GEMV work: W rows handled by one tile loop.
+const GEMV_ROW_BLOCK: usize = 64;
+
+/// A raw pointer to `y` that may cross threads; each task writes a disjoint column range.
+#[derive(Clone, Copy)]
+struct YPtr(*mut f32);
+// SAFETY: tasks only write disjoint column ranges of y (see `gemv`).
+unsafe impl Send for YPtr {}
+unsafe impl Sync for YPtr {}
+
+impl YPtr {
+    /// Taking `self` makes closures capture the whole wrapper, not the raw field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+fn gemv(
+    y: &mut [f32],
+    x: &[f32],
+    w: Weights<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    let threads = rayon::current_num_threads();
+    let yp = YPtr(y.as_mut_ptr());
+    let run = |j0: usize, j1: usize| {
+        // SAFETY: `y` is m·n long (validated); this task owns columns j0..j1 of every row,
+        // and no other task touches them while it runs.
+        let y = unsafe { std::slice::from_raw_parts_mut(yp.get(), m * n) };
+        gemv_columns(y, x, w, bias, m, k, n, j0, j1);
+    };
+    if threads <= 1 || n * k < GEMV_PAR_MIN_ELEMS {
+        run(0, n);
+        return;
+    }
+    // One contiguous range of W rows per thread (a multiple of the tile height), so every
+    // thread streams its own part of W exactly once.
+    let per = n.div_ceil(threads).div_ceil(4) * 4;
+    (0..threads).into_par_iter().for_each(|t| {
+        let j0 = (t * per).min(n);
+        let j1 = ((t + 1) * per).min(n);
+        if j0 < j1 {
+            run(j0, j1);
+        }
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv_columns(
+    y: &mut [f32],
+    x: &[f32],
+    w: Weights<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+    j0: usize,
+    j1: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); bounds as in gemv.
+        unsafe {
+            match w {
+                Weights::F32(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
+                Weights::F16(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
+            }
+        }
+        return;
+    }
+    for j in j0..j1 {
+        for i in 0..m {
+            let xr = &x[i * k..(i + 1) * k];
+            let mut acc = 0.0f32;
+            for (p, &xv) in xr.iter().enumerate() {
+                acc += xv * w.get(j * k + p);
+            }
+            y[i * n + j] = acc + bias.map_or(0.0, |b| b[j]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod gemv_avx2 {
+    use super::GEMV_ROW_BLOCK;
+    use crate::simd::avx2::{hsum, Lane};
+    use core::arch::x86_64::*;
+
+    /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`. W rows are processed in blocks of
+    /// [`GEMV_ROW_BLOCK`]; inside a block, groups of up to 4 rows of `x` take turns, so for
+    /// m > 4 the block is re-read from cache rather than from memory.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `y` is m·n, `x` m·k, `w` n·k, `j1 ≤ n`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn columns<T: Lane>(
+        y: &mut [f32],
+        x: &[f32],
+        w: &[T],
+        bias: Option<&[f32]>,
+        m: usize,
+        k: usize,
+        n: usize,
+        j0: usize,
+        j1: usize,
+    ) {
+        let mut jb = j0;
+        while jb < j1 {
+            let je = (jb + GEMV_ROW_BLOCK).min(j1);
+            let mut i = 0;
+            while i < m {
+                let mr = (m - i).min(4);
+                match mr {
+                    1 => block::<T, 1, 4>(y, x, w, m, k, n, i, jb, je),
+                    2 => block::<T, 2, 4>(y, x, w, m, k, n, i, jb, je),
+                    3 => block::<T, 3, 2>(y, x, w, m, k, n, i, jb, je),
+                    _ => block::<T, 4, 2>(y, x, w, m, k, n, i, jb, je),
+                }
+                i += mr;
+            }
+            jb = je;
+        }
+        if let Some(b) = bias {
+            for i in 0..m {
+                for j in j0..j1 {
+                    y[i * n + j] += b[j];
+                }
+            }
+        }
+    }
+
+    /// Rows `i0..i0+M` of x against W rows `jb..je`, `R` W rows at a time.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn block<T: Lane, const M: usize, const R: usize>(
+        y: &mut [f32],
+        x: &[f32],
+        w: &[T],
+        _m: usize,
+        k: usize,
+        n: usize,
+        i0: usize,
+        jb: usize,
+        je: usize,
+    ) {
+        let mut j = jb;
+        while j + R <= je {
+            tile::<T, M, R>(y, x, w, k, n, i0, j);
+            j += R;
+        }
+        while j < je {
+            tile::<T, M, 1>(y, x, w, k, n, i0, j);
+            j += 1;
+        }
+    }
+
+    /// Dot products of x rows `i0..i0+M` with W rows `j..j+R`, written to y.
+    #[inline(always)]
+    unsafe fn tile<T: Lane, const M: usize, const R: usize>(
+        y: &mut [f32],
+        x: &[f32],
+        w: &[T],
+        k: usize,
+        n: usize,
+        i0: usize,
+        j: usize,
+    ) {
+        debug_assert!((j + R) * k <= w.len() && (i0 + M) * k <= x.len());
+        let wp = w.as_ptr().add(j * k);
+        let xp = x.as_ptr().add(i0 * k);
+        let mut acc = [[_mm256_setzero_ps(); R]; M];
+        let k8 = k / 8 * 8;
+        let mut p = 0;
+        while p < k8 {
+            let mut wv = [_mm256_setzero_ps(); R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = T::load8(wp.add(r * k + p));
+            }
+            for (mi, row) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(xp.add(mi * k + p));
+                for (r, a) in row.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(xv, wv[r], *a);
+                }
+            }
+            p += 8;
+        }
+        for (mi, row) in acc.iter().enumerate() {
+            for (r, a) in row.iter().enumerate() {
+                let mut s = hsum(*a);
+                for q in k8..k {
+                    s += *xp.add(mi * k + q) * (*wp.add(r * k + q)).to_f32();
+                }
+                *y.get_unchecked_mut((i0 + mi) * n + j + r) = s;
+            }
+        }
+    }
+}

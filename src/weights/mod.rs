@@ -1,0 +1,310 @@
+//! Weights: files mapped with memmap2 and turned into named, typed tensor views.
+//!
+//! A [`Tensor`] in f32 or f16 whose bytes sit aligned in the mapped file borrows them:
+//! no copy is made. Other stored dtypes (bf16, quantized blocks) are converted once, at load,
+//! into an owned buffer of the compute dtype.
+//!
+//! - [`safetensors`]: PyTorch / Hugging Face `.safetensors` files.
+//! - [`gguf`]: llama.cpp's GGUF (v2, v3).
+
+pub mod gguf;
+pub mod safetensors;
+
+use crate::error::{Error, Result};
+use half::f16;
+use memmap2::Mmap;
+use qkv_kernels::Weights;
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The dtypes qkv computes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FloatType {
+    /// 32-bit IEEE float.
+    F32,
+    /// 16-bit IEEE half float.
+    F16,
+}
+
+impl FloatType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            FloatType::F32 => 4,
+            FloatType::F16 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for FloatType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FloatType::F32 => "f32",
+            FloatType::F16 => "f16",
+        })
+    }
+}
+
+impl std::str::FromStr for FloatType {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(FloatType::F32),
+            "f16" | "float16" | "half" => Ok(FloatType::F16),
+            other => Err(Error::Unsupported(format!(
+                "compute dtype `{other}` (use f16 or f32)"
+            ))),
+        }
+    }
+}
+
+/// Maps a whole file read-only, with errors that name it.
+pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
+    let file = File::open(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    // SAFETY: the map is read-only. qkv never writes to it; a file truncated or rewritten by
+    // another process while mapped is outside what any mmap-based reader can defend against,
+    // and the README says so.
+    let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(Arc::new(map))
+}
+
+enum Storage {
+    /// Borrowed from a mapped file: `count` elements of `dtype` at byte `offset`, aligned.
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        dtype: FloatType,
+    },
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+/// A named tensor in a compute dtype, either borrowed from a mapped file or owned.
+pub struct Tensor {
+    name: String,
+    shape: Vec<usize>,
+    storage: Storage,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("name", &self.name)
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype())
+            .field("mapped", &self.is_mapped())
+            .finish()
+    }
+}
+
+fn numel_of(name: &str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::Config(format!("tensor `{name}`: shape {shape:?} overflows")))
+}
+
+impl Tensor {
+    /// A view of `shape` elements of `dtype` at byte `offset` of `map`. Borrows the bytes when
+    /// they are suitably aligned, and copies them otherwise (a file that packs tensors at odd
+    /// offsets still loads). Errors if the range lies outside the map.
+    pub fn from_mapped(
+        name: &str,
+        shape: Vec<usize>,
+        map: Arc<Mmap>,
+        offset: usize,
+        dtype: FloatType,
+    ) -> Result<Tensor> {
+        let count = numel_of(name, &shape)?;
+        let bytes = count
+            .checked_mul(dtype.size())
+            .and_then(|b| b.checked_add(offset))
+            .filter(|&end| end <= map.len())
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "tensor `{name}` ({dtype}, shape {shape:?}) at byte {offset} runs past the end of its file ({} bytes)",
+                    map.len()
+                ))
+            })?;
+        let raw = &map[offset..bytes];
+        let aligned = (raw.as_ptr() as usize) % dtype.size() == 0;
+        let storage = if aligned {
+            Storage::Mapped { map, offset, dtype }
+        } else {
+            match dtype {
+                FloatType::F32 => Storage::F32(
+                    raw.chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect(),
+                ),
+                FloatType::F16 => Storage::F16(
+                    raw.chunks_exact(2)
+                        .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                        .collect(),
+                ),
+            }
+        };
+        Ok(Tensor {
+            name: name.to_owned(),
+            shape,
+            storage,
+        })
+    }
+
+    /// An owned f32 tensor. Errors if `data` does not hold `shape`'s element count.
+    pub fn from_f32(name: &str, shape: Vec<usize>, data: Vec<f32>) -> Result<Tensor> {
+        Self::check_owned(name, &shape, data.len())?;
+        Ok(Tensor {
+            name: name.to_owned(),
+            shape,
+            storage: Storage::F32(data),
+        })
+    }
+
+    /// An owned f16 tensor. Errors if `data` does not hold `shape`'s element count.
+    pub fn from_f16(name: &str, shape: Vec<usize>, data: Vec<f16>) -> Result<Tensor> {
+        Self::check_owned(name, &shape, data.len())?;
+        Ok(Tensor {
+            name: name.to_owned(),
+            shape,
+            storage: Storage::F16(data),
+        })
+    }
+
+    fn check_owned(name: &str, shape: &[usize], len: usize) -> Result<()> {
+        let count = numel_of(name, shape)?;
+        if count != len {
+            return Err(Error::Config(format!(
+                "tensor `{name}`: shape {shape:?} needs {count} elements, got {len}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The tensor's name in its file.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its shape, outermost dimension first (PyTorch order).
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The dtype of its elements.
+    pub fn dtype(&self) -> FloatType {
+        match &self.storage {
+            Storage::Mapped { dtype, .. } => *dtype,
+            Storage::F32(_) => FloatType::F32,
+            Storage::F16(_) => FloatType::F16,
+        }
+    }
+
+    /// True when the data is borrowed from a mapped file (no copy was made).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.storage, Storage::Mapped { .. })
+    }
+
+    /// The data as a kernel operand.
+    pub fn weights(&self) -> Weights<'_> {
+        match &self.storage {
+            Storage::Mapped { map, offset, dtype } => {
+                let n = self.numel();
+                let ptr = map[*offset..].as_ptr();
+                match dtype {
+                    // SAFETY: `from_mapped` checked that offset + n·4 bytes lie inside the
+                    // map and that `ptr` is 4-aligned; the map lives as long as `self`.
+                    FloatType::F32 => {
+                        Weights::F32(unsafe { std::slice::from_raw_parts(ptr as *const f32, n) })
+                    }
+                    // SAFETY: as above with 2-byte elements; f16 is a plain 16-bit value.
+                    FloatType::F16 => {
+                        Weights::F16(unsafe { std::slice::from_raw_parts(ptr as *const f16, n) })
+                    }
+                }
+            }
+            Storage::F32(v) => Weights::F32(v),
+            Storage::F16(v) => Weights::F16(v),
+        }
+    }
+
+    /// The data as f32 slice, when that is its dtype.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self.weights() {
+            Weights::F32(v) => Some(v),
+            Weights::F16(_) => None,
+        }
+    }
+
+    /// The data widened to an owned f32 vector (biases, norms, embeddings).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self.weights() {
+            Weights::F32(v) => v.to_vec(),
+            Weights::F16(v) => {
+                let mut out = vec![0.0; v.len()];
+                qkv_kernels::convert::f16_to_f32(v, &mut out).expect("lengths agree");
+                out
+            }
+        }
+    }
+
+    /// This tensor in `dtype`: itself when it already is, else a converted owned copy.
+    pub fn into_dtype(self, dtype: FloatType) -> Tensor {
+        if self.dtype() == dtype {
+            return self;
+        }
+        let storage = match (self.weights(), dtype) {
+            (Weights::F16(v), FloatType::F32) => {
+                let mut out = vec![0.0; v.len()];
+                qkv_kernels::convert::f16_to_f32(v, &mut out).expect("lengths agree");
+                Storage::F32(out)
+            }
+            (Weights::F32(v), FloatType::F16) => {
+                let mut out = vec![f16::ZERO; v.len()];
+                qkv_kernels::convert::f32_to_f16(v, &mut out).expect("lengths agree");
+                Storage::F16(out)
+            }
+            _ => unreachable!("dtype differs, so the pair is one of the two above"),
+        };
+        Tensor {
+            name: self.name,
+            shape: self.shape,
+            storage,
+        }
+    }
+
+    /// Errors with [`Error::TensorShape`] unless the shape is `expected`.
+    pub fn expect_shape(&self, expected: &[usize]) -> Result<&Tensor> {
+        if self.shape != expected {
+            return Err(Error::TensorShape {
+                name: self.name.clone(),
+                expected: expected.to_vec(),
+                actual: self.shape.clone(),
+            });
+        }
+        Ok(self)
+    }
+}
+
+/// Anything that hands out tensors by name: a safetensors file, a GGUF file, a directory.
+pub trait TensorSource: Send + Sync {
+    /// The tensor called `name`, in the dtype it is stored in when that is f32 or f16, else
+    /// converted to the source's compute dtype. [`Error::MissingTensor`] when absent.
+    fn tensor(&self, name: &str) -> Result<Tensor>;
+    /// True when the source has a tensor of that name.
+    fn contains(&self, name: &str) -> bool;
+    /// All tensor names, in file order.
+    fn names(&self) -> Vec<String>;
+}
