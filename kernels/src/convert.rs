@@ -74,7 +74,7 @@ mod avx2 {
         while i < n8 {
             // SAFETY: i + 8 ≤ len for both slices.
             let v = _mm256_loadu_ps(s.add(i));
-            let h = _mm256_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
             _mm_storeu_si128(d.add(i) as *mut __m128i, h);
             i += 8;
         }
