@@ -1,1 +1,580 @@
-//! (being written)
+//! Elementwise activations, the SwiGLU gate, the row softmax and the residual add.
+//!
+//! Every kernel has a plain `*_scalar` reference beside it. The fast versions of the
+//! kernels that only need `+ · max` ([`relu_inplace`], [`add_inplace`]) are one generic body
+//! dispatched at run time through [`pulp::Arch`]; the ones that need a vector `exp` or `erf`
+//! ([`silu_inplace`], [`swiglu`], [`gelu_tanh_inplace`], [`gelu_erf_inplace`],
+//! [`softmax_inplace`]) are written for AVX2+FMA with
+//! [`simd::avx2::exp`](crate::simd) and fall back to their scalar reference on other CPUs
+//! (or with `QKV_FORCE_SCALAR=1`).
+//!
+//! ```
+//! use qkv_kernels::activation::{softmax_inplace, swiglu};
+//! let mut row = [1.0f32, 2.0, 3.0];
+//! softmax_inplace(&mut row);
+//! assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+//!
+//! let mut out = [0.0f32; 2];
+//! swiglu(&mut out, &[0.0, 1.0], &[5.0, 2.0]).unwrap();
+//! assert_eq!(out[0], 0.0); // silu(0) = 0
+//! ```
+
+use crate::error::{check_len, Result};
+use pulp::{Simd, WithSimd};
+
+/// `sqrt(2/π)`, the GELU tanh-approximation scale (PyTorch's `kBeta`).
+const GELU_TANH_BETA: f32 = 0.797_884_6;
+/// The cubic coefficient of the GELU tanh approximation (PyTorch's `kKappa`).
+const GELU_TANH_KAPPA: f32 = 0.044_715;
+
+// ---------------------------------------------------------------------------------------
+// erf
+// ---------------------------------------------------------------------------------------
+
+/// The error function `erf(x) = 2/√π ∫₀ˣ e^(−t²) dt`, correctly rounded to f32 in all but
+/// rare ties (evaluated in f64 with relative error below 1e-14, see [`erf_f64`]).
+pub fn erf(x: f32) -> f32 {
+    erf_f64(x as f64) as f32
+}
+
+/// The complementary error function `erfc(x) = 1 − erf(x)`, accurate in relative terms
+/// even where it is tiny (large positive `x`), rounded to f32.
+pub fn erfc(x: f32) -> f32 {
+    erfc_f64(x as f64) as f32
+}
+
+/// Below this `|x|` the error function is summed from its everywhere-positive series;
+/// at and above it `erfc` comes from its continued fraction.
+const ERF_SERIES_LIMIT: f64 = 2.5;
+
+/// `erf(x)` in f64, relative error below 1e-14 over the whole line.
+///
+/// For `|x| < 2.5` it sums `erf(x) = 2/√π · e^(−x²) · Σₙ 2ⁿ x^(2n+1) / (1·3·…·(2n+1))`, a
+/// series of positive terms (no cancellation; at most ~45 terms). For `|x| ≥ 2.5` it uses
+/// `erf = 1 − erfc` with `erfc` from its continued fraction (see [`erfc_f64`]).
+pub fn erf_f64(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    let r = if a < ERF_SERIES_LIMIT {
+        erf_series(a)
+    } else {
+        1.0 - erfc_continued_fraction(a)
+    };
+    r.copysign(x)
+}
+
+/// `erfc(x)` in f64, relative error below 1e-13 for every `x` where the result is normal.
+pub fn erfc_f64(x: f64) -> f64 {
+    if x.is_nan() {
+        return x;
+    }
+    if x >= ERF_SERIES_LIMIT {
+        erfc_continued_fraction(x)
+    } else if x > -ERF_SERIES_LIMIT {
+        1.0 - erf_f64(x)
+    } else {
+        2.0 - erfc_continued_fraction(-x)
+    }
+}
+
+/// The positive series for `erf(a)`, `0 ≤ a < 2.5`.
+fn erf_series(a: f64) -> f64 {
+    if a == 0.0 {
+        return 0.0;
+    }
+    let a2 = a * a;
+    let mut term = a;
+    let mut sum = a;
+    for n in 0..200 {
+        term *= 2.0 * a2 / (2 * n + 3) as f64;
+        sum += term;
+        if term < 1e-17 * sum {
+            break;
+        }
+    }
+    std::f64::consts::FRAC_2_SQRT_PI * (-a2).exp() * sum
+}
+
+/// `erfc(a)` for `a ≥ 2.5` from the continued fraction
+/// `erfc(a) = e^(−a²)/√π · 1/(a + (1/2)/(a + 1/(a + (3/2)/(a + …))))`, evaluated backwards
+/// from a fixed depth of 40 (converged to f64 precision from `a = 2.5` on).
+fn erfc_continued_fraction(a: f64) -> f64 {
+    let mut f = a;
+    for k in (1..=40).rev() {
+        f = a + (k as f64 * 0.5) / f;
+    }
+    // e^(−a²) with a² split into its rounded value and the rounding error, so the
+    // exponent is exact to well below an ulp of the result.
+    let hi = a * a;
+    let lo = a.mul_add(a, -hi);
+    (-hi).exp() * (1.0 - lo) / (std::f64::consts::PI.sqrt() * f)
+}
+
+// ---------------------------------------------------------------------------------------
+// ReLU
+// ---------------------------------------------------------------------------------------
+
+/// `x = max(x, 0)` in place. A NaN becomes 0 (as in the scalar reference).
+pub fn relu_inplace(x: &mut [f32]) {
+    struct Op<'a>(&'a mut [f32]);
+    impl WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: Simd>(self, simd: S) {
+            let (head, tail) = S::as_mut_simd_f32s(self.0);
+            let zero = simd.splat_f32s(0.0);
+            for v in head {
+                // max(v, 0) picks the second operand (0) when v is NaN on x86.
+                *v = simd.max_f32s(*v, zero);
+            }
+            relu_inplace_scalar(tail);
+        }
+    }
+    pulp::Arch::new().dispatch(Op(x));
+}
+
+/// Scalar reference for [`relu_inplace`].
+pub fn relu_inplace_scalar(x: &mut [f32]) {
+    for v in x {
+        *v = if *v > 0.0 { *v } else { 0.0 };
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// residual add
+// ---------------------------------------------------------------------------------------
+
+/// `dst += src` elementwise (the residual add). Errors if the lengths differ.
+pub fn add_inplace(dst: &mut [f32], src: &[f32]) -> Result<()> {
+    check_len("src", dst.len(), src.len())?;
+    struct Op<'a>(&'a mut [f32], &'a [f32]);
+    impl WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: Simd>(self, simd: S) {
+            let (dh, dt) = S::as_mut_simd_f32s(self.0);
+            let (sh, st) = S::as_simd_f32s(self.1);
+            for (d, s) in dh.iter_mut().zip(sh) {
+                *d = simd.add_f32s(*d, *s);
+            }
+            for (d, s) in dt.iter_mut().zip(st) {
+                *d += *s;
+            }
+        }
+    }
+    pulp::Arch::new().dispatch(Op(dst, src));
+    Ok(())
+}
+
+/// Scalar reference for [`add_inplace`].
+pub fn add_inplace_scalar(dst: &mut [f32], src: &[f32]) -> Result<()> {
+    check_len("src", dst.len(), src.len())?;
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d += *s;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// SiLU / SwiGLU
+// ---------------------------------------------------------------------------------------
+
+/// `x = x · sigmoid(x) = x / (1 + e^(−x))` in place (SiLU, a.k.a. swish).
+pub fn silu_inplace(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
+        unsafe { avx2::map_inplace::<avx2::Silu>(x) };
+        return;
+    }
+    silu_inplace_scalar(x);
+}
+
+/// Scalar reference for [`silu_inplace`]: `x / (1 + exp(−x))` in f32, PyTorch's formula.
+pub fn silu_inplace_scalar(x: &mut [f32]) {
+    for v in x {
+        *v = silu_scalar(*v);
+    }
+}
+
+#[inline]
+fn silu_scalar(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `out = silu(gate) · up` elementwise: the gated FFN activation of Llama-style MLPs.
+/// Errors unless `out`, `gate` and `up` have the same length.
+pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
+    check_len("gate", out.len(), gate.len())?;
+    check_len("up", out.len(), up.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above; the three
+        // lengths are equal (checked).
+        unsafe { avx2::swiglu(out, gate, up) };
+        return Ok(());
+    }
+    swiglu_scalar(out, gate, up)
+}
+
+/// Scalar reference for [`swiglu`]: `silu(gate)` rounded to f32, then times `up`
+/// (the order of PyTorch's `F.silu(gate) * up`).
+pub fn swiglu_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
+    check_len("gate", out.len(), gate.len())?;
+    check_len("up", out.len(), up.len())?;
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu_scalar(*g) * *u;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// GELU
+// ---------------------------------------------------------------------------------------
+
+/// The tanh approximation of GELU in place,
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (PyTorch `approximate="tanh"`, GPT-2's
+/// `gelu_new`).
+///
+/// The vector path uses the identity `0.5·(1 + tanh(u)) = 1/(1 + e^(−2u))`, which avoids
+/// the cancellation of `1 + tanh(u)` for negative `x` and needs only `exp`.
+pub fn gelu_tanh_inplace(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
+        unsafe { avx2::map_inplace::<avx2::GeluTanh>(x) };
+        return;
+    }
+    gelu_tanh_inplace_scalar(x);
+}
+
+/// Scalar reference for [`gelu_tanh_inplace`]: PyTorch's formula literally, in f32.
+pub fn gelu_tanh_inplace_scalar(x: &mut [f32]) {
+    for v in x {
+        let a = *v;
+        let inner = GELU_TANH_BETA * (a + GELU_TANH_KAPPA * a * a * a);
+        *v = 0.5 * a * (1.0 + inner.tanh());
+    }
+}
+
+/// Exact GELU in place, `x·Φ(x) = 0.5·x·(1 + erf(x/√2))` (PyTorch's default `nn.GELU()`,
+/// BERT's `gelu`).
+///
+/// The vector path evaluates `erfc(|x|/√2)` with a degree-6 polynomial in `x²` for
+/// `|x| < √2` and `e^(−x²/2)·h(√2/|x|)·√2/|x|` (a degree-11 fit of `t·e^(t²)·erfc(t)`)
+/// above, so the far negative tail keeps its relative accuracy; absolute error against the
+/// f64 reference stays below about `3e-7·max(1, |x|)`.
+pub fn gelu_erf_inplace(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
+        unsafe { avx2::map_inplace::<avx2::GeluErf>(x) };
+        return;
+    }
+    gelu_erf_inplace_scalar(x);
+}
+
+/// Scalar reference for [`gelu_erf_inplace`]: `0.5·x·erfc(−x/√2)` evaluated in f64 with
+/// [`erfc_f64`] and rounded once to f32 (at least as accurate as PyTorch's f32 path).
+pub fn gelu_erf_inplace_scalar(x: &mut [f32]) {
+    for v in x {
+        let a = *v as f64;
+        *v = (0.5 * a * erfc_f64(-a * std::f64::consts::FRAC_1_SQRT_2)) as f32;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// softmax
+// ---------------------------------------------------------------------------------------
+
+/// Numerically stable softmax of one row in place: `x = e^(x − max) / Σ e^(x − max)`.
+///
+/// A row whose entries are all `-inf` (fully masked) becomes all zeros rather than NaN; an
+/// empty row is left alone. A `+inf` or NaN entry gives NaN, as in PyTorch.
+pub fn softmax_inplace(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
+        unsafe { avx2::softmax(x) };
+        return;
+    }
+    softmax_inplace_scalar(x);
+}
+
+/// Scalar reference for [`softmax_inplace`]: f32 `exp`, the sum accumulated in f64.
+pub fn softmax_inplace_scalar(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! AVX2+FMA bodies. Every function here is `unsafe` with the one contract that the
+    //! caller has checked [`crate::simd::has_avx2_fma_f16c`].
+    use crate::simd::avx2::{exp, hmax, hsum};
+    use core::arch::x86_64::*;
+
+    /// An 8-lane elementwise function, inlined into the `#[target_feature]` loop.
+    pub trait Map8 {
+        /// Applies the function to 8 lanes.
+        ///
+        /// # Safety
+        /// The caller must have AVX2 and FMA.
+        unsafe fn f(x: __m256) -> __m256;
+    }
+
+    /// Applies `M` to every element; the tail (< 8 elements) goes through a padded register
+    /// so it gets exactly the same arithmetic as the body.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn map_inplace<M: Map8>(x: &mut [f32]) {
+        let n8 = x.len() / 8 * 8;
+        let p = x.as_mut_ptr();
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 ≤ n8 ≤ len.
+            unsafe { _mm256_storeu_ps(p.add(i), M::f(_mm256_loadu_ps(p.add(i)))) };
+            i += 8;
+        }
+        let tail = &mut x[n8..];
+        if !tail.is_empty() {
+            let mut buf = [0.0f32; 8];
+            buf[..tail.len()].copy_from_slice(tail);
+            // SAFETY: `buf` holds exactly 8 f32.
+            unsafe { _mm256_storeu_ps(buf.as_mut_ptr(), M::f(_mm256_loadu_ps(buf.as_ptr()))) };
+            let n = tail.len();
+            tail.copy_from_slice(&buf[..n]);
+        }
+    }
+
+    /// `x / (1 + e^(−x))`.
+    #[inline(always)]
+    unsafe fn silu8(x: __m256) -> __m256 {
+        let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+    }
+
+    /// SiLU.
+    pub struct Silu;
+    impl Map8 for Silu {
+        #[inline(always)]
+        unsafe fn f(x: __m256) -> __m256 {
+            silu8(x)
+        }
+    }
+
+    /// GELU, tanh approximation, as `x / (1 + e^(−2u))`, `u = β(x + κx³)`.
+    pub struct GeluTanh;
+    impl Map8 for GeluTanh {
+        #[inline(always)]
+        unsafe fn f(x: __m256) -> __m256 {
+            let beta = _mm256_set1_ps(super::GELU_TANH_BETA);
+            let x2 = _mm256_mul_ps(x, x);
+            // −2u = x · (−2β − 2βκ·x²)
+            let c = _mm256_fmadd_ps(
+                x2,
+                _mm256_set1_ps(-2.0 * super::GELU_TANH_BETA * super::GELU_TANH_KAPPA),
+                _mm256_mul_ps(beta, _mm256_set1_ps(-2.0)),
+            );
+            let e = exp(_mm256_mul_ps(x, c));
+            _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+        }
+    }
+
+    /// `erf(t)/t = P(t²)` on `0 ≤ t ≤ 1`, coefficients of `t⁰, t², t⁴, …` (Chebyshev
+    /// least-squares fit, max abs error of `t·P(t²)` about 1e-7 in f32 arithmetic).
+    const ERF_SMALL: [f32; 7] = [
+        1.128_379_1,
+        -0.376_126_26,
+        0.112_835_974,
+        -0.026_854_329,
+        0.005_189_312,
+        -0.000_801_885_5,
+        0.000_078_824_97,
+    ];
+
+    /// `h(u) = t·e^(t²)·erfc(t)` with `u = 1/t ∈ [1/9.4, 1]`, as a polynomial in
+    /// `v = u·H_SCALE − H_SHIFT ∈ [−1, 1]` (Chebyshev fit converted to monomials in the
+    /// mapped variable; relative error about 8e-8 in f32 arithmetic).
+    const ERFC_LARGE: [f32; 12] = [
+        0.501_810_55,
+        -0.076_029_88,
+        -0.003_878_905,
+        0.008_663_538,
+        -0.003_830_968,
+        0.000_891_386_7,
+        0.000_066_854_39,
+        -0.000_207_041_7,
+        0.000_162_722_3,
+        -0.000_067_163_7,
+        -0.000_013_598_53,
+        0.000_016_077_74,
+    ];
+    const H_T_MAX: f32 = 9.4;
+    const H_SCALE: f32 = 2.238_095_3;
+    const H_SHIFT: f32 = 1.238_095_3;
+
+    #[inline(always)]
+    unsafe fn horner<const N: usize>(c: &[f32; N], x: __m256) -> __m256 {
+        let mut p = _mm256_set1_ps(c[N - 1]);
+        let mut k = N - 1;
+        while k > 0 {
+            k -= 1;
+            p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(c[k]));
+        }
+        p
+    }
+
+    /// Exact GELU: `0.5·x·w` with `w = 1 + erf(x/√2)`, i.e. `erfc(t)` for `x < 0` and
+    /// `2 − erfc(t)` for `x ≥ 0`, where `t = |x|/√2`.
+    pub struct GeluErf;
+    impl Map8 for GeluErf {
+        #[inline(always)]
+        unsafe fn f(x: __m256) -> __m256 {
+            let one = _mm256_set1_ps(1.0);
+            let half = _mm256_set1_ps(0.5);
+            let ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
+            let t = _mm256_mul_ps(ax, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
+            // t² = x²/2 kept as hi + lo (FMA gives the exact rounding error of x·x).
+            let xx_hi = _mm256_mul_ps(x, x);
+            let xx_lo = _mm256_fmsub_ps(x, x, xx_hi);
+            let t2 = _mm256_mul_ps(xx_hi, half);
+
+            // Small branch: erfc = 1 − t·P(t²).
+            let small = _mm256_fnmadd_ps(t, horner(&ERF_SMALL, t2), one);
+
+            // Large branch: erfc = e^(−t²) · h(u) · u, u = 1/t, t clamped to [1, T_MAX].
+            let tc = _mm256_min_ps(_mm256_max_ps(t, one), _mm256_set1_ps(H_T_MAX));
+            let u = _mm256_div_ps(one, tc);
+            let v = _mm256_fmsub_ps(u, _mm256_set1_ps(H_SCALE), _mm256_set1_ps(H_SHIFT));
+            let h = horner(&ERFC_LARGE, v);
+            // e^(−(hi+lo)/2) ≈ e^(−hi/2)·(1 − lo/2)
+            let g = exp(_mm256_sub_ps(_mm256_setzero_ps(), t2));
+            let g = _mm256_fnmadd_ps(g, _mm256_mul_ps(xx_lo, half), g);
+            let large = _mm256_mul_ps(_mm256_mul_ps(g, h), u);
+
+            let is_small = _mm256_cmp_ps::<_CMP_LT_OQ>(t, one);
+            let erfc_t = _mm256_blendv_ps(large, small, is_small);
+            let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_setzero_ps());
+            let w = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(2.0), erfc_t), erfc_t, neg);
+            _mm256_mul_ps(_mm256_mul_ps(half, x), w)
+        }
+    }
+
+    /// `out = silu(gate) · up`, equal lengths.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+        let n = out.len();
+        let n8 = n / 8 * 8;
+        let (o, g, u) = (out.as_mut_ptr(), gate.as_ptr(), up.as_ptr());
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 ≤ n8 ≤ len of all three slices (equal, checked by the caller).
+            unsafe {
+                let s = silu8(_mm256_loadu_ps(g.add(i)));
+                _mm256_storeu_ps(o.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.add(i))));
+            }
+            i += 8;
+        }
+        if n8 < n {
+            let r = n - n8;
+            let mut gb = [0.0f32; 8];
+            let mut ub = [0.0f32; 8];
+            gb[..r].copy_from_slice(&gate[n8..]);
+            ub[..r].copy_from_slice(&up[n8..]);
+            // SAFETY: the buffers hold exactly 8 f32 each.
+            unsafe {
+                let s = silu8(_mm256_loadu_ps(gb.as_ptr()));
+                _mm256_storeu_ps(gb.as_mut_ptr(), _mm256_mul_ps(s, _mm256_loadu_ps(ub.as_ptr())));
+            }
+            out[n8..].copy_from_slice(&gb[..r]);
+        }
+    }
+
+    /// Row softmax; see [`super::softmax_inplace`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn softmax(x: &mut [f32]) {
+        let n = x.len();
+        let n8 = n / 8 * 8;
+        let p = x.as_mut_ptr();
+
+        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut nan = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 ≤ n8 ≤ len.
+            let v = unsafe { _mm256_loadu_ps(p.add(i)) };
+            vmax = _mm256_max_ps(vmax, v);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            i += 8;
+        }
+        // SAFETY: AVX2 is available (the function's contract).
+        let mut max = unsafe { hmax(vmax) };
+        let mut has_nan = _mm256_movemask_ps(nan) != 0;
+        for &v in &x[n8..] {
+            max = max.max(v);
+            has_nan |= v.is_nan();
+        }
+        // NaN or +inf: let the scalar path produce PyTorch's NaNs (max_ps drops NaN and the
+        // vector exp clamps it).
+        if has_nan || max == f32::INFINITY {
+            super::softmax_inplace_scalar(x);
+            return;
+        }
+        if max == f32::NEG_INFINITY {
+            x.fill(0.0);
+            return;
+        }
+
+        let m = _mm256_set1_ps(max);
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 ≤ n8 ≤ len.
+            unsafe {
+                let e = exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
+                _mm256_storeu_ps(p.add(i), e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            i += 8;
+        }
+        if n8 < n {
+            // Pad with -inf: exp(-inf - max) is exactly 0 and adds nothing to the sum.
+            let mut buf = [f32::NEG_INFINITY; 8];
+            buf[..n - n8].copy_from_slice(&x[n8..]);
+            // SAFETY: `buf` holds exactly 8 f32.
+            unsafe {
+                let e = exp(_mm256_sub_ps(_mm256_loadu_ps(buf.as_ptr()), m));
+                _mm256_storeu_ps(buf.as_mut_ptr(), e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            x[n8..].copy_from_slice(&buf[..n - n8]);
+        }
+        // SAFETY: AVX2 is available (the function's contract).
+        let sum = unsafe { hsum(acc) };
+        let inv = _mm256_set1_ps(1.0 / sum);
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 ≤ n8 ≤ len.
+            unsafe { _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv)) };
+            i += 8;
+        }
+        let inv = 1.0 / sum;
+        for v in &mut x[n8..] {
+            *v *= inv;
+        }
+    }
+}

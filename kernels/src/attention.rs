@@ -225,7 +225,13 @@ struct Dims {
     scale: f32,
 }
 
-fn view_span(rows: usize, heads: usize, dim: usize, row_stride: usize, head_stride: usize) -> Option<usize> {
+fn view_span(
+    rows: usize,
+    heads: usize,
+    dim: usize,
+    row_stride: usize,
+    head_stride: usize,
+) -> Option<usize> {
     (rows - 1)
         .checked_mul(row_stride)?
         .checked_add((heads - 1).checked_mul(head_stride)?)?
@@ -247,25 +253,65 @@ fn validate(
     check_nonzero("kv_heads", k.heads)?;
     check_nonzero("d_v (value dim)", v.dim)?;
     if k.rows != v.rows {
-        return Err(KernelError::Mismatch { what: "key rows vs value rows", left: k.rows, right: v.rows });
+        return Err(KernelError::Mismatch {
+            what: "key rows vs value rows",
+            left: k.rows,
+            right: v.rows,
+        });
     }
     if k.heads != v.heads {
-        return Err(KernelError::Mismatch { what: "key heads vs value heads", left: k.heads, right: v.heads });
+        return Err(KernelError::Mismatch {
+            what: "key heads vs value heads",
+            left: k.heads,
+            right: v.heads,
+        });
     }
     if k.dim != q.dim {
-        return Err(KernelError::Mismatch { what: "key dim vs query dim", left: k.dim, right: q.dim });
+        return Err(KernelError::Mismatch {
+            what: "key dim vs query dim",
+            left: k.dim,
+            right: q.dim,
+        });
     }
     if q.heads % k.heads != 0 {
-        return Err(KernelError::Mismatch { what: "heads must be a multiple of kv_heads", left: q.heads, right: k.heads });
+        return Err(KernelError::Mismatch {
+            what: "heads must be a multiple of kv_heads",
+            left: q.heads,
+            right: k.heads,
+        });
     }
     let span = |what: &'static str, rows, heads, dim, rs, hs, len| -> Result<()> {
         let need = view_span(rows, heads, dim, rs, hs)
             .ok_or_else(|| KernelError::Invalid(format!("`{what}` strides overflow")))?;
         check_covers(what, need, len)
     };
-    span("q", q.rows, q.heads, q.dim, q.row_stride, q.head_stride, q.data.len())?;
-    span("k", k.rows, k.heads, k.dim, k.row_stride, k.head_stride, k.data.len())?;
-    span("v", v.rows, v.heads, v.dim, v.row_stride, v.head_stride, v.data.len())?;
+    span(
+        "q",
+        q.rows,
+        q.heads,
+        q.dim,
+        q.row_stride,
+        q.head_stride,
+        q.data.len(),
+    )?;
+    span(
+        "k",
+        k.rows,
+        k.heads,
+        k.dim,
+        k.row_stride,
+        k.head_stride,
+        k.data.len(),
+    )?;
+    span(
+        "v",
+        v.rows,
+        v.heads,
+        v.dim,
+        v.row_stride,
+        v.head_stride,
+        v.data.len(),
+    )?;
     check_len("out", q.rows * q.heads * v.dim, out_len)?;
     if let Some(keep) = mask.key_keep {
         check_len("key_keep", k.rows, keep.len())?;
@@ -275,7 +321,9 @@ fn validate(
     }
     let scale = scale.unwrap_or(1.0 / (q.dim as f32).sqrt());
     if !scale.is_finite() {
-        return Err(KernelError::Invalid(format!("scale must be finite, got {scale}")));
+        return Err(KernelError::Invalid(format!(
+            "scale must be finite, got {scale}"
+        )));
     }
     Ok(Dims {
         tq: q.rows,
@@ -303,6 +351,22 @@ pub fn attention(
     Ok(())
 }
 
+/// [`attention`] computed with the scalar micro-kernels only: the same blocking, masking and
+/// splitting, with plain loops in place of the SIMD tiles. The reference the SIMD path is
+/// tested against, and the fallback on CPUs without AVX2/FMA/F16C.
+pub fn attention_scalar(
+    q: &QueryView<'_>,
+    k: &KvView<'_>,
+    v: &KvView<'_>,
+    mask: &AttentionMask<'_>,
+    scale: Option<f32>,
+    out: &mut [f32],
+) -> Result<()> {
+    let dims = validate(q, k, v, mask, scale, out.len())?;
+    streaming::run_scalar(q, k, v, mask, &dims, out);
+    Ok(())
+}
+
 /// The slow path: the same result as [`attention`] plus the probabilities `[heads, tq, tk]`
 /// (row `(h, i)` sums to 1, or is all zeros when every key is masked). It materializes the
 /// whole score matrix, so it is for inspection and tests, not for speed.
@@ -315,7 +379,15 @@ pub fn attention_with_probs(
     out: &mut [f32],
 ) -> Result<Vec<f32>> {
     let dims = validate(q, k, v, mask, scale, out.len())?;
-    let Dims { tq, tk, heads, kv_heads, d_qk, d_v, scale } = dims;
+    let Dims {
+        tq,
+        tk,
+        heads,
+        kv_heads,
+        d_qk,
+        d_v,
+        scale,
+    } = dims;
     let group = heads / kv_heads;
     let mut probs = vec![0.0f32; heads * tq * tk];
     for h in 0..heads {

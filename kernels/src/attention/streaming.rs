@@ -1,27 +1,796 @@
-//! Temporary: a row-at-a-time online softmax; replaced by the blocked kernel.
-use super::{AttentionMask, Dims, KvView, QueryView};
+//! The blocked streaming-softmax kernel behind [`super::attention`].
+//!
+//! A work item is one KV head `g`, a block of `nq` consecutive queries and a range of keys.
+//! Its rows are the `group · nq` (query head, query) pairs that read KV head `g`, row
+//! `r = hi·nq + qi` being query `i0 + qi` of head `g·group + hi`, so K and V blocks are packed
+//! once and reused by every query head that shares them (GQA, MQA).
+//!
+//! Per key block of [`KB`] keys the item packs Kᵀ and V into f32 scratch, computes the
+//! `rows × KB` scores (Q is pre-scaled), masks them, folds them into each row's running
+//! (max, sum, accumulator) and accumulates `P·V`. Only that one block of scores exists.
+//! With the keys split across items (decode), the partial states are merged at the end.
 
-pub(super) fn run(q: &QueryView<'_>, k: &KvView<'_>, v: &KvView<'_>, mask: &AttentionMask<'_>, dims: &Dims, out: &mut [f32]) {
-    let group = dims.heads / dims.kv_heads;
-    for i in 0..dims.tq {
-        for h in 0..dims.heads {
-            let g = h / group;
-            let o = &mut out[(i * dims.heads + h) * dims.d_v..][..dims.d_v];
-            o.fill(0.0);
-            let (mut m, mut l) = (f32::NEG_INFINITY, 0.0f32);
-            for j in 0..dims.tk {
-                if !mask.visible(i, j, dims.tk) { continue; }
-                let mut s = 0.0;
-                for d in 0..dims.d_qk { s += q.data[i * q.row_stride + h * q.head_stride + d] * k.get(j, g, d); }
-                s *= dims.scale;
-                let mn = m.max(s);
-                let c = (m - mn).exp();
-                let p = (s - mn).exp();
-                l = l * c + p;
-                for (d, od) in o.iter_mut().enumerate() { *od = *od * c + p * v.get(j, g, d); }
-                m = mn;
+use super::{AttentionMask, Dims, KvView, QueryView};
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Keys per block.
+pub(super) const KB: usize = 64;
+/// Rows (query head × query) a work item aims for: enough to amortise packing K and V.
+const ROWS_TARGET: usize = 48;
+/// Key splits are at least this many keys long.
+const MIN_SPLIT_KEYS: usize = 4 * KB;
+/// Below this many multiply-adds the call runs on the calling thread alone.
+const PARALLEL_MIN_WORK: usize = 1 << 17;
+
+/// Per-thread buffers, grown once and reused: the decode path allocates nothing after warm-up.
+#[derive(Default)]
+struct Scratch {
+    q: Vec<f32>,
+    kt: Vec<f32>,
+    v: Vec<f32>,
+    s: Vec<f32>,
+    o: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    corr: Vec<f32>,
+}
+
+impl Scratch {
+    fn prepare(&mut self, rows: usize, d: usize, dvp: usize) {
+        fn grow(v: &mut Vec<f32>, n: usize) {
+            if v.len() < n {
+                v.resize(n, 0.0);
             }
-            if l > 0.0 { for od in o.iter_mut() { *od /= l; } }
+        }
+        grow(&mut self.q, rows * d);
+        grow(&mut self.kt, d * KB);
+        grow(&mut self.v, KB * dvp);
+        grow(&mut self.s, rows * KB);
+        grow(&mut self.o, rows * dvp);
+        grow(&mut self.m, rows);
+        grow(&mut self.l, rows);
+        grow(&mut self.corr, rows);
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Everything an item needs to know about the call.
+struct Ctx<'a> {
+    q: &'a QueryView<'a>,
+    k: &'a KvView<'a>,
+    v: &'a KvView<'a>,
+    mask: &'a AttentionMask<'a>,
+    dims: Dims,
+    group: usize,
+    /// `d_v` rounded up to the vector width.
+    dvp: usize,
+}
+
+/// One item's rows: which KV head, which queries, which keys.
+#[derive(Clone, Copy, Debug)]
+struct Item {
+    g: usize,
+    i0: usize,
+    nq: usize,
+    j0: usize,
+    j1: usize,
+}
+
+/// The four operations whose SIMD and scalar forms must agree; everything else is shared.
+trait Micro {
+    /// `kt[p·KB + j] = K[j0 + j, g, p]` for `j < nk`, zero for `nk ≤ j < KB`.
+    fn pack_kt(k: &KvView<'_>, g: usize, j0: usize, nk: usize, kt: &mut [f32]);
+    /// `v[j·dvp + c] = V[j0 + j, g, c]` for `j < nk, c < d_v`, zero elsewhere up to `KB × dvp`.
+    fn pack_v(v: &KvView<'_>, g: usize, j0: usize, nk: usize, dvp: usize, out: &mut [f32]);
+    /// `s[r·KB + j] = Σ_p q[r·d + p] · kt[p·KB + j]` for `r < rows`.
+    fn scores(q: &[f32], kt: &[f32], s: &mut [f32], rows: usize, d: usize);
+    /// Turns score rows into probabilities relative to the updated running max; updates
+    /// `m`, `l` and sets `corr[r] = exp(m_old − m_new)` (1 when the row has seen no key yet).
+    fn softmax_update(s: &mut [f32], m: &mut [f32], l: &mut [f32], corr: &mut [f32], rows: usize);
+    /// `o[r·dvp + c] = o[r·dvp + c]·corr[r] + Σ_j p[r·KB + j] · v[j·dvp + c]`.
+    fn pv(p: &[f32], v: &[f32], o: &mut [f32], corr: &[f32], rows: usize, dvp: usize);
+}
+
+/// Plain loops: the reference every SIMD micro-kernel is tested against, and the fallback.
+struct Scalar;
+
+impl Micro for Scalar {
+    fn pack_kt(k: &KvView<'_>, g: usize, j0: usize, nk: usize, kt: &mut [f32]) {
+        for p in 0..k.dim {
+            for j in 0..KB {
+                kt[p * KB + j] = if j < nk { k.get(j0 + j, g, p) } else { 0.0 };
+            }
+        }
+    }
+
+    fn pack_v(v: &KvView<'_>, g: usize, j0: usize, nk: usize, dvp: usize, out: &mut [f32]) {
+        for j in 0..KB {
+            for c in 0..dvp {
+                out[j * dvp + c] = if j < nk && c < v.dim {
+                    v.get(j0 + j, g, c)
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+
+    fn scores(q: &[f32], kt: &[f32], s: &mut [f32], rows: usize, d: usize) {
+        for r in 0..rows {
+            for j in 0..KB {
+                let mut acc = 0.0f32;
+                for p in 0..d {
+                    acc += q[r * d + p] * kt[p * KB + j];
+                }
+                s[r * KB + j] = acc;
+            }
+        }
+    }
+
+    fn softmax_update(s: &mut [f32], m: &mut [f32], l: &mut [f32], corr: &mut [f32], rows: usize) {
+        for r in 0..rows {
+            let row = &mut s[r * KB..(r + 1) * KB];
+            let block_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let m_new = m[r].max(block_max);
+            if m_new == f32::NEG_INFINITY {
+                row.fill(0.0);
+                corr[r] = 1.0;
+                continue;
+            }
+            let mut sum = 0.0f32;
+            for x in row.iter_mut() {
+                *x = (*x - m_new).exp();
+                sum += *x;
+            }
+            corr[r] = (m[r] - m_new).exp();
+            l[r] = l[r] * corr[r] + sum;
+            m[r] = m_new;
+        }
+    }
+
+    fn pv(p: &[f32], v: &[f32], o: &mut [f32], corr: &[f32], rows: usize, dvp: usize) {
+        for r in 0..rows {
+            let orow = &mut o[r * dvp..(r + 1) * dvp];
+            for x in orow.iter_mut() {
+                *x *= corr[r];
+            }
+            for j in 0..KB {
+                let pj = p[r * KB + j];
+                for (c, x) in orow.iter_mut().enumerate() {
+                    *x += pj * v[j * dvp + c];
+                }
+            }
+        }
+    }
+}
+
+/// Runs attention with the fastest micro-kernels this CPU has.
+pub(super) fn run(
+    q: &QueryView<'_>,
+    k: &KvView<'_>,
+    v: &KvView<'_>,
+    mask: &AttentionMask<'_>,
+    dims: &Dims,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        return run_with::<avx2::Avx2>(q, k, v, mask, dims, out);
+    }
+    run_with::<Scalar>(q, k, v, mask, dims, out)
+}
+
+/// Runs attention with the scalar micro-kernels only (the reference path).
+pub(super) fn run_scalar(
+    q: &QueryView<'_>,
+    k: &KvView<'_>,
+    v: &KvView<'_>,
+    mask: &AttentionMask<'_>,
+    dims: &Dims,
+    out: &mut [f32],
+) {
+    run_with::<Scalar>(q, k, v, mask, dims, out)
+}
+
+/// A raw pointer to the output that crosses threads; items write disjoint (query, head) rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every item writes only the rows of its own (KV head, query block), which no other
+// item writes (see `finalize_item`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+fn run_with<M: Micro + ProcessItem>(
+    q: &QueryView<'_>,
+    k: &KvView<'_>,
+    v: &KvView<'_>,
+    mask: &AttentionMask<'_>,
+    dims: &Dims,
+    out: &mut [f32],
+) {
+    let group = dims.heads / dims.kv_heads;
+    let qb = (ROWS_TARGET / group).clamp(1, dims.tq);
+    let ctx = Ctx {
+        q,
+        k,
+        v,
+        mask,
+        dims: *dims,
+        group,
+        dvp: dims.d_v.div_ceil(8) * 8,
+    };
+    let q_blocks = dims.tq.div_ceil(qb);
+    let base_items = dims.kv_heads * q_blocks;
+    let threads = rayon::current_num_threads();
+    let work = dims.tq * dims.tk * dims.heads * (dims.d_qk + dims.d_v);
+    let parallel = threads > 1 && work >= PARALLEL_MIN_WORK;
+    // Too few items to keep every thread busy (decode): split the keys as well.
+    let splits = if parallel && base_items < 4 * threads {
+        (4 * threads)
+            .div_ceil(base_items)
+            .min(dims.tk / MIN_SPLIT_KEYS)
+            .max(1)
+    } else {
+        1
+    };
+    let item = |idx: usize| -> Item {
+        let split = idx % splits;
+        let rest = idx / splits;
+        let (g, qblk) = (rest % dims.kv_heads, rest / dims.kv_heads);
+        let i0 = qblk * qb;
+        let per = dims.tk.div_ceil(splits);
+        Item {
+            g,
+            i0,
+            nq: qb.min(dims.tq - i0),
+            j0: (split * per).min(dims.tk),
+            j1: ((split + 1) * per).min(dims.tk),
+        }
+    };
+    let n_items = base_items * splits;
+    let optr = OutPtr(out.as_mut_ptr());
+
+    if splits == 1 {
+        let body = |idx: usize| {
+            SCRATCH.with(|sc| {
+                let mut sc = sc.borrow_mut();
+                let it = item(idx);
+                M::process(&ctx, it, &mut sc);
+                // SAFETY: `out` is tq·heads·d_v long (validated) and outlives this call; the
+                // item writes only its own rows.
+                unsafe { finalize_item(&ctx, it, &sc, optr) };
+            })
+        };
+        if parallel {
+            // Items in reverse: in causal attention the last query blocks are the longest,
+            // so starting them first balances the threads.
+            (0..n_items).into_par_iter().rev().for_each(body);
+        } else {
+            (0..n_items).for_each(body);
+        }
+        return;
+    }
+
+    // Split keys: each item leaves (m, l, o[d_v]) per row in `partials`, merged afterwards.
+    let rows_per_item = group * qb;
+    let stride = ctx.dims.d_v + 2;
+    let item_len = rows_per_item * stride;
+    let mut partials = PARTIALS.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if partials.len() < n_items * item_len {
+        partials.resize(n_items * item_len, 0.0);
+    }
+    partials[..n_items * item_len]
+        .par_chunks_mut(item_len)
+        .enumerate()
+        .for_each(|(idx, dst)| {
+            SCRATCH.with(|sc| {
+                let mut sc = sc.borrow_mut();
+                let it = item(idx);
+                M::process(&ctx, it, &mut sc);
+                let rows = group * it.nq;
+                for r in 0..rows {
+                    let d = &mut dst[r * stride..(r + 1) * stride];
+                    d[0] = sc.m[r];
+                    d[1] = sc.l[r];
+                    d[2..].copy_from_slice(&sc.o[r * ctx.dvp..r * ctx.dvp + ctx.dims.d_v]);
+                }
+            })
+        });
+    // Merge the splits of every (KV head, query block), row by row.
+    for base in 0..base_items {
+        let it = item(base * splits);
+        let rows = group * it.nq;
+        for r in 0..rows {
+            let (hi, qi) = (r / it.nq, r % it.nq);
+            let h = it.g * group + hi;
+            let i = it.i0 + qi;
+            let o = &mut out[(i * dims.heads + h) * dims.d_v..][..dims.d_v];
+            let part =
+                |s: usize| &partials[(base * splits + s) * item_len + r * stride..][..stride];
+            let m = (0..splits)
+                .map(|s| part(s)[0])
+                .fold(f32::NEG_INFINITY, f32::max);
+            o.fill(0.0);
+            if m == f32::NEG_INFINITY {
+                continue;
+            }
+            let mut l = 0.0f32;
+            for s in 0..splits {
+                let p = part(s);
+                if p[0] == f32::NEG_INFINITY {
+                    continue;
+                }
+                let w = (p[0] - m).exp();
+                l += p[1] * w;
+                for (x, y) in o.iter_mut().zip(&p[2..]) {
+                    *x += w * y;
+                }
+            }
+            let inv = 1.0 / l;
+            for x in o.iter_mut() {
+                *x *= inv;
+            }
+        }
+    }
+    PARTIALS.with(|p| *p.borrow_mut() = partials);
+}
+
+/// Writes an item's normalised rows to `out`; rows that saw no visible key become zeros.
+///
+/// # Safety
+/// `out` must point to `tq·heads·d_v` writable floats, and no other thread may write the
+/// rows of this item's (KV head, query block) at the same time.
+unsafe fn finalize_item(ctx: &Ctx<'_>, it: Item, sc: &Scratch, out: OutPtr) {
+    let Dims { heads, d_v, .. } = ctx.dims;
+    for r in 0..ctx.group * it.nq {
+        let (hi, qi) = (r / it.nq, r % it.nq);
+        let h = it.g * ctx.group + hi;
+        let i = it.i0 + qi;
+        // SAFETY: (i, h) is inside the output (i < tq, h < heads) and owned by this item.
+        let o =
+            unsafe { std::slice::from_raw_parts_mut(out.get().add((i * heads + h) * d_v), d_v) };
+        let l = sc.l[r];
+        let src = &sc.o[r * ctx.dvp..r * ctx.dvp + d_v];
+        if l > 0.0 {
+            let inv = 1.0 / l;
+            for (x, y) in o.iter_mut().zip(src) {
+                *x = y * inv;
+            }
+        } else {
+            o.fill(0.0);
+        }
+    }
+}
+
+/// The item loop, generic over the micro-kernels; the AVX2 form runs it inside a
+/// `#[target_feature]` function so that everything inlines with the right instructions.
+trait ProcessItem {
+    fn process(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch);
+}
+
+impl ProcessItem for Scalar {
+    fn process(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch) {
+        process_item::<Scalar>(ctx, it, sc)
+    }
+}
+
+#[inline(always)]
+fn process_item<M: Micro>(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch) {
+    let Dims {
+        tk, d_qk: d, scale, ..
+    } = ctx.dims;
+    let rows = ctx.group * it.nq;
+    let dvp = ctx.dvp;
+    sc.prepare(rows, d, dvp);
+    let q = ctx.q;
+    for r in 0..rows {
+        let (hi, qi) = (r / it.nq, r % it.nq);
+        let h = it.g * ctx.group + hi;
+        let src = &q.data[(it.i0 + qi) * q.row_stride + h * q.head_stride..][..d];
+        for (dst, x) in sc.q[r * d..(r + 1) * d].iter_mut().zip(src) {
+            *dst = x * scale;
+        }
+    }
+    sc.m[..rows].fill(f32::NEG_INFINITY);
+    sc.l[..rows].fill(0.0);
+    sc.o[..rows * dvp].fill(0.0);
+    sc.corr[..rows].fill(1.0);
+
+    // Keys past the last query's causal horizon are never visited.
+    let causal = ctx.mask.causal_offset;
+    let j_end = match causal {
+        Some(p0) => it.j1.min(p0 + it.i0 + it.nq),
+        None => it.j1,
+    };
+    let mut jb = it.j0;
+    while jb < j_end {
+        let nk = KB.min(j_end - jb);
+        M::pack_kt(ctx.k, it.g, jb, nk, &mut sc.kt);
+        M::pack_v(ctx.v, it.g, jb, nk, dvp, &mut sc.v);
+        M::scores(&sc.q, &sc.kt, &mut sc.s, rows, d);
+        apply_masks(ctx, it, jb, nk, tk, &mut sc.s[..rows * KB]);
+        M::softmax_update(&mut sc.s, &mut sc.m, &mut sc.l, &mut sc.corr, rows);
+        M::pv(&sc.s, &sc.v, &mut sc.o, &sc.corr, rows, dvp);
+        jb += nk;
+    }
+}
+
+/// Sets blocked scores of one block to −∞: padding columns past `nk`, future keys, padded keys
+/// and pairs the dense mask blocks. Blocks that need none of it return at once.
+fn apply_masks(ctx: &Ctx<'_>, it: Item, jb: usize, nk: usize, tk: usize, s: &mut [f32]) {
+    let mask = ctx.mask;
+    let causal_cut = mask
+        .causal_offset
+        .is_some_and(|p0| jb + nk > p0 + it.i0 + 1);
+    let pads = mask
+        .key_keep
+        .is_some_and(|keep| keep[jb..jb + nk].iter().any(|&k| !k));
+    if nk == KB && !causal_cut && !pads && mask.dense_keep.is_none() {
+        return;
+    }
+    for (r, row) in s.chunks_exact_mut(KB).enumerate() {
+        let i = it.i0 + r % it.nq;
+        row[nk..].fill(f32::NEG_INFINITY);
+        if let Some(p0) = mask.causal_offset {
+            // Keys j ≤ p0 + i are visible; the first blocked column in this block:
+            let first_blocked = (p0 + i + 1).saturating_sub(jb).min(nk);
+            row[first_blocked..nk].fill(f32::NEG_INFINITY);
+        }
+        if pads {
+            let keep = &mask.key_keep.expect("pads implies key_keep")[jb..jb + nk];
+            for (x, &k) in row.iter_mut().zip(keep) {
+                if !k {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if let Some(dense) = mask.dense_keep {
+            let keep = &dense[i * tk + jb..i * tk + jb + nk];
+            for (x, &k) in row.iter_mut().zip(keep) {
+                if !k {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! AVX2 + FMA + F16C micro-kernels: 6×16 register tiles for Q·Kᵀ and P·V, an 8×8
+    //! transpose to pack Kᵀ, and a vector `exp` for the softmax.
+    use super::{process_item, Ctx, Item, Micro, ProcessItem, Scratch, KB};
+    use crate::attention::{KvData, KvView};
+    use crate::simd::avx2::{exp, hmax, hsum, Lane};
+    use core::arch::x86_64::*;
+
+    pub(super) struct Avx2;
+
+    impl ProcessItem for Avx2 {
+        fn process(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch) {
+            // SAFETY: `Avx2` is selected only after `has_avx2_fma_f16c()` returned true.
+            unsafe { process_avx2(ctx, it, sc) }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn process_avx2(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch) {
+        process_item::<Avx2>(ctx, it, sc)
+    }
+
+    /// 8×8 transpose of f32 lanes.
+    #[inline(always)]
+    unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(u0, u4),
+            _mm256_permute2f128_ps::<0x20>(u1, u5),
+            _mm256_permute2f128_ps::<0x20>(u2, u6),
+            _mm256_permute2f128_ps::<0x20>(u3, u7),
+            _mm256_permute2f128_ps::<0x31>(u0, u4),
+            _mm256_permute2f128_ps::<0x31>(u1, u5),
+            _mm256_permute2f128_ps::<0x31>(u2, u6),
+            _mm256_permute2f128_ps::<0x31>(u3, u7),
+        ]
+    }
+
+    #[inline(always)]
+    unsafe fn pack_kt_typed<T: Lane>(
+        data: &[T],
+        k: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        kt: &mut [f32],
+    ) {
+        let d = k.dim;
+        debug_assert!(kt.len() >= d * KB);
+        let d8 = d / 8 * 8;
+        let nk8 = nk / 8 * 8;
+        let ktp = kt.as_mut_ptr();
+        let mut j = 0;
+        while j < nk8 {
+            let base: [usize; 8] = core::array::from_fn(|t| k.offset(j0 + j + t, g));
+            let mut p = 0;
+            while p < d8 {
+                // SAFETY: rows j0+j..j0+j+8 < tk and p+8 ≤ d, inside the validated view.
+                let rows: [__m256; 8] =
+                    core::array::from_fn(|t| T::load8(data.as_ptr().add(base[t] + p)));
+                let cols = transpose8(rows);
+                for (t, c) in cols.iter().enumerate() {
+                    // SAFETY: (p+t)·KB + j + 8 ≤ d·KB.
+                    _mm256_storeu_ps(ktp.add((p + t) * KB + j), *c);
+                }
+                p += 8;
+            }
+            for p in d8..d {
+                for t in 0..8 {
+                    kt[p * KB + j + t] = data[base[t] + p].to_f32();
+                }
+            }
+            j += 8;
+        }
+        for j in nk8..nk {
+            let base = k.offset(j0 + j, g);
+            for p in 0..d {
+                kt[p * KB + j] = data[base + p].to_f32();
+            }
+        }
+        if nk < KB {
+            for p in 0..d {
+                kt[p * KB + nk..(p + 1) * KB].fill(0.0);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn pack_v_typed<T: Lane>(
+        data: &[T],
+        v: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        dvp: usize,
+        out: &mut [f32],
+    ) {
+        let dv = v.dim;
+        let dv8 = dv / 8 * 8;
+        for j in 0..nk {
+            let src = &data[v.offset(j0 + j, g)..][..dv];
+            let dst = &mut out[j * dvp..(j + 1) * dvp];
+            let mut c = 0;
+            while c < dv8 {
+                // SAFETY: c + 8 ≤ dv ≤ dvp for both rows.
+                _mm256_storeu_ps(dst.as_mut_ptr().add(c), T::load8(src.as_ptr().add(c)));
+                c += 8;
+            }
+            for c in dv8..dv {
+                dst[c] = src[c].to_f32();
+            }
+            dst[dv..].fill(0.0);
+        }
+        out[nk * dvp..KB * dvp].fill(0.0);
+    }
+
+    /// Scores for rows `r0..r0+R`, all KB columns.
+    #[inline(always)]
+    unsafe fn scores_tile<const R: usize>(
+        q: &[f32],
+        kt: &[f32],
+        s: &mut [f32],
+        r0: usize,
+        d: usize,
+    ) {
+        let qp = q.as_ptr().add(r0 * d);
+        let kp = kt.as_ptr();
+        let sp = s.as_mut_ptr().add(r0 * KB);
+        let mut c = 0;
+        while c < KB {
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for p in 0..d {
+                // SAFETY: p < d and c + 16 ≤ KB, so both loads are inside kt (d·KB).
+                let k0 = _mm256_loadu_ps(kp.add(p * KB + c));
+                let k1 = _mm256_loadu_ps(kp.add(p * KB + c + 8));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let qv = _mm256_broadcast_ss(&*qp.add(r * d + p));
+                    a[0] = _mm256_fmadd_ps(qv, k0, a[0]);
+                    a[1] = _mm256_fmadd_ps(qv, k1, a[1]);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(sp.add(r * KB + c), a[0]);
+                _mm256_storeu_ps(sp.add(r * KB + c + 8), a[1]);
+            }
+            c += 16;
+        }
+    }
+
+    /// P·V for rows `r0..r0+R`, `V` columns `c..c+8·C`.
+    #[inline(always)]
+    unsafe fn pv_tile<const R: usize, const C: usize>(
+        p: &[f32],
+        v: &[f32],
+        o: &mut [f32],
+        corr: &[f32],
+        r0: usize,
+        c: usize,
+        dvp: usize,
+    ) {
+        let op = o.as_mut_ptr();
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        for (r, a) in acc.iter_mut().enumerate() {
+            let cr = _mm256_set1_ps(corr[r0 + r]);
+            for (x, av) in a.iter_mut().enumerate() {
+                // SAFETY: row r0+r < rows and c + 8·C ≤ dvp: inside o (rows·dvp).
+                *av = _mm256_mul_ps(_mm256_loadu_ps(op.add((r0 + r) * dvp + c + 8 * x)), cr);
+            }
+        }
+        let pp = p.as_ptr().add(r0 * KB);
+        let vp = v.as_ptr();
+        for j in 0..KB {
+            let vv: [__m256; C] =
+                core::array::from_fn(|x| _mm256_loadu_ps(vp.add(j * dvp + c + 8 * x)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let pb = _mm256_broadcast_ss(&*pp.add(r * KB + j));
+                for x in 0..C {
+                    a[x] = _mm256_fmadd_ps(pb, vv[x], a[x]);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (x, av) in a.iter().enumerate() {
+                _mm256_storeu_ps(op.add((r0 + r) * dvp + c + 8 * x), *av);
+            }
+        }
+    }
+
+    macro_rules! by_rows {
+        ($rows:expr, $f:ident, $($arg:expr),*) => {{
+            let mut r0 = 0;
+            while r0 + 6 <= $rows {
+                $f::<6>($($arg,)* r0);
+                r0 += 6;
+            }
+            match $rows - r0 {
+                0 => {}
+                1 => $f::<1>($($arg,)* r0),
+                2 => $f::<2>($($arg,)* r0),
+                3 => $f::<3>($($arg,)* r0),
+                4 => $f::<4>($($arg,)* r0),
+                _ => $f::<5>($($arg,)* r0),
+            }
+        }};
+    }
+
+    #[inline(always)]
+    unsafe fn scores_rows<const R: usize>(
+        q: &[f32],
+        kt: &[f32],
+        s: &mut [f32],
+        d: usize,
+        r0: usize,
+    ) {
+        scores_tile::<R>(q, kt, s, r0, d)
+    }
+
+    #[inline(always)]
+    unsafe fn pv_rows<const R: usize>(
+        p: &[f32],
+        v: &[f32],
+        o: &mut [f32],
+        corr: &[f32],
+        dvp: usize,
+        r0: usize,
+    ) {
+        let mut c = 0;
+        while c + 16 <= dvp {
+            pv_tile::<R, 2>(p, v, o, corr, r0, c, dvp);
+            c += 16;
+        }
+        if c < dvp {
+            pv_tile::<R, 1>(p, v, o, corr, r0, c, dvp);
+        }
+    }
+
+    impl Micro for Avx2 {
+        #[inline(always)]
+        fn pack_kt(k: &KvView<'_>, g: usize, j0: usize, nk: usize, kt: &mut [f32]) {
+            // SAFETY (all methods): only called from `process_avx2`, which has the features;
+            // indices stay inside the validated views and the scratch sized by `prepare`.
+            unsafe {
+                match k.data {
+                    KvData::F32(x) => pack_kt_typed(x, k, g, j0, nk, kt),
+                    KvData::F16(x) => pack_kt_typed(x, k, g, j0, nk, kt),
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn pack_v(v: &KvView<'_>, g: usize, j0: usize, nk: usize, dvp: usize, out: &mut [f32]) {
+            // SAFETY: see `pack_kt`.
+            unsafe {
+                match v.data {
+                    KvData::F32(x) => pack_v_typed(x, v, g, j0, nk, dvp, out),
+                    KvData::F16(x) => pack_v_typed(x, v, g, j0, nk, dvp, out),
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn scores(q: &[f32], kt: &[f32], s: &mut [f32], rows: usize, d: usize) {
+            debug_assert!(q.len() >= rows * d && kt.len() >= d * KB && s.len() >= rows * KB);
+            // SAFETY: see `pack_kt`.
+            unsafe { by_rows!(rows, scores_rows, q, kt, s, d) }
+        }
+
+        #[inline(always)]
+        fn softmax_update(
+            s: &mut [f32],
+            m: &mut [f32],
+            l: &mut [f32],
+            corr: &mut [f32],
+            rows: usize,
+        ) {
+            for r in 0..rows {
+                let row = &mut s[r * KB..(r + 1) * KB];
+                let rp = row.as_mut_ptr();
+                // SAFETY: see `pack_kt`; the row holds KB = 8·8 floats.
+                unsafe {
+                    let mut mx = _mm256_loadu_ps(rp);
+                    for c in (8..KB).step_by(8) {
+                        mx = _mm256_max_ps(mx, _mm256_loadu_ps(rp.add(c)));
+                    }
+                    let m_new = m[r].max(hmax(mx));
+                    if m_new == f32::NEG_INFINITY {
+                        row.fill(0.0);
+                        corr[r] = 1.0;
+                        continue;
+                    }
+                    let mv = _mm256_set1_ps(m_new);
+                    let mut sum = _mm256_setzero_ps();
+                    for c in (0..KB).step_by(8) {
+                        let e = exp(_mm256_sub_ps(_mm256_loadu_ps(rp.add(c)), mv));
+                        _mm256_storeu_ps(rp.add(c), e);
+                        sum = _mm256_add_ps(sum, e);
+                    }
+                    corr[r] = (m[r] - m_new).exp();
+                    l[r] = l[r] * corr[r] + hsum(sum);
+                    m[r] = m_new;
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn pv(p: &[f32], v: &[f32], o: &mut [f32], corr: &[f32], rows: usize, dvp: usize) {
+            debug_assert!(p.len() >= rows * KB && v.len() >= KB * dvp && o.len() >= rows * dvp);
+            // SAFETY: see `pack_kt`.
+            unsafe { by_rows!(rows, pv_rows, p, v, o, corr, dvp) }
         }
     }
 }

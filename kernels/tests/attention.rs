@@ -1,0 +1,445 @@
+//! The attention kernel (SIMD and scalar paths) against a naive softmax(Q·Kᵀ·scale)·V written
+//! plainly here, on awkward shapes, masks, strides and dtypes.
+
+use qkv_kernels::attention::attention_scalar;
+use qkv_kernels::{
+    attention, attention_with_probs, f16, AttentionMask, KernelError, KvData, KvView, QueryView,
+};
+
+/// Small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * amp).collect()
+    }
+}
+
+/// Plain attention on dense `[t, heads, d]` arrays, f64 accumulation; all-masked rows → 0.
+#[allow(clippy::too_many_arguments)]
+fn naive(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    tq: usize,
+    tk: usize,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    dv: usize,
+    visible: &dyn Fn(usize, usize) -> bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let group = heads / kv_heads;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = vec![0.0f32; tq * heads * dv];
+    let mut probs = vec![0.0f32; heads * tq * tk];
+    for h in 0..heads {
+        let g = h / group;
+        for i in 0..tq {
+            let mut s = vec![f64::NEG_INFINITY; tk];
+            for (j, sj) in s.iter_mut().enumerate() {
+                if visible(i, j) {
+                    let dot: f64 = (0..d)
+                        .map(|p| {
+                            q[(i * heads + h) * d + p] as f64 * k[(j * kv_heads + g) * d + p] as f64
+                        })
+                        .sum();
+                    *sj = dot * scale;
+                }
+            }
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if m == f64::NEG_INFINITY {
+                continue;
+            }
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for c in 0..dv {
+                let acc: f64 = (0..tk)
+                    .map(|j| e[j] / z * v[(j * kv_heads + g) * dv + c] as f64)
+                    .sum();
+                out[(i * heads + h) * dv + c] = acc as f32;
+            }
+            for j in 0..tk {
+                probs[(h * tq + i) * tk + j] = (e[j] / z) as f32;
+            }
+        }
+    }
+    (out, probs)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    tq: usize,
+    tk: usize,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    dv: usize,
+    f16_kv: bool,
+    causal: Option<usize>,
+    pads: bool,
+    dense: bool,
+}
+
+fn check(case: Case, rng: &mut Rng) {
+    let Case {
+        tq,
+        tk,
+        heads,
+        kv_heads,
+        d,
+        dv,
+        f16_kv,
+        causal,
+        pads,
+        dense,
+    } = case;
+    let q = rng.vec(tq * heads * d, 2.0);
+    let mut k = rng.vec(tk * kv_heads * d, 2.0);
+    let mut v = rng.vec(tk * kv_heads * dv, 1.0);
+    let k16: Vec<f16> = k.iter().map(|&x| f16::from_f32(x)).collect();
+    let v16: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+    if f16_kv {
+        // The reference sees exactly the values the kernel reads.
+        k = k16.iter().map(|x| x.to_f32()).collect();
+        v = v16.iter().map(|x| x.to_f32()).collect();
+    }
+    // Pads anywhere: every third key in the middle region, plus the last one.
+    let keep: Vec<bool> = (0..tk)
+        .map(|j| !(pads && ((j % 3 == 1 && j > tk / 4) || j + 1 == tk && tk > 1)))
+        .collect();
+    let dense_keep: Vec<bool> = (0..tq * tk).map(|x| !(dense && x % 7 == 3)).collect();
+    let mut mask = AttentionMask {
+        causal_offset: causal,
+        ..Default::default()
+    };
+    if pads {
+        mask.key_keep = Some(&keep);
+    }
+    if dense {
+        mask.dense_keep = Some(&dense_keep);
+    }
+    let visible = |i: usize, j: usize| mask.visible(i, j, tk);
+    let (expected, expected_probs) = naive(&q, &k, &v, tq, tk, heads, kv_heads, d, dv, &visible);
+
+    let qv = QueryView::contiguous(&q, tq, heads, d);
+    let (kv, vv) = if f16_kv {
+        (
+            KvView::contiguous_f16(&k16, tk, kv_heads, d),
+            KvView::contiguous_f16(&v16, tk, kv_heads, dv),
+        )
+    } else {
+        (
+            KvView::contiguous_f32(&k, tk, kv_heads, d),
+            KvView::contiguous_f32(&v, tk, kv_heads, dv),
+        )
+    };
+    let mut fast = vec![f32::NAN; tq * heads * dv];
+    let mut scalar = vec![f32::NAN; tq * heads * dv];
+    let mut slow = vec![f32::NAN; tq * heads * dv];
+    attention(&qv, &kv, &vv, &mask, None, &mut fast).unwrap();
+    attention_scalar(&qv, &kv, &vv, &mask, None, &mut scalar).unwrap();
+    let probs = attention_with_probs(&qv, &kv, &vv, &mask, None, &mut slow).unwrap();
+
+    // Outputs are convex combinations of V (|V| ≤ 1): f32 summation-order differences stay
+    // far below 1e-5 absolute; the vector exp adds < 2e-7 relative.
+    let tol = 1e-5;
+    for (name, got) in [("simd", &fast), ("scalar", &scalar), ("with_probs", &slow)] {
+        assert!(
+            got.iter().all(|x| x.is_finite()),
+            "{name}: non-finite output for {case:?}"
+        );
+        let err = max_abs_diff(got, &expected);
+        assert!(err <= tol, "{name}: max error {err} > {tol} for {case:?}");
+    }
+    let perr = max_abs_diff(&probs, &expected_probs);
+    assert!(perr <= 1e-5, "probabilities off by {perr} for {case:?}");
+}
+
+#[test]
+fn matches_naive_on_awkward_shapes() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let head_cfgs = [(1, 1), (4, 4), (6, 2), (9, 3), (4, 1), (8, 8)];
+    let dims = [1, 3, 7, 8, 9, 16, 31, 64, 65];
+    let ts = [1, 2, 5, 17, 63, 64, 65, 129, 200];
+    for n in 0..400 {
+        let (heads, kv_heads) = head_cfgs[rng.below(head_cfgs.len())];
+        let tq = ts[rng.below(ts.len())];
+        let tk = ts[rng.below(ts.len())];
+        let case = Case {
+            tq,
+            tk,
+            heads,
+            kv_heads,
+            d: dims[rng.below(dims.len())],
+            dv: dims[rng.below(dims.len())],
+            f16_kv: n % 2 == 1,
+            causal: match rng.below(3) {
+                0 => None,
+                1 => Some(0),
+                _ => Some(rng.below(tk + 3)),
+            },
+            pads: rng.below(2) == 0,
+            dense: rng.below(4) == 0,
+        };
+        check(case, &mut rng);
+    }
+}
+
+#[test]
+fn long_prefill_and_decode_paths() {
+    let mut rng = Rng(42);
+    let base = Case {
+        tq: 1,
+        tk: 1,
+        heads: 9,
+        kv_heads: 3,
+        d: 64,
+        dv: 64,
+        f16_kv: false,
+        causal: None,
+        pads: false,
+        dense: false,
+    };
+    // Causal prefill, several query blocks, tq > tk blocks skipped correctly.
+    check(
+        Case {
+            tq: 300,
+            tk: 300,
+            causal: Some(0),
+            ..base
+        },
+        &mut rng,
+    );
+    check(
+        Case {
+            tq: 300,
+            tk: 300,
+            causal: Some(0),
+            f16_kv: true,
+            pads: true,
+            ..base
+        },
+        &mut rng,
+    );
+    // Decode against a long cache: keys split across threads and merged.
+    check(
+        Case {
+            tq: 1,
+            tk: 3000,
+            causal: Some(2999),
+            ..base
+        },
+        &mut rng,
+    );
+    check(
+        Case {
+            tq: 1,
+            tk: 3001,
+            causal: Some(3000),
+            f16_kv: true,
+            pads: true,
+            ..base
+        },
+        &mut rng,
+    );
+    // A few queries (speculative / chunked decode) against a long cache.
+    check(
+        Case {
+            tq: 4,
+            tk: 2500,
+            causal: Some(2496),
+            ..base
+        },
+        &mut rng,
+    );
+    // Cross-attention: tq < tk, no causal, padded source.
+    check(
+        Case {
+            tq: 7,
+            tk: 1000,
+            pads: true,
+            ..base
+        },
+        &mut rng,
+    );
+}
+
+#[test]
+fn fully_masked_rows_are_zero() {
+    let (tq, tk, d) = (3, 4, 8);
+    let q = vec![1.0; tq * d];
+    let k = vec![0.5; tk * d];
+    let v = vec![2.0; tk * d];
+    let keep = [false; 4];
+    let mut out = vec![f32::NAN; tq * d];
+    let mask = AttentionMask::none().with_key_keep(&keep);
+    let qv = QueryView::contiguous(&q, tq, 1, d);
+    let kv = KvView::contiguous_f32(&k, tk, 1, d);
+    let vv = KvView::contiguous_f32(&v, tk, 1, d);
+    attention(&qv, &kv, &vv, &mask, None, &mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 0.0));
+    attention_scalar(&qv, &kv, &vv, &mask, None, &mut out).unwrap();
+    assert!(out.iter().all(|&x| x == 0.0));
+    let probs = attention_with_probs(&qv, &kv, &vv, &mask, None, &mut out).unwrap();
+    assert!(probs.iter().all(|&x| x == 0.0) && out.iter().all(|&x| x == 0.0));
+    // Causal with tq > tk and a dense mask that blocks row 0 entirely.
+    let dense: Vec<bool> = (0..tq * tk).map(|x| x >= tk).collect();
+    let mask = AttentionMask::causal(0).with_dense_keep(&dense);
+    attention(&qv, &kv, &vv, &mask, None, &mut out).unwrap();
+    assert!(out[..d].iter().all(|&x| x == 0.0));
+    assert!(out[d..].iter().all(|&x| (x - 2.0).abs() < 1e-6));
+}
+
+#[test]
+fn strided_cache_views_read_in_place() {
+    // A cache of capacity 100 holding 37 positions, head-major layout [kv_heads, cap, d].
+    let mut rng = Rng(7);
+    let (cap, tk, kv_heads, heads, d, tq) = (100, 37, 2, 6, 16, 5);
+    let kc = rng.vec(kv_heads * cap * d, 1.0);
+    let vc = rng.vec(kv_heads * cap * d, 1.0);
+    // Queries embedded in a wider fused buffer: row stride 3·heads·d.
+    let wide = rng.vec(tq * 3 * heads * d, 1.0);
+    let qv = QueryView {
+        data: &wide,
+        rows: tq,
+        heads,
+        dim: d,
+        row_stride: 3 * heads * d,
+        head_stride: d,
+    };
+    let view = |data: &[f32]| -> Vec<f32> {
+        let mut dense = vec![0.0; tk * kv_heads * d];
+        for j in 0..tk {
+            for g in 0..kv_heads {
+                dense[(j * kv_heads + g) * d..][..d]
+                    .copy_from_slice(&data[(g * cap + j) * d..][..d]);
+            }
+        }
+        dense
+    };
+    let (kd, vd) = (view(&kc), view(&vc));
+    let qd: Vec<f32> = (0..tq)
+        .flat_map(|i| wide[i * 3 * heads * d..][..heads * d].to_vec())
+        .collect();
+    let mask = AttentionMask::causal(tk - tq);
+    let (expected, _) = naive(&qd, &kd, &vd, tq, tk, heads, kv_heads, d, d, &|i, j| {
+        mask.visible(i, j, tk)
+    });
+    let strided = |data| KvView {
+        data: KvData::F32(data),
+        rows: tk,
+        heads: kv_heads,
+        dim: d,
+        row_stride: d,
+        head_stride: cap * d,
+    };
+    let mut out = vec![0.0; tq * heads * d];
+    attention(&qv, &strided(&kc), &strided(&vc), &mask, None, &mut out).unwrap();
+    assert!(max_abs_diff(&out, &expected) < 1e-5);
+}
+
+#[test]
+fn explicit_scale_is_used() {
+    let q = [1.0, 2.0];
+    let k = [1.0, 0.0, 0.0, 1.0];
+    let v = [1.0, 0.0, 0.0, 1.0];
+    let mut out = [0.0; 2];
+    let kv = KvView::contiguous_f32(&k, 2, 1, 2);
+    let vv = KvView::contiguous_f32(&v, 2, 1, 2);
+    attention(
+        &QueryView::contiguous(&q, 1, 1, 2),
+        &kv,
+        &vv,
+        &AttentionMask::none(),
+        Some(0.0),
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, [0.5, 0.5]); // scale 0: uniform weights
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let q = vec![0.0; 2 * 4 * 8];
+    let k = vec![0.0; 3 * 2 * 8];
+    let mut out = vec![0.0; 2 * 4 * 8];
+    let qv = QueryView::contiguous(&q, 2, 4, 8);
+    let kv = KvView::contiguous_f32(&k, 3, 2, 8);
+    let none = AttentionMask::none();
+    assert!(attention(&qv, &kv, &kv, &none, None, &mut out).is_ok());
+    // heads not a multiple of kv_heads
+    let kv3 = KvView::contiguous_f32(&k, 2, 3, 8);
+    assert!(matches!(
+        attention(&qv, &kv3, &kv3, &none, None, &mut out),
+        Err(KernelError::Mismatch { .. })
+    ));
+    // output too short
+    assert!(matches!(
+        attention(&qv, &kv, &kv, &none, None, &mut out[1..]),
+        Err(KernelError::Length { what: "out", .. })
+    ));
+    // view longer than its slice
+    let long = KvView::contiguous_f32(&k, 4, 2, 8);
+    assert!(matches!(
+        attention(&qv, &long, &long, &none, None, &mut out),
+        Err(KernelError::Length { what: "k", .. })
+    ));
+    // zero-sized dimensions
+    let empty = KvView::contiguous_f32(&k, 0, 2, 8);
+    assert!(matches!(
+        attention(&qv, &empty, &empty, &none, None, &mut out),
+        Err(KernelError::ZeroDim(_))
+    ));
+    // masks of the wrong size
+    let keep = [true; 2];
+    assert!(attention(
+        &qv,
+        &kv,
+        &kv,
+        &AttentionMask::none().with_key_keep(&keep),
+        None,
+        &mut out
+    )
+    .is_err());
+    let dense = [true; 5];
+    assert!(attention(
+        &qv,
+        &kv,
+        &kv,
+        &AttentionMask::none().with_dense_keep(&dense),
+        None,
+        &mut out
+    )
+    .is_err());
+    // key dim disagreeing with query dim
+    let k7 = KvView::contiguous_f32(&k, 3, 2, 7);
+    assert!(attention(&qv, &k7, &kv, &none, None, &mut out).is_err());
+    // non-finite scale
+    assert!(attention(&qv, &kv, &kv, &none, Some(f32::NAN), &mut out).is_err());
+    // overflowing strides
+    let huge = KvView {
+        row_stride: usize::MAX / 2,
+        ..kv
+    };
+    assert!(attention(&qv, &huge, &huge, &none, None, &mut out).is_err());
+}
