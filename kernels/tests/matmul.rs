@@ -1,0 +1,134 @@
+//! `linear` (GEMV and gemm paths, f32 and f16 weights) against its scalar reference and an
+//! f64 reference written here, on awkward shapes.
+
+use qkv_kernels::matmul::{linear_scalar, GEMV_MAX_ROWS};
+use qkv_kernels::{f16, linear, KernelError, Weights};
+
+struct Rng(u64);
+impl Rng {
+    fn uniform(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uniform()).collect()
+    }
+}
+
+/// Checks `linear` and `linear_scalar` against an f64 reference. Tolerance per element:
+/// 1e-6 · Σ|x·w| + 1e-6, well above f32 rounding of a k-term sum (~√k·6e-8 relative) and far
+/// below any indexing mistake.
+fn check(m: usize, k: usize, n: usize, half: bool, with_bias: bool, rng: &mut Rng) {
+    let x = rng.vec(m * k);
+    let w32 = rng.vec(n * k);
+    let w16: Vec<f16> = w32.iter().map(|&v| f16::from_f32(v)).collect();
+    let wref: Vec<f32> = if half {
+        w16.iter().map(|v| v.to_f32()).collect()
+    } else {
+        w32.clone()
+    };
+    let bias = rng.vec(n);
+    let b = with_bias.then_some(&bias[..]);
+    let w = if half {
+        Weights::F16(&w16)
+    } else {
+        Weights::F32(&w32)
+    };
+    let mut fast = vec![f32::NAN; m * n];
+    let mut scalar = vec![f32::NAN; m * n];
+    linear(&mut fast, &x, w, b, m, k, n).unwrap();
+    linear_scalar(&mut scalar, &x, w, b, m, k, n).unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let (mut exact, mut mag) = (0.0f64, 0.0f64);
+            for p in 0..k {
+                let t = x[i * k + p] as f64 * wref[j * k + p] as f64;
+                exact += t;
+                mag += t.abs();
+            }
+            if with_bias {
+                exact += bias[j] as f64;
+            }
+            let tol = 1e-6 * mag + 1e-6;
+            for (name, got) in [("fast", fast[i * n + j]), ("scalar", scalar[i * n + j])] {
+                let err = (got as f64 - exact).abs();
+                assert!(
+                    err <= tol,
+                    "{name} m={m} k={k} n={n} f16={half} bias={with_bias} at ({i},{j}): {got} vs {exact} (err {err:e} > {tol:e})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_shapes() {
+    let mut rng = Rng(1);
+    for m in 1..=GEMV_MAX_ROWS {
+        for &k in &[1, 7, 8, 9, 17, 64, 577] {
+            for &n in &[1, 2, 3, 5, 63, 64, 65, 129] {
+                check(m, k, n, (m + k + n) % 2 == 0, n % 3 != 0, &mut rng);
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_large_parallel() {
+    // Large enough to split across threads; n not a multiple of the tile or thread count.
+    let mut rng = Rng(2);
+    for &(m, k, n) in &[
+        (1, 576, 1537),
+        (3, 576, 2049),
+        (8, 1536, 577),
+        (1, 1000, 4099),
+    ] {
+        check(m, k, n, true, true, &mut rng);
+        check(m, k, n, false, false, &mut rng);
+    }
+}
+
+#[test]
+fn gemm_shapes() {
+    let mut rng = Rng(3);
+    for &m in &[GEMV_MAX_ROWS + 1, 17, 64] {
+        for &k in &[1, 9, 576] {
+            for &n in &[1, 7, 300] {
+                check(m, k, n, false, true, &mut rng);
+                check(m, k, n, true, n != 7, &mut rng);
+            }
+        }
+    }
+    // f16 panels: n spans several panels (224 rows each at k = 576) with a ragged tail.
+    check(33, 576, 1000, true, true, &mut rng);
+    check(20, 1536, 333, true, false, &mut rng);
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let x = vec![0.0; 6];
+    let w = vec![0.0; 6];
+    let mut y = vec![0.0; 4];
+    assert!(linear(&mut y, &x, Weights::F32(&w), None, 2, 3, 2).is_ok());
+    assert!(matches!(
+        linear(&mut y, &x, Weights::F32(&w), None, 2, 3, 3),
+        Err(KernelError::Length {
+            what: "weights",
+            ..
+        })
+    ));
+    assert!(matches!(
+        linear(&mut y[..3], &x, Weights::F32(&w), None, 2, 3, 2),
+        Err(KernelError::Length { what: "y", .. })
+    ));
+    assert!(matches!(
+        linear(&mut y, &x, Weights::F32(&w), Some(&[0.0; 3]), 2, 3, 2),
+        Err(KernelError::Length { what: "bias", .. })
+    ));
+    assert!(matches!(
+        linear(&mut y, &x, Weights::F32(&w), None, 0, 3, 2),
+        Err(KernelError::ZeroDim(_))
+    ));
+}
