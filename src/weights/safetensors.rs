@@ -1,1 +1,234 @@
-//! (being written)
+//! `.safetensors` files (PyTorch / Hugging Face) mapped with memmap2.
+//!
+//! The header is parsed and validated by the `safetensors` crate over the mapped bytes; this
+//! module turns its entries into [`Tensor`]s. f32 and f16 tensors borrow the mapped bytes
+//! (no copy, [`Tensor::is_mapped`] is true); bf16 tensors are widened to owned f32 once, at
+//! [`TensorSource::tensor`] time. Other dtypes (integers, f64, fp8…) give
+//! [`Error::UnsupportedDType`].
+//!
+//! A state_dict written by `safetensors.torch.save_file(module.state_dict(), path)` loads as
+//! it is: names are PyTorch's (`q.weight`, `Encoder.Layers.0.attn.wq.bias`, …). The optional
+//! `__metadata__` string map is available through [`SafeTensorsFile::metadata`].
+//!
+//! A truncated, inconsistent or hostile file gives [`Error::Format`] naming the file; nothing
+//! panics.
+//!
+//! ```
+//! use qkv::weights::safetensors::SafeTensorsFile;
+//! use qkv::weights::TensorSource;
+//! # fn main() -> qkv::Result<()> {
+//! // A file with one f32 tensor `w` of shape [2]: 8-byte header length, JSON header, data.
+//! let header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+//! let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+//! bytes.extend_from_slice(header);
+//! bytes.extend_from_slice(&1.5f32.to_le_bytes());
+//! bytes.extend_from_slice(&(-2.0f32).to_le_bytes());
+//! let path = std::env::temp_dir().join(format!("qkv-doc-{}.safetensors", std::process::id()));
+//! std::fs::write(&path, &bytes).unwrap();
+//!
+//! let file = SafeTensorsFile::open(&path)?;
+//! let w = file.tensor("w")?;
+//! assert_eq!(w.shape(), &[2]);
+//! assert_eq!(w.as_f32(), Some(&[1.5f32, -2.0][..]));
+//! assert!(w.is_mapped());
+//! # std::fs::remove_file(&path).ok();
+//! # Ok(())
+//! # }
+//! ```
+
+use super::{map_file, FloatType, Tensor, TensorSource};
+use crate::error::{Error, Result};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, Metadata};
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A `.safetensors` file, mapped read-only, handing out tensors by their stored names.
+pub struct SafeTensorsFile {
+    path: PathBuf,
+    map: Arc<Mmap>,
+    /// Byte offset of the data section (8 + header length).
+    data_start: usize,
+    header: Metadata,
+}
+
+impl std::fmt::Debug for SafeTensorsFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafeTensorsFile")
+            .field("path", &self.path)
+            .field("tensors", &self.header.tensors().len())
+            .finish()
+    }
+}
+
+impl SafeTensorsFile {
+    /// Maps `path` and validates its header (lengths, offsets, dtypes, shapes).
+    ///
+    /// Errors: [`Error::Io`] if the file cannot be opened or mapped, [`Error::Format`] if the
+    /// header is malformed, the offsets overlap or leave gaps, or the data is truncated.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_owned();
+        let map = map_file(&path)?;
+        let (header_len, header) =
+            SafeTensors::read_metadata(&map[..]).map_err(|e| Error::Format {
+                path: path.clone(),
+                msg: format!("not a valid safetensors file: {e}"),
+            })?;
+        // `read_metadata` checked that 8 + header_len + data fits the buffer exactly.
+        let data_start = 8 + header_len;
+        Ok(SafeTensorsFile {
+            path,
+            map,
+            data_start,
+            header,
+        })
+    }
+
+    /// The file this was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The free-form `__metadata__` string map of the header (empty when absent).
+    pub fn metadata(&self) -> HashMap<String, String> {
+        self.header.metadata().clone().unwrap_or_default()
+    }
+
+    /// The stored shape of tensor `name`, without loading it.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.header.info(name).map(|i| i.shape.as_slice())
+    }
+
+    fn format_error(&self, msg: String) -> Error {
+        Error::Format {
+            path: self.path.clone(),
+            msg,
+        }
+    }
+}
+
+fn bf16_bits_to_f32(lo: u8, hi: u8) -> f32 {
+    f32::from_bits((u32::from(u16::from_le_bytes([lo, hi]))) << 16)
+}
+
+impl TensorSource for SafeTensorsFile {
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        let info = self.header.info(name).ok_or_else(|| Error::MissingTensor {
+            name: name.to_owned(),
+        })?;
+        let (start, end) = info.data_offsets;
+        let offset = self
+            .data_start
+            .checked_add(start)
+            .filter(|_| end >= start)
+            .ok_or_else(|| self.format_error(format!("tensor `{name}`: bad data offsets")))?;
+        let stop = self
+            .data_start
+            .checked_add(end)
+            .filter(|&s| s <= self.map.len())
+            .ok_or_else(|| {
+                self.format_error(format!("tensor `{name}` runs past the end of the file"))
+            })?;
+        let shape = info.shape.clone();
+        match info.dtype {
+            Dtype::F32 => {
+                Tensor::from_mapped(name, shape, self.map.clone(), offset, FloatType::F32)
+                    .map_err(|e| self.format_error(e.to_string()))
+            }
+            Dtype::F16 => {
+                Tensor::from_mapped(name, shape, self.map.clone(), offset, FloatType::F16)
+                    .map_err(|e| self.format_error(e.to_string()))
+            }
+            Dtype::BF16 => {
+                let data: Vec<f32> = self.map[offset..stop]
+                    .chunks_exact(2)
+                    .map(|b| bf16_bits_to_f32(b[0], b[1]))
+                    .collect();
+                Tensor::from_f32(name, shape, data).map_err(|e| self.format_error(e.to_string()))
+            }
+            other => Err(Error::UnsupportedDType {
+                name: name.to_owned(),
+                dtype: format!("{other:?}"),
+            }),
+        }
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.header.info(name).is_some()
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.header.offset_keys()
+    }
+}
+
+/// A [`TensorSource`] seen through a name prefix: `scope.pp("layers.0").tensor("q.weight")`
+/// reads `layers.0.q.weight` (candle's `VarBuilder::pp` idea). Modules load their weights
+/// through one of these, so a module never needs to know where in a model it sits.
+///
+/// ```
+/// # use qkv::weights::safetensors::Scope;
+/// # fn demo(src: &dyn qkv::weights::TensorSource) {
+/// let layer = Scope::new(src).pp("Encoder").pp("Layers.0");
+/// assert_eq!(layer.name("attn.wq.weight"), "Encoder.Layers.0.attn.wq.weight");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Scope<'a> {
+    source: &'a dyn TensorSource,
+    prefix: String,
+}
+
+impl std::fmt::Debug for Scope<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scope")
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl<'a> Scope<'a> {
+    /// The root scope: names are looked up as given.
+    pub fn new(source: &'a dyn TensorSource) -> Self {
+        Scope {
+            source,
+            prefix: String::new(),
+        }
+    }
+
+    /// The full name `prefix.name` (or `name` at the root).
+    pub fn name(&self, name: &str) -> String {
+        if self.prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{}.{name}", self.prefix)
+        }
+    }
+
+    /// A child scope: `self.pp("attn")` resolves `x` as `prefix.attn.x`.
+    pub fn pp(&self, sub: &str) -> Scope<'a> {
+        Scope {
+            source: self.source,
+            prefix: self.name(sub),
+        }
+    }
+
+    /// The tensor `prefix.name`, or [`Error::MissingTensor`] naming the full name.
+    pub fn tensor(&self, name: &str) -> Result<Tensor> {
+        self.source.tensor(&self.name(name))
+    }
+
+    /// The tensor `prefix.name`, checked to have `shape` ([`Error::TensorShape`] otherwise).
+    pub fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self.tensor(name)?;
+        t.expect_shape(shape)?;
+        Ok(t)
+    }
+
+    /// True when `prefix.name` exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.source.contains(&self.name(name))
+    }
+}

@@ -1,0 +1,710 @@
+//! The encoder–decoder Transformer of seed 004, made a usable seq2seq model.
+//!
+//! Reading top to bottom, as SPEC.md §2 puts it:
+//! - `src_embedding` (token → `d_model`), then the sinusoidal positional encoding;
+//! - encoder layers, pre-norm: `h = x + attn(norm1(x))` with the source padding mask,
+//!   `out = h + FFN(norm2(h))`; no final norm;
+//! - `tgt_embedding`, positional encoding, decoder layers, pre-norm with three norms:
+//!   causal self-attention (with the target's padding too), cross-attention over the encoder
+//!   output masked by the **source** padding (the seed used the decoder lengths there, a bug),
+//!   then the FFN;
+//! - `generator`: `Linear(d_model → tgt_vocab)`, the logits.
+//!
+//! Weight names are the seed's PyTorch names (`Encoder.Layers.0.attn.wq.weight`,
+//! `Decoder.Layers.1.cross_attn.output_layer.bias`, `Decoder.Layers.0.FFN.linear1.weight`,
+//! `Encoder.Layers.0.norm1.weight`, …) plus three of ours: `src_embedding.weight`
+//! `[src_vocab, d_model]`, `tgt_embedding.weight` `[tgt_vocab, d_model]` and
+//! `generator.weight` / `generator.bias` `[tgt_vocab, d_model]` / `[tgt_vocab]`. Embeddings
+//! are not scaled by √d_model. The positional-encoding buffers (`*.pos_embedding.pe`) are
+//! optional; when present their shape is checked against the configuration.
+//!
+//! Incremental decoding: [`Seq2Seq::encode`] runs the encoder once and projects every decoder
+//! layer's cross-attention K and V once ([`EncoderMemory`]); [`Seq2Seq::start`] sizes a
+//! [`DecodeState`] (self-attention KV cache per layer and every scratch buffer) once; each
+//! [`Seq2Seq::step`] then costs one new row per sequence and allocates nothing in this crate.
+//!
+//! ```no_run
+//! use qkv::models::seq2seq::{Seq2Seq, Seq2SeqConfig, TokenBatch};
+//! use qkv::weights::safetensors::SafeTensorsFile;
+//! # fn main() -> qkv::Result<()> {
+//! let file = SafeTensorsFile::open("model.safetensors")?;
+//! let config = Seq2SeqConfig::from_metadata(&file.metadata())?;
+//! let model = Seq2Seq::load(&file, config)?;
+//! // Two sources, padded to 4 tokens: lengths 4 and 2.
+//! let src = TokenBatch::new(&[5, 6, 7, 8, 9, 3, 0, 0], 2, 4, &[4, 2])?;
+//! let out = model.greedy(&src, 1, 2, 20)?; // BOS = 1, EOS = 2, at most 20 tokens
+//! println!("{out:?}");
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::error::{Error, Result};
+use crate::nn::{
+    Embedding, FeedForward, KeyPadding, LayerNorm, Linear, Mask, PositionalEncoding, Scope, Seq,
+    SeqBuf, TransformerAttention,
+};
+use crate::weights::TensorSource;
+use qkv_kernels::activation::add_inplace;
+use qkv_kernels::{AttentionMask, KvView};
+use std::collections::HashMap;
+
+/// Sizes of a [`Seq2Seq`] model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Seq2SeqConfig {
+    /// Hidden size `d_model` (the seed's `hidden_size`).
+    pub d_model: usize,
+    /// Attention heads; must divide `d_model`.
+    pub heads: usize,
+    /// Encoder layers.
+    pub encoder_layers: usize,
+    /// Decoder layers.
+    pub decoder_layers: usize,
+    /// FFN inner size is `ffn_scale · d_model` (the seed's integer `ffn_scale`).
+    pub ffn_scale: usize,
+    /// Source vocabulary.
+    pub src_vocab: usize,
+    /// Target vocabulary.
+    pub tgt_vocab: usize,
+    /// Longest source (the encoder's positional-encoding `max_len`).
+    pub max_src_len: usize,
+    /// Longest target (the decoder's positional-encoding `max_len`).
+    pub max_tgt_len: usize,
+    /// LayerNorm epsilon (PyTorch's default 1e-5).
+    pub norm_eps: f32,
+}
+
+impl Seq2SeqConfig {
+    /// [`Error::Config`] when a size is zero or `heads` does not divide `d_model`.
+    pub fn validate(&self) -> Result<()> {
+        for (what, v) in [
+            ("d_model", self.d_model),
+            ("heads", self.heads),
+            ("encoder_layers", self.encoder_layers),
+            ("decoder_layers", self.decoder_layers),
+            ("ffn_scale", self.ffn_scale),
+            ("src_vocab", self.src_vocab),
+            ("tgt_vocab", self.tgt_vocab),
+            ("max_src_len", self.max_src_len),
+            ("max_tgt_len", self.max_tgt_len),
+        ] {
+            if v == 0 {
+                return Err(Error::Config(format!("seq2seq: {what} must not be zero")));
+            }
+        }
+        if self.d_model % self.heads != 0 {
+            return Err(Error::Config(format!(
+                "seq2seq: d_model = {} is not divisible by heads = {}",
+                self.d_model, self.heads
+            )));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            return Err(Error::Config(format!(
+                "seq2seq: norm_eps must be positive, got {}",
+                self.norm_eps
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads the configuration from a safetensors `__metadata__` map with the keys
+    /// `d_model`, `heads`, `encoder_layers`, `decoder_layers`, `ffn_scale`, `src_vocab`,
+    /// `tgt_vocab`, `max_src_len`, `max_tgt_len` and optionally `norm_eps` (default 1e-5),
+    /// as `tools/seq2seq_fixtures.py` writes them.
+    pub fn from_metadata(meta: &HashMap<String, String>) -> Result<Self> {
+        let int = |key: &str| -> Result<usize> {
+            let v = meta
+                .get(key)
+                .ok_or_else(|| Error::Config(format!("seq2seq: metadata lacks `{key}`")))?;
+            v.trim()
+                .parse()
+                .map_err(|_| Error::Config(format!("seq2seq: metadata `{key}` = {v:?} is not an integer")))
+        };
+        let norm_eps = match meta.get("norm_eps") {
+            None => 1e-5,
+            Some(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| Error::Config(format!("seq2seq: metadata `norm_eps` = {v:?} is not a number")))?,
+        };
+        let cfg = Seq2SeqConfig {
+            d_model: int("d_model")?,
+            heads: int("heads")?,
+            encoder_layers: int("encoder_layers")?,
+            decoder_layers: int("decoder_layers")?,
+            ffn_scale: int("ffn_scale")?,
+            src_vocab: int("src_vocab")?,
+            tgt_vocab: int("tgt_vocab")?,
+            max_src_len: int("max_src_len")?,
+            max_tgt_len: int("max_tgt_len")?,
+            norm_eps,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The metadata map [`Seq2SeqConfig::from_metadata`] reads.
+    pub fn to_metadata(&self) -> HashMap<String, String> {
+        [
+            ("d_model", self.d_model.to_string()),
+            ("heads", self.heads.to_string()),
+            ("encoder_layers", self.encoder_layers.to_string()),
+            ("decoder_layers", self.decoder_layers.to_string()),
+            ("ffn_scale", self.ffn_scale.to_string()),
+            ("src_vocab", self.src_vocab.to_string()),
+            ("tgt_vocab", self.tgt_vocab.to_string()),
+            ("max_src_len", self.max_src_len.to_string()),
+            ("max_tgt_len", self.max_tgt_len.to_string()),
+            ("norm_eps", self.norm_eps.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+}
+
+/// Token ids `[batch, len]`, row-major, with each sequence's real length (the rest is
+/// padding at the tail). For pads elsewhere, use the `*_with_padding` methods.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenBatch<'a> {
+    ids: &'a [u32],
+    batch: usize,
+    len: usize,
+    lengths: &'a [usize],
+}
+
+impl<'a> TokenBatch<'a> {
+    /// [`Error::Shape`] unless `ids` holds `batch·len` ids, `lengths` has `batch` entries, and
+    /// every length lies in `1..=len`.
+    pub fn new(ids: &'a [u32], batch: usize, len: usize, lengths: &'a [usize]) -> Result<Self> {
+        if batch == 0 || len == 0 || ids.len() != batch * len {
+            return Err(Error::Shape(format!(
+                "tokens: {} ids for [{batch}, {len}]",
+                ids.len()
+            )));
+        }
+        if lengths.len() != batch {
+            return Err(Error::Shape(format!(
+                "tokens: {} lengths for a batch of {batch}",
+                lengths.len()
+            )));
+        }
+        if let Some((b, &l)) = lengths.iter().enumerate().find(|(_, &l)| l == 0 || l > len) {
+            return Err(Error::Shape(format!(
+                "tokens: sequence {b} has length {l}, outside 1..={len}"
+            )));
+        }
+        Ok(TokenBatch {
+            ids,
+            batch,
+            len,
+            lengths,
+        })
+    }
+
+    /// Batch size.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Padded length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a batch has at least one token.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The ids.
+    pub fn ids(&self) -> &'a [u32] {
+        self.ids
+    }
+
+    /// The padding mask from the lengths.
+    pub fn padding(&self) -> Result<KeyPadding> {
+        KeyPadding::from_lengths(self.lengths, self.len)
+    }
+}
+
+#[derive(Debug)]
+struct EncoderLayer {
+    attn: TransformerAttention,
+    ffn: FeedForward,
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+}
+
+#[derive(Debug)]
+struct DecoderLayer {
+    self_attn: TransformerAttention,
+    cross_attn: TransformerAttention,
+    ffn: FeedForward,
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+    norm3: LayerNorm,
+}
+
+/// Seed 004's Transformer with token embeddings and an output projection.
+#[derive(Debug)]
+pub struct Seq2Seq {
+    cfg: Seq2SeqConfig,
+    src_embedding: Embedding,
+    tgt_embedding: Embedding,
+    src_pe: PositionalEncoding,
+    tgt_pe: PositionalEncoding,
+    encoder: Vec<EncoderLayer>,
+    decoder: Vec<DecoderLayer>,
+    generator: Linear,
+}
+
+/// The encoder's result for a batch of sources, kept for the whole decode: the encoder
+/// output, the source padding, and every decoder layer's cross-attention K and V.
+#[derive(Debug)]
+pub struct EncoderMemory {
+    output: SeqBuf,
+    padding: KeyPadding,
+    /// Per decoder layer, `[B, S, d_model]`.
+    cross_k: Vec<Vec<f32>>,
+    cross_v: Vec<Vec<f32>>,
+}
+
+impl EncoderMemory {
+    /// The encoder output `[B, S, d_model]`.
+    pub fn output(&self) -> &SeqBuf {
+        &self.output
+    }
+
+    /// The source padding.
+    pub fn padding(&self) -> &KeyPadding {
+        &self.padding
+    }
+
+    /// Number of sources.
+    pub fn batch(&self) -> usize {
+        self.output.batch()
+    }
+}
+
+/// The state of an incremental decode: the encoder memory, each decoder layer's
+/// self-attention KV cache, and every scratch buffer a step needs, all sized once.
+#[derive(Debug)]
+pub struct DecodeState {
+    memory: EncoderMemory,
+    pos: usize,
+    capacity: usize,
+    /// Per decoder layer, `[B, capacity, d_model]`.
+    self_k: Vec<Vec<f32>>,
+    self_v: Vec<Vec<f32>>,
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    ctx: Vec<f32>,
+    delta: Vec<f32>,
+    ffn_hidden: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl DecodeState {
+    /// Tokens decoded so far (the position of the next one).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Positions the cache holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The encoder memory.
+    pub fn memory(&self) -> &EncoderMemory {
+        &self.memory
+    }
+
+    /// The logits of the last step, `[B, tgt_vocab]`.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+}
+
+fn add(dst: &mut [f32], src: &[f32]) -> Result<()> {
+    add_inplace(dst, src)?;
+    Ok(())
+}
+
+impl Seq2Seq {
+    /// Loads every weight from `source` by its PyTorch name (see the [module docs](self)).
+    ///
+    /// Errors: [`Error::Config`] for an inconsistent `cfg`, [`Error::MissingTensor`] and
+    /// [`Error::TensorShape`] naming the tensor at fault.
+    pub fn load(source: &dyn TensorSource, cfg: Seq2SeqConfig) -> Result<Self> {
+        cfg.validate()?;
+        let root = Scope::new(source);
+        let d = cfg.d_model;
+        let eps = cfg.norm_eps;
+        for (side, max_len) in [("Encoder", cfg.max_src_len), ("Decoder", cfg.max_tgt_len)] {
+            let pe = root.pp(side).pp("pos_embedding");
+            if pe.contains("pe") {
+                pe.tensor_shaped("pe", &[1, max_len, d])?;
+            }
+        }
+        let enc = root.pp("Encoder").pp("Layers");
+        let encoder = (0..cfg.encoder_layers)
+            .map(|i| {
+                let l = enc.pp(&i.to_string());
+                Ok(EncoderLayer {
+                    attn: TransformerAttention::load(&l.pp("attn"), d, cfg.heads)?,
+                    ffn: FeedForward::load(&l.pp("FFN"), d, cfg.ffn_scale)?,
+                    norm1: LayerNorm::load(&l, "norm1", d, eps)?,
+                    norm2: LayerNorm::load(&l, "norm2", d, eps)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let dec = root.pp("Decoder").pp("Layers");
+        let decoder = (0..cfg.decoder_layers)
+            .map(|i| {
+                let l = dec.pp(&i.to_string());
+                Ok(DecoderLayer {
+                    self_attn: TransformerAttention::load(&l.pp("self_attn"), d, cfg.heads)?,
+                    cross_attn: TransformerAttention::load(&l.pp("cross_attn"), d, cfg.heads)?,
+                    ffn: FeedForward::load(&l.pp("FFN"), d, cfg.ffn_scale)?,
+                    norm1: LayerNorm::load(&l, "norm1", d, eps)?,
+                    norm2: LayerNorm::load(&l, "norm2", d, eps)?,
+                    norm3: LayerNorm::load(&l, "norm3", d, eps)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Seq2Seq {
+            src_embedding: Embedding::load(&root, "src_embedding", cfg.src_vocab, d)?,
+            tgt_embedding: Embedding::load(&root, "tgt_embedding", cfg.tgt_vocab, d)?,
+            src_pe: PositionalEncoding::new(d, cfg.max_src_len)?,
+            tgt_pe: PositionalEncoding::new(d, cfg.max_tgt_len)?,
+            generator: Linear::load(&root, "generator", d, cfg.tgt_vocab)?,
+            encoder,
+            decoder,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Seq2SeqConfig {
+        &self.cfg
+    }
+
+    /// The seed's `Encoder.forward`: positional encoding added to the already embedded `x`
+    /// `[B, S, d_model]`, then the layers with `padding` (`[B, S]`, `true` = real token).
+    pub fn encode_embedded(&self, x: Seq<'_>, padding: &KeyPadding) -> Result<SeqBuf> {
+        self.check_dim(x)?;
+        let mut x = SeqBuf::new(x.data().to_vec(), x.batch(), x.len(), x.dim())?;
+        self.src_pe.forward(&mut x)?;
+        let mask = Mask::none().with_padding(padding);
+        for layer in &self.encoder {
+            let h = layer.norm1.forward(x.view())?;
+            let a = layer.attn.forward(h.view(), h.view(), h.view(), &mask)?;
+            add(x.data_mut(), a.data())?;
+            let h = layer.norm2.forward(x.view())?;
+            let f = layer.ffn.forward(h.view())?;
+            add(x.data_mut(), f.data())?;
+        }
+        Ok(x)
+    }
+
+    /// The seed's `Decoder.forward`, teacher-forced, on the already embedded target `y`
+    /// `[B, T, d_model]`: causal self-attention masked by `tgt_padding` too, cross-attention
+    /// over `enc_out` masked by `src_padding`. Returns the hidden states `[B, T, d_model]`.
+    pub fn decode_embedded(
+        &self,
+        y: Seq<'_>,
+        enc_out: Seq<'_>,
+        src_padding: &KeyPadding,
+        tgt_padding: &KeyPadding,
+    ) -> Result<SeqBuf> {
+        self.check_dim(y)?;
+        self.check_dim(enc_out)?;
+        let mut x = SeqBuf::new(y.data().to_vec(), y.batch(), y.len(), y.dim())?;
+        self.tgt_pe.forward(&mut x)?;
+        let self_mask = Mask::none().with_causal().with_padding(tgt_padding);
+        let cross_mask = Mask::none().with_padding(src_padding);
+        for layer in &self.decoder {
+            let h = layer.norm1.forward(x.view())?;
+            let a = layer.self_attn.forward(h.view(), h.view(), h.view(), &self_mask)?;
+            add(x.data_mut(), a.data())?;
+            let h = layer.norm2.forward(x.view())?;
+            let c = layer.cross_attn.forward(h.view(), enc_out, enc_out, &cross_mask)?;
+            add(x.data_mut(), c.data())?;
+            let h = layer.norm3.forward(x.view())?;
+            let f = layer.ffn.forward(h.view())?;
+            add(x.data_mut(), f.data())?;
+        }
+        Ok(x)
+    }
+
+    fn check_dim(&self, x: Seq<'_>) -> Result<()> {
+        if x.dim() != self.cfg.d_model {
+            return Err(Error::Shape(format!(
+                "seq2seq: input has {} features, d_model is {}",
+                x.dim(),
+                self.cfg.d_model
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs the encoder once over `src` and projects every decoder layer's cross-attention
+    /// K and V. [`Error::TokenOutOfRange`] for an id outside the source vocabulary,
+    /// [`Error::ContextFull`] for a source longer than `max_src_len`.
+    pub fn encode(&self, src: &TokenBatch<'_>) -> Result<EncoderMemory> {
+        self.encode_with_padding(src.ids, src.batch, src.len, src.padding()?)
+    }
+
+    /// As [`Seq2Seq::encode`] with explicit padding flags (pads anywhere).
+    pub fn encode_with_padding(
+        &self,
+        ids: &[u32],
+        batch: usize,
+        len: usize,
+        padding: KeyPadding,
+    ) -> Result<EncoderMemory> {
+        if len > self.cfg.max_src_len {
+            return Err(Error::ContextFull {
+                needed: len,
+                capacity: self.cfg.max_src_len,
+            });
+        }
+        let x = self.src_embedding.forward(ids, batch, len)?;
+        let output = self.encode_embedded(x.view(), &padding)?;
+        let rows = batch * len;
+        let d = self.cfg.d_model;
+        let mut cross_k = Vec::with_capacity(self.decoder.len());
+        let mut cross_v = Vec::with_capacity(self.decoder.len());
+        for layer in &self.decoder {
+            let core = layer.cross_attn.core();
+            let mut k = vec![0.0; rows * d];
+            let mut v = vec![0.0; rows * d];
+            core.k_proj().forward_into(output.data(), rows, &mut k)?;
+            core.v_proj().forward_into(output.data(), rows, &mut v)?;
+            cross_k.push(k);
+            cross_v.push(v);
+        }
+        Ok(EncoderMemory {
+            output,
+            padding,
+            cross_k,
+            cross_v,
+        })
+    }
+
+    /// Teacher-forced logits `[B, T, tgt_vocab]` for targets `tgt` over an encoded source.
+    pub fn decode_teacher_forced(
+        &self,
+        memory: &EncoderMemory,
+        tgt: &TokenBatch<'_>,
+    ) -> Result<SeqBuf> {
+        self.decode_teacher_forced_with_padding(memory, tgt.ids, tgt.batch, tgt.len, &tgt.padding()?)
+    }
+
+    /// As [`Seq2Seq::decode_teacher_forced`] with explicit target padding flags.
+    pub fn decode_teacher_forced_with_padding(
+        &self,
+        memory: &EncoderMemory,
+        ids: &[u32],
+        batch: usize,
+        len: usize,
+        padding: &KeyPadding,
+    ) -> Result<SeqBuf> {
+        if batch != memory.batch() {
+            return Err(Error::Shape(format!(
+                "seq2seq: {batch} targets for {} sources",
+                memory.batch()
+            )));
+        }
+        if len > self.cfg.max_tgt_len {
+            return Err(Error::ContextFull {
+                needed: len,
+                capacity: self.cfg.max_tgt_len,
+            });
+        }
+        let y = self.tgt_embedding.forward(ids, batch, len)?;
+        let h = self.decode_embedded(y.view(), memory.output.view(), &memory.padding, padding)?;
+        self.generator.forward(h.view())
+    }
+
+    /// The whole model, teacher-forced: logits `[B, T, tgt_vocab]`.
+    pub fn forward(&self, src: &TokenBatch<'_>, tgt: &TokenBatch<'_>) -> Result<SeqBuf> {
+        let memory = self.encode(src)?;
+        self.decode_teacher_forced(&memory, tgt)
+    }
+
+    /// A decode state over `memory` for up to `max_len` target positions (at most
+    /// `max_tgt_len`, else [`Error::ContextFull`]). Every buffer a step needs is sized here.
+    pub fn start(&self, memory: EncoderMemory, max_len: usize) -> Result<DecodeState> {
+        if max_len == 0 || max_len > self.cfg.max_tgt_len {
+            return Err(Error::ContextFull {
+                needed: max_len,
+                capacity: self.cfg.max_tgt_len,
+            });
+        }
+        let b = memory.batch();
+        let d = self.cfg.d_model;
+        let layers = self.decoder.len();
+        Ok(DecodeState {
+            memory,
+            pos: 0,
+            capacity: max_len,
+            self_k: vec![vec![0.0; b * max_len * d]; layers],
+            self_v: vec![vec![0.0; b * max_len * d]; layers],
+            x: vec![0.0; b * d],
+            h: vec![0.0; b * d],
+            q: vec![0.0; b * d],
+            k: vec![0.0; b * d],
+            v: vec![0.0; b * d],
+            ctx: vec![0.0; b * d],
+            delta: vec![0.0; b * d],
+            ffn_hidden: vec![0.0; b * d * self.cfg.ffn_scale],
+            logits: vec![0.0; b * self.cfg.tgt_vocab],
+        })
+    }
+
+    /// Feeds one token per sequence (`tokens.len() == B`) at the next position and returns
+    /// the logits `[B, tgt_vocab]` for the position after it. Equal, within float rounding, to
+    /// row `position` of [`Seq2Seq::decode_teacher_forced`] on the same prefix.
+    ///
+    /// Errors: [`Error::Shape`] for a wrong number of tokens, [`Error::TokenOutOfRange`],
+    /// [`Error::ContextFull`] when the state's capacity is used up.
+    pub fn step<'s>(&self, state: &'s mut DecodeState, tokens: &[u32]) -> Result<&'s [f32]> {
+        let b = state.memory.batch();
+        let d = self.cfg.d_model;
+        if tokens.len() != b {
+            return Err(Error::Shape(format!(
+                "seq2seq step: {} tokens for a batch of {b}",
+                tokens.len()
+            )));
+        }
+        let pos = state.pos;
+        if pos >= state.capacity {
+            return Err(Error::ContextFull {
+                needed: pos + 1,
+                capacity: state.capacity,
+            });
+        }
+        let cap = state.capacity;
+        let src_len = state.memory.output.len();
+        self.tgt_embedding.lookup_into(tokens, &mut state.x)?;
+        for row in state.x.chunks_exact_mut(d) {
+            self.tgt_pe.add_into(row, 1, pos)?;
+        }
+        for (l, layer) in self.decoder.iter().enumerate() {
+            // Causal self-attention over the cache (positions 0..=pos).
+            let core = layer.self_attn.core();
+            layer.norm1.forward_into(&state.x, &mut state.h)?;
+            core.q_proj().forward_into(&state.h, b, &mut state.q)?;
+            core.k_proj().forward_into(&state.h, b, &mut state.k)?;
+            core.v_proj().forward_into(&state.h, b, &mut state.v)?;
+            let (ck, cv) = (&mut state.self_k[l], &mut state.self_v[l]);
+            for i in 0..b {
+                let at = (i * cap + pos) * d;
+                ck[at..at + d].copy_from_slice(&state.k[i * d..(i + 1) * d]);
+                cv[at..at + d].copy_from_slice(&state.v[i * d..(i + 1) * d]);
+            }
+            for i in 0..b {
+                let base = i * cap * d;
+                let kv: KvView<'_> = core.key_view(&ck[base..base + (pos + 1) * d], pos + 1);
+                let vv = core.value_view(&cv[base..base + (pos + 1) * d], pos + 1);
+                let qv = core.query_view(&state.q[i * d..(i + 1) * d], 1);
+                core.attend(
+                    &qv,
+                    &kv,
+                    &vv,
+                    &AttentionMask::causal(pos),
+                    &mut state.ctx[i * d..(i + 1) * d],
+                )?;
+            }
+            core.project_out(&state.ctx, b, &mut state.delta)?;
+            add(&mut state.x, &state.delta)?;
+
+            // Cross-attention over the kept encoder K, V, masked by the source padding.
+            let core = layer.cross_attn.core();
+            layer.norm2.forward_into(&state.x, &mut state.h)?;
+            core.q_proj().forward_into(&state.h, b, &mut state.q)?;
+            for i in 0..b {
+                let span = i * src_len * d..(i + 1) * src_len * d;
+                let kv = core.key_view(&state.memory.cross_k[l][span.clone()], src_len);
+                let vv = core.value_view(&state.memory.cross_v[l][span], src_len);
+                let qv = core.query_view(&state.q[i * d..(i + 1) * d], 1);
+                let mask = AttentionMask::none().with_key_keep(state.memory.padding.keep(i));
+                core.attend(&qv, &kv, &vv, &mask, &mut state.ctx[i * d..(i + 1) * d])?;
+            }
+            core.project_out(&state.ctx, b, &mut state.delta)?;
+            add(&mut state.x, &state.delta)?;
+
+            layer.norm3.forward_into(&state.x, &mut state.h)?;
+            layer
+                .ffn
+                .forward_into(&state.h, b, &mut state.ffn_hidden, &mut state.delta)?;
+            add(&mut state.x, &state.delta)?;
+        }
+        self.generator.forward_into(&state.x, b, &mut state.logits)?;
+        state.pos += 1;
+        Ok(&state.logits)
+    }
+
+    /// Greedy decoding of every source in `src`, batched: starts each target with `bos`,
+    /// feeds back the most likely token, and stops a sequence at `eos` (not included in the
+    /// result) or after `max_len` tokens. Returns one token list per source.
+    ///
+    /// Errors: [`Error::TokenOutOfRange`] when `bos` or `eos` lie outside the target
+    /// vocabulary, [`Error::ContextFull`] when `max_len > max_tgt_len`.
+    pub fn greedy(&self, src: &TokenBatch<'_>, bos: u32, eos: u32, max_len: usize) -> Result<Vec<Vec<u32>>> {
+        for id in [bos, eos] {
+            if id as usize >= self.cfg.tgt_vocab {
+                return Err(Error::TokenOutOfRange {
+                    id,
+                    vocab: self.cfg.tgt_vocab,
+                });
+            }
+        }
+        let b = src.batch();
+        let mut out = vec![Vec::new(); b];
+        if max_len == 0 {
+            return Ok(out);
+        }
+        let memory = self.encode(src)?;
+        let mut state = self.start(memory, max_len)?;
+        let mut tokens = vec![bos; b];
+        let mut done = vec![false; b];
+        let vocab = self.cfg.tgt_vocab;
+        for _ in 0..max_len {
+            let logits = self.step(&mut state, &tokens)?;
+            for i in 0..b {
+                let next = argmax(&logits[i * vocab..(i + 1) * vocab]);
+                tokens[i] = next;
+                if !done[i] {
+                    if next == eos {
+                        done[i] = true;
+                    } else {
+                        out[i].push(next);
+                    }
+                }
+            }
+            if done.iter().all(|&x| x) {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Index of the largest value (the first of equals; NaN never wins).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in row.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}

@@ -1,0 +1,128 @@
+//! Token embeddings and the sinusoidal positional encoding of seed 004.
+
+use super::{Scope, SeqBuf};
+use crate::error::{Error, Result};
+use crate::weights::Tensor;
+use qkv_kernels::Weights;
+
+/// `nn.Embedding`: a `[vocab, dim]` table (f32 or f16) whose row `id` is token `id`'s vector.
+#[derive(Debug)]
+pub struct Embedding {
+    table: Tensor,
+    vocab: usize,
+    dim: usize,
+}
+
+impl Embedding {
+    /// Loads `name.weight` `[vocab, dim]`.
+    pub fn load(scope: &Scope<'_>, name: &str, vocab: usize, dim: usize) -> Result<Self> {
+        let table = scope.pp(name).tensor_shaped("weight", &[vocab, dim])?;
+        Ok(Embedding { table, vocab, dim })
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Vector size.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Writes the vectors of `ids` into `out` (`ids.len() × dim`). [`Error::TokenOutOfRange`]
+    /// for an id outside the vocabulary.
+    pub fn lookup_into(&self, ids: &[u32], out: &mut [f32]) -> Result<()> {
+        if out.len() != ids.len() * self.dim {
+            return Err(Error::Shape(format!(
+                "embedding: {} ids need {} output values, got {}",
+                ids.len(),
+                ids.len() * self.dim,
+                out.len()
+            )));
+        }
+        for (&id, row) in ids.iter().zip(out.chunks_exact_mut(self.dim)) {
+            let i = id as usize;
+            if i >= self.vocab {
+                return Err(Error::TokenOutOfRange {
+                    id,
+                    vocab: self.vocab,
+                });
+            }
+            let src = i * self.dim..(i + 1) * self.dim;
+            match self.table.weights() {
+                Weights::F32(t) => row.copy_from_slice(&t[src]),
+                Weights::F16(t) => qkv_kernels::convert::f16_to_f32(&t[src], row)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The vectors of `ids` `[batch, len]` as `[batch, len, dim]`.
+    pub fn forward(&self, ids: &[u32], batch: usize, len: usize) -> Result<SeqBuf> {
+        if batch == 0 || len == 0 || ids.len() != batch * len {
+            return Err(Error::Shape(format!(
+                "embedding: {} ids for [{batch}, {len}]",
+                ids.len()
+            )));
+        }
+        let mut out = vec![0.0; ids.len() * self.dim];
+        self.lookup_into(ids, &mut out)?;
+        SeqBuf::new(out, batch, len, self.dim)
+    }
+}
+
+/// Seed 004's sinusoidal positional encoding, `pe[pos, 2i] = sin(pos / 10000^(2i/d))`,
+/// `pe[pos, 2i+1] = cos(…)`, added to the input; computed as PyTorch computes it in f32.
+/// Dropout is the identity at inference.
+#[derive(Debug, Clone, Copy)]
+pub struct PositionalEncoding {
+    dim: usize,
+    max_len: usize,
+}
+
+impl PositionalEncoding {
+    /// An encoding for `dim` features and positions below `max_len` (the seed's buffer size).
+    pub fn new(dim: usize, max_len: usize) -> Result<Self> {
+        if dim == 0 || max_len == 0 {
+            return Err(Error::Config(format!(
+                "positional encoding: dim {dim} and max_len {max_len} must be non-zero"
+            )));
+        }
+        Ok(PositionalEncoding { dim, max_len })
+    }
+
+    /// Largest number of positions.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Adds the encoding of positions `pos0 .. pos0 + rows` to `x` (`rows × dim`).
+    /// [`Error::ContextFull`] past `max_len`.
+    pub fn add_into(&self, x: &mut [f32], rows: usize, pos0: usize) -> Result<()> {
+        if pos0 + rows > self.max_len {
+            return Err(Error::ContextFull {
+                needed: pos0 + rows,
+                capacity: self.max_len,
+            });
+        }
+        qkv_kernels::position::add_sinusoidal_inplace(x, rows, self.dim, pos0)?;
+        Ok(())
+    }
+
+    /// Adds the encoding of positions `0 .. len` to every sequence of `x`.
+    pub fn forward(&self, x: &mut SeqBuf) -> Result<()> {
+        if x.dim() != self.dim {
+            return Err(Error::Shape(format!(
+                "positional encoding: input dim {} but the encoding has {}",
+                x.dim(),
+                self.dim
+            )));
+        }
+        let (len, dim) = (x.len(), x.dim());
+        for item in x.data_mut().chunks_exact_mut(len * dim) {
+            self.add_into(item, len, 0)?;
+        }
+        Ok(())
+    }
+}

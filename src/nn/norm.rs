@@ -1,0 +1,65 @@
+//! `nn.LayerNorm` over the last dimension.
+
+use super::{Scope, Seq, SeqBuf};
+use crate::error::{Error, Result};
+
+/// Layer normalisation with a learned scale and shift, both kept in f32.
+#[derive(Debug, Clone)]
+pub struct LayerNorm {
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    eps: f32,
+    dim: usize,
+}
+
+impl LayerNorm {
+    /// Loads `name.weight` `[dim]` and, when present, `name.bias` `[dim]`.
+    pub fn load(scope: &Scope<'_>, name: &str, dim: usize, eps: f32) -> Result<Self> {
+        let s = scope.pp(name);
+        let weight = s.tensor_shaped("weight", &[dim])?.to_f32_vec();
+        let bias = if s.contains("bias") {
+            Some(s.tensor_shaped("bias", &[dim])?.to_f32_vec())
+        } else {
+            None
+        };
+        Ok(LayerNorm {
+            weight,
+            bias,
+            eps,
+            dim,
+        })
+    }
+
+    /// Feature size.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Normalises each row of `x` (`rows × dim`) into `out`.
+    pub fn forward_into(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
+        if x.len() != out.len() || x.len() % self.dim != 0 {
+            return Err(Error::Shape(format!(
+                "layer norm of dim {}: input {} values, output {}",
+                self.dim,
+                x.len(),
+                out.len()
+            )));
+        }
+        qkv_kernels::norm::layer_norm(
+            out,
+            x,
+            &self.weight,
+            self.bias.as_deref(),
+            self.eps,
+            self.dim,
+        )?;
+        Ok(())
+    }
+
+    /// Normalises every position of `x`.
+    pub fn forward(&self, x: Seq<'_>) -> Result<SeqBuf> {
+        let mut out = vec![0.0; x.data().len()];
+        self.forward_into(x.data(), &mut out)?;
+        SeqBuf::new(out, x.batch(), x.len(), x.dim())
+    }
+}
