@@ -17,7 +17,7 @@ use std::cell::RefCell;
 /// Keys per block.
 pub(super) const KB: usize = 64;
 /// Rows (query head × query) a work item aims for: enough to amortise packing K and V.
-const ROWS_TARGET: usize = 48;
+const ROWS_TARGET: usize = 96;
 /// Key splits are at least this many keys long.
 const MIN_SPLIT_KEYS: usize = 4 * KB;
 /// Below this many multiply-adds the call runs on the calling thread alone.
