@@ -1,1 +1,161 @@
-fn main() {}
+//! Matmul benchmarks: `linear` for m ∈ {1, 32, 512} on the default model's shapes, f32 and f16
+//! weights, beside the raw gemm-crate call on the same shapes and a memory-read probe that
+//! measures this machine's bandwidth in the same run.
+//!
+//! Throughput is reported per second as *elements*: for m = 1 the element is a byte of
+//! weights read (so `Gelem/s` reads as GB/s); for m ≥ 32 it is a floating-point operation
+//! (`Gelem/s` reads as GFLOP/s).
+
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use qkv_kernels::{f16, linear, Weights};
+use rayon::prelude::*;
+use std::time::Duration;
+
+/// (k, n): input features, output features — the linear layers of SmolLM2-135M.
+const SHAPES: [(usize, usize); 5] = [
+    (576, 576),
+    (576, 192),
+    (576, 1536),
+    (1536, 576),
+    (576, 49152),
+];
+
+fn filled(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32
+                / (1u32 << 24) as f32
+                - 0.5
+        })
+        .collect()
+}
+
+/// Sums a buffer far larger than the caches on every thread: the machine's read bandwidth.
+fn memory_read(c: &mut Criterion) {
+    let len = 64 << 20; // 256 MiB of f32
+    let buf = filled(len, 1);
+    let mut g = c.benchmark_group("memory");
+    g.throughput(Throughput::Bytes((len * 4) as u64));
+    g.sample_size(20);
+    g.bench_function("read_256MiB", |b| {
+        b.iter(|| {
+            let s: f32 = buf
+                .par_chunks(1 << 16)
+                .map(|ch| {
+                    let mut acc = [0.0f32; 16];
+                    for v in ch.chunks_exact(16) {
+                        for (a, x) in acc.iter_mut().zip(v) {
+                            *a += x;
+                        }
+                    }
+                    acc.iter().sum::<f32>()
+                })
+                .sum();
+            black_box(s)
+        })
+    });
+    g.finish();
+}
+
+fn raw_gemm<T: 'static + Copy>(
+    y: &mut [T],
+    x: &[T],
+    w: &[T],
+    m: usize,
+    k: usize,
+    n: usize,
+    one: T,
+    zero: T,
+) {
+    // SAFETY: y is m·n, x is m·k, w is n·k, all row-major; w is read as its k×n transpose.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            zero,
+            one,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(rayon::current_num_threads()),
+        )
+    }
+}
+
+fn matmul(c: &mut Criterion) {
+    for &m in &[1usize, 32, 512] {
+        let mut g = c.benchmark_group(format!("linear_m{m}"));
+        g.sample_size(if m == 512 { 10 } else { 30 });
+        for &(k, n) in &SHAPES {
+            let x = filled(m * k, 2);
+            let w32 = filled(n * k, 3);
+            let w16: Vec<f16> = w32.iter().map(|&v| f16::from_f32(v)).collect();
+            let mut y = vec![0.0f32; m * n];
+            let shape = format!("{k}x{n}");
+            for (dtype, w) in [("f32", Weights::F32(&w32)), ("f16", Weights::F16(&w16))] {
+                let units = if m == 1 {
+                    (n * k * w.elem_bytes()) as u64
+                } else {
+                    (2 * m * n * k) as u64
+                };
+                g.throughput(Throughput::Elements(units));
+                g.bench_with_input(
+                    BenchmarkId::new(format!("qkv_{dtype}"), &shape),
+                    &(),
+                    |b, _| b.iter(|| linear(&mut y, black_box(&x), w, None, m, k, n).unwrap()),
+                );
+            }
+            // The peer: the gemm crate called raw on the same shape, f32 and f16 operands.
+            let units32 = if m == 1 {
+                (n * k * 4) as u64
+            } else {
+                (2 * m * n * k) as u64
+            };
+            g.throughput(Throughput::Elements(units32));
+            g.bench_with_input(BenchmarkId::new("gemm_raw_f32", &shape), &(), |b, _| {
+                b.iter(|| raw_gemm(&mut y, black_box(&x), &w32, m, k, n, 1.0f32, 0.0f32))
+            });
+            let x16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+            let mut y16 = vec![f16::ZERO; m * n];
+            let units16 = if m == 1 {
+                (n * k * 2) as u64
+            } else {
+                (2 * m * n * k) as u64
+            };
+            g.throughput(Throughput::Elements(units16));
+            g.bench_with_input(BenchmarkId::new("gemm_raw_f16", &shape), &(), |b, _| {
+                b.iter(|| {
+                    raw_gemm(
+                        &mut y16,
+                        black_box(&x16),
+                        &w16,
+                        m,
+                        k,
+                        n,
+                        f16::ONE,
+                        f16::ZERO,
+                    )
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    targets = memory_read, matmul
+}
+criterion_main!(benches);
