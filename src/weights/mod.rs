@@ -7,6 +7,7 @@
 //! - [`safetensors`]: PyTorch / Hugging Face `.safetensors` files.
 //! - [`gguf`]: llama.cpp's GGUF (v2, v3).
 
+pub mod dequant;
 pub mod gguf;
 pub mod safetensors;
 
