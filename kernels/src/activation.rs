@@ -101,6 +101,10 @@ fn erf_series(a: f64) -> f64 {
 /// `erfc(a) = e^(−a²)/√π · 1/(a + (1/2)/(a + 1/(a + (3/2)/(a + …))))`, evaluated backwards
 /// from a fixed depth of 40 (converged to f64 precision from `a = 2.5` on).
 fn erfc_continued_fraction(a: f64) -> f64 {
+    // erfc(27) ≈ 5e-319: below that the result is 0 (also for a = +inf).
+    if a > 27.0 {
+        return 0.0;
+    }
     let mut f = a;
     for k in (1..=40).rev() {
         f = a + (k as f64 * 0.5) / f;
@@ -247,7 +251,12 @@ pub fn gelu_tanh_inplace(x: &mut [f32]) {
         unsafe { avx2::map_inplace::<avx2::GeluTanh>(x) };
         return;
     }
-    gelu_tanh_inplace_scalar(x);
+    // Same sigmoid form as the vector path, one element at a time.
+    for v in x {
+        let a = *v;
+        let minus_2u = -2.0 * GELU_TANH_BETA * (a + GELU_TANH_KAPPA * a * a * a);
+        *v = a / (1.0 + minus_2u.exp());
+    }
 }
 
 /// Scalar reference for [`gelu_tanh_inplace`]: PyTorch's formula literally, in f32.
@@ -397,9 +406,10 @@ mod avx2 {
     /// `erf(t)/t = P(t²)` on `0 ≤ t ≤ 1`, coefficients of `t⁰, t², t⁴, …` (Chebyshev
     /// least-squares fit, max abs error of `t·P(t²)` about 1e-7 in f32 arithmetic).
     const ERF_SMALL: [f32; 7] = [
-        1.128_379_1,
+        // The fit's constant term rounds to the same f32 as 2/√π.
+        std::f32::consts::FRAC_2_SQRT_PI,
         -0.376_126_26,
-        0.112_835_974,
+        0.112_835_97,
         -0.026_854_329,
         0.005_189_312,
         -0.000_801_885_5,
@@ -498,7 +508,10 @@ mod avx2 {
             // SAFETY: the buffers hold exactly 8 f32 each.
             unsafe {
                 let s = silu8(_mm256_loadu_ps(gb.as_ptr()));
-                _mm256_storeu_ps(gb.as_mut_ptr(), _mm256_mul_ps(s, _mm256_loadu_ps(ub.as_ptr())));
+                _mm256_storeu_ps(
+                    gb.as_mut_ptr(),
+                    _mm256_mul_ps(s, _mm256_loadu_ps(ub.as_ptr())),
+                );
             }
             out[n8..].copy_from_slice(&gb[..r]);
         }

@@ -138,7 +138,12 @@ pub fn rms_norm_scalar(
 /// [`rms_norm`].
 pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32, dim: usize) -> Result<()> {
     validate(x, x, weight, None, dim)?;
-    pulp::Arch::new().dispatch(RmsNormInplaceOp { x, weight, eps, dim });
+    pulp::Arch::new().dispatch(RmsNormInplaceOp {
+        x,
+        weight,
+        eps,
+        dim,
+    });
     Ok(())
 }
 

@@ -115,13 +115,15 @@ impl RopeTable {
     /// `cos(pos·θᵢ)` for `i in 0..head_dim/2`, or `None` past the table.
     pub fn cos(&self, pos: usize) -> Option<&[f32]> {
         let half = self.head_dim / 2;
-        self.cos.get(pos.checked_mul(half)?..(pos + 1).checked_mul(half)?)
+        self.cos
+            .get(pos.checked_mul(half)?..(pos + 1).checked_mul(half)?)
     }
 
     /// `sin(pos·θᵢ)` for `i in 0..head_dim/2`, or `None` past the table.
     pub fn sin(&self, pos: usize) -> Option<&[f32]> {
         let half = self.head_dim / 2;
-        self.sin.get(pos.checked_mul(half)?..(pos + 1).checked_mul(half)?)
+        self.sin
+            .get(pos.checked_mul(half)?..(pos + 1).checked_mul(half)?)
     }
 
     /// Rotates `x`, `[rows, heads, head_dim]` contiguous, in place; row `r` is at absolute
@@ -197,19 +199,19 @@ impl RopeTable {
     /// Checks `heads` and the position range; returns the row width `heads·head_dim`.
     fn validate(&self, rows: usize, heads: usize, pos0: usize) -> Result<usize> {
         check_nonzero("heads", heads)?;
-        let end = pos0.checked_add(rows).unwrap_or(usize::MAX);
+        let end = pos0.saturating_add(rows);
         if end > self.max_positions {
             return Err(KernelError::Invalid(format!(
                 "RoPE positions {pos0}..{end} exceed the table's {} positions",
                 self.max_positions
             )));
         }
-        let width = heads.checked_mul(self.head_dim).ok_or_else(|| {
-            KernelError::Invalid(format!("RoPE row of {heads} heads overflows"))
-        })?;
-        width.checked_mul(rows).ok_or_else(|| {
-            KernelError::Invalid(format!("RoPE input of {rows} rows overflows"))
-        })?;
+        let width = heads
+            .checked_mul(self.head_dim)
+            .ok_or_else(|| KernelError::Invalid(format!("RoPE row of {heads} heads overflows")))?;
+        width
+            .checked_mul(rows)
+            .ok_or_else(|| KernelError::Invalid(format!("RoPE input of {rows} rows overflows")))?;
         Ok(width)
     }
 
