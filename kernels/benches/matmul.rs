@@ -57,6 +57,7 @@ fn memory_read(c: &mut Criterion) {
     g.finish();
 }
 
+#[allow(clippy::too_many_arguments)]
 fn raw_gemm<T: 'static + Copy>(
     y: &mut [T],
     x: &[T],

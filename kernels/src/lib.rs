@@ -6,7 +6,7 @@
 //!
 //! - [`matmul`]: `y = x·Wᵀ (+ b)` with `W` in the PyTorch `nn.Linear` layout, f32 or f16;
 //!   the gemm crate for many rows, our own streaming GEMV for few rows.
-//! - [`attention`]: one streaming-softmax attention kernel with fused causal, padding and
+//! - [`mod@attention`]: one streaming-softmax attention kernel with fused causal, padding and
 //!   dense masks, for self-, cross- and causal attention, MHA/GQA/MQA, prefill and decode.
 //! - [`norm`], [`activation`], [`rope`], [`position`], [`convert`]: the rest of a
 //!   transformer layer.
@@ -32,6 +32,8 @@ pub use attention::{attention, attention_with_probs, AttentionMask, KvData, KvVi
 pub use error::{KernelError, Result};
 pub use half::f16;
 pub use matmul::{linear, Weights};
+pub use norm::{layer_norm, rms_norm};
+pub use rope::{RopeStyle, RopeTable};
 
 /// Number of threads the kernels split work across (rayon's current pool).
 pub fn threads() -> usize {

@@ -67,6 +67,7 @@ impl Weights<'_> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn validate(
     y: &[f32],
     x: &[f32],
@@ -138,6 +139,7 @@ pub fn linear_scalar(
 
 /// Calls the gemm crate for `dst[m, n] (row stride dst_rs) = x[m, k] · wt`, where `wt` is the
 /// `[n, k]` row-major weight block read as its transpose. With `accumulate`, adds to `dst`.
+#[allow(clippy::too_many_arguments)]
 fn gemm_raw(
     dst: &mut [f32],
     dst_rs: usize,
