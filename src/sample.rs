@@ -1,1 +1,417 @@
-//! (being written)
+//! Choosing the next token from a logits vector: greedy, temperature, top-k, top-p (nucleus),
+//! min-p and a repetition penalty, with a seeded RNG of our own so that the same seed gives
+//! the same text on every machine.
+//!
+//! The filters run in this order, on a copy of the logits:
+//!
+//! 1. repetition penalty over the last `repeat_last_n` tokens (a positive logit is divided by
+//!    the penalty, a negative one multiplied, as in llama.cpp and `transformers`);
+//! 2. temperature 0 (or below) stops here and takes the argmax (greedy);
+//! 3. logits divided by the temperature;
+//! 4. top-k: only the `k` largest logits stay (0 = off);
+//! 5. softmax over the survivors, then top-p: the smallest set of most likely tokens whose
+//!    probability reaches `p` stays (1 = off);
+//! 6. min-p: tokens less likely than `min_p` × the most likely one are dropped (0 = off);
+//! 7. one draw from what is left, renormalized.
+//!
+//! A [`Sampler`] keeps its scratch buffers, so sampling allocates nothing after the first call.
+//!
+//! ```
+//! use qkv::sample::{Sampler, SamplerConfig};
+//! let logits = [0.0, 3.0, 1.0, 2.0];
+//! let mut greedy = Sampler::new(SamplerConfig::greedy());
+//! assert_eq!(greedy.sample(&logits, &[]).id, 1);
+//!
+//! let config = SamplerConfig { temperature: 0.8, top_k: 2, seed: 7, ..SamplerConfig::default() };
+//! let draws: Vec<u32> = {
+//!     let mut s = Sampler::new(config.clone());
+//!     (0..20).map(|_| s.sample(&logits, &[]).id).collect()
+//! };
+//! assert!(draws.iter().all(|&id| id == 1 || id == 3)); // top-2 only
+//! let mut again = Sampler::new(config);
+//! assert!(draws.iter().all(|&id| id == again.sample(&logits, &[]).id)); // same seed, same draws
+//! ```
+
+use qkv_kernels::activation::softmax_inplace;
+
+/// How to pick tokens. `Default` is temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
+/// no repetition penalty, seed 0.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// Softmax temperature; 0 (or below) means greedy.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Keep the most likely tokens up to cumulative probability `top_p`; 1 disables.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` × the most likely; 0 disables.
+    pub min_p: f32,
+    /// Penalty for tokens among the last `repeat_last_n`; 1 disables.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repetition penalty looks at.
+    pub repeat_last_n: usize,
+    /// RNG seed: the same seed, config and logits give the same tokens.
+    pub seed: u64,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Always the most likely token (after the repetition penalty, which is off here).
+    pub fn greedy() -> Self {
+        SamplerConfig {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// True when no randomness is involved.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.temperature.is_nan()
+    }
+}
+
+/// A small, fast, seedable PRNG (xoshiro256** by Blackman and Vigna, seeded through
+/// SplitMix64). Not for cryptography; the same seed gives the same stream everywhere.
+#[derive(Clone, Debug)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    /// A generator whose whole stream is determined by `seed`.
+    pub fn new(seed: u64) -> Rng {
+        let mut x = seed;
+        let mut split = || {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Rng {
+            s: [split(), split(), split(), split()],
+        }
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// A uniform float in `[0, 1)`.
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
+    }
+}
+
+/// A chosen token and the model's log-probability of it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampled {
+    /// The token id.
+    pub id: u32,
+    /// `ln p(id)` under the model's own distribution (softmax of the raw logits, before any
+    /// penalty, temperature or filter).
+    pub logprob: f32,
+}
+
+/// Applies a [`SamplerConfig`] to logits vectors; owns the RNG and scratch buffers.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    config: SamplerConfig,
+    rng: Rng,
+    /// Working copy of the logits.
+    work: Vec<f32>,
+    /// Candidate token ids, best first once sorted.
+    ids: Vec<u32>,
+    /// Their probabilities.
+    probs: Vec<f32>,
+}
+
+impl Sampler {
+    /// A sampler seeded with `config.seed`.
+    pub fn new(config: SamplerConfig) -> Sampler {
+        let rng = Rng::new(config.seed);
+        Sampler {
+            config,
+            rng,
+            work: Vec::new(),
+            ids: Vec::new(),
+            probs: Vec::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.config
+    }
+
+    /// Picks a token from `logits`; `recent` is the token history the repetition penalty
+    /// looks at (its last `repeat_last_n` entries). `logits` must not be empty; ids in
+    /// `recent` outside it are ignored.
+    pub fn sample(&mut self, logits: &[f32], recent: &[u32]) -> Sampled {
+        assert!(!logits.is_empty(), "Sampler::sample: empty logits");
+        let n = logits.len();
+        self.work.clear();
+        self.work.extend_from_slice(logits);
+        let c = &self.config;
+        if c.repeat_penalty != 1.0 && c.repeat_last_n > 0 {
+            let start = recent.len().saturating_sub(c.repeat_last_n);
+            apply_repeat_penalty(&mut self.work, &recent[start..], c.repeat_penalty);
+        }
+        let id = if c.is_greedy() {
+            argmax(&self.work)
+        } else {
+            self.draw()
+        };
+        // The model's log-probability of `id`, from the raw logits.
+        self.work.clear();
+        self.work.extend_from_slice(logits);
+        softmax_inplace(&mut self.work);
+        let p = self.work[id as usize];
+        debug_assert!(n == self.work.len());
+        Sampled {
+            id,
+            logprob: p.max(f32::MIN_POSITIVE).ln(),
+        }
+    }
+
+    /// Temperature, top-k, top-p, min-p and one draw over `self.work`.
+    fn draw(&mut self) -> u32 {
+        let c = &self.config;
+        let inv_t = 1.0 / c.temperature;
+        for x in self.work.iter_mut() {
+            *x *= inv_t;
+        }
+        let work = &self.work;
+        self.ids.clear();
+        self.ids.extend(0..work.len() as u32);
+        let by_logit = |a: &u32, b: &u32| work[*b as usize].total_cmp(&work[*a as usize]);
+        if c.top_k > 0 && c.top_k < self.ids.len() {
+            self.ids.select_nth_unstable_by(c.top_k - 1, by_logit);
+            self.ids.truncate(c.top_k);
+        } else if c.min_p > 0.0 && c.min_p <= 1.0 {
+            // min-p in logit space prunes most of the vocabulary before the sort:
+            // p_i ≥ min_p · p_max  ⇔  z_i ≥ z_max + ln(min_p).
+            let max = work.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let floor = max + c.min_p.ln();
+            self.ids.retain(|&i| work[i as usize] >= floor);
+        }
+        self.ids.sort_unstable_by(by_logit);
+        self.probs.clear();
+        self.probs.extend(self.ids.iter().map(|&i| work[i as usize]));
+        softmax_inplace(&mut self.probs);
+        let keep = filtered_len(&self.probs, c.top_p, c.min_p);
+        let total: f32 = self.probs[..keep].iter().sum();
+        let mut target = self.rng.next_f32() * total;
+        for (k, &p) in self.probs[..keep].iter().enumerate() {
+            if target < p {
+                return self.ids[k];
+            }
+            target -= p;
+        }
+        self.ids[keep - 1]
+    }
+}
+
+/// Divides positive logits by `penalty` and multiplies negative ones, once per distinct
+/// token of `recent`.
+pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) {
+    for (k, &id) in recent.iter().enumerate() {
+        let i = id as usize;
+        if i >= logits.len() || recent[..k].contains(&id) {
+            continue;
+        }
+        let x = &mut logits[i];
+        *x = if *x > 0.0 { *x / penalty } else { *x * penalty };
+    }
+}
+
+/// The index of the largest value (the first on ties; NaN never wins).
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] || x[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// How many of `probs` (sorted descending, summing to 1) survive top-p and min-p; at least 1.
+pub fn filtered_len(probs: &[f32], top_p: f32, min_p: f32) -> usize {
+    let mut keep = probs.len();
+    if top_p < 1.0 {
+        let mut acc = 0.0;
+        for (k, &p) in probs.iter().enumerate() {
+            acc += p;
+            if acc >= top_p {
+                keep = k + 1;
+                break;
+            }
+        }
+    }
+    if min_p > 0.0 {
+        let floor = probs.first().copied().unwrap_or(0.0) * min_p;
+        keep = keep.min(probs.iter().take_while(|&&p| p >= floor).count());
+    }
+    keep.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counts(config: SamplerConfig, logits: &[f32], draws: usize) -> Vec<usize> {
+        let mut s = Sampler::new(config);
+        let mut c = vec![0; logits.len()];
+        for _ in 0..draws {
+            c[s.sample(logits, &[]).id as usize] += 1;
+        }
+        c
+    }
+
+    fn free(seed: u64) -> SamplerConfig {
+        SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed,
+        }
+    }
+
+    #[test]
+    fn rng_is_deterministic_and_uniform() {
+        let a: Vec<u64> = (0..5).scan(Rng::new(42), |r, _| Some(r.next_u64())).collect();
+        let b: Vec<u64> = (0..5).scan(Rng::new(42), |r, _| Some(r.next_u64())).collect();
+        let c: Vec<u64> = (0..5).scan(Rng::new(43), |r, _| Some(r.next_u64())).collect();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let mut r = Rng::new(1);
+        let n = 100_000;
+        let mut mean = 0.0f64;
+        for _ in 0..n {
+            let x = r.next_f32();
+            assert!((0.0..1.0).contains(&x));
+            mean += x as f64 / n as f64;
+        }
+        assert!((mean - 0.5).abs() < 0.01, "{mean}");
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax_and_reports_its_logprob() {
+        let logits = [1.0, 5.0, 2.0, 5.0 - 1e-3];
+        let s = Sampler::new(SamplerConfig::greedy()).sample(&logits, &[]);
+        assert_eq!(s.id, 1);
+        let lse = logits.iter().map(|x| x.exp()).sum::<f32>().ln();
+        assert!((s.logprob - (5.0 - lse)).abs() < 1e-5);
+    }
+
+    #[test]
+    fn temperature_sharpens_and_flattens() {
+        let logits = [0.0, 1.0];
+        let cold = counts(SamplerConfig { temperature: 0.25, ..free(1) }, &logits, 4000);
+        let hot = counts(SamplerConfig { temperature: 4.0, ..free(1) }, &logits, 4000);
+        // p(1) = σ(4) ≈ 0.98 when cold, σ(0.25) ≈ 0.56 when hot.
+        assert!(cold[1] > 3800, "{cold:?}");
+        assert!((2000..2600).contains(&hot[1]), "{hot:?}");
+    }
+
+    #[test]
+    fn unfiltered_sampling_follows_the_softmax() {
+        let logits = [0.0, (2.0f32).ln(), (3.0f32).ln()]; // p = 1/6, 2/6, 3/6
+        let c = counts(free(9), &logits, 60_000);
+        for (k, want) in [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0].iter().enumerate() {
+            let got = c[k] as f64 / 60_000.0;
+            assert!((got - want).abs() < 0.01, "{k}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn top_k_keeps_only_the_k_best() {
+        let logits = [3.0, 0.0, 2.9, 1.0, 2.8];
+        let c = counts(SamplerConfig { top_k: 2, ..free(3) }, &logits, 2000);
+        assert_eq!(c[1] + c[3] + c[4], 0, "{c:?}");
+        assert!(c[0] > 0 && c[2] > 0);
+        let c = counts(SamplerConfig { top_k: 1, ..free(3) }, &logits, 100);
+        assert_eq!(c[0], 100);
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus() {
+        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 0.8, 0.0), 2);
+        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 0.81, 0.0), 3);
+        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 1.0, 0.0), 4);
+        assert_eq!(filtered_len(&[0.9, 0.1], 0.1, 0.0), 1);
+        let logits = [(0.5f32).ln(), (0.3f32).ln(), (0.15f32).ln(), (0.05f32).ln()];
+        let c = counts(SamplerConfig { top_p: 0.8, ..free(5) }, &logits, 3000);
+        assert_eq!(c[2] + c[3], 0, "{c:?}");
+    }
+
+    #[test]
+    fn min_p_drops_the_unlikely() {
+        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 1.0, 0.2), 3);
+        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 1.0, 0.7), 1);
+        let logits = [(0.5f32).ln(), (0.3f32).ln(), (0.15f32).ln(), (0.05f32).ln()];
+        let c = counts(SamplerConfig { min_p: 0.5, ..free(5) }, &logits, 3000);
+        assert_eq!(c[2] + c[3], 0, "{c:?}");
+        assert!(c[1] > 0);
+    }
+
+    #[test]
+    fn repeat_penalty_pushes_recent_tokens_down_once() {
+        let mut l = [2.0, -1.0, 3.0];
+        apply_repeat_penalty(&mut l, &[0, 1, 0, 7], 2.0);
+        assert_eq!(l, [1.0, -2.0, 3.0]);
+        // Greedy with the penalty over the last 1 token only.
+        let config = SamplerConfig {
+            repeat_penalty: 10.0,
+            repeat_last_n: 1,
+            ..SamplerConfig::greedy()
+        };
+        let mut s = Sampler::new(config);
+        assert_eq!(s.sample(&[5.0, 4.0], &[0]).id, 1);
+        assert_eq!(s.sample(&[5.0, 4.0], &[0, 1]).id, 0);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_other_tokens() {
+        let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
+        let run = |seed| -> Vec<u32> {
+            let mut s = Sampler::new(free(seed));
+            (0..50).map(|_| s.sample(&logits, &[]).id).collect()
+        };
+        assert_eq!(run(11), run(11));
+        assert_ne!(run(11), run(12));
+    }
+
+    #[test]
+    fn argmax_ignores_nan() {
+        assert_eq!(argmax(&[f32::NAN, 1.0, 0.5]), 1);
+        assert_eq!(argmax(&[0.0, 2.0, 2.0]), 1);
+    }
+}

@@ -1,1 +1,321 @@
-//! (being written)
+//! [`Session`]: one sequence being generated on a shared [`Model`].
+//!
+//! A server holds one `Arc<Model>` and gives every conversation its own `Session`, which owns
+//! the KV cache (capacity = the context length unless told otherwise) and every scratch
+//! buffer. Sessions never touch each other's state, so they run on as many threads as
+//! wanted. After the first step, [`Session::step`] allocates nothing.
+//!
+//! ```
+//! use qkv::models::llama::{Llama, LlamaConfig, WeightLayout};
+//! use qkv::model::Model;
+//! use qkv::session::{Session, SessionOptions};
+//! use qkv::weights::FloatType;
+//! use std::sync::Arc;
+//!
+//! # fn main() -> qkv::Result<()> {
+//! // A tiny model with made-up weights (a real one comes from `Model::load`).
+//! let config = LlamaConfig {
+//!     dim: 16, layers: 2, heads: 4, kv_heads: 2, head_dim: 4, ffn_dim: 32, vocab: 50,
+//!     context: 64, rope_base: 10000.0, rms_eps: 1e-5, layout: WeightLayout::Gguf,
+//! };
+//! let model = Arc::new(Model::from_parts(Llama::synthetic(config, 7, FloatType::F32)?, None));
+//!
+//! let mut session = Session::new(model.clone(), SessionOptions::default())?;
+//! let logits = session.prefill(&[1, 2, 3])?.to_vec(); // logits of the last prompt token
+//! assert_eq!(logits.len(), 50);
+//! let next = qkv::sample::argmax(&logits);
+//! session.step(next)?;
+//! assert_eq!(session.position(), 4);
+//!
+//! // Reuse the shared prefix [1, 2] for another continuation.
+//! session.truncate(2)?;
+//! session.step(9)?;
+//! assert_eq!(session.tokens(), &[1, 2, 9]);
+//!
+//! // Bad input is an error, never a panic.
+//! assert!(matches!(session.step(50), Err(qkv::Error::TokenOutOfRange { .. })));
+//! session.reset();
+//! assert!(matches!(session.prefill(&[0; 65]), Err(qkv::Error::ContextFull { .. })));
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::models::llama::LlamaState;
+use crate::sample::{Sampler, SamplerConfig};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::weights::FloatType;
+use std::sync::Arc;
+
+/// How to size a [`Session`].
+#[derive(Clone, Debug, Default)]
+pub struct SessionOptions {
+    /// KV cache capacity in positions; `None` = the model's context length.
+    pub context: Option<usize>,
+    /// Dtype of the cached keys and values; `None` = the model's compute dtype.
+    pub kv_dtype: Option<FloatType>,
+    /// Most prompt positions run in one matrix pass (bounds the scratch memory); `None` = 256.
+    pub prefill_chunk: Option<usize>,
+}
+
+/// One generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Piece {
+    /// The token id.
+    pub id: u32,
+    /// The text it adds (may be empty while a multi-byte character is incomplete).
+    pub text: String,
+    /// The model's log-probability of this token (raw distribution, before sampling filters).
+    pub logprob: f32,
+}
+
+/// One sequence's state on a shared [`Model`]: KV cache, scratch, the tokens so far, and the
+/// logits of the last position.
+pub struct Session {
+    model: Arc<Model>,
+    core: Core,
+}
+
+/// The mutable part of a session, apart from the model so that a [`Generate`] can borrow the
+/// model's tokenizer and the state at once.
+struct Core {
+    state: LlamaState,
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+impl Core {
+    fn prefill(&mut self, model: &Model, tokens: &[u32]) -> Result<()> {
+        let pos = self.tokens.len();
+        model
+            .llama()
+            .forward(&mut self.state, tokens, pos, Some(&mut self.logits))?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("position", &self.position())
+            .field("state", &self.core.state)
+            .finish()
+    }
+}
+
+impl Session {
+    /// A session with an empty cache. Allocates the whole KV cache and scratch now.
+    /// Errors when the requested context exceeds the model's.
+    pub fn new(model: Arc<Model>, options: SessionOptions) -> Result<Session> {
+        let config = model.config();
+        let capacity = options.context.unwrap_or(config.context);
+        let kv_dtype = options.kv_dtype.unwrap_or(model.llama().dtype());
+        let chunk = options.prefill_chunk.unwrap_or(256);
+        let state = model.llama().new_state(capacity, kv_dtype, chunk)?;
+        let vocab = config.vocab;
+        Ok(Session {
+            model,
+            core: Core {
+                state,
+                tokens: Vec::with_capacity(capacity),
+                logits: vec![0.0; vocab],
+            },
+        })
+    }
+
+    /// The model this session runs on.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Positions in the cache: the next token goes at this position.
+    pub fn position(&self) -> usize {
+        self.core.tokens.len()
+    }
+
+    /// Positions the cache holds in all.
+    pub fn capacity(&self) -> usize {
+        self.core.state.capacity()
+    }
+
+    /// The dtype of the cached keys and values.
+    pub fn kv_dtype(&self) -> FloatType {
+        self.core.state.kv_dtype()
+    }
+
+    /// The tokens in the cache, in order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.core.tokens
+    }
+
+    /// The logits after the last [`prefill`](Self::prefill) or [`step`](Self::step) (zeros
+    /// before the first; stale after [`truncate`](Self::truncate) or [`reset`](Self::reset)).
+    pub fn logits(&self) -> &[f32] {
+        &self.core.logits
+    }
+
+    /// Bytes held by the KV cache.
+    pub fn cache_bytes(&self) -> usize {
+        self.core.state.cache_bytes()
+    }
+
+    /// Appends `tokens` to the sequence, running them as matrices, and returns the logits of
+    /// the last one. Nothing changes on error: [`Error::TokenOutOfRange`] for an id outside
+    /// the vocabulary, [`Error::ContextFull`] when they do not fit, [`Error::Shape`] when
+    /// `tokens` is empty.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.core.prefill(&self.model, tokens)?;
+        Ok(&self.core.logits)
+    }
+
+    /// Appends one token and returns the logits of the next position. Allocates nothing.
+    /// Same errors as [`prefill`](Self::prefill).
+    pub fn step(&mut self, token: u32) -> Result<&[f32]> {
+        self.prefill(std::slice::from_ref(&token))
+    }
+
+    /// Forgets everything: position 0. The cache memory is kept.
+    pub fn reset(&mut self) {
+        self.core.tokens.clear();
+    }
+
+    /// Keeps the first `n` positions (a shared prefix) and forgets the rest. Errors with
+    /// [`Error::Shape`] when `n` is beyond the current position.
+    pub fn truncate(&mut self, n: usize) -> Result<()> {
+        if n > self.position() {
+            return Err(Error::Shape(format!(
+                "cannot truncate to {n} positions, the session holds {}",
+                self.position()
+            )));
+        }
+        self.core.tokens.truncate(n);
+        Ok(())
+    }
+
+    /// Encodes `prompt`, appends it to the sequence and returns an iterator that samples one
+    /// token per call until the end-of-sequence token (unless [`Generate::ignore_eos`]),
+    /// [`Generate::max_tokens`], or a full context (which yields [`Error::ContextFull`] once).
+    ///
+    /// Every yielded token has been appended to the session (EOS included), so a later
+    /// `generate` continues the conversation. The prompt is prefilled here, so its errors
+    /// come back at once. [`Error::Unsupported`] when the model has no tokenizer.
+    pub fn generate(&mut self, prompt: &str, config: SamplerConfig) -> Result<Generate<'_>> {
+        let ids = tokenizer_of(&self.model)?.encode(prompt)?;
+        self.generate_tokens(&ids, config)
+    }
+
+    /// As [`generate`](Self::generate), from token ids. An empty `ids` continues from the
+    /// logits already there (after a previous prefill, step or generate).
+    pub fn generate_tokens(&mut self, ids: &[u32], config: SamplerConfig) -> Result<Generate<'_>> {
+        let tokenizer = tokenizer_of(&self.model)?;
+        if ids.is_empty() && self.core.tokens.is_empty() {
+            return Err(Error::Shape(
+                "generate: empty prompt on an empty session".into(),
+            ));
+        }
+        if !ids.is_empty() {
+            self.core.prefill(&self.model, ids)?;
+        }
+        Ok(Generate {
+            model: &self.model,
+            core: &mut self.core,
+            sampler: Sampler::new(config),
+            decoder: StreamDecoder::new(tokenizer),
+            eos: tokenizer.eos_id(),
+            ignore_eos: false,
+            remaining: usize::MAX,
+            done: false,
+        })
+    }
+}
+
+fn tokenizer_of(model: &Model) -> Result<&Tokenizer> {
+    model
+        .tokenizer()
+        .ok_or_else(|| Error::Unsupported("text generation: the model has no tokenizer".into()))
+}
+
+/// The iterator [`Session::generate`] returns: each `next()` samples a token from the current
+/// logits, appends it to the session (running the model once), and yields it with its text.
+pub struct Generate<'a> {
+    model: &'a Model,
+    core: &'a mut Core,
+    sampler: Sampler,
+    decoder: StreamDecoder<'a>,
+    eos: Option<u32>,
+    ignore_eos: bool,
+    remaining: usize,
+    done: bool,
+}
+
+impl std::fmt::Debug for Generate<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generate")
+            .field("position", &self.core.tokens.len())
+            .field("remaining", &self.remaining)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl Generate<'_> {
+    /// Stops after `n` tokens.
+    pub fn max_tokens(mut self, n: usize) -> Self {
+        self.remaining = n;
+        self
+    }
+
+    /// Keeps going past the end-of-sequence token (which is still yielded).
+    pub fn ignore_eos(mut self, yes: bool) -> Self {
+        self.ignore_eos = yes;
+        self
+    }
+
+    /// Text held back because it ended inside a multi-byte character; call once the
+    /// iterator is exhausted to flush it.
+    pub fn finish(self) -> String {
+        self.decoder.finish()
+    }
+}
+
+impl Iterator for Generate<'_> {
+    type Item = Result<Piece>;
+
+    fn next(&mut self) -> Option<Result<Piece>> {
+        if self.done || self.remaining == 0 {
+            return None;
+        }
+        let core = &mut *self.core;
+        let capacity = core.state.capacity();
+        if core.tokens.len() >= capacity {
+            self.done = true;
+            return Some(Err(Error::ContextFull {
+                needed: capacity + 1,
+                capacity,
+            }));
+        }
+        let sampled = self.sampler.sample(&core.logits, &core.tokens);
+        self.remaining -= 1;
+        if Some(sampled.id) == self.eos && !self.ignore_eos {
+            self.done = true;
+        }
+        if let Err(e) = core.prefill(self.model, &[sampled.id]) {
+            self.done = true;
+            return Some(Err(e));
+        }
+        let text = match self.decoder.push(sampled.id) {
+            Ok(t) => t,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+        };
+        Some(Ok(Piece {
+            id: sampled.id,
+            text,
+            logprob: sampled.logprob,
+        }))
+    }
+}

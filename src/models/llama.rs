@@ -1,0 +1,658 @@
+//! The Llama family of decoder-only transformers (Llama 2/3, SmolLM2, TinyLlama, Mistral
+//! without sliding windows…), running on the `qkv-kernels`.
+//!
+//! One layer, for `t` new positions starting at absolute position `p₀`:
+//!
+//! ```text
+//! h   = x + Wo · attention(rope(Wq·rms(x)), rope(Wk·rms(x)) ⧺ cache, Wv·rms(x) ⧺ cache)
+//! out = h + Wdown · (silu(Wgate·rms(h)) ⊙ Wup·rms(h))
+//! ```
+//!
+//! then `logits = Wout · rms(out)` for the last position only (the prompt positions before it
+//! never pay for the LM head). Attention is grouped-query: query head `h` reads KV head
+//! `h / (heads / kv_heads)`, which the attention kernel does by itself.
+//!
+//! Weights come from a GGUF file (llama.cpp names: `blk.N.attn_q.weight`…) or a Hugging Face
+//! directory (`model.layers.N.self_attn.q_proj.weight`…). The two differ in RoPE layout: GGUF
+//! permutes the rows of Q and K so that rotation pairs are adjacent elements
+//! ([`RopeStyle::AdjacentPairs`]); Hugging Face keeps the two halves of each head apart
+//! ([`RopeStyle::SplitHalf`]). The style is picked per source, so no weight is copied to
+//! undo the permutation.
+//!
+//! The per-sequence state — the KV cache and every scratch buffer — is a [`LlamaState`],
+//! sized once; a forward pass allocates nothing.
+
+use crate::error::{Error, Result};
+use crate::weights::{FloatType, Tensor, TensorSource};
+use half::f16;
+use qkv_kernels::activation::{add_inplace, swiglu};
+use qkv_kernels::convert::{f16_to_f32, f32_to_f16};
+use qkv_kernels::norm::rms_norm;
+use qkv_kernels::rope::{RopeStyle, RopeTable};
+use qkv_kernels::{attention, linear, AttentionMask, KvData, KvView, QueryView, Weights};
+
+/// Where a Llama's tensors come from, which fixes their names and their RoPE layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// llama.cpp's GGUF names; Q and K rows permuted for adjacent-pair rotation.
+    Gguf,
+    /// Hugging Face `transformers` names; split-half rotation.
+    HuggingFace,
+}
+
+impl WeightLayout {
+    /// The RoPE style the Q/K weights of this layout were written for.
+    pub fn rope_style(self) -> RopeStyle {
+        match self {
+            WeightLayout::Gguf => RopeStyle::AdjacentPairs,
+            WeightLayout::HuggingFace => RopeStyle::SplitHalf,
+        }
+    }
+
+    fn embedding(self) -> &'static str {
+        match self {
+            WeightLayout::Gguf => "token_embd.weight",
+            WeightLayout::HuggingFace => "model.embed_tokens.weight",
+        }
+    }
+
+    fn final_norm(self) -> &'static str {
+        match self {
+            WeightLayout::Gguf => "output_norm.weight",
+            WeightLayout::HuggingFace => "model.norm.weight",
+        }
+    }
+
+    fn output(self) -> &'static str {
+        match self {
+            WeightLayout::Gguf => "output.weight",
+            WeightLayout::HuggingFace => "lm_head.weight",
+        }
+    }
+
+    /// The name of `part` of layer `layer`; `part` is the GGUF spelling.
+    fn layer(self, layer: usize, part: &str) -> String {
+        match self {
+            WeightLayout::Gguf => format!("blk.{layer}.{part}.weight"),
+            WeightLayout::HuggingFace => {
+                let hf = match part {
+                    "attn_norm" => "input_layernorm",
+                    "attn_q" => "self_attn.q_proj",
+                    "attn_k" => "self_attn.k_proj",
+                    "attn_v" => "self_attn.v_proj",
+                    "attn_output" => "self_attn.o_proj",
+                    "ffn_norm" => "post_attention_layernorm",
+                    "ffn_gate" => "mlp.gate_proj",
+                    "ffn_up" => "mlp.up_proj",
+                    "ffn_down" => "mlp.down_proj",
+                    other => other,
+                };
+                format!("model.layers.{layer}.{hf}.weight")
+            }
+        }
+    }
+}
+
+/// The hyper-parameters of a Llama model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Width of the residual stream (`d_model`).
+    pub dim: usize,
+    /// Number of transformer blocks.
+    pub layers: usize,
+    /// Number of query heads.
+    pub heads: usize,
+    /// Number of key/value heads (`heads` must be a multiple of it).
+    pub kv_heads: usize,
+    /// Elements per head (`dim / heads` for every model this loads).
+    pub head_dim: usize,
+    /// Hidden width of the SwiGLU feed-forward block.
+    pub ffn_dim: usize,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab: usize,
+    /// Longest sequence the model was trained for; the default KV cache capacity.
+    pub context: usize,
+    /// RoPE base frequency (θ).
+    pub rope_base: f32,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Where the weights come from.
+    pub layout: WeightLayout,
+}
+
+impl LlamaConfig {
+    /// Elements of one position's keys (or values): `kv_heads · head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Errors with [`Error::Config`] when the numbers cannot describe a Llama.
+    pub fn validate(&self) -> Result<()> {
+        let nonzero = [
+            ("embedding length", self.dim),
+            ("block count", self.layers),
+            ("head count", self.heads),
+            ("KV head count", self.kv_heads),
+            ("feed-forward length", self.ffn_dim),
+            ("vocabulary size", self.vocab),
+            ("context length", self.context),
+        ];
+        for (what, v) in nonzero {
+            if v == 0 {
+                return Err(Error::Config(format!("llama: {what} is 0")));
+            }
+        }
+        if self.dim % self.heads != 0 || self.head_dim != self.dim / self.heads {
+            return Err(Error::Config(format!(
+                "llama: embedding length {} is not {} heads of {}",
+                self.dim, self.heads, self.head_dim
+            )));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(Error::Config(format!(
+                "llama: head dim {} is odd, RoPE needs pairs",
+                self.head_dim
+            )));
+        }
+        if self.heads % self.kv_heads != 0 {
+            return Err(Error::Config(format!(
+                "llama: {} query heads are not a multiple of {} KV heads",
+                self.heads, self.kv_heads
+            )));
+        }
+        if !(self.rope_base.is_finite() && self.rope_base > 0.0) {
+            return Err(Error::Config(format!(
+                "llama: RoPE base {} is not a positive number",
+                self.rope_base
+            )));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
+            return Err(Error::Config(format!(
+                "llama: RMS epsilon {} is not a non-negative number",
+                self.rms_eps
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The weights of one transformer block.
+struct Block {
+    attn_norm: Vec<f32>,
+    wq: Tensor,
+    wk: Tensor,
+    wv: Tensor,
+    wo: Tensor,
+    ffn_norm: Vec<f32>,
+    w_gate: Tensor,
+    w_up: Tensor,
+    w_down: Tensor,
+}
+
+/// A loaded Llama: configuration, weights (mapped or owned) and the RoPE table. Immutable,
+/// `Send + Sync`; any number of [`LlamaState`]s run on one `Llama` at once.
+pub struct Llama {
+    config: LlamaConfig,
+    dtype: FloatType,
+    embedding: Tensor,
+    blocks: Vec<Block>,
+    final_norm: Vec<f32>,
+    /// `None` when the output head is tied to the embedding.
+    output: Option<Tensor>,
+    rope: RopeTable,
+}
+
+impl std::fmt::Debug for Llama {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Llama")
+            .field("config", &self.config)
+            .field("dtype", &self.dtype)
+            .field("tied_output", &self.output.is_none())
+            .finish()
+    }
+}
+
+impl Llama {
+    /// Loads the weights named by `config.layout` from `source`, in compute dtype `dtype`
+    /// (1-D norm weights are always widened to f32). F32/F16 tensors already in `dtype` stay
+    /// mapped, without a copy. The output head is tied to the embedding when the source has
+    /// no separate one.
+    pub fn load(config: LlamaConfig, source: &dyn TensorSource, dtype: FloatType) -> Result<Llama> {
+        config.validate()?;
+        let c = &config;
+        let layout = c.layout;
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<Tensor> {
+            let t = source.tensor(name)?;
+            t.expect_shape(&[rows, cols])?;
+            Ok(t.into_dtype(dtype))
+        };
+        let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
+            let t = source.tensor(name)?;
+            t.expect_shape(&[len])?;
+            Ok(t.to_f32_vec())
+        };
+        let kv_dim = c.kv_dim();
+        let mut blocks = Vec::with_capacity(c.layers);
+        for l in 0..c.layers {
+            let n = |part: &str| layout.layer(l, part);
+            blocks.push(Block {
+                attn_norm: vector(&n("attn_norm"), c.dim)?,
+                wq: matrix(&n("attn_q"), c.dim, c.dim)?,
+                wk: matrix(&n("attn_k"), kv_dim, c.dim)?,
+                wv: matrix(&n("attn_v"), kv_dim, c.dim)?,
+                wo: matrix(&n("attn_output"), c.dim, c.dim)?,
+                ffn_norm: vector(&n("ffn_norm"), c.dim)?,
+                w_gate: matrix(&n("ffn_gate"), c.ffn_dim, c.dim)?,
+                w_up: matrix(&n("ffn_up"), c.ffn_dim, c.dim)?,
+                w_down: matrix(&n("ffn_down"), c.dim, c.ffn_dim)?,
+            });
+        }
+        let embedding = matrix(layout.embedding(), c.vocab, c.dim)?;
+        let output = if source.contains(layout.output()) {
+            Some(matrix(layout.output(), c.vocab, c.dim)?)
+        } else {
+            None
+        };
+        let final_norm = vector(layout.final_norm(), c.dim)?;
+        let rope = RopeTable::new(c.head_dim, c.rope_base, c.context)?;
+        Ok(Llama {
+            config,
+            dtype,
+            embedding,
+            blocks,
+            final_norm,
+            output,
+            rope,
+        })
+    }
+
+    /// A model with deterministic pseudo-random weights (uniform, scaled by `1/√fan_in`, norm
+    /// weights 1): for tests, documentation and benchmarks that must not need a real file.
+    /// The same `config`, `seed` and `dtype` give the same model.
+    pub fn synthetic(config: LlamaConfig, seed: u64, dtype: FloatType) -> Result<Llama> {
+        config.validate()?;
+        let mut state = seed ^ 0x853C_49E6_748F_EA9B;
+        let mut uniform = move || {
+            // 64-bit LCG (Knuth's MMIX constants); the top 24 bits as a float in [-1, 1).
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let mut matrix = |name: String, rows: usize, cols: usize| -> Result<Tensor> {
+            let scale = 1.0 / (cols as f32).sqrt();
+            let data = (0..rows * cols).map(|_| uniform() * scale).collect();
+            Ok(Tensor::from_f32(&name, vec![rows, cols], data)?.into_dtype(dtype))
+        };
+        let c = &config;
+        let layout = c.layout;
+        let mut blocks = Vec::with_capacity(c.layers);
+        for l in 0..c.layers {
+            let n = |part: &str| layout.layer(l, part);
+            blocks.push(Block {
+                attn_norm: vec![1.0; c.dim],
+                wq: matrix(n("attn_q"), c.dim, c.dim)?,
+                wk: matrix(n("attn_k"), c.kv_dim(), c.dim)?,
+                wv: matrix(n("attn_v"), c.kv_dim(), c.dim)?,
+                wo: matrix(n("attn_output"), c.dim, c.dim)?,
+                ffn_norm: vec![1.0; c.dim],
+                w_gate: matrix(n("ffn_gate"), c.ffn_dim, c.dim)?,
+                w_up: matrix(n("ffn_up"), c.ffn_dim, c.dim)?,
+                w_down: matrix(n("ffn_down"), c.dim, c.ffn_dim)?,
+            });
+        }
+        let embedding = matrix(layout.embedding().into(), c.vocab, c.dim)?;
+        let rope = RopeTable::new(c.head_dim, c.rope_base, c.context)?;
+        Ok(Llama {
+            final_norm: vec![1.0; c.dim],
+            config,
+            dtype,
+            embedding,
+            blocks,
+            output: None,
+            rope,
+        })
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The dtype of the weight matrices.
+    pub fn dtype(&self) -> FloatType {
+        self.dtype
+    }
+
+    /// True when the output head shares the embedding matrix.
+    pub fn tied_output(&self) -> bool {
+        self.output.is_none()
+    }
+
+    /// Total number of weight elements (embedding counted once when tied).
+    pub fn parameters(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                b.attn_norm.len()
+                    + b.ffn_norm.len()
+                    + [&b.wq, &b.wk, &b.wv, &b.wo, &b.w_gate, &b.w_up, &b.w_down]
+                        .iter()
+                        .map(|t| t.numel())
+                        .sum::<usize>()
+            })
+            .sum();
+        blocks
+            + self.embedding.numel()
+            + self.final_norm.len()
+            + self.output.as_ref().map_or(0, |t| t.numel())
+    }
+
+    /// A fresh state: a KV cache of `capacity` positions in `kv_dtype`, and scratch for
+    /// prefill chunks of up to `chunk` positions. Errors when `capacity` exceeds the model's
+    /// context length (the RoPE table ends there) or either is 0.
+    pub fn new_state(&self, capacity: usize, kv_dtype: FloatType, chunk: usize) -> Result<LlamaState> {
+        let c = &self.config;
+        if capacity == 0 || chunk == 0 {
+            return Err(Error::Config(format!(
+                "KV cache capacity ({capacity}) and prefill chunk ({chunk}) must be positive"
+            )));
+        }
+        if capacity > c.context {
+            return Err(Error::Config(format!(
+                "KV cache capacity {capacity} exceeds the model's context length {}",
+                c.context
+            )));
+        }
+        let chunk = chunk.min(capacity);
+        let cache_len = c
+            .layers
+            .checked_mul(capacity)
+            .and_then(|n| n.checked_mul(c.kv_dim()))
+            .ok_or_else(|| Error::Config(format!("KV cache of {capacity} positions overflows")))?;
+        let store = || match kv_dtype {
+            FloatType::F32 => KvStore::F32(vec![0.0; cache_len]),
+            FloatType::F16 => KvStore::F16(vec![f16::ZERO; cache_len]),
+        };
+        Ok(LlamaState {
+            capacity,
+            chunk,
+            keys: store(),
+            values: store(),
+            x: vec![0.0; chunk * c.dim],
+            xn: vec![0.0; chunk * c.dim],
+            q: vec![0.0; chunk * c.dim],
+            k: vec![0.0; chunk * c.kv_dim()],
+            v: vec![0.0; chunk * c.kv_dim()],
+            att: vec![0.0; chunk * c.dim],
+            gate: vec![0.0; chunk * c.ffn_dim],
+            up: vec![0.0; chunk * c.ffn_dim],
+            hidden: vec![0.0; chunk * c.ffn_dim],
+        })
+    }
+
+    /// Runs `tokens` at absolute positions `pos0..pos0 + tokens.len()`, appending their keys
+    /// and values to `state`'s cache, and writes the logits of the last token into `logits`
+    /// (length `vocab`) when given. Positions before `pos0` must already be in the cache.
+    ///
+    /// Validates everything before touching the cache: token ids ([`Error::TokenOutOfRange`]),
+    /// capacity ([`Error::ContextFull`]) and the logits length. Prompts longer than the
+    /// state's chunk run as several matrix passes.
+    pub fn forward(
+        &self,
+        state: &mut LlamaState,
+        tokens: &[u32],
+        pos0: usize,
+        logits: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let c = &self.config;
+        if tokens.is_empty() {
+            return Err(Error::Shape("llama forward: no tokens".into()));
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab: c.vocab });
+        }
+        let needed = pos0.saturating_add(tokens.len());
+        if needed > state.capacity {
+            return Err(Error::ContextFull {
+                needed,
+                capacity: state.capacity,
+            });
+        }
+        if let Some(l) = &logits {
+            if l.len() != c.vocab {
+                return Err(Error::Shape(format!(
+                    "logits buffer holds {}, the vocabulary is {}",
+                    l.len(),
+                    c.vocab
+                )));
+            }
+        }
+        let mut pos = pos0;
+        for chunk in tokens.chunks(state.chunk) {
+            self.forward_chunk(state, chunk, pos)?;
+            pos += chunk.len();
+        }
+        if let Some(logits) = logits {
+            let last = (tokens.len() - 1) % state.chunk;
+            self.head(state, last, logits)?;
+        }
+        Ok(())
+    }
+
+    /// The blocks over one chunk of at most `state.chunk` tokens; leaves the final residual
+    /// stream in `state.x`.
+    fn forward_chunk(&self, s: &mut LlamaState, tokens: &[u32], pos0: usize) -> Result<()> {
+        let c = &self.config;
+        let (t, d, kvd, ff) = (tokens.len(), c.dim, c.kv_dim(), c.ffn_dim);
+        let style = c.layout.rope_style();
+        self.embed(tokens, &mut s.x[..t * d])?;
+        let x = &mut s.x[..t * d];
+        let xn = &mut s.xn[..t * d];
+        let q = &mut s.q[..t * d];
+        let k = &mut s.k[..t * kvd];
+        let v = &mut s.v[..t * kvd];
+        let att = &mut s.att[..t * d];
+        let gate = &mut s.gate[..t * ff];
+        let up = &mut s.up[..t * ff];
+        let hidden = &mut s.hidden[..t * ff];
+        let layer_len = s.capacity * kvd;
+        let seen = pos0 + t;
+
+        for (l, b) in self.blocks.iter().enumerate() {
+            // Attention.
+            rms_norm(xn, x, &b.attn_norm, c.rms_eps, d)?;
+            linear(q, xn, b.wq.weights(), None, t, d, d)?;
+            linear(k, xn, b.wk.weights(), None, t, d, kvd)?;
+            linear(v, xn, b.wv.weights(), None, t, d, kvd)?;
+            self.rope.apply(q, t, c.heads, pos0, style)?;
+            self.rope.apply(k, t, c.kv_heads, pos0, style)?;
+            let rows = l * layer_len + pos0 * kvd..l * layer_len + seen * kvd;
+            s.keys.write(rows.clone(), k)?;
+            s.values.write(rows, v)?;
+            let span = l * layer_len..l * layer_len + seen * kvd;
+            let keys = s.keys.view(span.clone(), seen, c.kv_heads, c.head_dim);
+            let values = s.values.view(span, seen, c.kv_heads, c.head_dim);
+            attention(
+                &QueryView::contiguous(q, t, c.heads, c.head_dim),
+                &keys,
+                &values,
+                &AttentionMask::causal(pos0),
+                None,
+                att,
+            )?;
+            linear(xn, att, b.wo.weights(), None, t, d, d)?;
+            add_inplace(x, xn)?;
+
+            // Feed-forward.
+            rms_norm(xn, x, &b.ffn_norm, c.rms_eps, d)?;
+            linear(gate, xn, b.w_gate.weights(), None, t, d, ff)?;
+            linear(up, xn, b.w_up.weights(), None, t, d, ff)?;
+            swiglu(hidden, gate, up)?;
+            linear(xn, hidden, b.w_down.weights(), None, t, ff, d)?;
+            add_inplace(x, xn)?;
+        }
+        Ok(())
+    }
+
+    /// Final norm and output head for row `row` of `state.x`.
+    fn head(&self, s: &mut LlamaState, row: usize, logits: &mut [f32]) -> Result<()> {
+        let c = &self.config;
+        let d = c.dim;
+        let x = &s.x[row * d..(row + 1) * d];
+        let xn = &mut s.xn[..d];
+        rms_norm(xn, x, &self.final_norm, c.rms_eps, d)?;
+        let w = self.output.as_ref().unwrap_or(&self.embedding);
+        linear(logits, xn, w.weights(), None, 1, d, c.vocab)?;
+        Ok(())
+    }
+
+    /// Looks up the embedding rows of `tokens` (already validated) into `out`.
+    fn embed(&self, tokens: &[u32], out: &mut [f32]) -> Result<()> {
+        let d = self.config.dim;
+        let table = self.embedding.weights();
+        for (&id, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+            let at = id as usize * d..(id as usize + 1) * d;
+            match table {
+                Weights::F32(w) => row.copy_from_slice(&w[at]),
+                Weights::F16(w) => f16_to_f32(&w[at], row)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One cache tensor (all keys or all values), `[layer][position][kv_head][head_dim]`.
+enum KvStore {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl KvStore {
+    fn write(&mut self, range: std::ops::Range<usize>, src: &[f32]) -> Result<()> {
+        match self {
+            KvStore::F32(dst) => dst[range].copy_from_slice(src),
+            KvStore::F16(dst) => f32_to_f16(src, &mut dst[range])?,
+        }
+        Ok(())
+    }
+
+    fn view(&self, range: std::ops::Range<usize>, rows: usize, heads: usize, dim: usize) -> KvView<'_> {
+        let data = match self {
+            KvStore::F32(v) => KvData::F32(&v[range]),
+            KvStore::F16(v) => KvData::F16(&v[range]),
+        };
+        KvView {
+            data,
+            rows,
+            heads,
+            dim,
+            row_stride: heads * dim,
+            head_stride: dim,
+        }
+    }
+
+    fn dtype(&self) -> FloatType {
+        match self {
+            KvStore::F32(_) => FloatType::F32,
+            KvStore::F16(_) => FloatType::F16,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            KvStore::F32(v) => v.len() * 4,
+            KvStore::F16(v) => v.len() * 2,
+        }
+    }
+}
+
+/// Everything one sequence needs to run on a [`Llama`]: the KV cache (keys and values of
+/// every layer, `capacity` positions, f32 or f16) and the activations of one prefill chunk.
+/// Made by [`Llama::new_state`]; it does not know its position — the caller passes it.
+pub struct LlamaState {
+    capacity: usize,
+    chunk: usize,
+    keys: KvStore,
+    values: KvStore,
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    hidden: Vec<f32>,
+}
+
+impl std::fmt::Debug for LlamaState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaState")
+            .field("capacity", &self.capacity)
+            .field("chunk", &self.chunk)
+            .field("kv_dtype", &self.keys.dtype())
+            .finish()
+    }
+}
+
+impl LlamaState {
+    /// Positions the KV cache holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Most positions one matrix pass handles; longer prompts run in several.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// The dtype of the cached keys and values.
+    pub fn kv_dtype(&self) -> FloatType {
+        self.keys.dtype()
+    }
+
+    /// Bytes held by the KV cache.
+    pub fn cache_bytes(&self) -> usize {
+        self.keys.bytes() + self.values.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hf_names_follow_transformers() {
+        let l = WeightLayout::HuggingFace;
+        assert_eq!(l.layer(3, "attn_q"), "model.layers.3.self_attn.q_proj.weight");
+        assert_eq!(l.layer(0, "ffn_norm"), "model.layers.0.post_attention_layernorm.weight");
+        assert_eq!(WeightLayout::Gguf.layer(7, "ffn_down"), "blk.7.ffn_down.weight");
+    }
+
+    #[test]
+    fn config_validation_names_the_fault() {
+        let good = LlamaConfig {
+            dim: 8,
+            layers: 1,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            ffn_dim: 16,
+            vocab: 10,
+            context: 32,
+            rope_base: 10000.0,
+            rms_eps: 1e-5,
+            layout: WeightLayout::Gguf,
+        };
+        good.validate().unwrap();
+        let bad = LlamaConfig {
+            kv_heads: 3,
+            ..good.clone()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("KV heads"));
+        let bad = LlamaConfig { dim: 9, ..good };
+        assert!(matches!(bad.validate(), Err(Error::Config(_))));
+    }
+}

@@ -1,0 +1,209 @@
+//! The Llama forward pass on the real default model (SmolLM2-135M-Instruct), against the
+//! PyTorch/transformers reference in tests/fixtures/llama (written by
+//! tools/llama_reference.py from the same Q4_1 GGUF).
+//!
+//! The model is found the way the CLI finds it: `qkv::fetch::default_model()` (fetched into
+//! `$QKV_CACHE` on first use). Run in release mode: `cargo test --release --test llama`.
+
+use qkv::fetch;
+use qkv::model::{Model, ModelOptions};
+use qkv::sample::argmax;
+use qkv::session::{Session, SessionOptions};
+use qkv::weights::FloatType;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama")
+}
+
+fn reference() -> &'static Value {
+    static REF: OnceLock<Value> = OnceLock::new();
+    REF.get_or_init(|| {
+        let text = std::fs::read_to_string(fixture_dir().join("reference.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    })
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The f16 default model (what `decode` runs) and the Q4_1 file it was converted from.
+fn model_paths() -> (PathBuf, PathBuf) {
+    static PATHS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    PATHS
+        .get_or_init(|| {
+            let f16 = fetch::default_model().expect("default model");
+            let q4 = fetch::cache_dir().unwrap().join(fetch::WHEEL_GGUF);
+            (f16, q4)
+        })
+        .clone()
+}
+
+/// The Q4_1 source dequantized to f32: exactly the weights the reference ran.
+fn model_f32() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| {
+        let options = ModelOptions {
+            dtype: FloatType::F32,
+        };
+        Arc::new(Model::load(&model_paths().1, &options).unwrap())
+    })
+    .clone()
+}
+
+/// The converted f16 GGUF, mapped (the CLI default).
+fn model_f16() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| Arc::new(Model::load(&model_paths().0, &ModelOptions::default()).unwrap()))
+        .clone()
+}
+
+fn session(model: &Arc<Model>) -> Session {
+    let options = SessionOptions {
+        context: Some(256),
+        ..SessionOptions::default()
+    };
+    Session::new(model.clone(), options).unwrap()
+}
+
+fn greedy(model: &Arc<Model>, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = session(model);
+    let mut out = Vec::with_capacity(n);
+    let mut next = argmax(s.prefill(prompt).unwrap());
+    for _ in 0..n {
+        out.push(next);
+        next = argmax(s.step(next).unwrap());
+    }
+    out
+}
+
+fn check_greedy(model: &Arc<Model>, what: &str) {
+    let mut failures = Vec::new();
+    for case in reference()["cases"].as_array().unwrap() {
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["greedy_ids"]);
+        let got = greedy(model, &prompt, want.len());
+        if got != want {
+            failures.push(format!(
+                "{what} {:?}:\n  want {want:?}\n  got  {got:?}",
+                case["prompt"].as_str().unwrap()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn greedy_continuations_match_the_reference_in_f32() {
+    check_greedy(&model_f32(), "f32");
+}
+
+#[test]
+fn greedy_continuations_match_the_reference_in_f16() {
+    check_greedy(&model_f16(), "f16");
+}
+
+#[test]
+fn last_position_logits_match_the_reference_in_f32() {
+    let r = reference();
+    let vocab = r["vocab"].as_u64().unwrap() as usize;
+    let blob = std::fs::read(fixture_dir().join("logits.bin")).unwrap();
+    let model = model_f32();
+    let mut checked = 0;
+    for case in r["cases"].as_array().unwrap() {
+        let Some(meta) = case.get("logits") else {
+            continue;
+        };
+        let offset = meta["offset"].as_u64().unwrap() as usize * vocab * 2;
+        let (lo, hi) = (meta["min"].as_f64().unwrap(), meta["max"].as_f64().unwrap());
+        let want: Vec<f64> = blob[offset..offset + vocab * 2]
+            .chunks_exact(2)
+            .map(|b| lo + u16::from_le_bytes([b[0], b[1]]) as f64 * (hi - lo) / 65535.0)
+            .collect();
+        let mut s = session(&model);
+        let got = s.prefill(&ids(&case["prompt_ids"])).unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0.0, f64::max);
+        let tol = 2e-3 * (hi - lo);
+        assert!(
+            worst <= tol,
+            "{:?}: max |Δlogit| {worst} > {tol} (range {})",
+            case["prompt"],
+            hi - lo
+        );
+        checked += 1;
+    }
+    assert!(checked >= 3);
+}
+
+#[test]
+fn the_capital_of_france_is_paris() {
+    for model in [model_f16(), model_f32()] {
+        let tok = model.tokenizer().unwrap();
+        let prompt = tok.encode("The capital of France is").unwrap();
+        let out = greedy(&model, &prompt, 2);
+        assert_eq!(tok.decode(&out).unwrap(), " Paris.");
+    }
+}
+
+#[test]
+fn prefill_then_steps_equals_one_prefill() {
+    let model = model_f32();
+    let case = &reference()["cases"][1];
+    let mut seq = ids(&case["prompt_ids"]);
+    seq.extend(ids(&case["greedy_ids"]).iter().take(8));
+    let mut whole = session(&model);
+    let all = whole.prefill(&seq).unwrap().to_vec();
+    let mut stepped = session(&model);
+    stepped.prefill(&seq[..3]).unwrap();
+    let mut last = Vec::new();
+    for &t in &seq[3..] {
+        last = stepped.step(t).unwrap().to_vec();
+    }
+    let worst = all
+        .iter()
+        .zip(&last)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-3, "max difference {worst}");
+    assert_eq!(argmax(&all), argmax(&last));
+}
+
+#[test]
+fn a_prompt_longer_than_the_prefill_chunk_runs_in_pieces() {
+    let model = model_f32();
+    let case = &reference()["cases"][4];
+    let seq = ids(&case["prompt_ids"]);
+    let mut one = session(&model);
+    let a = one.prefill(&seq).unwrap().to_vec();
+    let options = SessionOptions {
+        context: Some(64),
+        prefill_chunk: Some(5),
+        ..SessionOptions::default()
+    };
+    let mut chunked = Session::new(model.clone(), options).unwrap();
+    let b = chunked.prefill(&seq).unwrap();
+    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    assert!(worst < 1e-3, "max difference {worst}");
+}
+
+#[test]
+fn model_reports_the_smollm_configuration() {
+    let model = model_f16();
+    let c = model.config();
+    assert_eq!((c.dim, c.layers, c.heads, c.kv_heads), (576, 30, 9, 3));
+    assert_eq!((c.head_dim, c.ffn_dim, c.vocab, c.context), (64, 1536, 49152, 8192));
+    assert_eq!(c.rope_base, 100000.0);
+    assert!(model.llama().tied_output());
+    assert_eq!(model.llama().dtype(), FloatType::F16);
+}
