@@ -7,10 +7,12 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod fetch;
 pub mod weights;
 
 pub use error::{Error, Result};
 pub use qkv_kernels as kernels;
+pub mod model;
 pub mod models;
 pub mod nn;
 pub mod sample;

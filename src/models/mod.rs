@@ -1,2 +1,3 @@
 //! (being written)
+pub mod llama;
 pub mod seq2seq;
