@@ -137,8 +137,8 @@ mod tests {
         block.extend([127u8, 128, 255, 0].iter().cycle().take(32));
         let mut dst = [0.0f32; 64];
         dequantize_q8_0(&block, &mut dst);
-        for i in 0..32 {
-            assert_eq!(dst[i], (i as f32 - 16.0) * 0.5);
+        for (i, v) in dst[..32].iter().enumerate() {
+            assert_eq!(*v, (i as f32 - 16.0) * 0.5);
         }
         assert_eq!(&dst[32..36], &[-254.0, 256.0, 2.0, -0.0]);
     }

