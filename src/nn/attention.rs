@@ -115,6 +115,9 @@ impl AttentionCore {
                 )));
             }
         }
+        let q = Linear::load(scope, names.q, q_in, dim_qk)?;
+        let k = Linear::load(scope, names.k, kv_in, dim_qk)?;
+        let v = Linear::load(scope, names.v, kv_in, dim_v)?;
         let out = match (names.out, out_dim) {
             (Some(name), Some(o)) => Some(Linear::load(scope, name, dim_v, o)?),
             (None, None) => None,
@@ -125,9 +128,9 @@ impl AttentionCore {
             }
         };
         Ok(AttentionCore {
-            q: Linear::load(scope, names.q, q_in, dim_qk)?,
-            k: Linear::load(scope, names.k, kv_in, dim_qk)?,
-            v: Linear::load(scope, names.v, kv_in, dim_v)?,
+            q,
+            k,
+            v,
             out,
             dims,
         })

@@ -1,0 +1,349 @@
+//! The seeds' attention modules against PyTorch (fixtures from `tools/seq2seq_fixtures.py`),
+//! the safetensors loader, and the typed errors.
+
+use qkv::nn::{
+    Attention, CrossAttention, DenseMask, KeyPadding, Mask, MultiHeadAttention,
+    MultiHeadAttentionWithProbs, MultiHeadCrossAttention, Scope, Seq, SelfAttention,
+    TransformerAttention,
+};
+use qkv::weights::safetensors::SafeTensorsFile;
+use qkv::weights::{FloatType, TensorSource};
+use qkv::Error;
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seq2seq").join(name)
+}
+
+/// A case's weights and its inputs / expected outputs.
+struct Case {
+    weights: SafeTensorsFile,
+    io: SafeTensorsFile,
+}
+
+impl Case {
+    fn open(name: &str) -> Case {
+        Case {
+            weights: SafeTensorsFile::open(fixture(&format!("{name}.safetensors"))).unwrap(),
+            io: SafeTensorsFile::open(fixture(&format!("{name}.io.safetensors"))).unwrap(),
+        }
+    }
+    fn get(&self, name: &str) -> Vec<f32> {
+        self.io.tensor(name).unwrap().to_f32_vec()
+    }
+    fn shape(&self, name: &str) -> Vec<usize> {
+        self.io.shape(name).unwrap().to_vec()
+    }
+    fn flags(&self, name: &str) -> Vec<bool> {
+        self.get(name).iter().map(|&v| v != 0.0).collect()
+    }
+    fn lengths(&self, name: &str) -> Vec<usize> {
+        self.get(name).iter().map(|&v| v as usize).collect()
+    }
+    fn scope(&self) -> Scope<'_> {
+        Scope::new(&self.weights)
+    }
+}
+
+/// max |got − want| ≤ tol · max |want|.
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        err <= tol * scale,
+        "{what}: max error {err:e} > {tol:e} × {scale:e}"
+    );
+}
+
+const F32_TOL: f32 = 1e-5;
+const F16_TOL: f32 = 3e-3;
+
+fn seq<'a>(data: &'a [f32], shape: &[usize]) -> Seq<'a> {
+    Seq::new(data, shape[0], shape[1], shape[2]).unwrap()
+}
+
+#[test]
+fn safetensors_f32_views_are_mapped_and_named_as_pytorch() {
+    let c = Case::open("self000");
+    let w = c.weights.tensor("q.weight").unwrap();
+    assert_eq!(w.shape(), &[8, 12]);
+    assert_eq!(w.dtype(), FloatType::F32);
+    assert!(w.is_mapped());
+    let mut names = c.weights.names();
+    names.sort();
+    assert_eq!(names, ["k.bias", "k.weight", "q.bias", "q.weight", "v.bias", "v.weight"]);
+}
+
+#[test]
+fn safetensors_f16_is_mapped_and_bf16_is_widened() {
+    let c = Case::open("mha000_f16");
+    let w = c.weights.tensor("out.weight").unwrap();
+    assert_eq!(w.dtype(), FloatType::F16);
+    assert!(w.is_mapped());
+    let c = Case::open("attn001_bf16");
+    let w = c.weights.tensor("query.weight").unwrap();
+    assert_eq!(w.dtype(), FloatType::F32);
+    assert!(!w.is_mapped());
+}
+
+#[test]
+fn scope_prefixes_names() {
+    let c = Case::open("seq2seq");
+    let s = c.scope().pp("Encoder").pp("Layers.1");
+    assert_eq!(s.name("attn.wq.weight"), "Encoder.Layers.1.attn.wq.weight");
+    assert_eq!(s.tensor("attn.wq.weight").unwrap().shape(), &[16, 16]);
+    match s.tensor("attn.nope") {
+        Err(Error::MissingTensor { name }) => assert_eq!(name, "Encoder.Layers.1.attn.nope"),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn write_tmp(tag: &str, bytes: &[u8]) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("qkv-s2s-{}-{tag}.safetensors", std::process::id()));
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn with_header(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut b = (header.len() as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(header.as_bytes());
+    b.extend_from_slice(data);
+    b
+}
+
+#[test]
+fn hostile_safetensors_files_are_format_errors() {
+    let good = std::fs::read(fixture("self000.safetensors")).unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", good[..good.len() - 7].to_vec()),
+        ("header-cut", good[..20].to_vec()),
+        ("tiny", vec![1, 2, 3]),
+        ("huge-header", u64::MAX.to_le_bytes().to_vec()),
+        ("not-json", with_header("{nope", &[0; 8])),
+        (
+            "overlap",
+            with_header(
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+                &[0; 12],
+            ),
+        ),
+        (
+            "short-data",
+            with_header(r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#, &[0; 8]),
+        ),
+        (
+            "shape-lies",
+            with_header(r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, &[0; 8]),
+        ),
+        (
+            "overflow",
+            with_header(
+                r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#,
+                &[0; 8],
+            ),
+        ),
+    ];
+    for (tag, bytes) in cases {
+        let p = write_tmp(tag, &bytes);
+        let r = SafeTensorsFile::open(&p);
+        std::fs::remove_file(&p).ok();
+        assert!(matches!(r, Err(Error::Format { .. })), "{tag}: {r:?}");
+    }
+}
+
+#[test]
+fn unsupported_dtype_and_missing_tensor_are_typed() {
+    let bytes = with_header(r#"{"i":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}}"#, &[0; 8]);
+    let p = write_tmp("i32", &bytes);
+    let f = SafeTensorsFile::open(&p).unwrap();
+    std::fs::remove_file(&p).ok();
+    assert!(matches!(f.tensor("i"), Err(Error::UnsupportedDType { .. })));
+    assert!(matches!(f.tensor("j"), Err(Error::MissingTensor { .. })));
+    assert!(matches!(
+        SafeTensorsFile::open("/nonexistent/x.safetensors"),
+        Err(Error::Io { .. })
+    ));
+}
+
+#[test]
+fn seed000_self_attention() {
+    let c = Case::open("self000");
+    let m = SelfAttention::load(&c.scope(), 12, 8, 6).unwrap();
+    let x = c.get("x");
+    let y = m.forward(seq(&x, &c.shape("x")), &Mask::none()).unwrap();
+    assert_eq!(y.shape(), [3, 5, 6]);
+    assert_close(y.data(), &c.get("out"), F32_TOL, "self000");
+}
+
+fn check_mha000(name: &str, tol: f32) {
+    let c = Case::open(name);
+    let m = MultiHeadAttention::load(&c.scope(), 16, 8, 16, 24).unwrap();
+    let x = c.get("x");
+    let xs = seq(&x, &c.shape("x"));
+    let y = m.forward(xs, &Mask::none()).unwrap();
+    assert_close(y.data(), &c.get("out"), tol, name);
+    // Pads in the middle and at the head, from explicit flags.
+    let pads = KeyPadding::from_flags(c.flags("keep"), 3, 5).unwrap();
+    let y = m.forward(xs, &Mask::none().with_padding(&pads)).unwrap();
+    assert_close(y.data(), &c.get("out_padded"), tol, name);
+}
+
+#[test]
+fn seed000_multi_head_attention_8_heads_dim_qk_ne_dim_v() {
+    check_mha000("mha000", F32_TOL);
+}
+
+#[test]
+fn seed000_multi_head_attention_f16_weights() {
+    check_mha000("mha000_f16", F16_TOL);
+}
+
+#[test]
+fn seed000_cross_attention_tq_ne_tk() {
+    let c = Case::open("cross000");
+    let m = CrossAttention::load(&c.scope(), 12, 8, 10).unwrap();
+    let (enc, dec) = (c.get("enc"), c.get("dec"));
+    let (e, d) = (seq(&enc, &c.shape("enc")), seq(&dec, &c.shape("dec")));
+    let y = m.forward(e, d, &Mask::none()).unwrap();
+    assert_eq!(y.shape(), [3, 4, 10]);
+    assert_close(y.data(), &c.get("out"), F32_TOL, "cross000");
+    let pads = KeyPadding::from_lengths(&c.lengths("src_lengths"), 7).unwrap();
+    let y = m.forward(e, d, &Mask::none().with_padding(&pads)).unwrap();
+    assert_close(y.data(), &c.get("out_padded"), F32_TOL, "cross000 padded");
+}
+
+fn check_attn001(name: &str, tol: f32) {
+    let c = Case::open(name);
+    let m = Attention::load(&c.scope(), 16, 2).unwrap();
+    let (q, kv) = (c.get("q"), c.get("kv"));
+    let (q, kv) = (seq(&q, &c.shape("q")), seq(&kv, &c.shape("kv")));
+    let none = Mask::none();
+    let run = |a, b, mask: &Mask<'_>, causal| m.forward(a, b, b, mask, causal).unwrap();
+    assert_close(run(q, q, &none, false).data(), &c.get("self"), tol, "self");
+    assert_close(run(q, kv, &none, false).data(), &c.get("cross"), tol, "cross");
+    assert_close(run(q, q, &none, true).data(), &c.get("causal"), tol, "causal");
+    assert_close(run(q, kv, &none, true).data(), &c.get("causal_cross"), tol, "causal, Tq≠Tk");
+    let dense = DenseMask::shared(c.flags("dense_keep"), 4, 6).unwrap();
+    let dm = Mask::none().with_dense(&dense);
+    assert_close(run(q, kv, &dm, false).data(), &c.get("dense"), tol, "dense");
+    assert_close(run(q, kv, &dm, true).data(), &c.get("dense_causal"), tol, "dense+causal");
+}
+
+#[test]
+fn seed001_attention_self_cross_causal_dense() {
+    check_attn001("attn001", F32_TOL);
+}
+
+#[test]
+fn seed001_attention_bf16_weights() {
+    check_attn001("attn001_bf16", F16_TOL);
+}
+
+#[test]
+fn seed002_returns_probabilities() {
+    let c = Case::open("mha002");
+    let m = MultiHeadAttentionWithProbs::load(&c.scope(), 16, 4).unwrap();
+    let x = c.get("x");
+    let xs = seq(&x, &c.shape("x"));
+    let pads = KeyPadding::from_flags(c.flags("keep"), 3, 5).unwrap();
+    let (y, a) = m.forward(xs, &Mask::none().with_padding(&pads)).unwrap();
+    assert_close(y.data(), &c.get("out"), F32_TOL, "mha002 out");
+    assert_eq!(c.shape("probs"), [3, 4, 5, 5]);
+    assert_close(&a, &c.get("probs"), F32_TOL, "mha002 probs");
+    let mask = Mask::none().with_padding(&pads).with_causal();
+    let (y, a) = m.forward(xs, &mask).unwrap();
+    assert_close(y.data(), &c.get("out_causal"), F32_TOL, "mha002 causal out");
+    assert_close(&a, &c.get("probs_causal"), F32_TOL, "mha002 causal probs");
+}
+
+#[test]
+fn seed003_multi_head_cross_attention_8_heads() {
+    let c = Case::open("cross003");
+    let m = MultiHeadCrossAttention::load(&c.scope(), 16, 8).unwrap();
+    let (q, kv) = (c.get("q"), c.get("kv"));
+    let (q, kv) = (seq(&q, &c.shape("q")), seq(&kv, &c.shape("kv")));
+    let pads = KeyPadding::from_lengths(&c.lengths("src_lengths"), 7).unwrap();
+    let y = m.forward(q, kv, kv, &Mask::none().with_padding(&pads)).unwrap();
+    assert_close(y.data(), &c.get("out"), F32_TOL, "cross003");
+    let y = m.forward(q, kv, kv, &Mask::none()).unwrap();
+    assert_close(y.data(), &c.get("out_unmasked"), F32_TOL, "cross003 unmasked");
+}
+
+#[test]
+fn seed004_attention_padding_and_causal() {
+    let c = Case::open("mha004");
+    let m = TransformerAttention::load(&c.scope(), 16, 4).unwrap();
+    let x = c.get("x");
+    let xs = seq(&x, &c.shape("x"));
+    let pads = KeyPadding::from_lengths(&c.lengths("lengths"), 5).unwrap();
+    let y = m.forward(xs, xs, xs, &Mask::none().with_padding(&pads)).unwrap();
+    assert_close(y.data(), &c.get("out_padded"), F32_TOL, "mha004 padded");
+    let y = m
+        .forward(xs, xs, xs, &Mask::none().with_padding(&pads).with_causal())
+        .unwrap();
+    assert_close(y.data(), &c.get("out_causal"), F32_TOL, "mha004 causal");
+}
+
+#[test]
+fn fully_masked_rows_return_zeros() {
+    // Documented behaviour: a query that sees no key gets zeros (before any output projection).
+    let c = Case::open("self000");
+    let m = SelfAttention::load(&c.scope(), 12, 8, 6).unwrap();
+    let x = c.get("x");
+    let mut keep = vec![true; 15];
+    keep[5..10].fill(false); // sequence 1: every key is padding
+    let pads = KeyPadding::from_flags(keep, 3, 5).unwrap();
+    let y = m.forward(seq(&x, &[3, 5, 12]), &Mask::none().with_padding(&pads)).unwrap();
+    assert!(y.data()[30..60].iter().all(|&v| v == 0.0));
+    assert!(y.data()[..30].iter().all(|v| v.is_finite()) && y.data()[..30].iter().any(|&v| v != 0.0));
+}
+
+#[test]
+fn errors_are_typed_and_name_the_culprit() {
+    let c = Case::open("mha000");
+    let s = c.scope();
+    // Heads that do not divide the projection sizes.
+    assert!(matches!(MultiHeadAttention::load(&s, 16, 3, 16, 24), Err(Error::Config(m)) if m.contains("dim_qk")));
+    assert!(matches!(MultiHeadAttention::load(&s, 16, 0, 16, 24), Err(Error::Config(_))));
+    // A shape that disagrees with the configuration.
+    match MultiHeadAttention::load(&s, 16, 8, 16, 16) {
+        Err(Error::TensorShape { name, expected, actual }) => {
+            assert_eq!(name, "v.weight");
+            assert_eq!((expected, actual), (vec![16, 16], vec![24, 16]));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A missing tensor, named in full.
+    match MultiHeadAttention::load(&s.pp("layer"), 16, 8, 16, 24) {
+        Err(Error::MissingTensor { name }) => assert_eq!(name, "layer.q.weight"),
+        other => panic!("{other:?}"),
+    }
+    let m = MultiHeadAttention::load(&s, 16, 8, 16, 24).unwrap();
+    let x = c.get("x");
+    let xs = seq(&x, &[3, 5, 16]);
+    // Masks of the wrong shape.
+    let pads = KeyPadding::from_lengths(&[5, 5], 5).unwrap();
+    assert!(matches!(m.forward(xs, &Mask::none().with_padding(&pads)), Err(Error::Shape(_))));
+    let pads = KeyPadding::from_lengths(&[5, 5, 5], 6).unwrap();
+    assert!(matches!(m.forward(xs, &Mask::none().with_padding(&pads)), Err(Error::Shape(_))));
+    let dense = DenseMask::shared(vec![true; 20], 4, 5).unwrap();
+    assert!(matches!(m.forward(xs, &Mask::none().with_dense(&dense)), Err(Error::Shape(_))));
+    let dense = DenseMask::per_batch(vec![true; 50], 2, 5, 5).unwrap();
+    assert!(matches!(m.forward(xs, &Mask::none().with_dense(&dense)), Err(Error::Shape(_))));
+    assert!(matches!(KeyPadding::from_lengths(&[6], 5), Err(Error::Shape(_))));
+    assert!(matches!(KeyPadding::from_flags(vec![true; 4], 1, 5), Err(Error::Shape(_))));
+    // Inputs of the wrong shape.
+    assert!(matches!(Seq::new(&x, 3, 5, 15), Err(Error::Shape(_))));
+    assert!(matches!(m.forward(seq(&x[..60], &[1, 5, 12]), &Mask::none()), Err(Error::Shape(_))));
+    let cross = CrossAttention::load(&Case::open("cross000").scope(), 12, 8, 10).unwrap();
+    let a = vec![0.0; 2 * 3 * 12];
+    let b = vec![0.0; 3 * 3 * 12];
+    assert!(matches!(
+        cross.forward(seq(&a, &[2, 3, 12]), seq(&b, &[3, 3, 12]), &Mask::none()),
+        Err(Error::Shape(_))
+    ));
+}

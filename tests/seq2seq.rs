@@ -1,0 +1,230 @@
+//! The seed-004 encoder–decoder Transformer against PyTorch: teacher-forced logits,
+//! step-by-step decoding with the KV cache, batched greedy decoding, f16 weights, errors.
+
+use qkv::models::seq2seq::{Seq2Seq, Seq2SeqConfig, TokenBatch};
+use qkv::nn::KeyPadding;
+use qkv::weights::safetensors::SafeTensorsFile;
+use qkv::weights::TensorSource;
+use qkv::Error;
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seq2seq").join(name)
+}
+
+struct Case {
+    weights: SafeTensorsFile,
+    io: SafeTensorsFile,
+}
+
+impl Case {
+    fn open(name: &str) -> Case {
+        Case {
+            weights: SafeTensorsFile::open(fixture(&format!("{name}.safetensors"))).unwrap(),
+            io: SafeTensorsFile::open(fixture(&format!("{name}.io.safetensors"))).unwrap(),
+        }
+    }
+    fn get(&self, name: &str) -> Vec<f32> {
+        self.io.tensor(name).unwrap().to_f32_vec()
+    }
+    fn ints<T: TryFrom<u64>>(&self, name: &str) -> Vec<T>
+    where
+        T::Error: std::fmt::Debug,
+    {
+        self.get(name).iter().map(|&v| T::try_from(v as u64).unwrap()).collect()
+    }
+    fn meta(&self, key: &str) -> usize {
+        self.io.metadata()[key].parse().unwrap()
+    }
+    fn config(&self) -> Seq2SeqConfig {
+        Seq2SeqConfig::from_metadata(&self.weights.metadata()).unwrap()
+    }
+    fn model(&self) -> Seq2Seq {
+        Seq2Seq::load(&self.weights, self.config()).unwrap()
+    }
+}
+
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err <= tol * scale, "{what}: max error {err:e} > {tol:e} × {scale:e}");
+}
+
+const B: usize = 3;
+const S: usize = 7;
+const T: usize = 6;
+
+fn teacher_forced(name: &str, tol: f32) {
+    let c = Case::open(name);
+    let m = c.model();
+    let (src, tgt) = (c.ints::<u32>("src"), c.ints::<u32>("tgt"));
+    let (sl, tl) = (c.ints::<usize>("src_lengths"), c.ints::<usize>("tgt_lengths"));
+    let src = TokenBatch::new(&src, B, S, &sl).unwrap();
+    let tgt = TokenBatch::new(&tgt, B, T, &tl).unwrap();
+    let logits = m.forward(&src, &tgt).unwrap();
+    assert_eq!(logits.shape(), [B, T, 19]);
+    assert_close(logits.data(), &c.get("logits"), tol, name);
+}
+
+#[test]
+fn teacher_forced_logits_match_pytorch() {
+    teacher_forced("seq2seq", 1e-5);
+}
+
+#[test]
+fn teacher_forced_logits_match_pytorch_f16_weights() {
+    teacher_forced("seq2seq_f16", 3e-3);
+}
+
+fn step_by_step(name: &str, tol: f32) {
+    let c = Case::open(name);
+    let m = c.model();
+    let (src, tgt) = (c.ints::<u32>("src"), c.ints::<u32>("tgt"));
+    let sl = c.ints::<usize>("src_lengths");
+    let src = TokenBatch::new(&src, B, S, &sl).unwrap();
+    let full = [T; B];
+    let tgt_batch = TokenBatch::new(&tgt, B, T, &full).unwrap();
+    let memory = m.encode(&src).unwrap();
+    let forced = m.decode_teacher_forced(&memory, &tgt_batch).unwrap();
+    let mut state = m.start(memory, T).unwrap();
+    let vocab = 19;
+    let mut stepped = vec![0.0; B * T * vocab];
+    for t in 0..T {
+        let tokens: Vec<u32> = (0..B).map(|b| tgt[b * T + t]).collect();
+        let logits = m.step(&mut state, &tokens).unwrap();
+        for b in 0..B {
+            stepped[(b * T + t) * vocab..(b * T + t + 1) * vocab]
+                .copy_from_slice(&logits[b * vocab..(b + 1) * vocab]);
+        }
+    }
+    assert_eq!(state.position(), T);
+    // The cache is full: one more step is a typed error, not a panic.
+    assert!(matches!(m.step(&mut state, &[0, 0, 0]), Err(Error::ContextFull { .. })));
+    assert_close(&stepped, forced.data(), 1e-5, "step-by-step vs teacher-forced");
+    assert_close(&stepped, &c.get("logits_full"), tol, "step-by-step vs PyTorch");
+}
+
+#[test]
+fn step_by_step_equals_teacher_forced() {
+    step_by_step("seq2seq", 1e-5);
+}
+
+#[test]
+fn step_by_step_equals_teacher_forced_f16_weights() {
+    step_by_step("seq2seq_f16", 3e-3);
+}
+
+fn greedy(name: &str) {
+    let c = Case::open(name);
+    let m = c.model();
+    let src = c.ints::<u32>("src");
+    let sl = c.ints::<usize>("src_lengths");
+    let src = TokenBatch::new(&src, B, S, &sl).unwrap();
+    let (bos, eos, max_len) = (c.meta("bos") as u32, c.meta("eos") as u32, c.meta("max_len"));
+    let got = m.greedy(&src, bos, eos, max_len).unwrap();
+    let flat = c.ints::<u32>("greedy_tokens");
+    let lens = c.ints::<usize>("greedy_lengths");
+    let mut at = 0;
+    for (b, &n) in lens.iter().enumerate() {
+        assert_eq!(got[b], flat[at..at + n], "{name}: sequence {b}");
+        at += n;
+    }
+    // The fixture covers both stopping at EOS and running to max_len.
+    assert!(lens.iter().any(|&n| n < max_len) && lens.contains(&max_len));
+}
+
+#[test]
+fn greedy_decode_batched_matches_pytorch() {
+    greedy("seq2seq");
+}
+
+#[test]
+fn greedy_decode_batched_matches_pytorch_f16_weights() {
+    greedy("seq2seq_f16");
+}
+
+#[test]
+fn source_pads_anywhere_are_ignored_by_cross_attention() {
+    // Changing the token under a padded source position changes nothing once it is masked.
+    let c = Case::open("seq2seq");
+    let m = c.model();
+    let mut src = c.ints::<u32>("src");
+    let mut keep = vec![true; B * S];
+    keep[S + 2] = false; // a pad in the middle of sequence 1
+    let pads = KeyPadding::from_flags(keep.clone(), B, S).unwrap();
+    let tgt = c.ints::<u32>("tgt");
+    let full = [T; B];
+    let tgt = TokenBatch::new(&tgt, B, T, &full).unwrap();
+    let a = m.encode_with_padding(&src, B, S, pads.clone()).unwrap();
+    src[S + 2] = (src[S + 2] + 1) % 23;
+    let b = m.encode_with_padding(&src, B, S, pads).unwrap();
+    let la = m.decode_teacher_forced(&a, &tgt).unwrap();
+    let lb = m.decode_teacher_forced(&b, &tgt).unwrap();
+    // Real encoder positions and every decoder logit are unchanged.
+    for (i, &k) in keep.iter().enumerate() {
+        if k {
+            assert_close(
+                &b.output().data()[i * 16..(i + 1) * 16],
+                &a.output().data()[i * 16..(i + 1) * 16],
+                1e-6,
+                "encoder row",
+            );
+        }
+    }
+    assert_close(lb.data(), la.data(), 1e-6, "logits");
+}
+
+#[test]
+fn errors_are_typed() {
+    let c = Case::open("seq2seq");
+    let cfg = c.config();
+    // Heads not dividing d_model.
+    let bad = Seq2SeqConfig { heads: 3, ..cfg.clone() };
+    assert!(matches!(Seq2Seq::load(&c.weights, bad), Err(Error::Config(_))));
+    // A shape disagreeing with the configuration, named.
+    let bad = Seq2SeqConfig { src_vocab: 24, ..cfg.clone() };
+    match Seq2Seq::load(&c.weights, bad) {
+        Err(Error::TensorShape { name, .. }) => assert_eq!(name, "src_embedding.weight"),
+        other => panic!("{other:?}"),
+    }
+    let bad = Seq2SeqConfig { max_src_len: 20, ..cfg.clone() };
+    match Seq2Seq::load(&c.weights, bad) {
+        Err(Error::TensorShape { name, .. }) => assert_eq!(name, "Encoder.pos_embedding.pe"),
+        other => panic!("{other:?}"),
+    }
+    // A missing tensor, named.
+    let bad = Seq2SeqConfig { encoder_layers: 3, ..cfg.clone() };
+    match Seq2Seq::load(&c.weights, bad) {
+        Err(Error::MissingTensor { name }) => assert_eq!(name, "Encoder.Layers.2.attn.wq.weight"),
+        other => panic!("{other:?}"),
+    }
+    assert!(Seq2SeqConfig::from_metadata(&Default::default()).is_err());
+
+    let m = c.model();
+    // Token ids outside the vocabularies.
+    let lens = [2];
+    let src = TokenBatch::new(&[3, 23], 1, 2, &lens).unwrap();
+    assert!(matches!(m.encode(&src), Err(Error::TokenOutOfRange { id: 23, vocab: 23 })));
+    let src = TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap();
+    assert!(matches!(m.greedy(&src, 19, 2, 5), Err(Error::TokenOutOfRange { id: 19, .. })));
+    let memory = m.encode(&src).unwrap();
+    let mut state = m.start(memory, 4).unwrap();
+    assert!(matches!(m.step(&mut state, &[40]), Err(Error::TokenOutOfRange { id: 40, vocab: 19 })));
+    // Wrong batch / lengths / mask shapes.
+    assert!(matches!(m.step(&mut state, &[1, 2]), Err(Error::Shape(_))));
+    assert!(matches!(TokenBatch::new(&[3, 4], 1, 2, &[3]), Err(Error::Shape(_))));
+    assert!(matches!(TokenBatch::new(&[3, 4], 1, 2, &[0]), Err(Error::Shape(_))));
+    assert!(matches!(TokenBatch::new(&[3, 4], 2, 2, &[1, 1]), Err(Error::Shape(_))));
+    let pads = KeyPadding::from_lengths(&[1, 1], 2).unwrap();
+    assert!(matches!(m.encode_with_padding(&[3, 4], 1, 2, pads), Err(Error::Shape(_))));
+    // Too long for the positional encoding / cache.
+    let long = vec![1u32; 13];
+    let src = TokenBatch::new(&long, 1, 13, &[13]).unwrap();
+    assert!(matches!(m.encode(&src), Err(Error::ContextFull { .. })));
+    let memory = m.encode(&TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap()).unwrap();
+    assert!(matches!(m.start(memory, 13), Err(Error::ContextFull { .. })));
+}
