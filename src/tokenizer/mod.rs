@@ -69,7 +69,7 @@
 //! assert_eq!(tok.decode(&ids)?, "abc<|im_end|>");
 //! assert_eq!(tok.eos_id(), Some(257));
 //! # std::fs::remove_dir_all(&dir).ok();
-//! # Ok::<(), qkv::Error>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod bpe;

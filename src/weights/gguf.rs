@@ -45,7 +45,7 @@
 //! assert!(w.is_mapped());
 //! assert_eq!(w.as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
 //! # std::fs::remove_dir_all(&dir).ok();
-//! # Ok::<(), qkv::Error>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use super::dequant;

