@@ -91,6 +91,15 @@ impl Model {
 
     fn load_hf_dir(dir: &Path, options: &ModelOptions) -> Result<Model> {
         let config_path = dir.join("config.json");
+        if !config_path.is_file() {
+            return Err(Error::Format {
+                path: dir.to_owned(),
+                msg: "a directory loads as a Hugging Face model, but it has no config.json \
+                      (pass a GGUF file or a directory with config.json, *.safetensors and \
+                      tokenizer.json)"
+                    .into(),
+            });
+        }
         let text = std::fs::read_to_string(&config_path).map_err(|source| Error::Io {
             path: config_path.clone(),
             source,

@@ -88,9 +88,14 @@ struct Core {
 impl Core {
     fn prefill(&mut self, model: &Model, tokens: &[u32]) -> Result<()> {
         let pos = self.tokens.len();
-        model
-            .llama()
-            .forward(&mut self.state, tokens, pos, Some(&mut self.logits))?;
+        let (state, logits) = (&mut self.state, &mut self.logits);
+        // The whole pass runs on one of rayon's workers: the kernels' parallel loops then
+        // queue their jobs locally instead of injecting ~200 jobs per token into the global
+        // queue from outside the pool (which costs wake-ups and, every 63 jobs, an
+        // allocation of the injector's next block).
+        let mut result = Ok(());
+        rayon::scope(|_| result = model.llama().forward(state, tokens, pos, Some(logits)));
+        result?;
         self.tokens.extend_from_slice(tokens);
         Ok(())
     }
@@ -275,7 +280,7 @@ impl Generate<'_> {
 
     /// Text held back because it ended inside a multi-byte character; call once the
     /// iterator is exhausted to flush it.
-    pub fn finish(self) -> String {
+    pub fn finish(mut self) -> String {
         self.decoder.finish()
     }
 }

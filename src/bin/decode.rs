@@ -1,0 +1,303 @@
+//! `decode`: generate text with a Llama-family model, streaming tokens to stdout.
+//!
+//! ```text
+//! decode [--model PATH] [--prompt TEXT | text on stdin] [-n N] [--chat] [--temperature T]
+//!        [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--threads N]
+//!        [--dtype f16|f32] [--ctx N] [--ignore-eos] [--json]
+//! decode convert IN OUT --dtype f16|f32
+//! ```
+//!
+//! Without `--model` it runs the default model (SmolLM2-135M-Instruct), fetched once into the
+//! cache directory (see `qkv::fetch`). Statistics go to stderr; with `--json`, one object per
+//! token and a final `{"stats": …}` object go to stdout. Errors print on stderr and exit 1.
+
+use clap::{Args, Parser, Subcommand};
+use qkv::model::{Model, ModelOptions};
+use qkv::sample::SamplerConfig;
+use qkv::session::{Session, SessionOptions};
+use qkv::tokenizer::ChatMessage;
+use qkv::weights::{gguf, FloatType};
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "decode",
+    version,
+    about = "Generate text with a Llama-family model on the CPU (qkv)",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Convert a GGUF file (any supported dtype, quantized included) to an f16 or f32 GGUF.
+    Convert {
+        /// The GGUF file to read.
+        input: PathBuf,
+        /// The GGUF file to write.
+        output: PathBuf,
+        /// The dtype of the output's matrices (1-D tensors stay f32).
+        #[arg(long, default_value = "f16")]
+        dtype: FloatType,
+    },
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// A GGUF file or a Hugging Face directory; default: SmolLM2-135M-Instruct, fetched once.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The prompt; read from stdin when absent.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Most tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 128)]
+    n: usize,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    chat: bool,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Keep the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens less likely than P × the most likely (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Penalty for recently seen tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// How many recent tokens the repetition penalty considers.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// RNG seed: the same seed gives the same text.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Compute dtype of the weights.
+    #[arg(long, default_value = "f16")]
+    dtype: FloatType,
+    /// KV cache capacity in tokens (default: the model's context length).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Keep generating past the end-of-sequence token.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// One JSON object per token on stdout, then a stats object.
+    #[arg(long)]
+    json: bool,
+}
+
+type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { 1 } else { 0 };
+            e.print().ok();
+            return ExitCode::from(code);
+        }
+    };
+    let result = match cli.command {
+        Some(Command::Convert {
+            input,
+            output,
+            dtype,
+        }) => convert(&input, &output, dtype),
+        None => run(&cli.run),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("decode: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn convert(input: &std::path::Path, output: &std::path::Path, dtype: FloatType) -> AnyResult<()> {
+    let start = Instant::now();
+    gguf::convert(input, output, dtype)?;
+    eprintln!(
+        "decode: wrote {} ({dtype}) in {:.1} s",
+        output.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Stdout that stops quietly when the reader goes away (`decode … | head`).
+struct Out {
+    stdout: std::io::StdoutLock<'static>,
+    closed: bool,
+}
+
+impl Out {
+    fn write(&mut self, text: &str) -> AnyResult<()> {
+        if self.closed {
+            return Ok(());
+        }
+        match self
+            .stdout
+            .write_all(text.as_bytes())
+            .and_then(|()| self.stdout.flush())
+        {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            Err(e) => Err(format!("writing to stdout: {e}").into()),
+        }
+    }
+}
+
+fn run(args: &RunArgs) -> AnyResult<()> {
+    if let Some(n) = args.threads {
+        if n == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .map_err(|e| format!("--threads {n}: {e}"))?;
+    }
+    let prompt = match &args.prompt {
+        Some(p) => p.clone(),
+        None => {
+            let mut stdin = std::io::stdin();
+            if stdin.is_terminal() {
+                eprintln!("decode: reading the prompt from stdin (end with Ctrl-D), or pass --prompt");
+            }
+            let mut text = String::new();
+            stdin
+                .read_to_string(&mut text)
+                .map_err(|e| format!("reading the prompt from stdin: {e}"))?;
+            text
+        }
+    };
+    if prompt.is_empty() {
+        return Err("the prompt is empty (pass --prompt TEXT or text on stdin)".into());
+    }
+
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => qkv::fetch::default_model()?,
+    };
+    let load_start = Instant::now();
+    let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
+    let tokenizer = model
+        .tokenizer()
+        .ok_or("the model has no tokenizer")?;
+    let options = SessionOptions {
+        context: args.ctx,
+        kv_dtype: None,
+        prefill_chunk: None,
+    };
+    let mut session = Session::new(model.clone(), options)?;
+    let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
+
+    let text = if args.chat {
+        let messages = [ChatMessage {
+            role: "user".into(),
+            content: prompt,
+        }];
+        tokenizer.apply_chat_template(&messages, true)?
+    } else {
+        prompt
+    };
+    let ids = tokenizer.encode(&text)?;
+    if ids.is_empty() {
+        return Err("the prompt encodes to no tokens".into());
+    }
+
+    let prompt_start = Instant::now();
+    session.prefill(&ids)?;
+    let prompt_s = prompt_start.elapsed().as_secs_f64();
+
+    let config = SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        seed: args.seed,
+    };
+    let eos = tokenizer.eos_id();
+    let mut out = Out {
+        stdout: std::io::stdout().lock(),
+        closed: false,
+    };
+    let gen_start = Instant::now();
+    let mut generated = 0usize;
+    let mut stream = session
+        .generate_tokens(&[], config)?
+        .max_tokens(args.n)
+        .ignore_eos(args.ignore_eos);
+    for piece in stream.by_ref() {
+        let piece = piece?;
+        generated += 1;
+        if args.json {
+            // Written by hand to keep the keys in this order; the text is escaped by serde.
+            let text = serde_json::to_string(&piece.text)?;
+            let logprob = serde_json::to_string(&piece.logprob)?;
+            out.write(&format!(
+                "{{\"id\":{},\"text\":{text},\"logprob\":{logprob}}}\n",
+                piece.id
+            ))?;
+        } else if Some(piece.id) != eos || args.ignore_eos {
+            out.write(&piece.text)?;
+        }
+        if out.closed {
+            break;
+        }
+    }
+    let rest = stream.finish();
+    let gen_s = gen_start.elapsed().as_secs_f64();
+    if !args.json {
+        out.write(&rest)?;
+        out.write("\n")?;
+    }
+
+    let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    let prompt_tps = per_s(ids.len(), prompt_s);
+    let gen_tps = per_s(generated, gen_s);
+    if args.json {
+        out.write(&format!(
+            "{{\"stats\":{{\"load_ms\":{},\"prompt_tokens\":{},\"prompt_tokens_per_s\":{},\"generated_tokens\":{generated},\"generated_tokens_per_s\":{}}}}}\n",
+            round2(load_ms),
+            ids.len(),
+            round2(prompt_tps),
+            round2(gen_tps),
+        ))?;
+    }
+    eprintln!(
+        "decode: {} ({}, {} threads): load {load_ms:.0} ms | prompt {} tokens, {prompt_tps:.1} tok/s | generated {generated} tokens, {gen_tps:.1} tok/s",
+        path.display(),
+        args.dtype,
+        rayon::current_num_threads(),
+        ids.len(),
+    );
+    Ok(())
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

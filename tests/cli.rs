@@ -1,0 +1,151 @@
+//! The `decode` binary: errors exit 1 with a message naming the file, `--json` parses, the
+//! prompt can come from stdin. The default model is found as the CLI finds it (fetched into
+//! `$QKV_CACHE` on first use). Run in release mode: `cargo test --release --test cli`.
+
+use serde_json::Value;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn decode(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_decode"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        pipe.write_all(text.as_bytes()).unwrap();
+    }
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("qkv-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// Exit code 1, one message on stderr that contains `needle`, and no panic.
+fn assert_fails_with(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains(needle), "{needle:?} not in {err:?}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_missing_model_file_is_exit_1_naming_it() {
+    let o = decode(&["--model", "/no/such/model.gguf", "--prompt", "hi"], None);
+    assert_fails_with(&o, "/no/such/model.gguf");
+}
+
+#[test]
+fn a_file_that_is_not_gguf_is_exit_1_naming_it() {
+    let path = temp_file("not-a-model.gguf", b"this is plain text, not a GGUF file\n");
+    let o = decode(&["--model", path.to_str().unwrap(), "--prompt", "hi"], None);
+    assert_fails_with(&o, "not-a-model.gguf");
+    assert!(stderr(&o).contains("GGUF"));
+}
+
+#[test]
+fn a_truncated_gguf_is_exit_1() {
+    let model = qkv::fetch::default_model().unwrap();
+    let bytes = std::fs::read(&model).unwrap();
+    for cut in [10, 4096, bytes.len() / 2] {
+        let path = temp_file(&format!("truncated-{cut}.gguf"), &bytes[..cut]);
+        let o = decode(&["--model", path.to_str().unwrap(), "--prompt", "hi"], None);
+        assert_fails_with(&o, &format!("truncated-{cut}.gguf"));
+    }
+}
+
+#[test]
+fn a_directory_without_config_json_is_exit_1() {
+    let dir = std::env::temp_dir().join(format!("qkv-cli-empty-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = decode(&["--model", dir.to_str().unwrap(), "--prompt", "hi"], None);
+    assert_fails_with(&o, "config.json");
+}
+
+#[test]
+fn bad_arguments_and_an_empty_prompt_are_exit_1() {
+    let o = decode(&["--no-such-flag"], None);
+    assert_eq!(o.status.code(), Some(1));
+    let o = decode(&["--dtype", "f8", "--prompt", "hi"], None);
+    assert_fails_with(&o, "f8");
+    let o = decode(&["--prompt", ""], None);
+    assert_fails_with(&o, "empty");
+    let o = decode(&["convert", "/no/such/in.gguf", "/tmp/out.gguf", "--dtype", "f16"], None);
+    assert_fails_with(&o, "/no/such/in.gguf");
+}
+
+#[test]
+fn json_output_parses_and_says_paris() {
+    let o = decode(
+        &[
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "2",
+            "--temperature",
+            "0",
+            "--json",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let stdout = String::from_utf8(o.stdout.clone()).unwrap();
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    let text: String = lines[..2]
+        .iter()
+        .map(|t| {
+            assert!(t["id"].is_u64() && t["logprob"].as_f64().unwrap() <= 0.0, "{t}");
+            t["text"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(text, " Paris.");
+    let stats = &lines[2]["stats"];
+    assert_eq!(stats["prompt_tokens"], 5);
+    assert_eq!(stats["generated_tokens"], 2);
+    for key in ["load_ms", "prompt_tokens_per_s", "generated_tokens_per_s"] {
+        assert!(stats[key].as_f64().unwrap() > 0.0, "{key}: {stats}");
+    }
+    assert!(stderr(&o).contains("tok/s"));
+}
+
+#[test]
+fn the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
+    let o = decode(
+        &["-n", "2", "--temperature", "0", "--dtype", "f32", "--threads", "1"],
+        Some("The capital of France is"),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(String::from_utf8(o.stdout.clone()).unwrap(), " Paris.\n");
+    let err = stderr(&o);
+    assert!(err.contains("prompt 5 tokens") && err.contains("generated 2 tokens"), "{err}");
+}
+
+#[test]
+fn chat_mode_answers_and_stops_at_the_end_of_turn() {
+    let o = decode(
+        &["--chat", "--prompt", "What is the capital of France?", "--temperature", "0", "-n", "64"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(out.contains("Paris"), "{out:?}");
+    assert!(!out.contains("<|im_end|>"), "{out:?}");
+}
