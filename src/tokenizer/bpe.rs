@@ -202,7 +202,7 @@ mod tests {
         let p = PreTokenizer::new(false);
         assert_eq!(
             words(&p, "Hello world's  end\n\nx  "),
-            ["Hello", " world", "'s", " ", " end", "\n\n", "x", "  "]
+            ["Hello", " world", "'s", " ", " end", "\n", "\n", "x", "  "]
         );
         assert_eq!(words(&p, "a 123 ?!"), ["a", " 123", " ?!"]);
         let p = PreTokenizer::new(true);
