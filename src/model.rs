@@ -176,7 +176,7 @@ fn gguf_config(file: &GgufFile) -> Result<LlamaConfig> {
         Some(_) => u("attention.head_count_kv")?,
         None => heads,
     };
-    let head_dim = if heads == 0 { 0 } else { dim / heads };
+    let head_dim = dim.checked_div(heads).unwrap_or(0);
     if let Some(v) = file.metadata(&key("rope.dimension_count")) {
         if v.as_u32().map(|n| n as usize) != Some(head_dim) {
             return Err(Error::Unsupported(format!(

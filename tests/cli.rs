@@ -84,7 +84,16 @@ fn bad_arguments_and_an_empty_prompt_are_exit_1() {
     assert_fails_with(&o, "f8");
     let o = decode(&["--prompt", ""], None);
     assert_fails_with(&o, "empty");
-    let o = decode(&["convert", "/no/such/in.gguf", "/tmp/out.gguf", "--dtype", "f16"], None);
+    let o = decode(
+        &[
+            "convert",
+            "/no/such/in.gguf",
+            "/tmp/out.gguf",
+            "--dtype",
+            "f16",
+        ],
+        None,
+    );
     assert_fails_with(&o, "/no/such/in.gguf");
 }
 
@@ -112,7 +121,10 @@ fn json_output_parses_and_says_paris() {
     let text: String = lines[..2]
         .iter()
         .map(|t| {
-            assert!(t["id"].is_u64() && t["logprob"].as_f64().unwrap() <= 0.0, "{t}");
+            assert!(
+                t["id"].is_u64() && t["logprob"].as_f64().unwrap() <= 0.0,
+                "{t}"
+            );
             t["text"].as_str().unwrap().to_owned()
         })
         .collect();
@@ -129,19 +141,39 @@ fn json_output_parses_and_says_paris() {
 #[test]
 fn the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
     let o = decode(
-        &["-n", "2", "--temperature", "0", "--dtype", "f32", "--threads", "1"],
+        &[
+            "-n",
+            "2",
+            "--temperature",
+            "0",
+            "--dtype",
+            "f32",
+            "--threads",
+            "1",
+        ],
         Some("The capital of France is"),
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(String::from_utf8(o.stdout.clone()).unwrap(), " Paris.\n");
     let err = stderr(&o);
-    assert!(err.contains("prompt 5 tokens") && err.contains("generated 2 tokens"), "{err}");
+    assert!(
+        err.contains("prompt 5 tokens") && err.contains("generated 2 tokens"),
+        "{err}"
+    );
 }
 
 #[test]
 fn chat_mode_answers_and_stops_at_the_end_of_turn() {
     let o = decode(
-        &["--chat", "--prompt", "What is the capital of France?", "--temperature", "0", "-n", "64"],
+        &[
+            "--chat",
+            "--prompt",
+            "What is the capital of France?",
+            "--temperature",
+            "0",
+            "-n",
+            "64",
+        ],
         None,
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

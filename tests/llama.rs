@@ -193,7 +193,11 @@ fn a_prompt_longer_than_the_prefill_chunk_runs_in_pieces() {
     };
     let mut chunked = Session::new(model.clone(), options).unwrap();
     let b = chunked.prefill(&seq).unwrap();
-    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
     assert!(worst < 1e-3, "max difference {worst}");
 }
 
@@ -202,7 +206,10 @@ fn model_reports_the_smollm_configuration() {
     let model = model_f16();
     let c = model.config();
     assert_eq!((c.dim, c.layers, c.heads, c.kv_heads), (576, 30, 9, 3));
-    assert_eq!((c.head_dim, c.ffn_dim, c.vocab, c.context), (64, 1536, 49152, 8192));
+    assert_eq!(
+        (c.head_dim, c.ffn_dim, c.vocab, c.context),
+        (64, 1536, 49152, 8192)
+    );
     assert_eq!(c.rope_base, 100000.0);
     assert!(model.llama().tied_output());
     assert_eq!(model.llama().dtype(), FloatType::F16);

@@ -72,7 +72,10 @@ const B: [u32; 4] = [7042, 30, 198, 198]; // " Paris.\n\n"
 const C: [u32; 3] = [1350, 3575, 282]; // something else
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -123,7 +126,10 @@ fn a_full_context_is_an_error_and_changes_nothing() {
         context: Some(1 << 20),
         ..SessionOptions::default()
     };
-    assert!(matches!(Session::new(model(), too_big), Err(Error::Config(_))));
+    assert!(matches!(
+        Session::new(model(), too_big),
+        Err(Error::Config(_))
+    ));
 }
 
 #[test]
@@ -133,7 +139,10 @@ fn bad_token_ids_are_errors_and_change_nothing() {
     s.prefill(&A).unwrap();
     let vocab = model().vocab_size() as u32;
     assert!(matches!(s.step(vocab), Err(Error::TokenOutOfRange { id, .. }) if id == vocab));
-    assert!(matches!(s.prefill(&[1, u32::MAX]), Err(Error::TokenOutOfRange { .. })));
+    assert!(matches!(
+        s.prefill(&[1, u32::MAX]),
+        Err(Error::TokenOutOfRange { .. })
+    ));
     assert!(matches!(s.prefill(&[]), Err(Error::Shape(_))));
     assert_eq!(s.position(), 5);
     assert_eq!(argmax(s.step(7042).unwrap()), 30); // "."
@@ -203,7 +212,10 @@ fn a_decode_step_allocates_nothing_after_warm_up() {
                 next = argmax(s.step(next).unwrap());
             }
         });
-        assert!(n <= 1, "{n} allocations in 16 decode steps with a {kv} cache");
+        assert!(
+            n <= 1,
+            "{n} allocations in 16 decode steps with a {kv} cache"
+        );
     }
 }
 
@@ -225,7 +237,8 @@ fn generate_streams_paris_and_stops_at_eos() {
 
     // The chat turn ends with <|im_end|>, the EOS token: generation stops there.
     s.reset();
-    let prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
+    let prompt =
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
     let pieces: Vec<_> = s
         .generate(prompt, SamplerConfig::greedy())
         .unwrap()

@@ -183,7 +183,9 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         None => {
             let mut stdin = std::io::stdin();
             if stdin.is_terminal() {
-                eprintln!("decode: reading the prompt from stdin (end with Ctrl-D), or pass --prompt");
+                eprintln!(
+                    "decode: reading the prompt from stdin (end with Ctrl-D), or pass --prompt"
+                );
             }
             let mut text = String::new();
             stdin
@@ -202,9 +204,7 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     };
     let load_start = Instant::now();
     let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
-    let tokenizer = model
-        .tokenizer()
-        .ok_or("the model has no tokenizer")?;
+    let tokenizer = model.tokenizer().ok_or("the model has no tokenizer")?;
     let options = SessionOptions {
         context: args.ctx,
         kv_dtype: None,

@@ -352,7 +352,12 @@ impl Llama {
     /// A fresh state: a KV cache of `capacity` positions in `kv_dtype`, and scratch for
     /// prefill chunks of up to `chunk` positions. Errors when `capacity` exceeds the model's
     /// context length (the RoPE table ends there) or either is 0.
-    pub fn new_state(&self, capacity: usize, kv_dtype: FloatType, chunk: usize) -> Result<LlamaState> {
+    pub fn new_state(
+        &self,
+        capacity: usize,
+        kv_dtype: FloatType,
+        chunk: usize,
+    ) -> Result<LlamaState> {
         let c = &self.config;
         if capacity == 0 || chunk == 0 {
             return Err(Error::Config(format!(
@@ -538,7 +543,13 @@ impl KvStore {
         Ok(())
     }
 
-    fn view(&self, range: std::ops::Range<usize>, rows: usize, heads: usize, dim: usize) -> KvView<'_> {
+    fn view(
+        &self,
+        range: std::ops::Range<usize>,
+        rows: usize,
+        heads: usize,
+        dim: usize,
+    ) -> KvView<'_> {
         let data = match self {
             KvStore::F32(v) => KvData::F32(&v[range]),
             KvStore::F16(v) => KvData::F16(&v[range]),
@@ -626,9 +637,18 @@ mod tests {
     #[test]
     fn hf_names_follow_transformers() {
         let l = WeightLayout::HuggingFace;
-        assert_eq!(l.layer(3, "attn_q"), "model.layers.3.self_attn.q_proj.weight");
-        assert_eq!(l.layer(0, "ffn_norm"), "model.layers.0.post_attention_layernorm.weight");
-        assert_eq!(WeightLayout::Gguf.layer(7, "ffn_down"), "blk.7.ffn_down.weight");
+        assert_eq!(
+            l.layer(3, "attn_q"),
+            "model.layers.3.self_attn.q_proj.weight"
+        );
+        assert_eq!(
+            l.layer(0, "ffn_norm"),
+            "model.layers.0.post_attention_layernorm.weight"
+        );
+        assert_eq!(
+            WeightLayout::Gguf.layer(7, "ffn_down"),
+            "blk.7.ffn_down.weight"
+        );
     }
 
     #[test]
