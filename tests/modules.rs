@@ -3,7 +3,7 @@
 
 use qkv::nn::{
     Attention, CrossAttention, DenseMask, KeyPadding, Mask, MultiHeadAttention,
-    MultiHeadAttentionWithProbs, MultiHeadCrossAttention, Scope, Seq, SelfAttention,
+    MultiHeadAttentionWithProbs, MultiHeadCrossAttention, Scope, SelfAttention, Seq,
     TransformerAttention,
 };
 use qkv::weights::safetensors::SafeTensorsFile;
@@ -12,7 +12,9 @@ use qkv::Error;
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seq2seq").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/seq2seq")
+        .join(name)
 }
 
 /// A case's weights and its inputs / expected outputs.
@@ -75,7 +77,10 @@ fn safetensors_f32_views_are_mapped_and_named_as_pytorch() {
     assert!(w.is_mapped());
     let mut names = c.weights.names();
     names.sort();
-    assert_eq!(names, ["k.bias", "k.weight", "q.bias", "q.weight", "v.bias", "v.weight"]);
+    assert_eq!(
+        names,
+        ["k.bias", "k.weight", "q.bias", "q.weight", "v.bias", "v.weight"]
+    );
 }
 
 #[test]
@@ -133,11 +138,17 @@ fn hostile_safetensors_files_are_format_errors() {
         ),
         (
             "short-data",
-            with_header(r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#, &[0; 8]),
+            with_header(
+                r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+                &[0; 8],
+            ),
         ),
         (
             "shape-lies",
-            with_header(r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, &[0; 8]),
+            with_header(
+                r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+                &[0; 8],
+            ),
         ),
         (
             "overflow",
@@ -157,7 +168,10 @@ fn hostile_safetensors_files_are_format_errors() {
 
 #[test]
 fn unsupported_dtype_and_missing_tensor_are_typed() {
-    let bytes = with_header(r#"{"i":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}}"#, &[0; 8]);
+    let bytes = with_header(
+        r#"{"i":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}}"#,
+        &[0; 8],
+    );
     let p = write_tmp("i32", &bytes);
     let f = SafeTensorsFile::open(&p).unwrap();
     std::fs::remove_file(&p).ok();
@@ -224,13 +238,33 @@ fn check_attn001(name: &str, tol: f32) {
     let none = Mask::none();
     let run = |a, b, mask: &Mask<'_>, causal| m.forward(a, b, b, mask, causal).unwrap();
     assert_close(run(q, q, &none, false).data(), &c.get("self"), tol, "self");
-    assert_close(run(q, kv, &none, false).data(), &c.get("cross"), tol, "cross");
-    assert_close(run(q, q, &none, true).data(), &c.get("causal"), tol, "causal");
-    assert_close(run(q, kv, &none, true).data(), &c.get("causal_cross"), tol, "causal, Tq≠Tk");
+    assert_close(
+        run(q, kv, &none, false).data(),
+        &c.get("cross"),
+        tol,
+        "cross",
+    );
+    assert_close(
+        run(q, q, &none, true).data(),
+        &c.get("causal"),
+        tol,
+        "causal",
+    );
+    assert_close(
+        run(q, kv, &none, true).data(),
+        &c.get("causal_cross"),
+        tol,
+        "causal, Tq≠Tk",
+    );
     let dense = DenseMask::shared(c.flags("dense_keep"), 4, 6).unwrap();
     let dm = Mask::none().with_dense(&dense);
     assert_close(run(q, kv, &dm, false).data(), &c.get("dense"), tol, "dense");
-    assert_close(run(q, kv, &dm, true).data(), &c.get("dense_causal"), tol, "dense+causal");
+    assert_close(
+        run(q, kv, &dm, true).data(),
+        &c.get("dense_causal"),
+        tol,
+        "dense+causal",
+    );
 }
 
 #[test]
@@ -267,10 +301,17 @@ fn seed003_multi_head_cross_attention_8_heads() {
     let (q, kv) = (c.get("q"), c.get("kv"));
     let (q, kv) = (seq(&q, &c.shape("q")), seq(&kv, &c.shape("kv")));
     let pads = KeyPadding::from_lengths(&c.lengths("src_lengths"), 7).unwrap();
-    let y = m.forward(q, kv, kv, &Mask::none().with_padding(&pads)).unwrap();
+    let y = m
+        .forward(q, kv, kv, &Mask::none().with_padding(&pads))
+        .unwrap();
     assert_close(y.data(), &c.get("out"), F32_TOL, "cross003");
     let y = m.forward(q, kv, kv, &Mask::none()).unwrap();
-    assert_close(y.data(), &c.get("out_unmasked"), F32_TOL, "cross003 unmasked");
+    assert_close(
+        y.data(),
+        &c.get("out_unmasked"),
+        F32_TOL,
+        "cross003 unmasked",
+    );
 }
 
 #[test]
@@ -280,7 +321,9 @@ fn seed004_attention_padding_and_causal() {
     let x = c.get("x");
     let xs = seq(&x, &c.shape("x"));
     let pads = KeyPadding::from_lengths(&c.lengths("lengths"), 5).unwrap();
-    let y = m.forward(xs, xs, xs, &Mask::none().with_padding(&pads)).unwrap();
+    let y = m
+        .forward(xs, xs, xs, &Mask::none().with_padding(&pads))
+        .unwrap();
     assert_close(y.data(), &c.get("out_padded"), F32_TOL, "mha004 padded");
     let y = m
         .forward(xs, xs, xs, &Mask::none().with_padding(&pads).with_causal())
@@ -297,9 +340,13 @@ fn fully_masked_rows_return_zeros() {
     let mut keep = vec![true; 15];
     keep[5..10].fill(false); // sequence 1: every key is padding
     let pads = KeyPadding::from_flags(keep, 3, 5).unwrap();
-    let y = m.forward(seq(&x, &[3, 5, 12]), &Mask::none().with_padding(&pads)).unwrap();
+    let y = m
+        .forward(seq(&x, &[3, 5, 12]), &Mask::none().with_padding(&pads))
+        .unwrap();
     assert!(y.data()[30..60].iter().all(|&v| v == 0.0));
-    assert!(y.data()[..30].iter().all(|v| v.is_finite()) && y.data()[..30].iter().any(|&v| v != 0.0));
+    assert!(
+        y.data()[..30].iter().all(|v| v.is_finite()) && y.data()[..30].iter().any(|&v| v != 0.0)
+    );
 }
 
 #[test]
@@ -307,11 +354,20 @@ fn errors_are_typed_and_name_the_culprit() {
     let c = Case::open("mha000");
     let s = c.scope();
     // Heads that do not divide the projection sizes.
-    assert!(matches!(MultiHeadAttention::load(&s, 16, 3, 16, 24), Err(Error::Config(m)) if m.contains("dim_qk")));
-    assert!(matches!(MultiHeadAttention::load(&s, 16, 0, 16, 24), Err(Error::Config(_))));
+    assert!(
+        matches!(MultiHeadAttention::load(&s, 16, 3, 16, 24), Err(Error::Config(m)) if m.contains("dim_qk"))
+    );
+    assert!(matches!(
+        MultiHeadAttention::load(&s, 16, 0, 16, 24),
+        Err(Error::Config(_))
+    ));
     // A shape that disagrees with the configuration.
     match MultiHeadAttention::load(&s, 16, 8, 16, 16) {
-        Err(Error::TensorShape { name, expected, actual }) => {
+        Err(Error::TensorShape {
+            name,
+            expected,
+            actual,
+        }) => {
             assert_eq!(name, "v.weight");
             assert_eq!((expected, actual), (vec![16, 16], vec![24, 16]));
         }
@@ -327,18 +383,39 @@ fn errors_are_typed_and_name_the_culprit() {
     let xs = seq(&x, &[3, 5, 16]);
     // Masks of the wrong shape.
     let pads = KeyPadding::from_lengths(&[5, 5], 5).unwrap();
-    assert!(matches!(m.forward(xs, &Mask::none().with_padding(&pads)), Err(Error::Shape(_))));
+    assert!(matches!(
+        m.forward(xs, &Mask::none().with_padding(&pads)),
+        Err(Error::Shape(_))
+    ));
     let pads = KeyPadding::from_lengths(&[5, 5, 5], 6).unwrap();
-    assert!(matches!(m.forward(xs, &Mask::none().with_padding(&pads)), Err(Error::Shape(_))));
+    assert!(matches!(
+        m.forward(xs, &Mask::none().with_padding(&pads)),
+        Err(Error::Shape(_))
+    ));
     let dense = DenseMask::shared(vec![true; 20], 4, 5).unwrap();
-    assert!(matches!(m.forward(xs, &Mask::none().with_dense(&dense)), Err(Error::Shape(_))));
+    assert!(matches!(
+        m.forward(xs, &Mask::none().with_dense(&dense)),
+        Err(Error::Shape(_))
+    ));
     let dense = DenseMask::per_batch(vec![true; 50], 2, 5, 5).unwrap();
-    assert!(matches!(m.forward(xs, &Mask::none().with_dense(&dense)), Err(Error::Shape(_))));
-    assert!(matches!(KeyPadding::from_lengths(&[6], 5), Err(Error::Shape(_))));
-    assert!(matches!(KeyPadding::from_flags(vec![true; 4], 1, 5), Err(Error::Shape(_))));
+    assert!(matches!(
+        m.forward(xs, &Mask::none().with_dense(&dense)),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        KeyPadding::from_lengths(&[6], 5),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        KeyPadding::from_flags(vec![true; 4], 1, 5),
+        Err(Error::Shape(_))
+    ));
     // Inputs of the wrong shape.
     assert!(matches!(Seq::new(&x, 3, 5, 15), Err(Error::Shape(_))));
-    assert!(matches!(m.forward(seq(&x[..60], &[1, 5, 12]), &Mask::none()), Err(Error::Shape(_))));
+    assert!(matches!(
+        m.forward(seq(&x[..60], &[1, 5, 12]), &Mask::none()),
+        Err(Error::Shape(_))
+    ));
     let cross = CrossAttention::load(&Case::open("cross000").scope(), 12, 8, 10).unwrap();
     let a = vec![0.0; 2 * 3 * 12];
     let b = vec![0.0; 3 * 3 * 12];

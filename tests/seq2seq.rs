@@ -9,7 +9,9 @@ use qkv::Error;
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seq2seq").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/seq2seq")
+        .join(name)
 }
 
 struct Case {
@@ -31,7 +33,10 @@ impl Case {
     where
         T::Error: std::fmt::Debug,
     {
-        self.get(name).iter().map(|&v| T::try_from(v as u64).unwrap()).collect()
+        self.get(name)
+            .iter()
+            .map(|&v| T::try_from(v as u64).unwrap())
+            .collect()
     }
     fn meta(&self, key: &str) -> usize {
         self.io.metadata()[key].parse().unwrap()
@@ -51,7 +56,10 @@ fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
         .iter()
         .zip(want)
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(err <= tol * scale, "{what}: max error {err:e} > {tol:e} × {scale:e}");
+    assert!(
+        err <= tol * scale,
+        "{what}: max error {err:e} > {tol:e} × {scale:e}"
+    );
 }
 
 const B: usize = 3;
@@ -62,7 +70,10 @@ fn teacher_forced(name: &str, tol: f32) {
     let c = Case::open(name);
     let m = c.model();
     let (src, tgt) = (c.ints::<u32>("src"), c.ints::<u32>("tgt"));
-    let (sl, tl) = (c.ints::<usize>("src_lengths"), c.ints::<usize>("tgt_lengths"));
+    let (sl, tl) = (
+        c.ints::<usize>("src_lengths"),
+        c.ints::<usize>("tgt_lengths"),
+    );
     let src = TokenBatch::new(&src, B, S, &sl).unwrap();
     let tgt = TokenBatch::new(&tgt, B, T, &tl).unwrap();
     let logits = m.forward(&src, &tgt).unwrap();
@@ -103,9 +114,22 @@ fn step_by_step(name: &str, tol: f32) {
     }
     assert_eq!(state.position(), T);
     // The cache is full: one more step is a typed error, not a panic.
-    assert!(matches!(m.step(&mut state, &[0, 0, 0]), Err(Error::ContextFull { .. })));
-    assert_close(&stepped, forced.data(), 1e-5, "step-by-step vs teacher-forced");
-    assert_close(&stepped, &c.get("logits_full"), tol, "step-by-step vs PyTorch");
+    assert!(matches!(
+        m.step(&mut state, &[0, 0, 0]),
+        Err(Error::ContextFull { .. })
+    ));
+    assert_close(
+        &stepped,
+        forced.data(),
+        1e-5,
+        "step-by-step vs teacher-forced",
+    );
+    assert_close(
+        &stepped,
+        &c.get("logits_full"),
+        tol,
+        "step-by-step vs PyTorch",
+    );
 }
 
 #[test]
@@ -124,7 +148,11 @@ fn greedy(name: &str) {
     let src = c.ints::<u32>("src");
     let sl = c.ints::<usize>("src_lengths");
     let src = TokenBatch::new(&src, B, S, &sl).unwrap();
-    let (bos, eos, max_len) = (c.meta("bos") as u32, c.meta("eos") as u32, c.meta("max_len"));
+    let (bos, eos, max_len) = (
+        c.meta("bos") as u32,
+        c.meta("eos") as u32,
+        c.meta("max_len"),
+    );
     let got = m.greedy(&src, bos, eos, max_len).unwrap();
     let flat = c.ints::<u32>("greedy_tokens");
     let lens = c.ints::<usize>("greedy_lengths");
@@ -183,21 +211,36 @@ fn errors_are_typed() {
     let c = Case::open("seq2seq");
     let cfg = c.config();
     // Heads not dividing d_model.
-    let bad = Seq2SeqConfig { heads: 3, ..cfg.clone() };
-    assert!(matches!(Seq2Seq::load(&c.weights, bad), Err(Error::Config(_))));
+    let bad = Seq2SeqConfig {
+        heads: 3,
+        ..cfg.clone()
+    };
+    assert!(matches!(
+        Seq2Seq::load(&c.weights, bad),
+        Err(Error::Config(_))
+    ));
     // A shape disagreeing with the configuration, named.
-    let bad = Seq2SeqConfig { src_vocab: 24, ..cfg.clone() };
+    let bad = Seq2SeqConfig {
+        src_vocab: 24,
+        ..cfg.clone()
+    };
     match Seq2Seq::load(&c.weights, bad) {
         Err(Error::TensorShape { name, .. }) => assert_eq!(name, "src_embedding.weight"),
         other => panic!("{other:?}"),
     }
-    let bad = Seq2SeqConfig { max_src_len: 20, ..cfg.clone() };
+    let bad = Seq2SeqConfig {
+        max_src_len: 20,
+        ..cfg.clone()
+    };
     match Seq2Seq::load(&c.weights, bad) {
         Err(Error::TensorShape { name, .. }) => assert_eq!(name, "Encoder.pos_embedding.pe"),
         other => panic!("{other:?}"),
     }
     // A missing tensor, named.
-    let bad = Seq2SeqConfig { encoder_layers: 3, ..cfg.clone() };
+    let bad = Seq2SeqConfig {
+        encoder_layers: 3,
+        ..cfg.clone()
+    };
     match Seq2Seq::load(&c.weights, bad) {
         Err(Error::MissingTensor { name }) => assert_eq!(name, "Encoder.Layers.2.attn.wq.weight"),
         other => panic!("{other:?}"),
@@ -208,23 +251,49 @@ fn errors_are_typed() {
     // Token ids outside the vocabularies.
     let lens = [2];
     let src = TokenBatch::new(&[3, 23], 1, 2, &lens).unwrap();
-    assert!(matches!(m.encode(&src), Err(Error::TokenOutOfRange { id: 23, vocab: 23 })));
+    assert!(matches!(
+        m.encode(&src),
+        Err(Error::TokenOutOfRange { id: 23, vocab: 23 })
+    ));
     let src = TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap();
-    assert!(matches!(m.greedy(&src, 19, 2, 5), Err(Error::TokenOutOfRange { id: 19, .. })));
+    assert!(matches!(
+        m.greedy(&src, 19, 2, 5),
+        Err(Error::TokenOutOfRange { id: 19, .. })
+    ));
     let memory = m.encode(&src).unwrap();
     let mut state = m.start(memory, 4).unwrap();
-    assert!(matches!(m.step(&mut state, &[40]), Err(Error::TokenOutOfRange { id: 40, vocab: 19 })));
+    assert!(matches!(
+        m.step(&mut state, &[40]),
+        Err(Error::TokenOutOfRange { id: 40, vocab: 19 })
+    ));
     // Wrong batch / lengths / mask shapes.
     assert!(matches!(m.step(&mut state, &[1, 2]), Err(Error::Shape(_))));
-    assert!(matches!(TokenBatch::new(&[3, 4], 1, 2, &[3]), Err(Error::Shape(_))));
-    assert!(matches!(TokenBatch::new(&[3, 4], 1, 2, &[0]), Err(Error::Shape(_))));
-    assert!(matches!(TokenBatch::new(&[3, 4], 2, 2, &[1, 1]), Err(Error::Shape(_))));
+    assert!(matches!(
+        TokenBatch::new(&[3, 4], 1, 2, &[3]),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        TokenBatch::new(&[3, 4], 1, 2, &[0]),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        TokenBatch::new(&[3, 4], 2, 2, &[1, 1]),
+        Err(Error::Shape(_))
+    ));
     let pads = KeyPadding::from_lengths(&[1, 1], 2).unwrap();
-    assert!(matches!(m.encode_with_padding(&[3, 4], 1, 2, pads), Err(Error::Shape(_))));
+    assert!(matches!(
+        m.encode_with_padding(&[3, 4], 1, 2, pads),
+        Err(Error::Shape(_))
+    ));
     // Too long for the positional encoding / cache.
     let long = vec![1u32; 13];
     let src = TokenBatch::new(&long, 1, 13, &[13]).unwrap();
     assert!(matches!(m.encode(&src), Err(Error::ContextFull { .. })));
-    let memory = m.encode(&TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap()).unwrap();
-    assert!(matches!(m.start(memory, 13), Err(Error::ContextFull { .. })));
+    let memory = m
+        .encode(&TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap())
+        .unwrap();
+    assert!(matches!(
+        m.start(memory, 13),
+        Err(Error::ContextFull { .. })
+    ));
 }

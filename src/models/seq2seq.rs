@@ -115,16 +115,19 @@ impl Seq2SeqConfig {
             let v = meta
                 .get(key)
                 .ok_or_else(|| Error::Config(format!("seq2seq: metadata lacks `{key}`")))?;
-            v.trim()
-                .parse()
-                .map_err(|_| Error::Config(format!("seq2seq: metadata `{key}` = {v:?} is not an integer")))
+            v.trim().parse().map_err(|_| {
+                Error::Config(format!(
+                    "seq2seq: metadata `{key}` = {v:?} is not an integer"
+                ))
+            })
         };
         let norm_eps = match meta.get("norm_eps") {
             None => 1e-5,
-            Some(v) => v
-                .trim()
-                .parse()
-                .map_err(|_| Error::Config(format!("seq2seq: metadata `norm_eps` = {v:?} is not a number")))?,
+            Some(v) => v.trim().parse().map_err(|_| {
+                Error::Config(format!(
+                    "seq2seq: metadata `norm_eps` = {v:?} is not a number"
+                ))
+            })?,
         };
         let cfg = Seq2SeqConfig {
             d_model: int("d_model")?,
@@ -429,10 +432,14 @@ impl Seq2Seq {
         let cross_mask = Mask::none().with_padding(src_padding);
         for layer in &self.decoder {
             let h = layer.norm1.forward(x.view())?;
-            let a = layer.self_attn.forward(h.view(), h.view(), h.view(), &self_mask)?;
+            let a = layer
+                .self_attn
+                .forward(h.view(), h.view(), h.view(), &self_mask)?;
             add(x.data_mut(), a.data())?;
             let h = layer.norm2.forward(x.view())?;
-            let c = layer.cross_attn.forward(h.view(), enc_out, enc_out, &cross_mask)?;
+            let c = layer
+                .cross_attn
+                .forward(h.view(), enc_out, enc_out, &cross_mask)?;
             add(x.data_mut(), c.data())?;
             let h = layer.norm3.forward(x.view())?;
             let f = layer.ffn.forward(h.view())?;
@@ -502,7 +509,13 @@ impl Seq2Seq {
         memory: &EncoderMemory,
         tgt: &TokenBatch<'_>,
     ) -> Result<SeqBuf> {
-        self.decode_teacher_forced_with_padding(memory, tgt.ids, tgt.batch, tgt.len, &tgt.padding()?)
+        self.decode_teacher_forced_with_padding(
+            memory,
+            tgt.ids,
+            tgt.batch,
+            tgt.len,
+            &tgt.padding()?,
+        )
     }
 
     /// As [`Seq2Seq::decode_teacher_forced`] with explicit target padding flags.
@@ -645,7 +658,8 @@ impl Seq2Seq {
                 .forward_into(&state.h, b, &mut state.ffn_hidden, &mut state.delta)?;
             add(&mut state.x, &state.delta)?;
         }
-        self.generator.forward_into(&state.x, b, &mut state.logits)?;
+        self.generator
+            .forward_into(&state.x, b, &mut state.logits)?;
         state.pos += 1;
         Ok(&state.logits)
     }
@@ -656,7 +670,13 @@ impl Seq2Seq {
     ///
     /// Errors: [`Error::TokenOutOfRange`] when `bos` or `eos` lie outside the target
     /// vocabulary, [`Error::ContextFull`] when `max_len > max_tgt_len`.
-    pub fn greedy(&self, src: &TokenBatch<'_>, bos: u32, eos: u32, max_len: usize) -> Result<Vec<Vec<u32>>> {
+    pub fn greedy(
+        &self,
+        src: &TokenBatch<'_>,
+        bos: u32,
+        eos: u32,
+        max_len: usize,
+    ) -> Result<Vec<Vec<u32>>> {
         for id in [bos, eos] {
             if id as usize >= self.cfg.tgt_vocab {
                 return Err(Error::TokenOutOfRange {

@@ -25,24 +25,25 @@
 //! struct Dict(HashMap<String, (Vec<usize>, Vec<f32>)>);
 //! impl TensorSource for Dict {
 //!     fn tensor(&self, name: &str) -> qkv::Result<Tensor> {
-//!         let (shape, data) = self.0.get(name).ok_or(qkv::Error::MissingTensor { name: name.into() })?;
+//!         let missing = || qkv::Error::MissingTensor { name: name.into() };
+//!         let (shape, data) = self.0.get(name).ok_or_else(missing)?;
 //!         Tensor::from_f32(name, shape.clone(), data.clone())
 //!     }
-//!     fn contains(&self, name: &str) -> bool { self.0.contains_key(name) }
-//!     fn names(&self) -> Vec<String> { self.0.keys().cloned().collect() }
+//!     fn contains(&self, name: &str) -> bool {
+//!         self.0.contains_key(name)
+//!     }
+//!     fn names(&self) -> Vec<String> {
+//!         self.0.keys().cloned().collect()
+//!     }
 //! }
 //! let eye = (vec![2, 2], vec![1.0, 0.0, 0.0, 1.0]);
-//! let dict = Dict(["q", "k", "v", "out"].iter().map(|n| (format!("{n}.weight"), eye.clone())).collect());
+//! let names = ["q", "k", "v", "out"].iter();
+//! let dict = Dict(names.map(|n| (format!("{n}.weight"), eye.clone())).collect());
 //!
-//! # fn main() {}
-//! # fn run(dict: &Dict) -> qkv::Result<()> {
-//! let mha = MultiHeadAttention::load(&Scope::new(dict), 2, 2, 2, 2)?;
+//! let mha = MultiHeadAttention::load(&Scope::new(&dict), 2, 2, 2, 2).unwrap();
 //! let x = [1.0, 2.0, 3.0, 4.0]; // B = 1, T = 2, D = 2
-//! let y = mha.forward(Seq::new(&x, 1, 2, 2)?, &Mask::none().with_causal())?;
+//! let y = mha.forward(Seq::new(&x, 1, 2, 2).unwrap(), &Mask::none().with_causal()).unwrap();
 //! assert_eq!(&y.data()[..2], &[1.0, 2.0]); // position 0 sees only itself
-//! # Ok(())
-//! # }
-//! # run(&dict).unwrap();
 //! ```
 
 use super::{Linear, Mask, Scope, Seq, SeqBuf};
@@ -95,7 +96,11 @@ impl AttentionCore {
     ///
     /// Errors: [`Error::Config`] when `heads` is zero or does not divide `dim_qk` and
     /// `dim_v`; [`Error::MissingTensor`] / [`Error::TensorShape`] from the weights.
-    pub fn load(scope: &Scope<'_>, names: ProjectionNames<'_>, dims: AttentionDims) -> Result<Self> {
+    pub fn load(
+        scope: &Scope<'_>,
+        names: ProjectionNames<'_>,
+        dims: AttentionDims,
+    ) -> Result<Self> {
         let AttentionDims {
             q_in,
             kv_in,
@@ -105,7 +110,10 @@ impl AttentionCore {
             out_dim,
         } = dims;
         if heads == 0 {
-            return Err(Error::Config(format!("{}: heads must be at least 1", scope.name("*"))));
+            return Err(Error::Config(format!(
+                "{}: heads must be at least 1",
+                scope.name("*")
+            )));
         }
         for (what, d) in [("dim_qk", dim_qk), ("dim_v", dim_v)] {
             if d == 0 || d % heads != 0 {
@@ -127,13 +135,7 @@ impl AttentionCore {
                 ))
             }
         };
-        Ok(AttentionCore {
-            q,
-            k,
-            v,
-            out,
-            dims,
-        })
+        Ok(AttentionCore { q, k, v, out, dims })
     }
 
     /// The sizes.
@@ -223,7 +225,13 @@ impl AttentionCore {
         }
     }
 
-    fn check_inputs(&self, query: Seq<'_>, key: Seq<'_>, value: Seq<'_>, mask: &Mask<'_>) -> Result<()> {
+    fn check_inputs(
+        &self,
+        query: Seq<'_>,
+        key: Seq<'_>,
+        value: Seq<'_>,
+        mask: &Mask<'_>,
+    ) -> Result<()> {
         let d = self.dims;
         if query.batch() != key.batch() || key.batch() != value.batch() {
             return Err(Error::Shape(format!(
@@ -280,7 +288,9 @@ impl AttentionCore {
             let c = &mut ctx[i * tq * d.dim_v..(i + 1) * tq * d.dim_v];
             match probs.as_deref_mut() {
                 None => self.attend(&qv, &kv, &vv, &m, c)?,
-                Some(p) => p.extend(qkv_kernels::attention_with_probs(&qv, &kv, &vv, &m, None, c)?),
+                Some(p) => p.extend(qkv_kernels::attention_with_probs(
+                    &qv, &kv, &vv, &m, None, c,
+                )?),
             }
         }
         let mut out = vec![0.0; b * tq * self.out_dim()];
@@ -292,7 +302,13 @@ impl AttentionCore {
     /// `key`, `value` `[B, T_k, kv_in]`, giving `[B, T_q, out_dim]`.
     ///
     /// Errors: [`Error::Shape`] when batch sizes, lengths, features or the mask disagree.
-    pub fn forward(&self, query: Seq<'_>, key: Seq<'_>, value: Seq<'_>, mask: &Mask<'_>) -> Result<SeqBuf> {
+    pub fn forward(
+        &self,
+        query: Seq<'_>,
+        key: Seq<'_>,
+        value: Seq<'_>,
+        mask: &Mask<'_>,
+    ) -> Result<SeqBuf> {
         self.run(query, key, value, mask, None)
     }
 
@@ -330,9 +346,23 @@ pub struct SelfAttention {
 impl SelfAttention {
     /// Loads `q`, `k`, `v` under `scope`.
     pub fn load(scope: &Scope<'_>, input_dim: usize, dim_qk: usize, dim_v: usize) -> Result<Self> {
-        let names = ProjectionNames { q: "q", k: "k", v: "v", out: None };
-        let dims = AttentionDims { q_in: input_dim, kv_in: input_dim, dim_qk, dim_v, heads: 1, out_dim: None };
-        Ok(SelfAttention { core: AttentionCore::load(scope, names, dims)? })
+        let names = ProjectionNames {
+            q: "q",
+            k: "k",
+            v: "v",
+            out: None,
+        };
+        let dims = AttentionDims {
+            q_in: input_dim,
+            kv_in: input_dim,
+            dim_qk,
+            dim_v,
+            heads: 1,
+            out_dim: None,
+        };
+        Ok(SelfAttention {
+            core: AttentionCore::load(scope, names, dims)?,
+        })
     }
 
     /// Self-attention of `x` (the seed has no mask; pass [`Mask::none`] for it).
@@ -353,8 +383,19 @@ pub struct MultiHeadAttention {
 impl MultiHeadAttention {
     /// Loads `q`, `k`, `v`, `out` under `scope`. [`Error::Config`] when `num_heads` does not
     /// divide `dim_qk` and `dim_v`.
-    pub fn load(scope: &Scope<'_>, input_dim: usize, num_heads: usize, dim_qk: usize, dim_v: usize) -> Result<Self> {
-        let names = ProjectionNames { q: "q", k: "k", v: "v", out: Some("out") };
+    pub fn load(
+        scope: &Scope<'_>,
+        input_dim: usize,
+        num_heads: usize,
+        dim_qk: usize,
+        dim_v: usize,
+    ) -> Result<Self> {
+        let names = ProjectionNames {
+            q: "q",
+            k: "k",
+            v: "v",
+            out: Some("out"),
+        };
         let dims = AttentionDims {
             q_in: input_dim,
             kv_in: input_dim,
@@ -363,7 +404,9 @@ impl MultiHeadAttention {
             heads: num_heads,
             out_dim: Some(input_dim),
         };
-        Ok(MultiHeadAttention { core: AttentionCore::load(scope, names, dims)? })
+        Ok(MultiHeadAttention {
+            core: AttentionCore::load(scope, names, dims)?,
+        })
     }
 
     /// Multi-head self-attention of `x`.
@@ -384,15 +427,35 @@ pub struct CrossAttention {
 impl CrossAttention {
     /// Loads `q`, `k`, `v` under `scope`.
     pub fn load(scope: &Scope<'_>, input_dim: usize, dim_qk: usize, dim_v: usize) -> Result<Self> {
-        let names = ProjectionNames { q: "q", k: "k", v: "v", out: None };
-        let dims = AttentionDims { q_in: input_dim, kv_in: input_dim, dim_qk, dim_v, heads: 1, out_dim: None };
-        Ok(CrossAttention { core: AttentionCore::load(scope, names, dims)? })
+        let names = ProjectionNames {
+            q: "q",
+            k: "k",
+            v: "v",
+            out: None,
+        };
+        let dims = AttentionDims {
+            q_in: input_dim,
+            kv_in: input_dim,
+            dim_qk,
+            dim_v,
+            heads: 1,
+            out_dim: None,
+        };
+        Ok(CrossAttention {
+            core: AttentionCore::load(scope, names, dims)?,
+        })
     }
 
     /// `[B, T_q, dim_v]` for `decoder_input` `[B, T_q, input_dim]` attending over
     /// `encoder_input` `[B, T_k, input_dim]` (argument order as in the seed).
-    pub fn forward(&self, encoder_input: Seq<'_>, decoder_input: Seq<'_>, mask: &Mask<'_>) -> Result<SeqBuf> {
-        self.core.forward(decoder_input, encoder_input, encoder_input, mask)
+    pub fn forward(
+        &self,
+        encoder_input: Seq<'_>,
+        decoder_input: Seq<'_>,
+        mask: &Mask<'_>,
+    ) -> Result<SeqBuf> {
+        self.core
+            .forward(decoder_input, encoder_input, encoder_input, mask)
     }
 
     core_access!();
@@ -408,7 +471,12 @@ pub struct MultiHeadCrossAttention {
 impl MultiHeadCrossAttention {
     /// Loads the four projections under `scope`.
     pub fn load(scope: &Scope<'_>, embed_dim: usize, num_heads: usize) -> Result<Self> {
-        let names = ProjectionNames { q: "q_proj", k: "k_proj", v: "v_proj", out: Some("out_proj") };
+        let names = ProjectionNames {
+            q: "q_proj",
+            k: "k_proj",
+            v: "v_proj",
+            out: Some("out_proj"),
+        };
         let dims = AttentionDims {
             q_in: embed_dim,
             kv_in: embed_dim,
@@ -417,12 +485,20 @@ impl MultiHeadCrossAttention {
             heads: num_heads,
             out_dim: Some(embed_dim),
         };
-        Ok(MultiHeadCrossAttention { core: AttentionCore::load(scope, names, dims)? })
+        Ok(MultiHeadCrossAttention {
+            core: AttentionCore::load(scope, names, dims)?,
+        })
     }
 
     /// `query` `[B, T_q, E]` over `key`, `value` `[B, T_k, E]`. The seed's `mask == 0` means
     /// blocked; here build a [`Mask`] whose `true` means visible.
-    pub fn forward(&self, query: Seq<'_>, key: Seq<'_>, value: Seq<'_>, mask: &Mask<'_>) -> Result<SeqBuf> {
+    pub fn forward(
+        &self,
+        query: Seq<'_>,
+        key: Seq<'_>,
+        value: Seq<'_>,
+        mask: &Mask<'_>,
+    ) -> Result<SeqBuf> {
         self.core.forward(query, key, value, mask)
     }
 
@@ -439,7 +515,12 @@ pub struct Attention {
 impl Attention {
     /// Loads the four projections under `scope`.
     pub fn load(scope: &Scope<'_>, dim: usize, num_heads: usize) -> Result<Self> {
-        let names = ProjectionNames { q: "query", k: "key", v: "value", out: Some("out") };
+        let names = ProjectionNames {
+            q: "query",
+            k: "key",
+            v: "value",
+            out: Some("out"),
+        };
         let dims = AttentionDims {
             q_in: dim,
             kv_in: dim,
@@ -448,7 +529,9 @@ impl Attention {
             heads: num_heads,
             out_dim: Some(dim),
         };
-        Ok(Attention { core: AttentionCore::load(scope, names, dims)? })
+        Ok(Attention {
+            core: AttentionCore::load(scope, names, dims)?,
+        })
     }
 
     /// `forward(query, key, value, mask, causal)`: `causal` adds top-left causal masking to
@@ -478,7 +561,12 @@ pub struct MultiHeadAttentionWithProbs {
 impl MultiHeadAttentionWithProbs {
     /// Loads the four projections under `scope`.
     pub fn load(scope: &Scope<'_>, d_model: usize, h: usize) -> Result<Self> {
-        let names = ProjectionNames { q: "w_q", k: "w_k", v: "w_v", out: Some("w_o") };
+        let names = ProjectionNames {
+            q: "w_q",
+            k: "w_k",
+            v: "w_v",
+            out: Some("w_o"),
+        };
         let dims = AttentionDims {
             q_in: d_model,
             kv_in: d_model,
@@ -487,7 +575,9 @@ impl MultiHeadAttentionWithProbs {
             heads: h,
             out_dim: Some(d_model),
         };
-        Ok(MultiHeadAttentionWithProbs { core: AttentionCore::load(scope, names, dims)? })
+        Ok(MultiHeadAttentionWithProbs {
+            core: AttentionCore::load(scope, names, dims)?,
+        })
     }
 
     /// `(output [B, L, d_model], A [B, h, L, L])` for `x` `[B, L, d_model]`.
@@ -508,7 +598,12 @@ pub struct TransformerAttention {
 impl TransformerAttention {
     /// Loads the four projections under `scope`.
     pub fn load(scope: &Scope<'_>, hidden: usize, num_heads: usize) -> Result<Self> {
-        let names = ProjectionNames { q: "wq", k: "wk", v: "wv", out: Some("output_layer") };
+        let names = ProjectionNames {
+            q: "wq",
+            k: "wk",
+            v: "wv",
+            out: Some("output_layer"),
+        };
         let dims = AttentionDims {
             q_in: hidden,
             kv_in: hidden,
@@ -517,7 +612,9 @@ impl TransformerAttention {
             heads: num_heads,
             out_dim: Some(hidden),
         };
-        Ok(TransformerAttention { core: AttentionCore::load(scope, names, dims)? })
+        Ok(TransformerAttention {
+            core: AttentionCore::load(scope, names, dims)?,
+        })
     }
 
     /// `q` `[B, q_len, hidden]` over `k`, `v` `[B, k_len, hidden]`. The seed's separate

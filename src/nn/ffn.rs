@@ -15,7 +15,9 @@ impl FeedForward {
     /// Loads `linear1` `[scale·hidden, hidden]` and `linear2` `[hidden, scale·hidden]`.
     pub fn load(scope: &Scope<'_>, hidden: usize, scale: usize) -> Result<Self> {
         if scale == 0 {
-            return Err(Error::Config("feed-forward scale must be at least 1".into()));
+            return Err(Error::Config(
+                "feed-forward scale must be at least 1".into(),
+            ));
         }
         let inner = hidden * scale;
         Ok(FeedForward {

@@ -18,9 +18,11 @@
 //! use qkv::weights::TensorSource;
 //! # fn main() -> qkv::Result<()> {
 //! // A file with one f32 tensor `w` of shape [2]: 8-byte header length, JSON header, data.
-//! let header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+//! // The header is space-padded to a multiple of 8 bytes, as writers do, so the data is aligned.
+//! let mut header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#.to_vec();
+//! header.resize(header.len().next_multiple_of(8), b' ');
 //! let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-//! bytes.extend_from_slice(header);
+//! bytes.extend_from_slice(&header);
 //! bytes.extend_from_slice(&1.5f32.to_le_bytes());
 //! bytes.extend_from_slice(&(-2.0f32).to_le_bytes());
 //! let path = std::env::temp_dir().join(format!("qkv-doc-{}.safetensors", std::process::id()));
