@@ -240,13 +240,21 @@ fn hf_config(path: &Path, text: &str) -> Result<LlamaConfig> {
                 .ok_or_else(|| bad(format!("`{k}` is not a number"))),
         }
     };
-    if !json["rope_scaling"].is_null() {
+    // transformers < 5 writes `rope_theta` and `rope_scaling`; 5 nests both in
+    // `rope_parameters` (`rope_theta`, `rope_type`). Only plain RoPE is implemented.
+    let rope = &json["rope_parameters"];
+    let rope_type = rope["rope_type"].as_str().unwrap_or("default");
+    if !json["rope_scaling"].is_null() || rope_type != "default" {
         return Err(Error::Unsupported(format!(
-            "{}: rope_scaling {}",
+            "{}: RoPE scaling (rope_scaling {}, rope_type `{rope_type}`)",
             path.display(),
             json["rope_scaling"]
         )));
     }
+    let rope_base = match rope["rope_theta"].as_f64() {
+        Some(theta) => theta as f32,
+        None => float("rope_theta", 10000.0)?,
+    };
     let dim = uint("hidden_size")?;
     let heads = uint("num_attention_heads")?;
     let kv_heads = if json["num_key_value_heads"].is_null() {
@@ -268,7 +276,7 @@ fn hf_config(path: &Path, text: &str) -> Result<LlamaConfig> {
         ffn_dim: uint("intermediate_size")?,
         vocab: uint("vocab_size")?,
         context: uint("max_position_embeddings")?,
-        rope_base: float("rope_theta", 10000.0)?,
+        rope_base,
         rms_eps: float("rms_norm_eps", 1e-6)?,
         layout: WeightLayout::HuggingFace,
     };
@@ -352,6 +360,21 @@ mod tests {
         assert_eq!((c.dim, c.heads, c.kv_heads, c.head_dim), (576, 9, 3, 64));
         assert_eq!(c.layout, WeightLayout::HuggingFace);
         assert_eq!(c.rope_base, 100000.0);
+        // transformers 5 nests the RoPE parameters.
+        let v5 = text.replace(
+            r#""rope_theta":100000.0"#,
+            r#""rope_parameters":{"rope_theta":50000.0,"rope_type":"default"}"#,
+        );
+        assert_eq!(
+            hf_config(Path::new("c.json"), &v5).unwrap().rope_base,
+            50000.0
+        );
+        let scaled = text.replace(
+            r#""rope_theta":100000.0"#,
+            r#""rope_parameters":{"rope_theta":50000.0,"rope_type":"llama3"}"#,
+        );
+        let e = hf_config(Path::new("c.json"), &scaled).unwrap_err();
+        assert!(matches!(e, Error::Unsupported(_)), "{e}");
     }
 
     #[test]

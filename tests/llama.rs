@@ -214,3 +214,30 @@ fn model_reports_the_smollm_configuration() {
     assert!(model.llama().tied_output());
     assert_eq!(model.llama().dtype(), FloatType::F16);
 }
+
+/// The Hugging Face layout (config.json + safetensors + tokenizer.json, split-half RoPE):
+/// runs when `QKV_TEST_HF_DIR` names such a directory of the same model, as written by
+/// `tools/llama_reference.py --save-hf DIR` (f16 weights). Skipped otherwise.
+#[test]
+fn hugging_face_layout_matches_the_reference() {
+    let Some(dir) = std::env::var_os("QKV_TEST_HF_DIR") else {
+        eprintln!(
+            "skipped: set QKV_TEST_HF_DIR to a directory from tools/llama_reference.py --save-hf"
+        );
+        return;
+    };
+    let model =
+        Arc::new(Model::load(std::path::Path::new(&dir), &ModelOptions::default()).unwrap());
+    assert_eq!(
+        model.config().layout,
+        qkv::models::llama::WeightLayout::HuggingFace
+    );
+    let tok = model.tokenizer().unwrap();
+    for case in reference()["cases"].as_array().unwrap() {
+        assert_eq!(
+            tok.encode(case["prompt"].as_str().unwrap()).unwrap(),
+            ids(&case["prompt_ids"])
+        );
+    }
+    check_greedy(&model, "hf f16");
+}

