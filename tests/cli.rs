@@ -203,3 +203,71 @@ fn without_pip_the_fetch_error_names_the_manual_step() {
     assert!(left.is_empty(), "{left:?}");
     std::fs::remove_dir_all(&cache).ok();
 }
+
+/// A small GGUF with llama metadata (d 8, 2 heads, 1 layer, vocab 4) and the given tensors.
+fn tiny_gguf(name: &str, arch: &str, tensors: &[(&str, Vec<usize>)]) -> PathBuf {
+    use qkv::weights::gguf::{write_gguf, MetaValue};
+    use qkv::weights::FloatType;
+    let u = |v: u32| MetaValue::U32(v);
+    let metadata: Vec<(String, MetaValue)> = vec![
+        (
+            "general.architecture".into(),
+            MetaValue::String(arch.into()),
+        ),
+        (format!("{arch}.embedding_length"), u(8)),
+        (format!("{arch}.block_count"), u(1)),
+        (format!("{arch}.attention.head_count"), u(2)),
+        (format!("{arch}.feed_forward_length"), u(16)),
+        (format!("{arch}.context_length"), u(32)),
+        (format!("{arch}.vocab_size"), u(4)),
+        (
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            MetaValue::F32(1e-5),
+        ),
+    ];
+    let data: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, shape)| vec![0u8; shape.iter().product::<usize>() * 4])
+        .collect();
+    let entries: Vec<(String, Vec<usize>, FloatType, &[u8])> = tensors
+        .iter()
+        .zip(&data)
+        .map(|((n, s), d)| (n.to_string(), s.clone(), FloatType::F32, &d[..]))
+        .collect();
+    let path = temp_file(name, b"");
+    write_gguf(&path, &metadata, &entries).unwrap();
+    path
+}
+
+#[test]
+fn another_architecture_is_exit_1_naming_it() {
+    let path = tiny_gguf("bert.gguf", "bert", &[]);
+    let o = decode(&["--model", path.to_str().unwrap(), "--prompt", "hi"], None);
+    assert_fails_with(&o, "bert.gguf");
+    assert!(stderr(&o).contains("architecture `bert`"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_missing_or_misshapen_tensor_is_exit_1_naming_file_and_tensor() {
+    let path = tiny_gguf(
+        "no-tensors.gguf",
+        "llama",
+        &[("blk.0.attn_norm.weight", vec![8])],
+    );
+    let o = decode(&["--model", path.to_str().unwrap(), "--prompt", "hi"], None);
+    assert_fails_with(&o, "no-tensors.gguf");
+    assert!(stderr(&o).contains("blk.0.attn_q.weight"), "{}", stderr(&o));
+
+    let path = tiny_gguf(
+        "bad-shape.gguf",
+        "llama",
+        &[
+            ("blk.0.attn_norm.weight", vec![8]),
+            ("blk.0.attn_q.weight", vec![8, 7]),
+        ],
+    );
+    let o = decode(&["--model", path.to_str().unwrap(), "--prompt", "hi"], None);
+    assert_fails_with(&o, "bad-shape.gguf");
+    assert!(stderr(&o).contains("blk.0.attn_q.weight"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("[8, 7]"), "{}", stderr(&o));
+}
