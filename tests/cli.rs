@@ -64,6 +64,7 @@ fn a_truncated_gguf_is_exit_1() {
     for cut in [10, 4096, bytes.len() / 2] {
         let path = temp_file(&format!("truncated-{cut}.gguf"), &bytes[..cut]);
         let o = decode(&["--model", path.to_str().unwrap(), "--prompt", "hi"], None);
+        std::fs::remove_file(&path).ok();
         assert_fails_with(&o, &format!("truncated-{cut}.gguf"));
     }
 }
