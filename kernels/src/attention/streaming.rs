@@ -472,7 +472,7 @@ mod avx2 {
     //! transpose to pack Kᵀ, and a vector `exp` for the softmax.
     use super::{process_item, Ctx, Item, Micro, ProcessItem, Scratch, KB};
     use crate::attention::{KvData, KvView};
-    use crate::simd::avx2::{exp, hmax, hsum, Lane};
+    use crate::simd::avx2::{exp_nonpositive, hmax, hsum, Lane};
     use core::arch::x86_64::*;
 
     pub(super) struct Avx2;
@@ -775,7 +775,7 @@ mod avx2 {
                     let mv = _mm256_set1_ps(m_new);
                     let mut sum = _mm256_setzero_ps();
                     for c in (0..KB).step_by(8) {
-                        let e = exp(_mm256_sub_ps(_mm256_loadu_ps(rp.add(c)), mv));
+                        let e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(rp.add(c)), mv));
                         _mm256_storeu_ps(rp.add(c), e);
                         sum = _mm256_add_ps(sum, e);
                     }
