@@ -57,6 +57,15 @@ impl Scratch {
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
     static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static PACKED: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Kᵀ and V of every key block, packed once per call when several query blocks would
+/// otherwise each pack them again: block `b` of KV head `g` is entry `g·blocks + b`.
+struct Packed<'a> {
+    kt: &'a [f32],
+    v: &'a [f32],
+    blocks: usize,
 }
 
 /// Everything an item needs to know about the call.
@@ -69,6 +78,8 @@ struct Ctx<'a> {
     group: usize,
     /// `d_v` rounded up to the vector width.
     dvp: usize,
+    /// Pre-packed key blocks (prefill), or `None` to pack per item (decode).
+    packed: Option<Packed<'a>>,
 }
 
 /// One item's rows: which KV head, which queries, which keys.
@@ -221,15 +232,7 @@ fn run_with<M: Micro + ProcessItem>(
 ) {
     let group = dims.heads / dims.kv_heads;
     let qb = (ROWS_TARGET / group).clamp(1, dims.tq);
-    let ctx = Ctx {
-        q,
-        k,
-        v,
-        mask,
-        dims: *dims,
-        group,
-        dvp: dims.d_v.div_ceil(8) * 8,
-    };
+    let dvp = dims.d_v.div_ceil(8) * 8;
     let q_blocks = dims.tq.div_ceil(qb);
     let base_items = dims.kv_heads * q_blocks;
     let threads = rayon::current_num_threads();
@@ -243,6 +246,52 @@ fn run_with<M: Micro + ProcessItem>(
             .max(1)
     } else {
         1
+    };
+    // With three or more query blocks, packing every key block once up front is cheaper
+    // than packing it again in every item.
+    let mut packed_bufs = (Vec::new(), Vec::new());
+    let blocks = dims.tk.div_ceil(KB);
+    if splits == 1 && q_blocks >= 3 {
+        packed_bufs = PACKED.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        let (kt, vb) = &mut packed_bufs;
+        let (kt_len, v_len) = (dims.d_qk * KB, KB * dvp);
+        let n = dims.kv_heads * blocks;
+        if kt.len() < n * kt_len {
+            kt.resize(n * kt_len, 0.0);
+        }
+        if vb.len() < n * v_len {
+            vb.resize(n * v_len, 0.0);
+        }
+        let pack = |(idx, (kt, vb)): (usize, (&mut [f32], &mut [f32]))| {
+            let (g, j0) = (idx / blocks, (idx % blocks) * KB);
+            M::pack_block(k, v, g, j0, KB.min(dims.tk - j0), dvp, kt, vb);
+        };
+        let (kt, vb) = (&mut kt[..n * kt_len], &mut vb[..n * v_len]);
+        if parallel {
+            kt.par_chunks_mut(kt_len)
+                .zip(vb.par_chunks_mut(v_len))
+                .enumerate()
+                .for_each(pack);
+        } else {
+            kt.chunks_mut(kt_len)
+                .zip(vb.chunks_mut(v_len))
+                .enumerate()
+                .for_each(pack);
+        }
+    }
+    let ctx = Ctx {
+        q,
+        k,
+        v,
+        mask,
+        dims: *dims,
+        group,
+        dvp,
+        packed: (!packed_bufs.0.is_empty()).then(|| Packed {
+            kt: &packed_bufs.0,
+            v: &packed_bufs.1,
+            blocks,
+        }),
     };
     let item = |idx: usize| -> Item {
         let split = idx % splits;
@@ -278,6 +327,10 @@ fn run_with<M: Micro + ProcessItem>(
             (0..n_items).into_par_iter().rev().for_each(body);
         } else {
             (0..n_items).for_each(body);
+        }
+        drop(ctx);
+        if !packed_bufs.0.is_empty() {
+            PACKED.with(|p| *p.borrow_mut() = packed_bufs);
         }
         return;
     }
@@ -377,11 +430,37 @@ unsafe fn finalize_item(ctx: &Ctx<'_>, it: Item, sc: &Scratch, out: OutPtr) {
 /// `#[target_feature]` function so that everything inlines with the right instructions.
 trait ProcessItem {
     fn process(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch);
+    /// Packs Kᵀ and V of the key block starting at `j0` (`nk` keys) of KV head `g`.
+    #[allow(clippy::too_many_arguments)]
+    fn pack_block(
+        k: &KvView<'_>,
+        v: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        dvp: usize,
+        kt: &mut [f32],
+        vb: &mut [f32],
+    );
 }
 
 impl ProcessItem for Scalar {
     fn process(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch) {
         process_item::<Scalar>(ctx, it, sc)
+    }
+
+    fn pack_block(
+        k: &KvView<'_>,
+        v: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        dvp: usize,
+        kt: &mut [f32],
+        vb: &mut [f32],
+    ) {
+        Scalar::pack_kt(k, g, j0, nk, kt);
+        Scalar::pack_v(v, g, j0, nk, dvp, vb);
     }
 }
 
@@ -416,12 +495,26 @@ fn process_item<M: Micro>(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch) {
     let mut jb = it.j0;
     while jb < j_end {
         let nk = KB.min(j_end - jb);
-        M::pack_kt(ctx.k, it.g, jb, nk, &mut sc.kt);
-        M::pack_v(ctx.v, it.g, jb, nk, dvp, &mut sc.v);
-        M::scores(&sc.q, &sc.kt, &mut sc.s, rows, d);
+        let (kt, vb): (&[f32], &[f32]) = match &ctx.packed {
+            // Packed blocks start at multiples of KB and may hold keys past `nk`; those
+            // columns are masked to −∞ below, so their P is exactly 0.
+            Some(p) => {
+                let b = it.g * p.blocks + jb / KB;
+                (
+                    &p.kt[b * d * KB..][..d * KB],
+                    &p.v[b * KB * dvp..][..KB * dvp],
+                )
+            }
+            None => {
+                M::pack_kt(ctx.k, it.g, jb, nk, &mut sc.kt);
+                M::pack_v(ctx.v, it.g, jb, nk, dvp, &mut sc.v);
+                (&sc.kt, &sc.v)
+            }
+        };
+        M::scores(&sc.q, kt, &mut sc.s, rows, d);
         apply_masks(ctx, it, jb, nk, tk, &mut sc.s[..rows * KB]);
         M::softmax_update(&mut sc.s, &mut sc.m, &mut sc.l, &mut sc.corr, rows);
-        M::pv(&sc.s, &sc.v, &mut sc.o, &sc.corr, rows, dvp);
+        M::pv(&sc.s, vb, &mut sc.o, &sc.corr, rows, dvp);
         jb += nk;
     }
 }
@@ -482,11 +575,41 @@ mod avx2 {
             // SAFETY: `Avx2` is selected only after `has_avx2_fma_f16c()` returned true.
             unsafe { process_avx2(ctx, it, sc) }
         }
+
+        fn pack_block(
+            k: &KvView<'_>,
+            v: &KvView<'_>,
+            g: usize,
+            j0: usize,
+            nk: usize,
+            dvp: usize,
+            kt: &mut [f32],
+            vb: &mut [f32],
+        ) {
+            // SAFETY: as in `process`.
+            unsafe { pack_block_avx2(k, v, g, j0, nk, dvp, kt, vb) }
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn process_avx2(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch) {
         process_item::<Avx2>(ctx, it, sc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pack_block_avx2(
+        k: &KvView<'_>,
+        v: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        dvp: usize,
+        kt: &mut [f32],
+        vb: &mut [f32],
+    ) {
+        Avx2::pack_kt(k, g, j0, nk, kt);
+        Avx2::pack_v(v, g, j0, nk, dvp, vb);
     }
 
     /// 8×8 transpose of f32 lanes.
