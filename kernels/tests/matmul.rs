@@ -101,9 +101,11 @@ fn gemm_shapes() {
             }
         }
     }
-    // f16 panels: n spans several panels (224 rows each at k = 576) with a ragged tail.
     check(33, 576, 1000, true, true, &mut rng);
     check(20, 1536, 333, true, false, &mut rng);
+    // f16 panels hold 2^20 elements: at k = 64 that is 16384 rows, so n = 20001 spans two
+    // panels with a ragged tail.
+    check(9, 64, 20001, true, true, &mut rng);
 }
 
 #[test]
