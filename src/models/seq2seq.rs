@@ -646,7 +646,10 @@ impl Seq2Seq {
                 let kv = core.key_view(&state.memory.cross_k[l][span.clone()], src_len);
                 let vv = core.value_view(&state.memory.cross_v[l][span], src_len);
                 let qv = core.query_view(&state.q[i * d..(i + 1) * d], 1);
-                let mask = AttentionMask::none().with_key_keep(state.memory.padding.keep(i));
+                let keep = state.memory.padding.keep(i).ok_or_else(|| {
+                    Error::Shape(format!("the source padding has no sequence {i}"))
+                })?;
+                let mask = AttentionMask::none().with_key_keep(keep);
                 core.attend(&qv, &kv, &vv, &mask, &mut state.ctx[i * d..(i + 1) * d])?;
             }
             core.project_out(&state.ctx, b, &mut state.delta)?;

@@ -284,7 +284,7 @@ impl AttentionCore {
             let qv = self.query_view(&q[i * tq * d.dim_qk..(i + 1) * tq * d.dim_qk], tq);
             let kv = self.key_view(&k[i * tk * d.dim_qk..(i + 1) * tk * d.dim_qk], tk);
             let vv = self.value_view(&v[i * tk * d.dim_v..(i + 1) * tk * d.dim_v], tk);
-            let m = mask.for_item(i, 0);
+            let m = mask.for_item(i, 0)?;
             let c = &mut ctx[i * tq * d.dim_v..(i + 1) * tq * d.dim_v];
             match probs.as_deref_mut() {
                 None => self.attend(&qv, &kv, &vv, &m, c)?,

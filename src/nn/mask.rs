@@ -85,9 +85,10 @@ impl KeyPadding {
         self.len == 0
     }
 
-    /// The flags of sequence `b`.
-    pub fn keep(&self, b: usize) -> &[bool] {
-        &self.keep[b * self.len..(b + 1) * self.len]
+    /// The flags of sequence `b`, or `None` when there is no such sequence.
+    pub fn keep(&self, b: usize) -> Option<&[bool]> {
+        let start = b.checked_mul(self.len)?;
+        self.keep.get(start..start.checked_add(self.len)?)
     }
 }
 
@@ -134,10 +135,14 @@ impl DenseMask {
         })
     }
 
-    fn item(&self, b: usize) -> &[bool] {
+    fn item(&self, b: usize) -> Option<&[bool]> {
         match self.batch {
-            None => &self.keep,
-            Some(_) => &self.keep[b * self.tq * self.tk..(b + 1) * self.tq * self.tk],
+            None => Some(&self.keep),
+            Some(batch) if b < batch => {
+                let n = self.tq * self.tk;
+                self.keep.get(b * n..(b + 1) * n)
+            }
+            Some(_) => None,
         }
     }
 }
@@ -218,12 +223,20 @@ impl<'m> Mask<'m> {
     }
 
     /// The kernel mask for batch element `b`, queries starting at absolute position `q_pos0`.
-    /// Call [`Mask::check`] first.
-    pub fn for_item(&self, b: usize, q_pos0: usize) -> AttentionMask<'m> {
-        AttentionMask {
+    /// [`Error::Shape`] when the padding or dense mask has no element `b`; call
+    /// [`Mask::check`] first for the full shape check.
+    pub fn for_item(&self, b: usize, q_pos0: usize) -> Result<AttentionMask<'m>> {
+        let missing = |what: &str| Error::Shape(format!("the {what} has no batch element {b}"));
+        Ok(AttentionMask {
             causal_offset: self.causal.then_some(q_pos0),
-            key_keep: self.padding.map(|p| p.keep(b)),
-            dense_keep: self.dense.map(|d| d.item(b)),
-        }
+            key_keep: match self.padding {
+                Some(p) => Some(p.keep(b).ok_or_else(|| missing("key padding"))?),
+                None => None,
+            },
+            dense_keep: match self.dense {
+                Some(d) => Some(d.item(b).ok_or_else(|| missing("dense mask"))?),
+                None => None,
+            },
+        })
     }
 }

@@ -74,10 +74,13 @@ impl<'a> Seq<'a> {
         self.batch * self.len
     }
 
-    /// The `[len, dim]` values of batch element `b` (`b < batch`).
-    pub fn item(&self, b: usize) -> &'a [f32] {
+    /// The `[len, dim]` values of batch element `b`, or `None` when `b ≥ batch`.
+    pub fn item(&self, b: usize) -> Option<&'a [f32]> {
+        if b >= self.batch {
+            return None;
+        }
         let n = self.len * self.dim;
-        &self.data[b * n..(b + 1) * n]
+        self.data.get(b * n..(b + 1) * n)
     }
 }
 
