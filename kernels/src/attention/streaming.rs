@@ -328,7 +328,6 @@ fn run_with<M: Micro + ProcessItem>(
         } else {
             (0..n_items).for_each(body);
         }
-        drop(ctx);
         if !packed_bufs.0.is_empty() {
             PACKED.with(|p| *p.borrow_mut() = packed_bufs);
         }

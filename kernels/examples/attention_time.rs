@@ -1,0 +1,68 @@
+//! Times the attention kernel on one shape and prints the median and minimum in ms, for
+//! side-by-side runs against PyTorch (`tools/attention_vs_sdpa.py`).
+//!
+//! `cargo run --release -p qkv-kernels --example attention_time -- TQ TK f32|f16 [REPS]`
+//!
+//! 9 query heads over 3 KV heads, head_dim 64, causal with query `i` at position `tk−tq+i`.
+
+use qkv_kernels::{attention, f16, AttentionMask, KvView, QueryView};
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 3 {
+        eprintln!("usage: attention_time TQ TK f32|f16 [REPS]");
+        std::process::exit(2);
+    }
+    let parse = |s: &str| -> usize {
+        s.parse().unwrap_or_else(|_| {
+            eprintln!("not a number: {s}");
+            std::process::exit(2)
+        })
+    };
+    let (tq, tk) = (parse(&args[0]), parse(&args[1]));
+    let reps = args.get(3).map_or(11, |s| parse(s)).max(1);
+    if tq == 0 || tk < tq {
+        eprintln!("need 0 < TQ ≤ TK");
+        std::process::exit(2);
+    }
+    let (heads, kv_heads, d) = (9, 3, 64);
+    let fill = |n: usize, seed: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f32 / 1000.0 - 0.5)
+            .collect()
+    };
+    let q = fill(tq * heads * d, 1);
+    let k = fill(tk * kv_heads * d, 2);
+    let v = fill(tk * kv_heads * d, 3);
+    let (k16, v16): (Vec<f16>, Vec<f16>) = (
+        k.iter().map(|&x| f16::from_f32(x)).collect(),
+        v.iter().map(|&x| f16::from_f32(x)).collect(),
+    );
+    let (kv, vv) = match args[2].as_str() {
+        "f32" => (
+            KvView::contiguous_f32(&k, tk, kv_heads, d),
+            KvView::contiguous_f32(&v, tk, kv_heads, d),
+        ),
+        "f16" => (
+            KvView::contiguous_f16(&k16, tk, kv_heads, d),
+            KvView::contiguous_f16(&v16, tk, kv_heads, d),
+        ),
+        other => {
+            eprintln!("dtype must be f32 or f16, not {other}");
+            std::process::exit(2)
+        }
+    };
+    let qv = QueryView::contiguous(&q, tq, heads, d);
+    let mask = AttentionMask::causal(tk - tq);
+    let mut out = vec![0.0f32; tq * heads * d];
+    let mut times = Vec::with_capacity(reps);
+    attention(&qv, &kv, &vv, &mask, None, &mut out).expect("valid shapes"); // warm-up
+    for _ in 0..reps {
+        let t = Instant::now();
+        attention(&qv, &kv, &vv, &mask, None, &mut out).expect("valid shapes");
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    println!("median_ms {:.4} min_ms {:.4}", times[reps / 2], times[0]);
+}
