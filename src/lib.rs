@@ -1,20 +1,36 @@
 //! # qkv
 //!
 //! A SIMD-optimized CPU inference runtime for attention models. The compute kernels live in
-//! the `qkv-kernels` crate (re-exported as [`kernels`]); this crate holds the weights loaders,
-//! the neural-network modules, the models and the session API.
+//! the `qkv-kernels` crate (re-exported as [`kernels`]); this crate holds the rest, each layer
+//! depending only on those listed before it:
+//!
+//! - [`weights`]: GGUF and safetensors files mapped into named tensor views;
+//! - [`nn`]: Linear, norms, FFN, embeddings, masks and the attention modules of the seeds;
+//! - [`models`]: the Llama family ([`models::llama`]) and the seed-004 seq2seq Transformer;
+//! - [`tokenizer`]: byte-level BPE and the chat template;
+//! - [`model`], [`session`], [`sample`]: a shared model, per-conversation sessions with their
+//!   KV caches, and sampling;
+//! - [`fetch`]: the default model (SmolLM2-135M-Instruct), fetched once into a cache.
+//!
+//! Every fallible call returns [`Result`] with an [`Error`] that names the file, tensor,
+//! dimension or token at fault. [`session`] has a runnable example.
 
 #![warn(missing_docs)]
 
 pub mod error;
 pub mod fetch;
-pub mod weights;
-
-pub use error::{Error, Result};
-pub use qkv_kernels as kernels;
 pub mod model;
 pub mod models;
 pub mod nn;
 pub mod sample;
 pub mod session;
 pub mod tokenizer;
+pub mod weights;
+
+pub use error::{Error, Result};
+pub use qkv_kernels as kernels;
+
+/// README's Rust examples, compiled as doctests so that they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
