@@ -132,7 +132,10 @@ pub(crate) mod avx2 {
     pub unsafe fn exp_nonpositive(x: __m256) -> __m256 {
         let lo = _mm256_set1_ps(-87.0);
         let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
-        let t = _mm256_mul_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(std::f32::consts::LOG2_E));
+        let t = _mm256_mul_ps(
+            _mm256_max_ps(x, lo),
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+        );
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
         let f = _mm256_sub_ps(t, n);
         // 2^f on [-1/2, 1/2]: degree-5 polynomial fitted for relative error (2.3e-7).
