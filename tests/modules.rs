@@ -9,60 +9,14 @@ use qkv::nn::{
 use qkv::weights::safetensors::SafeTensorsFile;
 use qkv::weights::{FloatType, TensorSource};
 use qkv::Error;
+
+mod common;
+use common::{assert_close, fixture, Case, F16_TOL, F32_TOL};
 use std::path::PathBuf;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/seq2seq")
-        .join(name)
+fn scope(c: &Case) -> Scope<'_> {
+    Scope::new(&c.weights)
 }
-
-/// A case's weights and its inputs / expected outputs.
-struct Case {
-    weights: SafeTensorsFile,
-    io: SafeTensorsFile,
-}
-
-impl Case {
-    fn open(name: &str) -> Case {
-        Case {
-            weights: SafeTensorsFile::open(fixture(&format!("{name}.safetensors"))).unwrap(),
-            io: SafeTensorsFile::open(fixture(&format!("{name}.io.safetensors"))).unwrap(),
-        }
-    }
-    fn get(&self, name: &str) -> Vec<f32> {
-        self.io.tensor(name).unwrap().to_f32_vec()
-    }
-    fn shape(&self, name: &str) -> Vec<usize> {
-        self.io.shape(name).unwrap().to_vec()
-    }
-    fn flags(&self, name: &str) -> Vec<bool> {
-        self.get(name).iter().map(|&v| v != 0.0).collect()
-    }
-    fn lengths(&self, name: &str) -> Vec<usize> {
-        self.get(name).iter().map(|&v| v as usize).collect()
-    }
-    fn scope(&self) -> Scope<'_> {
-        Scope::new(&self.weights)
-    }
-}
-
-/// max |got − want| ≤ tol · max |want|.
-fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
-    let err = got
-        .iter()
-        .zip(want)
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(
-        err <= tol * scale,
-        "{what}: max error {err:e} > {tol:e} × {scale:e}"
-    );
-}
-
-const F32_TOL: f32 = 1e-5;
-const F16_TOL: f32 = 3e-3;
 
 fn seq<'a>(data: &'a [f32], shape: &[usize]) -> Seq<'a> {
     Seq::new(data, shape[0], shape[1], shape[2]).unwrap()
@@ -98,7 +52,7 @@ fn safetensors_f16_is_mapped_and_bf16_is_widened() {
 #[test]
 fn scope_prefixes_names() {
     let c = Case::open("seq2seq");
-    let s = c.scope().pp("Encoder").pp("Layers.1");
+    let s = scope(&c).pp("Encoder").pp("Layers.1");
     assert_eq!(s.name("attn.wq.weight"), "Encoder.Layers.1.attn.wq.weight");
     assert_eq!(s.tensor("attn.wq.weight").unwrap().shape(), &[16, 16]);
     match s.tensor("attn.nope") {
@@ -186,7 +140,7 @@ fn unsupported_dtype_and_missing_tensor_are_typed() {
 #[test]
 fn seed000_self_attention() {
     let c = Case::open("self000");
-    let m = SelfAttention::load(&c.scope(), 12, 8, 6).unwrap();
+    let m = SelfAttention::load(&scope(&c), 12, 8, 6).unwrap();
     let x = c.get("x");
     let y = m.forward(seq(&x, &c.shape("x")), &Mask::none()).unwrap();
     assert_eq!(y.shape(), [3, 5, 6]);
@@ -195,7 +149,7 @@ fn seed000_self_attention() {
 
 fn check_mha000(name: &str, tol: f32) {
     let c = Case::open(name);
-    let m = MultiHeadAttention::load(&c.scope(), 16, 8, 16, 24).unwrap();
+    let m = MultiHeadAttention::load(&scope(&c), 16, 8, 16, 24).unwrap();
     let x = c.get("x");
     let xs = seq(&x, &c.shape("x"));
     let y = m.forward(xs, &Mask::none()).unwrap();
@@ -219,7 +173,7 @@ fn seed000_multi_head_attention_f16_weights() {
 #[test]
 fn seed000_cross_attention_tq_ne_tk() {
     let c = Case::open("cross000");
-    let m = CrossAttention::load(&c.scope(), 12, 8, 10).unwrap();
+    let m = CrossAttention::load(&scope(&c), 12, 8, 10).unwrap();
     let (enc, dec) = (c.get("enc"), c.get("dec"));
     let (e, d) = (seq(&enc, &c.shape("enc")), seq(&dec, &c.shape("dec")));
     let y = m.forward(e, d, &Mask::none()).unwrap();
@@ -232,7 +186,7 @@ fn seed000_cross_attention_tq_ne_tk() {
 
 fn check_attn001(name: &str, tol: f32) {
     let c = Case::open(name);
-    let m = Attention::load(&c.scope(), 16, 2).unwrap();
+    let m = Attention::load(&scope(&c), 16, 2).unwrap();
     let (q, kv) = (c.get("q"), c.get("kv"));
     let (q, kv) = (seq(&q, &c.shape("q")), seq(&kv, &c.shape("kv")));
     let none = Mask::none();
@@ -280,7 +234,7 @@ fn seed001_attention_bf16_weights() {
 #[test]
 fn seed002_returns_probabilities() {
     let c = Case::open("mha002");
-    let m = MultiHeadAttentionWithProbs::load(&c.scope(), 16, 4).unwrap();
+    let m = MultiHeadAttentionWithProbs::load(&scope(&c), 16, 4).unwrap();
     let x = c.get("x");
     let xs = seq(&x, &c.shape("x"));
     let pads = KeyPadding::from_flags(c.flags("keep"), 3, 5).unwrap();
@@ -297,7 +251,7 @@ fn seed002_returns_probabilities() {
 #[test]
 fn seed003_multi_head_cross_attention_8_heads() {
     let c = Case::open("cross003");
-    let m = MultiHeadCrossAttention::load(&c.scope(), 16, 8).unwrap();
+    let m = MultiHeadCrossAttention::load(&scope(&c), 16, 8).unwrap();
     let (q, kv) = (c.get("q"), c.get("kv"));
     let (q, kv) = (seq(&q, &c.shape("q")), seq(&kv, &c.shape("kv")));
     let pads = KeyPadding::from_lengths(&c.lengths("src_lengths"), 7).unwrap();
@@ -317,7 +271,7 @@ fn seed003_multi_head_cross_attention_8_heads() {
 #[test]
 fn seed004_attention_padding_and_causal() {
     let c = Case::open("mha004");
-    let m = TransformerAttention::load(&c.scope(), 16, 4).unwrap();
+    let m = TransformerAttention::load(&scope(&c), 16, 4).unwrap();
     let x = c.get("x");
     let xs = seq(&x, &c.shape("x"));
     let pads = KeyPadding::from_lengths(&c.lengths("lengths"), 5).unwrap();
@@ -335,7 +289,7 @@ fn seed004_attention_padding_and_causal() {
 fn fully_masked_rows_return_zeros() {
     // Documented behaviour: a query that sees no key gets zeros (before any output projection).
     let c = Case::open("self000");
-    let m = SelfAttention::load(&c.scope(), 12, 8, 6).unwrap();
+    let m = SelfAttention::load(&scope(&c), 12, 8, 6).unwrap();
     let x = c.get("x");
     let mut keep = vec![true; 15];
     keep[5..10].fill(false); // sequence 1: every key is padding
@@ -352,7 +306,7 @@ fn fully_masked_rows_return_zeros() {
 #[test]
 fn errors_are_typed_and_name_the_culprit() {
     let c = Case::open("mha000");
-    let s = c.scope();
+    let s = scope(&c);
     // Heads that do not divide the projection sizes.
     assert!(
         matches!(MultiHeadAttention::load(&s, 16, 3, 16, 24), Err(Error::Config(m)) if m.contains("dim_qk"))
@@ -416,7 +370,7 @@ fn errors_are_typed_and_name_the_culprit() {
         m.forward(seq(&x[..60], &[1, 5, 12]), &Mask::none()),
         Err(Error::Shape(_))
     ));
-    let cross = CrossAttention::load(&Case::open("cross000").scope(), 12, 8, 10).unwrap();
+    let cross = CrossAttention::load(&scope(&Case::open("cross000")), 12, 8, 10).unwrap();
     let a = vec![0.0; 2 * 3 * 12];
     let b = vec![0.0; 3 * 3 * 12];
     assert!(matches!(

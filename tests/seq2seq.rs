@@ -3,63 +3,17 @@
 
 use qkv::models::seq2seq::{Seq2Seq, Seq2SeqConfig, TokenBatch};
 use qkv::nn::KeyPadding;
-use qkv::weights::safetensors::SafeTensorsFile;
-use qkv::weights::TensorSource;
 use qkv::Error;
-use std::path::PathBuf;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/seq2seq")
-        .join(name)
+mod common;
+use common::{assert_close, Case, F16_TOL, F32_TOL};
+
+fn config(c: &Case) -> Seq2SeqConfig {
+    Seq2SeqConfig::from_metadata(&c.weights.metadata()).unwrap()
 }
 
-struct Case {
-    weights: SafeTensorsFile,
-    io: SafeTensorsFile,
-}
-
-impl Case {
-    fn open(name: &str) -> Case {
-        Case {
-            weights: SafeTensorsFile::open(fixture(&format!("{name}.safetensors"))).unwrap(),
-            io: SafeTensorsFile::open(fixture(&format!("{name}.io.safetensors"))).unwrap(),
-        }
-    }
-    fn get(&self, name: &str) -> Vec<f32> {
-        self.io.tensor(name).unwrap().to_f32_vec()
-    }
-    fn ints<T: TryFrom<u64>>(&self, name: &str) -> Vec<T>
-    where
-        T::Error: std::fmt::Debug,
-    {
-        self.get(name)
-            .iter()
-            .map(|&v| T::try_from(v as u64).unwrap())
-            .collect()
-    }
-    fn meta(&self, key: &str) -> usize {
-        self.io.metadata()[key].parse().unwrap()
-    }
-    fn config(&self) -> Seq2SeqConfig {
-        Seq2SeqConfig::from_metadata(&self.weights.metadata()).unwrap()
-    }
-    fn model(&self) -> Seq2Seq {
-        Seq2Seq::load(&self.weights, self.config()).unwrap()
-    }
-}
-
-fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
-    let err = got
-        .iter()
-        .zip(want)
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(
-        err <= tol * scale,
-        "{what}: max error {err:e} > {tol:e} × {scale:e}"
-    );
+fn model(c: &Case) -> Seq2Seq {
+    Seq2Seq::load(&c.weights, config(c)).unwrap()
 }
 
 const B: usize = 3;
@@ -68,7 +22,7 @@ const T: usize = 6;
 
 fn teacher_forced(name: &str, tol: f32) {
     let c = Case::open(name);
-    let m = c.model();
+    let m = model(&c);
     let (src, tgt) = (c.ints::<u32>("src"), c.ints::<u32>("tgt"));
     let (sl, tl) = (
         c.ints::<usize>("src_lengths"),
@@ -83,17 +37,17 @@ fn teacher_forced(name: &str, tol: f32) {
 
 #[test]
 fn teacher_forced_logits_match_pytorch() {
-    teacher_forced("seq2seq", 1e-5);
+    teacher_forced("seq2seq", F32_TOL);
 }
 
 #[test]
 fn teacher_forced_logits_match_pytorch_f16_weights() {
-    teacher_forced("seq2seq_f16", 3e-3);
+    teacher_forced("seq2seq_f16", F16_TOL);
 }
 
 fn step_by_step(name: &str, tol: f32) {
     let c = Case::open(name);
-    let m = c.model();
+    let m = model(&c);
     let (src, tgt) = (c.ints::<u32>("src"), c.ints::<u32>("tgt"));
     let sl = c.ints::<usize>("src_lengths");
     let src = TokenBatch::new(&src, B, S, &sl).unwrap();
@@ -134,17 +88,17 @@ fn step_by_step(name: &str, tol: f32) {
 
 #[test]
 fn step_by_step_equals_teacher_forced() {
-    step_by_step("seq2seq", 1e-5);
+    step_by_step("seq2seq", F32_TOL);
 }
 
 #[test]
 fn step_by_step_equals_teacher_forced_f16_weights() {
-    step_by_step("seq2seq_f16", 3e-3);
+    step_by_step("seq2seq_f16", F16_TOL);
 }
 
 fn greedy(name: &str) {
     let c = Case::open(name);
-    let m = c.model();
+    let m = model(&c);
     let src = c.ints::<u32>("src");
     let sl = c.ints::<usize>("src_lengths");
     let src = TokenBatch::new(&src, B, S, &sl).unwrap();
@@ -179,7 +133,7 @@ fn greedy_decode_batched_matches_pytorch_f16_weights() {
 fn source_pads_anywhere_are_ignored_by_cross_attention() {
     // Changing the token under a padded source position changes nothing once it is masked.
     let c = Case::open("seq2seq");
-    let m = c.model();
+    let m = model(&c);
     let mut src = c.ints::<u32>("src");
     let mut keep = vec![true; B * S];
     keep[S + 2] = false; // a pad in the middle of sequence 1
@@ -209,7 +163,7 @@ fn source_pads_anywhere_are_ignored_by_cross_attention() {
 #[test]
 fn errors_are_typed() {
     let c = Case::open("seq2seq");
-    let cfg = c.config();
+    let cfg = config(&c);
     // Heads not dividing d_model.
     let bad = Seq2SeqConfig {
         heads: 3,
@@ -247,7 +201,7 @@ fn errors_are_typed() {
     }
     assert!(Seq2SeqConfig::from_metadata(&Default::default()).is_err());
 
-    let m = c.model();
+    let m = model(&c);
     // Token ids outside the vocabularies.
     let lens = [2];
     let src = TokenBatch::new(&[3, 23], 1, 2, &lens).unwrap();

@@ -113,10 +113,10 @@ pub struct KvView<'a> {
 }
 
 impl<'a> KvView<'a> {
-    /// A dense `[rows, heads, dim]` f32 view.
-    pub fn contiguous_f32(data: &'a [f32], rows: usize, heads: usize, dim: usize) -> Self {
+    /// A dense `[rows, heads, dim]` view of either dtype.
+    pub fn contiguous(data: KvData<'a>, rows: usize, heads: usize, dim: usize) -> Self {
         KvView {
-            data: KvData::F32(data),
+            data,
             rows,
             heads,
             dim,
@@ -125,16 +125,14 @@ impl<'a> KvView<'a> {
         }
     }
 
+    /// A dense `[rows, heads, dim]` f32 view.
+    pub fn contiguous_f32(data: &'a [f32], rows: usize, heads: usize, dim: usize) -> Self {
+        Self::contiguous(KvData::F32(data), rows, heads, dim)
+    }
+
     /// A dense `[rows, heads, dim]` f16 view.
     pub fn contiguous_f16(data: &'a [f16], rows: usize, heads: usize, dim: usize) -> Self {
-        KvView {
-            data: KvData::F16(data),
-            rows,
-            heads,
-            dim,
-            row_stride: heads * dim,
-            head_stride: dim,
-        }
+        Self::contiguous(KvData::F16(data), rows, heads, dim)
     }
 
     #[inline]

@@ -554,14 +554,7 @@ impl KvStore {
             KvStore::F32(v) => KvData::F32(&v[range]),
             KvStore::F16(v) => KvData::F16(&v[range]),
         };
-        KvView {
-            data,
-            rows,
-            heads,
-            dim,
-            row_stride: heads * dim,
-            head_stride: dim,
-        }
+        KvView::contiguous(data, rows, heads, dim)
     }
 
     fn dtype(&self) -> FloatType {

@@ -1,0 +1,72 @@
+//! Helpers shared by the tests that read the PyTorch fixtures of `tools/seq2seq_fixtures.py`.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use qkv::weights::safetensors::SafeTensorsFile;
+use qkv::weights::TensorSource;
+use std::path::PathBuf;
+
+/// Tolerance with f32 weights: relative to the largest expected magnitude.
+pub const F32_TOL: f32 = 1e-5;
+/// Tolerance with f16 (or bf16) weights.
+pub const F16_TOL: f32 = 3e-3;
+
+/// A file under `tests/fixtures/seq2seq/`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/seq2seq")
+        .join(name)
+}
+
+/// A case's weights (`NAME.safetensors`) and its inputs / expected outputs
+/// (`NAME.io.safetensors`).
+pub struct Case {
+    pub weights: SafeTensorsFile,
+    pub io: SafeTensorsFile,
+}
+
+impl Case {
+    pub fn open(name: &str) -> Case {
+        Case {
+            weights: SafeTensorsFile::open(fixture(&format!("{name}.safetensors"))).unwrap(),
+            io: SafeTensorsFile::open(fixture(&format!("{name}.io.safetensors"))).unwrap(),
+        }
+    }
+    pub fn get(&self, name: &str) -> Vec<f32> {
+        self.io.tensor(name).unwrap().to_f32_vec()
+    }
+    pub fn shape(&self, name: &str) -> Vec<usize> {
+        self.io.shape(name).unwrap().to_vec()
+    }
+    pub fn flags(&self, name: &str) -> Vec<bool> {
+        self.get(name).iter().map(|&v| v != 0.0).collect()
+    }
+    pub fn lengths(&self, name: &str) -> Vec<usize> {
+        self.get(name).iter().map(|&v| v as usize).collect()
+    }
+    pub fn ints<T: TryFrom<u64>>(&self, name: &str) -> Vec<T>
+    where
+        T::Error: std::fmt::Debug,
+    {
+        self.get(name)
+            .iter()
+            .map(|&v| T::try_from(v as u64).unwrap())
+            .collect()
+    }
+    pub fn meta(&self, key: &str) -> usize {
+        self.io.metadata()[key].parse().unwrap()
+    }
+}
+
+/// max |got − want| ≤ tol · max |want|.
+pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12);
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        err <= tol * scale,
+        "{what}: max error {err:e} > {tol:e} × {scale:e}"
+    );
+}
