@@ -31,7 +31,7 @@ pub mod simd;
 pub use attention::{attention, attention_with_probs, AttentionMask, KvData, KvView, QueryView};
 pub use error::{KernelError, Result};
 pub use half::f16;
-pub use matmul::{linear, Weights};
+pub use matmul::{linear, linear_many, Projection, Weights};
 pub use norm::{layer_norm, rms_norm};
 pub use rope::{RopeStyle, RopeTable};
 

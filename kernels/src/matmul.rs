@@ -137,6 +137,61 @@ pub fn linear_scalar(
     Ok(())
 }
 
+/// One of several projections of the same input, for [`linear_many`].
+pub struct Projection<'a, 'y> {
+    /// The weight matrix `[n, k]`.
+    pub w: Weights<'a>,
+    /// Optional bias `[n]`.
+    pub bias: Option<&'a [f32]>,
+    /// Output features `n`.
+    pub n: usize,
+    /// The output `[m, n]`, overwritten.
+    pub y: &'y mut [f32],
+}
+
+/// Several products of the same `x[m, k]` at once: `p.y = x·p.wᵀ (+ p.bias)` for every
+/// projection `p` (Q, K and V; or gate and up). Equal to calling [`linear`] on each, but in
+/// the GEMV regime the rows of all matrices are split across the threads as one range, so
+/// the group costs one hand-off instead of one per matrix, and no weight is copied to fuse
+/// them. Errors as [`linear`] would on any projection.
+pub fn linear_many(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    projections: &mut [Projection<'_, '_>],
+) -> Result<()> {
+    for p in projections.iter() {
+        validate(p.y, x, p.w, p.bias, m, k, p.n)?;
+    }
+    if m > GEMV_MAX_ROWS {
+        for p in projections.iter_mut() {
+            linear(p.y, x, p.w, p.bias, m, k, p.n)?;
+        }
+        return Ok(());
+    }
+    if projections.len() > MAX_GROUP {
+        for p in projections.iter_mut() {
+            linear(p.y, x, p.w, p.bias, m, k, p.n)?;
+        }
+        return Ok(());
+    }
+    // On the stack: the decode step allocates nothing.
+    let mut parts = [GemvPart::EMPTY; MAX_GROUP];
+    for (part, p) in parts.iter_mut().zip(projections.iter_mut()) {
+        *part = GemvPart {
+            w: p.w,
+            bias: p.bias,
+            n: p.n,
+            y: YPtr(p.y.as_mut_ptr()),
+        };
+    }
+    gemv_parts(&parts[..projections.len()], x, m, k);
+    Ok(())
+}
+
+/// Projections [`linear_many`] runs as one GEMV group; larger groups run one by one.
+const MAX_GROUP: usize = 8;
+
 /// Calls the gemm crate for `dst[m, n] (row stride dst_rs) = x[m, k] · wt`, where `wt` is the
 /// `[n, k]` row-major weight block read as its transpose. With `accumulate`, adds to `dst`.
 #[allow(clippy::too_many_arguments)]
@@ -273,7 +328,7 @@ const GEMV_PAR_MIN_ELEMS: usize = 1 << 15;
 /// Ranges of W rows per thread in the parallel GEMV.
 const GEMV_CHUNKS_PER_THREAD: usize = 4;
 
-/// A raw pointer to `y` that may cross threads; each task writes a disjoint column range.
+/// A raw pointer to an output that may cross threads; each task writes a disjoint column range.
 #[derive(Clone, Copy)]
 struct YPtr(*mut f32);
 // SAFETY: tasks only write disjoint column ranges of y (see `gemv`).
@@ -287,6 +342,25 @@ impl YPtr {
     }
 }
 
+/// One matrix of a GEMV group: its weights, bias, rows and output.
+#[derive(Clone, Copy)]
+struct GemvPart<'a> {
+    w: Weights<'a>,
+    bias: Option<&'a [f32]>,
+    n: usize,
+    y: YPtr,
+}
+
+impl GemvPart<'_> {
+    /// A part with no rows, to fill unused slots of a group.
+    const EMPTY: GemvPart<'static> = GemvPart {
+        w: Weights::F32(&[]),
+        bias: None,
+        n: 0,
+        y: YPtr(std::ptr::null_mut()),
+    };
+}
+
 fn gemv(
     y: &mut [f32],
     x: &[f32],
@@ -296,27 +370,48 @@ fn gemv(
     k: usize,
     n: usize,
 ) {
-    let threads = rayon::current_num_threads();
-    let yp = YPtr(y.as_mut_ptr());
-    let run = |j0: usize, j1: usize| {
-        // SAFETY: `y` is m·n long (validated); this task owns columns j0..j1 of every row,
-        // and no other task touches them while it runs.
-        let y = unsafe { std::slice::from_raw_parts_mut(yp.get(), m * n) };
-        gemv_columns(y, x, w, bias, m, k, n, j0, j1);
+    let part = GemvPart {
+        w,
+        bias,
+        n,
+        y: YPtr(y.as_mut_ptr()),
     };
-    if threads <= 1 || n * k < GEMV_PAR_MIN_ELEMS {
-        run(0, n);
+    gemv_parts(std::slice::from_ref(&part), x, m, k);
+}
+
+/// The GEMV over a group of matrices sharing `x`: their rows, end to end, are one range split
+/// across the threads. Each part's `y` must be `m·n` long (validated by the callers).
+fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
+    let total: usize = parts.iter().map(|p| p.n).sum();
+    // Rows j0..j1 of the concatenation, dispatched to the parts they cover.
+    let run = |j0: usize, j1: usize| {
+        let mut base = 0;
+        for p in parts {
+            let (a, b) = (j0.max(base), j1.min(base + p.n));
+            if a < b {
+                // SAFETY: `p.y` points to m·n floats (validated by the caller) that live
+                // for this call; this task owns columns a−base..b−base of every row, which
+                // no other task writes while it runs.
+                let y = unsafe { std::slice::from_raw_parts_mut(p.y.get(), m * p.n) };
+                gemv_columns(y, x, p.w, p.bias, m, k, p.n, a - base, b - base);
+            }
+            base += p.n;
+        }
+    };
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || total * k < GEMV_PAR_MIN_ELEMS {
+        run(0, total);
         return;
     }
     // Contiguous ranges of W rows, each streamed front to back exactly once. A few ranges per
     // thread (not one) let rayon's work stealing absorb a thread that the OS delays.
     let chunks = (threads * GEMV_CHUNKS_PER_THREAD)
-        .min((n * k) / GEMV_PAR_MIN_ELEMS)
+        .min((total * k) / GEMV_PAR_MIN_ELEMS)
         .max(threads);
-    let per = n.div_ceil(chunks);
+    let per = total.div_ceil(chunks);
     (0..chunks).into_par_iter().for_each(|t| {
-        let j0 = (t * per).min(n);
-        let j1 = ((t + 1) * per).min(n);
+        let j0 = (t * per).min(total);
+        let j1 = ((t + 1) * per).min(total);
         if j0 < j1 {
             run(j0, j1);
         }

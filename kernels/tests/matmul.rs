@@ -134,3 +134,59 @@ fn bad_shapes_are_errors() {
         Err(KernelError::ZeroDim(_))
     ));
 }
+
+#[test]
+fn linear_many_equals_separate_calls() {
+    use qkv_kernels::{linear_many, Projection};
+    let mut rng = Rng(4);
+    // Q/K/V-like group (n = 576, 192, 192) and a ragged one, in GEMV and gemm regimes.
+    for &(m, k) in &[(1, 576), (3, 64), (8, 130), (12, 64)] {
+        for ns in [&[576usize, 192, 192][..], &[1, 37, 1000][..]] {
+            let x = rng.vec(m * k);
+            let ws: Vec<Vec<f16>> = ns
+                .iter()
+                .map(|&n| rng.vec(n * k).iter().map(|&v| f16::from_f32(v)).collect())
+                .collect();
+            let biases: Vec<Vec<f32>> = ns.iter().map(|&n| rng.vec(n)).collect();
+            let mut together: Vec<Vec<f32>> = ns.iter().map(|&n| vec![f32::NAN; m * n]).collect();
+            let mut projections: Vec<Projection> = together
+                .iter_mut()
+                .zip(ns)
+                .enumerate()
+                .map(|(i, (y, &n))| Projection {
+                    w: Weights::F16(&ws[i]),
+                    bias: (i != 1).then_some(&biases[i][..]),
+                    n,
+                    y,
+                })
+                .collect();
+            linear_many(&x, m, k, &mut projections).unwrap();
+            for (i, &n) in ns.iter().enumerate() {
+                let mut alone = vec![0.0; m * n];
+                let bias = (i != 1).then_some(&biases[i][..]);
+                linear(&mut alone, &x, Weights::F16(&ws[i]), bias, m, k, n).unwrap();
+                // Same kernel on the same rows: bitwise equal.
+                assert_eq!(together[i], alone, "m={m} k={k} n={ns:?} part {i}");
+            }
+        }
+    }
+    // One bad projection fails the whole call before anything runs.
+    let x = vec![0.0; 4];
+    let w = vec![0.0f32; 8];
+    let (mut a, mut b) = (vec![0.0; 2], vec![0.0; 3]);
+    let mut bad = [
+        Projection {
+            w: Weights::F32(&w),
+            bias: None,
+            n: 2,
+            y: &mut a,
+        },
+        Projection {
+            w: Weights::F32(&w),
+            bias: None,
+            n: 3,
+            y: &mut b,
+        },
+    ];
+    assert!(linear_many(&x, 1, 4, &mut bad).is_err());
+}

@@ -29,7 +29,9 @@ use qkv_kernels::activation::{add_inplace, swiglu};
 use qkv_kernels::convert::{f16_to_f32, f32_to_f16};
 use qkv_kernels::norm::rms_norm;
 use qkv_kernels::rope::{RopeStyle, RopeTable};
-use qkv_kernels::{attention, linear, AttentionMask, KvData, KvView, QueryView, Weights};
+use qkv_kernels::{
+    attention, linear, linear_many, AttentionMask, KvData, KvView, Projection, QueryView, Weights,
+};
 
 /// Where a Llama's tensors come from, which fixes their names and their RoPE layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -468,9 +470,32 @@ impl Llama {
         for (l, b) in self.blocks.iter().enumerate() {
             // Attention.
             rms_norm(xn, x, &b.attn_norm, c.rms_eps, d)?;
-            linear(q, xn, b.wq.weights(), None, t, d, d)?;
-            linear(k, xn, b.wk.weights(), None, t, d, kvd)?;
-            linear(v, xn, b.wv.weights(), None, t, d, kvd)?;
+            // Q, K and V as one group: one hand-off to the threads, no fused weight copy.
+            linear_many(
+                xn,
+                t,
+                d,
+                &mut [
+                    Projection {
+                        w: b.wq.weights(),
+                        bias: None,
+                        n: d,
+                        y: q,
+                    },
+                    Projection {
+                        w: b.wk.weights(),
+                        bias: None,
+                        n: kvd,
+                        y: k,
+                    },
+                    Projection {
+                        w: b.wv.weights(),
+                        bias: None,
+                        n: kvd,
+                        y: v,
+                    },
+                ],
+            )?;
             self.rope.apply(q, t, c.heads, pos0, style)?;
             self.rope.apply(k, t, c.kv_heads, pos0, style)?;
             let rows = l * layer_len + pos0 * kvd..l * layer_len + seen * kvd;
@@ -492,8 +517,25 @@ impl Llama {
 
             // Feed-forward.
             rms_norm(xn, x, &b.ffn_norm, c.rms_eps, d)?;
-            linear(gate, xn, b.w_gate.weights(), None, t, d, ff)?;
-            linear(up, xn, b.w_up.weights(), None, t, d, ff)?;
+            linear_many(
+                xn,
+                t,
+                d,
+                &mut [
+                    Projection {
+                        w: b.w_gate.weights(),
+                        bias: None,
+                        n: ff,
+                        y: gate,
+                    },
+                    Projection {
+                        w: b.w_up.weights(),
+                        bias: None,
+                        n: ff,
+                        y: up,
+                    },
+                ],
+            )?;
             swiglu(hidden, gate, up)?;
             linear(xn, hidden, b.w_down.weights(), None, t, ff, d)?;
             add_inplace(x, xn)?;
