@@ -119,6 +119,14 @@ impl Session {
         let kv_dtype = options.kv_dtype.unwrap_or(model.llama().dtype());
         let chunk = options.prefill_chunk.unwrap_or(256);
         let state = model.llama().new_state(capacity, kv_dtype, chunk)?;
+        // The attention kernel keeps per-thread buffers; size them on every pool thread now
+        // so that a step allocates nothing whichever thread it lands on.
+        qkv_kernels::attention::reserve_scratch(
+            config.heads,
+            config.kv_heads,
+            config.head_dim,
+            config.head_dim,
+        );
         let vocab = config.vocab;
         Ok(Session {
             model,

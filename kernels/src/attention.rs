@@ -365,6 +365,15 @@ pub fn attention_scalar(
     Ok(())
 }
 
+/// Sizes the per-thread scratch of [`attention`] on every thread of rayon's current pool and
+/// on the calling thread, for `heads` query heads over `kv_heads` KV heads. Afterwards, decode
+/// calls (one query row) of that shape allocate nothing, whichever thread runs them; without
+/// it each thread sizes its buffers on first use. Prefill calls may still grow them once.
+pub fn reserve_scratch(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) {
+    rayon::broadcast(|_| streaming::reserve(heads, kv_heads, d_qk, d_v));
+    streaming::reserve(heads, kv_heads, d_qk, d_v);
+}
+
 /// The slow path: the same result as [`attention`] plus the probabilities `[heads, tq, tk]`
 /// (row `(h, i)` sums to 1, or is all zeros when every key is masked). It materializes the
 /// whole score matrix, so it is for inspection and tests, not for speed.

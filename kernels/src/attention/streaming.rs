@@ -68,6 +68,26 @@ struct Packed<'a> {
     blocks: usize,
 }
 
+/// Sizes this thread's buffers for calls with `heads` query heads over `kv_heads`, so that
+/// decode calls (one query) of that shape allocate nothing later. See
+/// [`super::reserve_scratch`].
+pub(super) fn reserve(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) {
+    let group = heads / kv_heads.max(1);
+    let rows = group * (ROWS_TARGET / group.max(1)).max(1);
+    let dvp = d_v.div_ceil(8) * 8;
+    SCRATCH.with(|sc| sc.borrow_mut().prepare(rows, d_qk, dvp));
+    // Split decode: at most kv_heads · ⌈4·threads / kv_heads⌉ items of `group` rows each.
+    let threads = rayon::current_num_threads();
+    let items = kv_heads * (4 * threads).div_ceil(kv_heads.max(1));
+    let partials = items * group * (d_v + 2);
+    PARTIALS.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.len() < partials {
+            p.resize(partials, 0.0);
+        }
+    });
+}
+
 /// Everything an item needs to know about the call.
 struct Ctx<'a> {
     q: &'a QueryView<'a>,
