@@ -9,7 +9,7 @@
 //!   [`CrossAttention`], [`MultiHeadCrossAttention`], [`Attention`],
 //!   [`MultiHeadAttentionWithProbs`], [`TransformerAttention`]; all of them are thin names
 //!   over one [`AttentionCore`], and all attention goes through the one kernel
-//!   [`qkv_kernels::attention`].
+//!   [`qkv_kernels::attention()`].
 //!
 //! ```
 //! use qkv::nn::{Linear, Seq};
