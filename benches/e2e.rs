@@ -1,60 +1,153 @@
 //! End-to-end Llama benches on the default model (SmolLM2-135M-Instruct, fetched into
 //! `$QKV_CACHE` on first use), in the `llama-bench` spirit:
 //!
-//! - `e2e/{f16,f32}/pp128`: prefill of a 128-token prompt (matrix path), per prompt;
-//! - `e2e/{f16,f32}/tg`: one decode step (GEMV path) at positions 128–255.
+//! - `e2e/{f16,f32}/pp512`: prefill of a 512-token prompt from an empty cache;
+//! - `e2e/f16/pp512_d2048`: prefill of 512 tokens on top of 2048 cached ones (the cache is
+//!   filled once and truncated back to 2048 before every iteration);
+//! - `e2e/f16/tg_d{0,512,2048}`, `e2e/f32/tg_d0`: one decode step at context 0, 512 and 2048
+//!   (filled once; each step is undone with `truncate`, so every step sees the same context);
+//! - `e2e/f16/ttft_cold16`: time to first token from a cold process start: this bench binary
+//!   re-runs itself as a child that maps the model, makes a session, prefills a 16-token prompt
+//!   and picks the first token (process start, mmap load and page-ins of the weights included;
+//!   the file itself stays in the OS page cache, as it would for a second `decode` run).
 //!
-//! Tokens per second = 128 / pp128 time, 1 / tg time. f16 is the converted f16 GGUF (mapped);
-//! f32 is the Q4_1 source dequantized to f32. Run: `cargo bench --bench e2e`.
+//! Tokens per second = 512 / pp512 time, 1 / tg time. f16 is the converted f16 GGUF (mapped);
+//! f32 is the Q4_1 source dequantized to f32. Run: `cargo bench --bench e2e [-- FILTER]`.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use qkv::model::{Model, ModelOptions};
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::FloatType;
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Set in the child process of the cold time-to-first-token bench: the model path.
+const CHILD_ENV: &str = "QKV_E2E_TTFT_CHILD";
+
+/// Deterministic, in-vocabulary token ids standing in for a prompt.
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| 200 + (i * 37 + salt * 101) % 40000)
+        .collect()
+}
+
+fn session(model: &Arc<Model>, context: usize) -> Session {
+    let options = SessionOptions {
+        context: Some(context),
+        ..SessionOptions::default()
+    };
+    Session::new(model.clone(), options).unwrap()
+}
+
 fn bench(c: &mut Criterion) {
     let f16 = qkv::fetch::default_model().expect("default model");
-    let q4 = qkv::fetch::cache_dir()
-        .unwrap()
-        .join(qkv::fetch::WHEEL_GGUF);
-    let prompt: Vec<u32> = (0..128u32).map(|i| 200 + i * 37 % 40000).collect();
+    let q4 = qkv::fetch::source_model().expect("source model");
     let mut group = c.benchmark_group("e2e");
     group.sample_size(10).warm_up_time(Duration::from_secs(2));
+
     for (name, path, dtype) in [("f16", &f16, FloatType::F16), ("f32", &q4, FloatType::F32)] {
         let model = Arc::new(Model::load(path, &ModelOptions { dtype }).unwrap());
-        let options = SessionOptions {
-            context: Some(512),
-            ..SessionOptions::default()
-        };
-        let mut s = Session::new(model, options).unwrap();
-        group.bench_function(format!("{name}/pp128"), |b| {
+        let mut s = session(&model, 2048 + 512 + 1);
+        let p512 = tokens(512, 0);
+        group.throughput(criterion::Throughput::Elements(512));
+        group.bench_function(format!("{name}/pp512"), |b| {
             b.iter(|| {
                 s.reset();
-                s.prefill(&prompt).unwrap();
+                s.prefill(&p512).unwrap();
             })
         });
-        group.bench_function(format!("{name}/tg"), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                let mut done = 0;
-                while done < iters {
+        if dtype == FloatType::F16 {
+            // Setup on the closure's first call (criterion calls it once per sample, and not
+            // at all when the filter does not match it).
+            let mut ready = false;
+            group.bench_function(format!("{name}/pp512_d2048"), |b| {
+                if !ready {
                     s.reset();
-                    s.prefill(&prompt).unwrap();
-                    let start = Instant::now();
-                    while done < iters && s.position() < 256 {
-                        s.step(1000 + (done % 7) as u32).unwrap();
-                        done += 1;
-                    }
-                    total += start.elapsed();
+                    s.prefill(&tokens(2048, 1)).unwrap();
+                    ready = true;
                 }
-                total
-            })
-        });
+                b.iter(|| {
+                    s.truncate(2048).unwrap();
+                    s.prefill(&p512).unwrap();
+                })
+            });
+        }
+        group.throughput(criterion::Throughput::Elements(1));
+        let depths: &[usize] = if dtype == FloatType::F16 {
+            &[0, 512, 2048]
+        } else {
+            &[0]
+        };
+        for &depth in depths {
+            let (mut k, mut ready) = (0u32, false);
+            group.bench_function(format!("{name}/tg_d{depth}"), |b| {
+                if !ready {
+                    s.reset();
+                    if depth > 0 {
+                        s.prefill(&tokens(depth, 2)).unwrap();
+                    }
+                    ready = true;
+                }
+                b.iter(|| {
+                    s.truncate(depth).unwrap();
+                    k = (k + 1) % 7;
+                    s.step(1000 + k).unwrap();
+                })
+            });
+        }
     }
+
+    group.throughput(criterion::Throughput::Elements(1));
+    let exe = std::env::current_exe().unwrap();
+    group.bench_function("f16/ttft_cold16", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                let status = Command::new(&exe)
+                    .env(CHILD_ENV, &f16)
+                    .status()
+                    .expect("spawning the ttft child");
+                total += start.elapsed();
+                assert!(status.success(), "ttft child failed: {status}");
+            }
+            total
+        })
+    });
     group.finish();
 }
 
+/// The child of `ttft_cold16`: load, prefill 16 tokens, pick the first token, exit.
+fn ttft_child(path: &Path) {
+    let model = Arc::new(
+        Model::load(
+            path,
+            &ModelOptions {
+                dtype: FloatType::F16,
+            },
+        )
+        .unwrap(),
+    );
+    let mut s = session(&model, 64);
+    let logits = s.prefill(&tokens(16, 3)).unwrap();
+    let first = logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i)
+        .unwrap();
+    std::hint::black_box(first);
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let Some(path) = std::env::var_os(CHILD_ENV) {
+        ttft_child(Path::new(&path));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

