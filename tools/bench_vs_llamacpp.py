@@ -331,7 +331,11 @@ def main():
     for name, label, target, peers, qkv_fn in rows:
         if wanted and name not in wanted:
             continue
-        log(f"row {name}: {args.reps} alternations")
+        # Other work on the machine hurts llama.cpp far more (its threads spin at barriers):
+        # seen 4–25 tok/s instead of ~95 at tg128 with a third busy process. Check the load.
+        load = os.getloadavg()[0]
+        log(f"row {name}: {args.reps} alternations (load average {load:.2f}"
+            f"{'; the machine is busy, figures are unreliable' if load > 2.5 else ''})")
         peer_samples = {p: [] for p, _ in peers}
         peer_cmds, qkv_samples, qkv_cmd = {}, [], None
         for i in range(args.reps):
