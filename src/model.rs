@@ -106,6 +106,17 @@ impl Model {
         })?;
         let config = hf_config(&config_path, &text)?;
         let source = SafeTensorsDir::open(dir)?;
+        // An untied head must be in the files: never fall back to the embedding silently.
+        let untied = serde_json::from_str::<serde_json::Value>(&text)
+            .is_ok_and(|j| j["tie_word_embeddings"] == serde_json::Value::Bool(false));
+        if untied && !source.contains("lm_head.weight") {
+            return Err(in_file(
+                dir,
+                Error::MissingTensor {
+                    name: "lm_head.weight (config.json sets tie_word_embeddings: false)".into(),
+                },
+            ));
+        }
         let llama = Llama::load(config, &source, options.dtype).map_err(|e| in_file(dir, e))?;
         let tokenizer = Tokenizer::from_tokenizer_json(&dir.join("tokenizer.json"))?;
         Ok(Model {
@@ -240,6 +251,24 @@ fn hf_config(path: &Path, text: &str) -> Result<LlamaConfig> {
                 .ok_or_else(|| bad(format!("`{k}` is not a number"))),
         }
     };
+    // What qkv's Llama computes: SwiGLU with SiLU, no biases. Anything else is refused
+    // rather than run wrong.
+    if let Some(act) = json.get("hidden_act").filter(|v| !v.is_null()) {
+        if act.as_str() != Some("silu") {
+            return Err(Error::Unsupported(format!(
+                "{}: hidden_act {act} (qkv's Llama uses silu)",
+                path.display()
+            )));
+        }
+    }
+    for flag in ["attention_bias", "mlp_bias"] {
+        if json[flag].as_bool() == Some(true) {
+            return Err(Error::Unsupported(format!(
+                "{}: `{flag}: true` (qkv's Llama has no bias terms)",
+                path.display()
+            )));
+        }
+    }
     // transformers < 5 writes `rope_theta` and `rope_scaling`; 5 nests both in
     // `rope_parameters` (`rope_theta`, `rope_type`). Only plain RoPE is implemented.
     let rope = &json["rope_parameters"];
@@ -375,6 +404,17 @@ mod tests {
         );
         let e = hf_config(Path::new("c.json"), &scaled).unwrap_err();
         assert!(matches!(e, Error::Unsupported(_)), "{e}");
+        // Activations and biases qkv does not compute are refused, not run wrong.
+        for (from, to) in [
+            ("}", r#","hidden_act":"gelu"}"#),
+            ("}", r#","attention_bias":true}"#),
+            ("}", r#","mlp_bias":true}"#),
+        ] {
+            let e = hf_config(Path::new("c.json"), &text.replacen(from, to, 1)).unwrap_err();
+            assert!(matches!(e, Error::Unsupported(_)), "{e}");
+        }
+        let ok = text.replacen('}', r#","hidden_act":"silu","attention_bias":false}"#, 1);
+        assert!(hf_config(Path::new("c.json"), &ok).is_ok());
     }
 
     #[test]

@@ -575,4 +575,11 @@ fn faulty_hf_directories_are_errors_naming_the_fault() {
     write_tiny(dir.path(), &config, None);
     let msg = load().expect_err("wrong shape").to_string();
     assert!(msg.contains("k_proj"), "{msg}");
+
+    // An untied head that is not in the files: an error, never a silent tie.
+    let mut config = tiny_config();
+    config["tie_word_embeddings"] = json!(false);
+    write_tiny(dir.path(), &config, None);
+    let msg = load().expect_err("untied head without lm_head").to_string();
+    assert!(msg.contains("lm_head.weight"), "{msg}");
 }
