@@ -312,9 +312,16 @@ fn fully_masked_rows_are_zero() {
 
 #[test]
 fn strided_cache_views_read_in_place() {
+    // Five queries (packed K/V blocks) and one (decode: K and V read in place).
+    for tq in [5, 1] {
+        strided_cache_case(tq);
+    }
+}
+
+fn strided_cache_case(tq: usize) {
     // A cache of capacity 100 holding 37 positions, head-major layout [kv_heads, cap, d].
     let mut rng = Rng(7);
-    let (cap, tk, kv_heads, heads, d, tq) = (100, 37, 2, 6, 16, 5);
+    let (cap, tk, kv_heads, heads, d) = (100, 37, 2, 6, 16);
     let kc = rng.vec(kv_heads * cap * d, 1.0);
     let vc = rng.vec(kv_heads * cap * d, 1.0);
     // Queries embedded in a wider fused buffer: row stride 3·heads·d.
