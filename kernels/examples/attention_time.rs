@@ -1,9 +1,12 @@
 //! Times the attention kernel on one shape and prints the median and minimum in ms, for
 //! side-by-side runs against PyTorch (`tools/attention_vs_sdpa.py`).
 //!
-//! `cargo run --release -p qkv-kernels --example attention_time -- TQ TK f32|f16 [REPS]`
+//! `cargo run --release -p qkv-kernels --example attention_time -- TQ TK f32|f16 [REPS [LAYERS]]`
 //!
 //! 9 query heads over 3 KV heads, head_dim 64, causal with query `i` at position `tk−tq+i`.
+//! With `LAYERS > 1` every repetition runs the call once on each of `LAYERS` separate K/V
+//! buffers, as a decode step does across a model's layers, so that K and V come from memory
+//! rather than cache once the buffers outgrow it; the times printed are per call.
 
 use qkv_kernels::{attention, f16, AttentionMask, KvView, QueryView};
 use std::time::Instant;
@@ -11,7 +14,7 @@ use std::time::Instant;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
-        eprintln!("usage: attention_time TQ TK f32|f16 [REPS]");
+        eprintln!("usage: attention_time TQ TK f32|f16 [REPS [LAYERS]]");
         std::process::exit(2);
     }
     let parse = |s: &str| -> usize {
@@ -22,6 +25,7 @@ fn main() {
     };
     let (tq, tk) = (parse(&args[0]), parse(&args[1]));
     let reps = args.get(3).map_or(11, |s| parse(s)).max(1);
+    let layers = args.get(4).map_or(1, |s| parse(s)).max(1);
     if tq == 0 || tk < tq {
         eprintln!("need 0 < TQ ≤ TK");
         std::process::exit(2);
@@ -33,35 +37,55 @@ fn main() {
             .collect()
     };
     let q = fill(tq * heads * d, 1);
-    let k = fill(tk * kv_heads * d, 2);
-    let v = fill(tk * kv_heads * d, 3);
+    let n = tk * kv_heads * d;
+    let k = fill(n * layers, 2);
+    let v = fill(n * layers, 3);
     let (k16, v16): (Vec<f16>, Vec<f16>) = (
         k.iter().map(|&x| f16::from_f32(x)).collect(),
         v.iter().map(|&x| f16::from_f32(x)).collect(),
     );
-    let (kv, vv) = match args[2].as_str() {
-        "f32" => (
-            KvView::contiguous_f32(&k, tk, kv_heads, d),
-            KvView::contiguous_f32(&v, tk, kv_heads, d),
-        ),
-        "f16" => (
-            KvView::contiguous_f16(&k16, tk, kv_heads, d),
-            KvView::contiguous_f16(&v16, tk, kv_heads, d),
-        ),
-        other => {
-            eprintln!("dtype must be f32 or f16, not {other}");
-            std::process::exit(2)
-        }
-    };
+    let head_major = std::env::var_os("HEAD_MAJOR").is_some();
+    let views: Vec<(KvView, KvView)> = (0..layers)
+        .map(|l| {
+            let r = l * n..(l + 1) * n;
+            fn hm(mut v: KvView<'_>, on: bool, tk: usize, d: usize) -> KvView<'_> {
+                if on {
+                    v.row_stride = d;
+                    v.head_stride = tk * d;
+                }
+                v
+            }
+            let (a, b) = match args[2].as_str() {
+                "f32" => (
+                    KvView::contiguous_f32(&k[r.clone()], tk, kv_heads, d),
+                    KvView::contiguous_f32(&v[r], tk, kv_heads, d),
+                ),
+                "f16" => (
+                    KvView::contiguous_f16(&k16[r.clone()], tk, kv_heads, d),
+                    KvView::contiguous_f16(&v16[r], tk, kv_heads, d),
+                ),
+                other => {
+                    eprintln!("dtype must be f32 or f16, not {other}");
+                    std::process::exit(2)
+                }
+            };
+            (hm(a, head_major, tk, d), hm(b, head_major, tk, d))
+        })
+        .collect();
     let qv = QueryView::contiguous(&q, tq, heads, d);
     let mask = AttentionMask::causal(tk - tq);
     let mut out = vec![0.0f32; tq * heads * d];
     let mut times = Vec::with_capacity(reps);
-    attention(&qv, &kv, &vv, &mask, None, &mut out).expect("valid shapes"); // warm-up
+    let pass = |out: &mut [f32]| {
+        for (kv, vv) in &views {
+            attention(&qv, kv, vv, &mask, None, out).expect("valid shapes");
+        }
+    };
+    pass(&mut out); // warm-up
     for _ in 0..reps {
         let t = Instant::now();
-        attention(&qv, &kv, &vv, &mask, None, &mut out).expect("valid shapes");
-        times.push(t.elapsed().as_secs_f64() * 1e3);
+        pass(&mut out);
+        times.push(t.elapsed().as_secs_f64() * 1e3 / layers as f64);
     }
     times.sort_by(f64::total_cmp);
     println!("median_ms {:.4} min_ms {:.4}", times[reps / 2], times[0]);

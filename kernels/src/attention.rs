@@ -125,6 +125,33 @@ impl<'a> KvView<'a> {
         }
     }
 
+    /// The first `rows` positions of a head-major `[heads, capacity, dim]` buffer (a KV cache
+    /// that keeps each head's positions together, so that decoding streams them in order).
+    ///
+    /// ```
+    /// use qkv_kernels::{KvData, KvView};
+    /// // 2 heads × capacity 4 × dim 3, of which 2 positions are filled.
+    /// let cache = [0.0f32; 2 * 4 * 3];
+    /// let view = KvView::head_major(KvData::F32(&cache), 2, 2, 3, 4);
+    /// assert_eq!((view.row_stride, view.head_stride), (3, 12));
+    /// ```
+    pub fn head_major(
+        data: KvData<'a>,
+        rows: usize,
+        heads: usize,
+        dim: usize,
+        capacity: usize,
+    ) -> Self {
+        KvView {
+            data,
+            rows,
+            heads,
+            dim,
+            row_stride: dim,
+            head_stride: capacity * dim,
+        }
+    }
+
     /// A dense `[rows, heads, dim]` f32 view.
     pub fn contiguous_f32(data: &'a [f32], rows: usize, heads: usize, dim: usize) -> Self {
         Self::contiguous(KvData::F32(data), rows, heads, dim)

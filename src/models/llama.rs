@@ -498,12 +498,17 @@ impl Llama {
             )?;
             self.rope.apply(q, t, c.heads, pos0, style)?;
             self.rope.apply(k, t, c.kv_heads, pos0, style)?;
-            let rows = l * layer_len + pos0 * kvd..l * layer_len + seen * kvd;
-            s.keys.write(rows.clone(), k)?;
-            s.values.write(rows, v)?;
-            let span = l * layer_len..l * layer_len + seen * kvd;
-            let keys = s.keys.view(span.clone(), seen, c.kv_heads, c.head_dim);
-            let values = s.values.view(span, seen, c.kv_heads, c.head_dim);
+            let layer = l * layer_len..(l + 1) * layer_len;
+            s.keys
+                .write(layer.clone(), s.capacity, pos0, k, c.head_dim)?;
+            s.values
+                .write(layer.clone(), s.capacity, pos0, v, c.head_dim)?;
+            let keys = s
+                .keys
+                .view(layer.clone(), s.capacity, seen, c.kv_heads, c.head_dim);
+            let values = s
+                .values
+                .view(layer, s.capacity, seen, c.kv_heads, c.head_dim);
             attention(
                 &QueryView::contiguous(q, t, c.heads, c.head_dim),
                 &keys,
@@ -570,33 +575,53 @@ impl Llama {
     }
 }
 
-/// One cache tensor (all keys or all values), `[layer][position][kv_head][head_dim]`.
+/// One cache tensor (all keys or all values), head-major within each layer:
+/// `[layer][kv_head][position][head_dim]`. Each head's positions are contiguous, so a decode
+/// step streams every head's history front to back, which is what the memory prefetcher
+/// follows best (position-major was 2.3× slower per step at 2048 positions).
 enum KvStore {
     F32(Vec<f32>),
     F16(Vec<f16>),
 }
 
 impl KvStore {
-    fn write(&mut self, range: std::ops::Range<usize>, src: &[f32]) -> Result<()> {
-        match self {
-            KvStore::F32(dst) => dst[range].copy_from_slice(src),
-            KvStore::F16(dst) => f32_to_f16(src, &mut dst[range])?,
+    /// Stores `src` (`[t][kv_head][dim]`, the projections of positions `pos0..pos0 + t`)
+    /// into the layer occupying `layer`, whose heads hold `capacity` positions each.
+    fn write(
+        &mut self,
+        layer: std::ops::Range<usize>,
+        capacity: usize,
+        pos0: usize,
+        src: &[f32],
+        dim: usize,
+    ) -> Result<()> {
+        let heads = (layer.end - layer.start) / (capacity * dim);
+        for (t, row) in src.chunks_exact(heads * dim).enumerate() {
+            for (h, x) in row.chunks_exact(dim).enumerate() {
+                let at = layer.start + (h * capacity + pos0 + t) * dim;
+                match self {
+                    KvStore::F32(dst) => dst[at..at + dim].copy_from_slice(x),
+                    KvStore::F16(dst) => f32_to_f16(x, &mut dst[at..at + dim])?,
+                }
+            }
         }
         Ok(())
     }
 
+    /// The first `rows` positions of the layer occupying `layer`.
     fn view(
         &self,
-        range: std::ops::Range<usize>,
+        layer: std::ops::Range<usize>,
+        capacity: usize,
         rows: usize,
         heads: usize,
         dim: usize,
     ) -> KvView<'_> {
         let data = match self {
-            KvStore::F32(v) => KvData::F32(&v[range]),
-            KvStore::F16(v) => KvData::F16(&v[range]),
+            KvStore::F32(v) => KvData::F32(&v[layer]),
+            KvStore::F16(v) => KvData::F16(&v[layer]),
         };
-        KvView::contiguous(data, rows, heads, dim)
+        KvView::head_major(data, rows, heads, dim, capacity)
     }
 
     fn dtype(&self) -> FloatType {

@@ -18,6 +18,8 @@ use std::cell::RefCell;
 pub(super) const KB: usize = 64;
 /// Rows (query head × query) a work item aims for: enough to amortise packing K and V.
 const ROWS_TARGET: usize = 96;
+/// Items with at most this many rows read K and V in place instead of packing them.
+const IN_PLACE_MAX_ROWS: usize = 8;
 /// Key splits are at least this many keys long.
 const MIN_SPLIT_KEYS: usize = 4 * KB;
 /// Below this many multiply-adds the call runs on the calling thread alone.
@@ -125,6 +127,33 @@ trait Micro {
     fn softmax_update(s: &mut [f32], m: &mut [f32], l: &mut [f32], corr: &mut [f32], rows: usize);
     /// `o[r·dvp + c] = o[r·dvp + c]·corr[r] + Σ_j p[r·KB + j] · v[j·dvp + c]`.
     fn pv(p: &[f32], v: &[f32], o: &mut [f32], corr: &[f32], rows: usize, dvp: usize);
+    /// `s[r·KB + j] = Σ_p q[r·d + p] · K[j0 + j, g, p]` for `r < rows, j < nk`, read in place
+    /// (columns `nk..KB` are left for the mask to fill).
+    #[allow(clippy::too_many_arguments)]
+    fn scores_in_place(
+        q: &[f32],
+        k: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        s: &mut [f32],
+        rows: usize,
+        d: usize,
+    );
+    /// `o[r·dvp + c] = o[r·dvp + c]·corr[r] + Σ_{j<nk} p[r·KB + j] · V[j0 + j, g, c]` for
+    /// `c < d_v`, read in place.
+    #[allow(clippy::too_many_arguments)]
+    fn pv_in_place(
+        p: &[f32],
+        v: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        o: &mut [f32],
+        corr: &[f32],
+        rows: usize,
+        dvp: usize,
+    );
 }
 
 /// Plain loops: the reference every SIMD micro-kernel is tested against, and the fallback.
@@ -194,6 +223,52 @@ impl Micro for Scalar {
                 let pj = p[r * KB + j];
                 for (c, x) in orow.iter_mut().enumerate() {
                     *x += pj * v[j * dvp + c];
+                }
+            }
+        }
+    }
+
+    fn scores_in_place(
+        q: &[f32],
+        k: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        s: &mut [f32],
+        rows: usize,
+        d: usize,
+    ) {
+        for r in 0..rows {
+            for j in 0..nk {
+                let mut acc = 0.0f32;
+                for p in 0..d {
+                    acc += q[r * d + p] * k.get(j0 + j, g, p);
+                }
+                s[r * KB + j] = acc;
+            }
+        }
+    }
+
+    fn pv_in_place(
+        p: &[f32],
+        v: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        o: &mut [f32],
+        corr: &[f32],
+        rows: usize,
+        dvp: usize,
+    ) {
+        for r in 0..rows {
+            let orow = &mut o[r * dvp..r * dvp + v.dim];
+            for x in orow.iter_mut() {
+                *x *= corr[r];
+            }
+            for j in 0..nk {
+                let pj = p[r * KB + j];
+                for (c, x) in orow.iter_mut().enumerate() {
+                    *x += pj * v.get(j0 + j, g, c);
                 }
             }
         }
@@ -511,6 +586,20 @@ fn process_item<M: Micro>(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch) {
         Some(p0) => it.j1.min(p0 + it.i0 + it.nq),
         None => it.j1,
     };
+    // Few rows (decode): packing a block would cost as much as using it, so K and V are read
+    // where they lie.
+    if ctx.packed.is_none() && rows <= IN_PLACE_MAX_ROWS {
+        let mut jb = it.j0;
+        while jb < j_end {
+            let nk = KB.min(j_end - jb);
+            M::scores_in_place(&sc.q, ctx.k, it.g, jb, nk, &mut sc.s, rows, d);
+            apply_masks(ctx, it, jb, nk, tk, &mut sc.s[..rows * KB]);
+            M::softmax_update(&mut sc.s, &mut sc.m, &mut sc.l, &mut sc.corr, rows);
+            M::pv_in_place(&sc.s, ctx.v, it.g, jb, nk, &mut sc.o, &sc.corr, rows, dvp);
+            jb += nk;
+        }
+        return;
+    }
     let mut jb = it.j0;
     while jb < j_end {
         let nk = KB.min(j_end - jb);
@@ -773,11 +862,15 @@ mod avx2 {
         }
     }
 
-    /// P·V for rows `r0..r0+R`, `V` columns `c..c+8·C`.
+    /// P·V for rows `r0..r0+R`, `V` columns `c..c+8·C`: `V` row `j < nk` starts at
+    /// `v + j·v_stride` (packed f32 blocks, or the cache itself).
     #[inline(always)]
-    unsafe fn pv_tile<const R: usize, const C: usize>(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pv_tile<T: Lane, const R: usize, const C: usize>(
         p: &[f32],
-        v: &[f32],
+        v: *const T,
+        v_stride: usize,
+        nk: usize,
         o: &mut [f32],
         corr: &[f32],
         r0: usize,
@@ -794,10 +887,10 @@ mod avx2 {
             }
         }
         let pp = p.as_ptr().add(r0 * KB);
-        let vp = v.as_ptr();
-        for j in 0..KB {
+        for j in 0..nk {
+            // SAFETY: the caller guarantees 8·C readable elements from column c of row j.
             let vv: [__m256; C] =
-                core::array::from_fn(|x| _mm256_loadu_ps(vp.add(j * dvp + c + 8 * x)));
+                core::array::from_fn(|x| T::load8(v.add(j * v_stride + c + 8 * x)));
             for (r, a) in acc.iter_mut().enumerate() {
                 let pb = _mm256_broadcast_ss(&*pp.add(r * KB + j));
                 for x in 0..C {
@@ -808,6 +901,163 @@ mod avx2 {
         for (r, a) in acc.iter().enumerate() {
             for (x, av) in a.iter().enumerate() {
                 _mm256_storeu_ps(op.add((r0 + r) * dvp + c + 8 * x), *av);
+            }
+        }
+    }
+
+    /// The sums of four vectors' lanes, in order.
+    #[inline(always)]
+    unsafe fn hsum4(a: [__m256; 4]) -> __m128 {
+        let t0 = _mm256_hadd_ps(a[0], a[1]);
+        let t1 = _mm256_hadd_ps(a[2], a[3]);
+        let t = _mm256_hadd_ps(t0, t1);
+        _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+    }
+
+    /// Scores of rows `r0..r0+R` against `nk` keys read in place: key `j` starts at
+    /// `k + j·k_stride`. Four keys at a time share each row's loads of Q; the dot products
+    /// are reduced across lanes once per four keys.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_in_place_rows<T: Lane, const R: usize>(
+        q: &[f32],
+        k: *const T,
+        k_stride: usize,
+        nk: usize,
+        s: &mut [f32],
+        d: usize,
+        r0: usize,
+    ) {
+        let d8 = d / 8 * 8;
+        let qp = q.as_ptr().add(r0 * d);
+        let sp = s.as_mut_ptr().add(r0 * KB);
+        // Elements past the last multiple of 8, one key at a time.
+        let tail = |r: usize, j: usize| -> f32 {
+            let mut t = 0.0f32;
+            for p in d8..d {
+                t += *qp.add(r * d + p) * (*k.add(j * k_stride + p)).to_f32();
+            }
+            t
+        };
+        let mut j = 0;
+        while j + 4 <= nk {
+            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+            let mut p = 0;
+            while p < d8 {
+                // SAFETY: keys j..j+4 < nk and p + 8 ≤ d: inside the view.
+                let kv: [__m256; 4] =
+                    core::array::from_fn(|i| T::load8(k.add((j + i) * k_stride + p)));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let qv = _mm256_loadu_ps(qp.add(r * d + p));
+                    for i in 0..4 {
+                        a[i] = _mm256_fmadd_ps(kv[i], qv, a[i]);
+                    }
+                }
+                p += 8;
+            }
+            for (r, a) in acc.iter().enumerate() {
+                let mut four = hsum4(*a);
+                if d8 < d {
+                    let t: [f32; 4] = core::array::from_fn(|i| tail(r, j + i));
+                    four = _mm_add_ps(four, _mm_loadu_ps(t.as_ptr()));
+                }
+                _mm_storeu_ps(sp.add(r * KB + j), four);
+            }
+            j += 4;
+        }
+        while j < nk {
+            for r in 0..R {
+                let mut acc = _mm256_setzero_ps();
+                let mut p = 0;
+                while p < d8 {
+                    let qv = _mm256_loadu_ps(qp.add(r * d + p));
+                    acc = _mm256_fmadd_ps(T::load8(k.add(j * k_stride + p)), qv, acc);
+                    p += 8;
+                }
+                *sp.add(r * KB + j) = hsum(acc) + tail(r, j);
+            }
+            j += 1;
+        }
+    }
+
+    /// [`Micro::scores_in_place`] for one element type.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores_in_place_typed<T: Lane>(
+        q: &[f32],
+        data: &[T],
+        k: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        s: &mut [f32],
+        rows: usize,
+        d: usize,
+    ) {
+        let (base, stride) = (data.as_ptr().add(k.offset(j0, g)), k.row_stride);
+        let mut r0 = 0;
+        while r0 + 3 <= rows {
+            scores_in_place_rows::<T, 3>(q, base, stride, nk, s, d, r0);
+            r0 += 3;
+        }
+        match rows - r0 {
+            0 => {}
+            1 => scores_in_place_rows::<T, 1>(q, base, stride, nk, s, d, r0),
+            _ => scores_in_place_rows::<T, 2>(q, base, stride, nk, s, d, r0),
+        }
+    }
+
+    /// [`Micro::pv_in_place`] for one element type: 16 columns at a time, then 8, then the
+    /// columns past the last multiple of 8 in scalar code.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pv_in_place_typed<T: Lane>(
+        p: &[f32],
+        data: &[T],
+        v: &KvView<'_>,
+        g: usize,
+        j0: usize,
+        nk: usize,
+        o: &mut [f32],
+        corr: &[f32],
+        rows: usize,
+        dvp: usize,
+    ) {
+        let base = data.as_ptr().add(v.offset(j0, g));
+        let (dv, stride) = (v.dim, v.row_stride);
+        let dv8 = dv / 8 * 8;
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = (rows - r0).min(6);
+            macro_rules! cols {
+                ($r:literal) => {{
+                    let mut c = 0;
+                    while c + 16 <= dv8 {
+                        pv_tile::<T, $r, 2>(p, base, stride, nk, o, corr, r0, c, dvp);
+                        c += 16;
+                    }
+                    if c < dv8 {
+                        pv_tile::<T, $r, 1>(p, base, stride, nk, o, corr, r0, c, dvp);
+                    }
+                }};
+            }
+            match n {
+                1 => cols!(1),
+                2 => cols!(2),
+                3 => cols!(3),
+                4 => cols!(4),
+                5 => cols!(5),
+                _ => cols!(6),
+            }
+            r0 += n;
+        }
+        for r in 0..rows {
+            for c in dv8..dv {
+                let mut x = o[r * dvp + c] * corr[r];
+                for j in 0..nk {
+                    x += p[r * KB + j] * (*base.add(j * stride + c)).to_f32();
+                }
+                o[r * dvp + c] = x;
             }
         }
     }
@@ -852,11 +1102,11 @@ mod avx2 {
     ) {
         let mut c = 0;
         while c + 16 <= dvp {
-            pv_tile::<R, 2>(p, v, o, corr, r0, c, dvp);
+            pv_tile::<f32, R, 2>(p, v.as_ptr(), dvp, KB, o, corr, r0, c, dvp);
             c += 16;
         }
         if c < dvp {
-            pv_tile::<R, 1>(p, v, o, corr, r0, c, dvp);
+            pv_tile::<f32, R, 1>(p, v.as_ptr(), dvp, KB, o, corr, r0, c, dvp);
         }
     }
 
@@ -933,6 +1183,49 @@ mod avx2 {
             debug_assert!(p.len() >= rows * KB && v.len() >= KB * dvp && o.len() >= rows * dvp);
             // SAFETY: see `pack_kt`.
             unsafe { by_rows!(rows, pv_rows, p, v, o, corr, dvp) }
+        }
+
+        #[inline(always)]
+        fn scores_in_place(
+            q: &[f32],
+            k: &KvView<'_>,
+            g: usize,
+            j0: usize,
+            nk: usize,
+            s: &mut [f32],
+            rows: usize,
+            d: usize,
+        ) {
+            debug_assert!(j0 + nk <= k.rows && q.len() >= rows * d && s.len() >= rows * KB);
+            // SAFETY: see `pack_kt`; keys j0..j0+nk of head g lie inside the validated view.
+            unsafe {
+                match k.data {
+                    KvData::F32(x) => scores_in_place_typed(q, x, k, g, j0, nk, s, rows, d),
+                    KvData::F16(x) => scores_in_place_typed(q, x, k, g, j0, nk, s, rows, d),
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn pv_in_place(
+            p: &[f32],
+            v: &KvView<'_>,
+            g: usize,
+            j0: usize,
+            nk: usize,
+            o: &mut [f32],
+            corr: &[f32],
+            rows: usize,
+            dvp: usize,
+        ) {
+            debug_assert!(j0 + nk <= v.rows && p.len() >= rows * KB && o.len() >= rows * dvp);
+            // SAFETY: as in `scores_in_place`.
+            unsafe {
+                match v.data {
+                    KvData::F32(x) => pv_in_place_typed(p, x, v, g, j0, nk, o, corr, rows, dvp),
+                    KvData::F16(x) => pv_in_place_typed(p, x, v, g, j0, nk, o, corr, rows, dvp),
+                }
+            }
         }
     }
 }
