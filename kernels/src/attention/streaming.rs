@@ -915,11 +915,12 @@ mod avx2 {
     }
 
     /// Scores of rows `r0..r0+R` against `nk` keys read in place: key `j` starts at
-    /// `k + j·k_stride`. Four keys at a time share each row's loads of Q; the dot products
-    /// are reduced across lanes once per four keys.
+    /// `k + j·k_stride`. `N` keys at a time share each load of Q and each widened K vector
+    /// (`R·N` accumulators plus `N` K vectors fit the 16 registers); the dot products are
+    /// reduced across lanes once per `N` keys.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn scores_in_place_rows<T: Lane, const R: usize>(
+    unsafe fn scores_in_place_rows<T: Lane, const R: usize, const N: usize>(
         q: &[f32],
         k: *const T,
         k_stride: usize,
@@ -928,6 +929,7 @@ mod avx2 {
         d: usize,
         r0: usize,
     ) {
+        debug_assert!(N <= 4);
         let d8 = d / 8 * 8;
         let qp = q.as_ptr().add(r0 * d);
         let sp = s.as_mut_ptr().add(r0 * KB);
@@ -940,30 +942,32 @@ mod avx2 {
             t
         };
         let mut j = 0;
-        while j + 4 <= nk {
-            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        while j + N <= nk {
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
             let mut p = 0;
             while p < d8 {
-                // SAFETY: keys j..j+4 < nk and p + 8 ≤ d: inside the view.
-                let kv: [__m256; 4] =
+                // SAFETY: keys j..j+N < nk and p + 8 ≤ d: inside the view.
+                let kv: [__m256; N] =
                     core::array::from_fn(|i| T::load8(k.add((j + i) * k_stride + p)));
                 for (r, a) in acc.iter_mut().enumerate() {
                     let qv = _mm256_loadu_ps(qp.add(r * d + p));
-                    for i in 0..4 {
+                    for i in 0..N {
                         a[i] = _mm256_fmadd_ps(kv[i], qv, a[i]);
                     }
                 }
                 p += 8;
             }
             for (r, a) in acc.iter().enumerate() {
-                let mut four = hsum4(*a);
-                if d8 < d {
-                    let t: [f32; 4] = core::array::from_fn(|i| tail(r, j + i));
-                    four = _mm_add_ps(four, _mm_loadu_ps(t.as_ptr()));
+                let four: [__m256; 4] =
+                    core::array::from_fn(|i| if i < N { a[i] } else { _mm256_setzero_ps() });
+                let mut sums = [0.0f32; 4];
+                _mm_storeu_ps(sums.as_mut_ptr(), hsum4(four));
+                for (i, x) in sums[..N].iter().enumerate() {
+                    let t = if d8 < d { tail(r, j + i) } else { 0.0 };
+                    *sp.add(r * KB + j + i) = x + t;
                 }
-                _mm_storeu_ps(sp.add(r * KB + j), four);
             }
-            j += 4;
+            j += N;
         }
         while j < nk {
             for r in 0..R {
@@ -997,13 +1001,13 @@ mod avx2 {
         let (base, stride) = (data.as_ptr().add(k.offset(j0, g)), k.row_stride);
         let mut r0 = 0;
         while r0 + 3 <= rows {
-            scores_in_place_rows::<T, 3>(q, base, stride, nk, s, d, r0);
+            scores_in_place_rows::<T, 3, 3>(q, base, stride, nk, s, d, r0);
             r0 += 3;
         }
         match rows - r0 {
             0 => {}
-            1 => scores_in_place_rows::<T, 1>(q, base, stride, nk, s, d, r0),
-            _ => scores_in_place_rows::<T, 2>(q, base, stride, nk, s, d, r0),
+            1 => scores_in_place_rows::<T, 1, 4>(q, base, stride, nk, s, d, r0),
+            _ => scores_in_place_rows::<T, 2, 4>(q, base, stride, nk, s, d, r0),
         }
     }
 
