@@ -1,12 +1,14 @@
 //! Times the attention kernel on one shape and prints the median and minimum in ms, for
 //! side-by-side runs against PyTorch (`tools/attention_vs_sdpa.py`).
 //!
-//! `cargo run --release -p qkv-kernels --example attention_time -- TQ TK f32|f16 [REPS [LAYERS]]`
+//! `cargo run --release -p qkv-kernels --example attention_time -- TQ TK f32|f16 [REPS [LAYERS [pos|head]]]`
 //!
 //! 9 query heads over 3 KV heads, head_dim 64, causal with query `i` at position `tk−tq+i`.
 //! With `LAYERS > 1` every repetition runs the call once on each of `LAYERS` separate K/V
 //! buffers, as a decode step does across a model's layers, so that K and V come from memory
-//! rather than cache once the buffers outgrow it; the times printed are per call.
+//! rather than cache once the buffers outgrow it; the times printed are per call. The last
+//! argument picks the K/V layout: `pos` (position-major `[tk, kv_heads, d]`, the default) or
+//! `head` (head-major `[kv_heads, tk, d]`, the layout of qkv's Llama KV cache).
 
 use qkv_kernels::{attention, f16, AttentionMask, KvView, QueryView};
 use std::time::Instant;
@@ -14,7 +16,7 @@ use std::time::Instant;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
-        eprintln!("usage: attention_time TQ TK f32|f16 [REPS [LAYERS]]");
+        eprintln!("usage: attention_time TQ TK f32|f16 [REPS [LAYERS [pos|head]]]");
         std::process::exit(2);
     }
     let parse = |s: &str| -> usize {
@@ -44,7 +46,14 @@ fn main() {
         k.iter().map(|&x| f16::from_f32(x)).collect(),
         v.iter().map(|&x| f16::from_f32(x)).collect(),
     );
-    let head_major = std::env::var_os("HEAD_MAJOR").is_some();
+    let head_major = match args.get(5).map(String::as_str) {
+        None | Some("pos") => false,
+        Some("head") => true,
+        Some(other) => {
+            eprintln!("layout must be pos or head, not {other}");
+            std::process::exit(2)
+        }
+    };
     let views: Vec<(KvView, KvView)> = (0..layers)
         .map(|l| {
             let r = l * n..(l + 1) * n;
