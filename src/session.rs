@@ -48,6 +48,11 @@ use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::weights::FloatType;
 use std::sync::Arc;
 
+/// Prompt positions per matrix pass unless [`SessionOptions::prefill_chunk`] says otherwise.
+/// A 512-token prompt prefilled 5–13% faster in one chunk of 512 than in two of 256
+/// (SmolLM2-135M, f16, alternating runs).
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
 /// How to size a [`Session`].
 #[derive(Clone, Debug, Default)]
 pub struct SessionOptions {
@@ -55,7 +60,9 @@ pub struct SessionOptions {
     pub context: Option<usize>,
     /// Dtype of the cached keys and values; `None` = the model's compute dtype.
     pub kv_dtype: Option<FloatType>,
-    /// Most prompt positions run in one matrix pass (bounds the scratch memory); `None` = 256.
+    /// Most prompt positions run in one matrix pass; `None` = [`DEFAULT_PREFILL_CHUNK`].
+    /// Longer chunks widen each f16 weight panel once for more rows and give gemm taller
+    /// blocks; the scratch grows by ~30 KB per position for SmolLM2-135M.
     pub prefill_chunk: Option<usize>,
 }
 
@@ -117,7 +124,7 @@ impl Session {
         let config = model.config();
         let capacity = options.context.unwrap_or(config.context);
         let kv_dtype = options.kv_dtype.unwrap_or(model.llama().dtype());
-        let chunk = options.prefill_chunk.unwrap_or(256);
+        let chunk = options.prefill_chunk.unwrap_or(DEFAULT_PREFILL_CHUNK);
         let state = model.llama().new_state(capacity, kv_dtype, chunk)?;
         // The attention kernel keeps per-thread buffers; size them on every pool thread now
         // so that a step allocates nothing whichever thread it lands on.
