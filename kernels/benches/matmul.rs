@@ -1,6 +1,7 @@
 //! Matmul benchmarks: `linear` for m ∈ {1, 32, 512} on the default model's shapes, f32 and f16
 //! weights, beside the raw gemm-crate call on the same shapes and a memory-read probe that
-//! measures this machine's bandwidth in the same run.
+//! measures this machine's bandwidth in the same run; `handoff` times an empty parallel
+//! split, the fixed cost each parallel GEMV pays.
 //!
 //! Throughput is reported per second as *elements*: for m = 1 the element is a byte of
 //! weights read (so `Gelem/s` reads as GB/s); for m ≥ 32 it is a floating-point operation
@@ -154,9 +155,35 @@ fn matmul(c: &mut Criterion) {
     }
 }
 
+/// What one parallel GEMV pays to hand its row ranges to the pool and join them: the split a
+/// decode step makes ~150 times per token (4 GEMV groups and one attention call per layer,
+/// then the LM head), run from inside a pool worker as `Session` runs its passes.
+///
+/// Each of the `4·threads` pieces spins for 2.5 µs (a small GEMV's share of rows), so the
+/// ideal time is `4 · 2.5 µs = 10 µs`; the excess over that is the hand-off cost. The
+/// `serial` case runs the same pieces on one thread (40 µs for 2 threads) as a check of the
+/// spin.
+fn handoff(c: &mut Criterion) {
+    let mut g = c.benchmark_group("handoff");
+    let pieces = rayon::current_num_threads() * 4;
+    let spin = |_| {
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_nanos(2500) {
+            std::hint::spin_loop();
+        }
+    };
+    g.bench_function(format!("split_{pieces}x2.5us"), |b| {
+        rayon::scope(|_| b.iter(|| (0..pieces).into_par_iter().for_each(spin)))
+    });
+    g.bench_function(format!("serial_{pieces}x2.5us"), |b| {
+        b.iter(|| (0..pieces).for_each(spin))
+    });
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = memory_read, matmul
+    targets = memory_read, matmul, handoff
 }
 criterion_main!(benches);
