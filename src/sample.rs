@@ -32,7 +32,7 @@
 //! assert!(draws.iter().all(|&id| id == again.sample(&logits, &[]).id)); // same seed, same draws
 //! ```
 
-use qkv_kernels::activation::softmax_inplace;
+use qkv_kernels::activation::{log_sum_exp, softmax_inplace};
 
 /// How to pick tokens. `Default` is temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
 /// no repetition penalty, seed 0.
@@ -172,28 +172,29 @@ impl Sampler {
     /// `recent` outside it are ignored.
     pub fn sample(&mut self, logits: &[f32], recent: &[u32]) -> Sampled {
         assert!(!logits.is_empty(), "Sampler::sample: empty logits");
-        let n = logits.len();
-        self.work.clear();
-        self.work.extend_from_slice(logits);
         let c = &self.config;
-        if c.repeat_penalty != 1.0 && c.repeat_last_n > 0 {
-            let start = recent.len().saturating_sub(c.repeat_last_n);
-            apply_repeat_penalty(&mut self.work, &recent[start..], c.repeat_penalty);
-        }
-        let id = if c.is_greedy() {
-            argmax(&self.work)
+        let penalty = c.repeat_penalty != 1.0 && c.repeat_last_n > 0;
+        let id = if c.is_greedy() && !penalty {
+            // The common greedy case reads the logits in place: no copy, no softmax.
+            argmax(logits)
         } else {
-            self.draw()
+            self.work.clear();
+            self.work.extend_from_slice(logits);
+            if penalty {
+                let start = recent.len().saturating_sub(c.repeat_last_n);
+                apply_repeat_penalty(&mut self.work, &recent[start..], c.repeat_penalty);
+            }
+            if c.is_greedy() {
+                argmax(&self.work)
+            } else {
+                self.draw()
+            }
         };
         // The model's log-probability of `id`, from the raw logits.
-        self.work.clear();
-        self.work.extend_from_slice(logits);
-        softmax_inplace(&mut self.work);
-        let p = self.work[id as usize];
-        debug_assert!(n == self.work.len());
         Sampled {
             id,
-            logprob: p.max(f32::MIN_POSITIVE).ln(),
+            // ≤ 0 mathematically; rounding must not make it positive.
+            logprob: (logits[id as usize] - log_sum_exp(logits)).min(0.0),
         }
     }
 
@@ -249,15 +250,10 @@ pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) {
     }
 }
 
-/// The index of the largest value (the first on ties; NaN never wins).
+/// The index of the largest value (the first on ties; NaN never wins; 0 if nothing is a
+/// number). Vectorised: see [`qkv_kernels::activation::argmax`].
 pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] || x[best].is_nan() {
-            best = i;
-        }
-    }
-    best as u32
+    qkv_kernels::activation::argmax(x) as u32
 }
 
 /// How many of `probs` (sorted descending, summing to 1) survive top-p and min-p; at least 1.

@@ -330,6 +330,70 @@ pub fn softmax_inplace_scalar(x: &mut [f32]) {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// log-sum-exp and argmax (what a sampler reads from the logits)
+// ---------------------------------------------------------------------------------------
+
+/// `ln Σ eˣ` of a row, computed stably as `max + ln Σ e^(x − max)`.
+///
+/// An empty row or one of `-inf`s gives `-inf`; a NaN anywhere gives NaN; a `+inf` (and no
+/// NaN) gives `+inf`, as `torch.logsumexp` does. The log-probability of entry `i` is
+/// `x[i] − log_sum_exp(x)`, without writing a softmax anywhere.
+///
+/// ```
+/// use qkv_kernels::activation::log_sum_exp;
+/// let lse = log_sum_exp(&[0.0, (3.0f32).ln()]); // ln(1 + 3)
+/// assert!((lse - (4.0f32).ln()).abs() < 1e-6);
+/// ```
+pub fn log_sum_exp(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
+        return unsafe { avx2::log_sum_exp(x) };
+    }
+    log_sum_exp_scalar(x)
+}
+
+/// Scalar reference for [`log_sum_exp`]: f32 `exp`, the sum accumulated in f64.
+pub fn log_sum_exp_scalar(x: &[f32]) -> f32 {
+    if x.iter().any(|v| v.is_nan()) {
+        return f32::NAN;
+    }
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if max.is_infinite() {
+        return max;
+    }
+    let sum: f64 = x.iter().map(|&v| (v - max).exp() as f64).sum();
+    max + (sum.ln() as f32)
+}
+
+/// The index of the largest entry: the first one on ties, NaN never chosen; 0 for an empty
+/// row or one without a number.
+///
+/// ```
+/// use qkv_kernels::activation::argmax;
+/// assert_eq!(argmax(&[0.5, f32::NAN, 2.0, 2.0]), 2);
+/// ```
+pub fn argmax(x: &[f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
+        return unsafe { avx2::argmax(x) };
+    }
+    argmax_scalar(x)
+}
+
+/// Scalar reference for [`argmax`].
+pub fn argmax_scalar(x: &[f32]) -> usize {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &v) in x.iter().enumerate() {
+        if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    best.map_or(0, |(i, _)| i)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! AVX2+FMA bodies. Every function here is `unsafe` with the one contract that the
@@ -589,5 +653,101 @@ mod avx2 {
         for v in &mut x[n8..] {
             *v *= inv;
         }
+    }
+
+    /// The largest non-NaN entry (`-inf` if none) and whether any entry is NaN.
+    #[inline(always)]
+    unsafe fn max_and_nan(x: &[f32]) -> (f32, bool) {
+        let n8 = x.len() / 8 * 8;
+        let p = x.as_ptr();
+        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut nan = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 ≤ n8 ≤ len.
+            let v = unsafe { _mm256_loadu_ps(p.add(i)) };
+            // max_ps returns its second operand when either is NaN: NaN lanes keep vmax.
+            vmax = _mm256_max_ps(v, vmax);
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            i += 8;
+        }
+        // SAFETY: AVX2 is available (the function's contract).
+        let mut max = unsafe { hmax(vmax) };
+        let mut has_nan = _mm256_movemask_ps(nan) != 0;
+        for &v in &x[n8..] {
+            if v.is_nan() {
+                has_nan = true;
+            } else {
+                max = max.max(v);
+            }
+        }
+        (max, has_nan)
+    }
+
+    /// See [`super::log_sum_exp`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn log_sum_exp(x: &[f32]) -> f32 {
+        // SAFETY: the function's contract.
+        let (max, has_nan) = unsafe { max_and_nan(x) };
+        if has_nan {
+            return f32::NAN;
+        }
+        if max.is_infinite() {
+            return max;
+        }
+        let (n, n8, p) = (x.len(), x.len() / 8 * 8, x.as_ptr());
+        let m = _mm256_set1_ps(max);
+        // Two accumulators: the exp chain, not the adds, should set the pace.
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 16 <= n8 {
+            // SAFETY: i + 16 ≤ n8 ≤ len.
+            unsafe {
+                a0 = _mm256_add_ps(a0, exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m)));
+                a1 = _mm256_add_ps(a1, exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8)), m)));
+            }
+            i += 16;
+        }
+        if i < n8 {
+            // SAFETY: i + 8 ≤ n8 ≤ len.
+            a0 = _mm256_add_ps(
+                a0,
+                exp(_mm256_sub_ps(unsafe { _mm256_loadu_ps(p.add(i)) }, m)),
+            );
+        }
+        if n8 < n {
+            // Pad with -inf: exp(-inf - max) is exactly 0.
+            let mut buf = [f32::NEG_INFINITY; 8];
+            buf[..n - n8].copy_from_slice(&x[n8..]);
+            // SAFETY: `buf` holds exactly 8 f32.
+            a1 = _mm256_add_ps(
+                a1,
+                exp(_mm256_sub_ps(unsafe { _mm256_loadu_ps(buf.as_ptr()) }, m)),
+            );
+        }
+        // SAFETY: AVX2 is available (the function's contract).
+        let sum = unsafe { hsum(_mm256_add_ps(a0, a1)) };
+        max + sum.ln()
+    }
+
+    /// See [`super::argmax`]: one pass for the maximum, one for its first position.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn argmax(x: &[f32]) -> usize {
+        // SAFETY: the function's contract.
+        let (max, _) = unsafe { max_and_nan(x) };
+        let (n8, p) = (x.len() / 8 * 8, x.as_ptr());
+        let m = _mm256_set1_ps(max);
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 ≤ n8 ≤ len.
+            let eq = _mm256_cmp_ps::<_CMP_EQ_OQ>(unsafe { _mm256_loadu_ps(p.add(i)) }, m);
+            let bits = _mm256_movemask_ps(eq);
+            if bits != 0 {
+                return i + bits.trailing_zeros() as usize;
+            }
+            i += 8;
+        }
+        // The tail, or a row without a number (max = -inf matches only real -inf entries).
+        x[n8..].iter().position(|&v| v == max).map_or(0, |k| n8 + k)
     }
 }

@@ -3,10 +3,10 @@
 //! error cases.
 
 use qkv_kernels::activation::{
-    add_inplace, add_inplace_scalar, erf, erf_f64, erfc, erfc_f64, gelu_erf_inplace,
-    gelu_erf_inplace_scalar, gelu_tanh_inplace, gelu_tanh_inplace_scalar, relu_inplace,
-    relu_inplace_scalar, silu_inplace, silu_inplace_scalar, softmax_inplace,
-    softmax_inplace_scalar, swiglu, swiglu_scalar,
+    add_inplace, add_inplace_scalar, argmax, argmax_scalar, erf, erf_f64, erfc, erfc_f64,
+    gelu_erf_inplace, gelu_erf_inplace_scalar, gelu_tanh_inplace, gelu_tanh_inplace_scalar,
+    log_sum_exp, log_sum_exp_scalar, relu_inplace, relu_inplace_scalar, silu_inplace,
+    silu_inplace_scalar, softmax_inplace, softmax_inplace_scalar, swiglu, swiglu_scalar,
 };
 use qkv_kernels::norm::{
     layer_norm, layer_norm_scalar, rms_norm, rms_norm_inplace, rms_norm_scalar,
@@ -410,6 +410,61 @@ fn softmax_matches_scalar() {
         for i in (0..n).step_by(5).filter(|_| n > 1) {
             assert_eq!(a[i], 0.0, "masked entry {i}");
         }
+    }
+}
+
+#[test]
+fn log_sum_exp_and_argmax_match_scalar() {
+    let mut rng = Rng::new(11);
+    let sizes = SIZES.iter().copied().chain([0, 16, 49152, 49155]);
+    for n in sizes {
+        let mut x = rng.vec(n, -30.0, 30.0);
+        for i in (0..n).step_by(7) {
+            x[i] = f32::NEG_INFINITY;
+        }
+        // Ties: the maximum written twice (over the stripes), the first copy must win.
+        if n > 3 {
+            let (a, b) = (n / 3, 2 * n / 3);
+            x[a] = 40.0;
+            x[b] = 40.0;
+            assert_eq!(argmax(&x), a, "first of two ties, n {n}");
+        }
+        assert_eq!(argmax(&x), argmax_scalar(&x), "argmax n {n}");
+        let (fast, slow) = (log_sum_exp(&x), log_sum_exp_scalar(&x));
+        if n == 0 || n == 1 {
+            assert_eq!(fast, f32::NEG_INFINITY, "n {n}");
+            assert_eq!(slow, f32::NEG_INFINITY, "n {n}");
+        } else {
+            // Vector exp (2e-7 rel) and an f32 lane sum against f64; lse ≥ max ≈ 30–40.
+            assert!(
+                (fast - slow).abs() <= 2e-6 * slow.abs(),
+                "lse n {n}: {fast} vs {slow}"
+            );
+        }
+    }
+    // Known value and shift invariance.
+    let lse = log_sum_exp(&[1.0, 2.0, 3.0]);
+    assert!((lse - 3.407_606).abs() < 1e-6, "{lse}"); // ln(e + e² + e³)
+    let lse = log_sum_exp(&[1001.0, 1002.0, 1003.0]);
+    assert!((lse - 1_003.407_6).abs() < 1e-3, "{lse}");
+    // NaN anywhere → NaN; +inf → +inf; all -inf → -inf.
+    for n in [3usize, 8, 9, 20] {
+        for at in [0, n / 2, n - 1] {
+            let mut x = vec![1.0f32; n];
+            x[at] = f32::NAN;
+            assert!(log_sum_exp(&x).is_nan() && log_sum_exp_scalar(&x).is_nan());
+            assert_ne!(argmax(&x), at, "NaN chosen, n {n}");
+            assert_eq!(argmax(&x), argmax_scalar(&x));
+            x[at] = f32::INFINITY;
+            assert_eq!(log_sum_exp(&x), f32::INFINITY);
+            assert_eq!(log_sum_exp_scalar(&x), f32::INFINITY);
+            assert_eq!(argmax(&x), at);
+        }
+        let x = vec![f32::NEG_INFINITY; n];
+        assert_eq!(log_sum_exp(&x), f32::NEG_INFINITY);
+        assert_eq!(argmax(&x), 0);
+        let x = vec![f32::NAN; n];
+        assert_eq!((argmax(&x), argmax_scalar(&x)), (0, 0));
     }
 }
 
