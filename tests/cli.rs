@@ -140,6 +140,39 @@ fn json_output_parses_and_says_paris() {
 }
 
 #[test]
+fn depth_runs_the_prompt_on_top_of_cached_context() {
+    let args = |depth: &'static str| {
+        [
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "3",
+            "--temperature",
+            "0",
+            "--json",
+            "--ctx",
+            "48",
+            "--depth",
+            depth,
+        ]
+    };
+    let o = decode(&args("40"), None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let stdout = String::from_utf8(o.stdout.clone()).unwrap();
+    let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let stats = &last["stats"];
+    assert_eq!(stats["depth"], 40, "{stats}");
+    assert_eq!(stats["prompt_tokens"], 5, "{stats}");
+    assert_eq!(stats["generated_tokens"], 3, "{stats}");
+    // 44 positions of context + 5 prompt tokens do not fit in 48: a typed error, exit 1.
+    let o = decode(&args("44"), None);
+    assert_fails_with(&o, "context full: 49 positions needed, the cache holds 48");
+    // So does a depth that alone exceeds the context, named as such.
+    let o = decode(&args("49"), None);
+    assert_fails_with(&o, "--depth 49: context full");
+}
+
+#[test]
 fn the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
     let o = decode(
         &[

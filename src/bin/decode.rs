@@ -3,7 +3,7 @@
 //! ```text
 //! decode [--model PATH] [--prompt TEXT | text on stdin] [-n N] [--chat] [--temperature T]
 //!        [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--threads N]
-//!        [--dtype f16|f32] [--ctx N] [--ignore-eos] [--json]
+//!        [--dtype f16|f32] [--ctx N] [--depth N] [--ignore-eos] [--json]
 //! decode convert IN OUT --dtype f16|f32
 //! ```
 //!
@@ -95,6 +95,11 @@ struct RunArgs {
     /// KV cache capacity in tokens (default: the model's context length).
     #[arg(long)]
     ctx: Option<usize>,
+    /// Benchmarking: prefill N context tokens (the prompt's tokens, repeated) before the
+    /// prompt, untimed, so that the prompt and generation figures are measured on top of N
+    /// cached positions (as `llama-bench -d N` does).
+    #[arg(long, default_value_t = 0)]
+    depth: usize,
     /// Keep generating past the end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
@@ -227,6 +232,12 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         return Err("the prompt encodes to no tokens".into());
     }
 
+    if args.depth > 0 {
+        let context: Vec<u32> = ids.iter().copied().cycle().take(args.depth).collect();
+        session
+            .prefill(&context)
+            .map_err(|e| format!("--depth {}: {e}", args.depth))?;
+    }
     let prompt_start = Instant::now();
     session.prefill(&ids)?;
     let prompt_s = prompt_start.elapsed().as_secs_f64();
@@ -281,8 +292,9 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     let gen_tps = per_s(generated, gen_s);
     if args.json {
         out.write(&format!(
-            "{{\"stats\":{{\"load_ms\":{},\"prompt_tokens\":{},\"prompt_tokens_per_s\":{},\"generated_tokens\":{generated},\"generated_tokens_per_s\":{}}}}}\n",
+            "{{\"stats\":{{\"load_ms\":{},\"depth\":{},\"prompt_tokens\":{},\"prompt_tokens_per_s\":{},\"generated_tokens\":{generated},\"generated_tokens_per_s\":{}}}}}\n",
             round2(load_ms),
+            args.depth,
             ids.len(),
             round2(prompt_tps),
             round2(gen_tps),
