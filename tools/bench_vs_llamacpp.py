@@ -25,13 +25,11 @@ Rows and what each engine measures:
 - tg64_d2048_f16 (flash attention off and on for llama.cpp): llama-bench `-p 0 -n 64 -d 2048`;
   qkv: a 2048-token prompt then `-n 64`, generated_tokens_per_s (exactly tg64 at depth 2048).
 - pp512_f16: llama-bench `-p 512 -n 0`; qkv: a 512-token prompt, prompt_tokens_per_s.
-- pp512_d2048_f16: llama-bench `-p 512 -n 0 -d 2048`. `decode` has no option to time a prefill
-  on top of an existing context, so by default (`--pp-depth bench`) qkv's figure comes from the
-  Criterion bench `e2e/f16/pp512_d2048` (benches/e2e.rs: 2048 tokens cached once, then
-  truncate(2048) + prefill(512) per iteration; its median; binary built once and copied to the
-  cache like `decode`). `--pp-depth diff` instead derives it from two `decode` runs,
-  512 / (t(2560-token prompt) - t(2048-token prompt)): a difference of two noisy times, so its
-  spread is large (seen: 298–572 tok/s within one run).
+- pp512_d2048_f16: llama-bench `-p 512 -n 0 -d 2048`; qkv: `decode --depth 2048` (2048 context
+  tokens prefilled untimed) then the 512-token prompt, prompt_tokens_per_s. `--pp-depth bench`
+  takes qkv's figure from the Criterion bench `e2e/f16/pp512_d2048` instead (benches/e2e.rs:
+  2048 tokens cached once, then truncate(2048) + prefill(512) per iteration; its median; the
+  binary is built once and copied to the cache like `decode`).
 """
 
 import argparse
@@ -172,9 +170,11 @@ def ensure_qkv(lc: Path):
 
 
 def qkv_decode(qkv: Path, model: Path, dtype: str, threads: int, prompt_file: Path, n: int,
-               ctx: int):
+               ctx: int, depth: int = 0):
     cmd = [qkv, "--model", model, "--dtype", dtype, "--threads", threads, "--ctx", ctx,
            "--temperature", "0", "--ignore-eos", "--json", "-n", n]
+    if depth:
+        cmd += ["--depth", depth]
     with open(prompt_file) as f:
         res = subprocess.run([str(c) for c in cmd], check=True, stdin=f, capture_output=True,
                              text=True)
@@ -255,7 +255,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="all",
                     help="comma list of: tg128_f16,tg128_f32,tg64_d2048_f16,pp512_f16,pp512_d2048_f16")
-    ap.add_argument("--pp-depth", choices=["bench", "diff"], default="bench",
+    ap.add_argument("--pp-depth", choices=["decode", "bench"], default="decode",
                     help="how qkv's pp512 @ d2048 is measured (see above)")
     ap.add_argument("--json-out", type=Path, help="write all samples here")
     args = ap.parse_args()
@@ -275,7 +275,6 @@ def main():
     short.write_text("Once upon a time")
     p512 = make_prompt(lc, qkv, models["f16"], 512)
     p2048 = make_prompt(lc, qkv, models["f16"], 2048)
-    p2560 = make_prompt(lc, qkv, models["f16"], 2560)
 
     def qkv_gen(model, dtype, prompt, n, ctx):
         def f():
@@ -283,23 +282,15 @@ def main():
             return s["generated_tokens_per_s"], cmd
         return f
 
-    def qkv_prompt(model, prompt, ctx):
+    def qkv_prompt(model, prompt, ctx, depth=0):
         def f():
-            s, cmd = qkv_decode(qkv, model, "f16", t, prompt, 0, ctx)
+            s, cmd = qkv_decode(qkv, model, "f16", t, prompt, 0, ctx, depth)
             return s["prompt_tokens_per_s"], cmd
         return f
 
     def qkv_pp_at_depth_bench():
         secs, cmd = qkv_criterion(e2e, lc, "f16/pp512_d2048")
         return 512 / secs, cmd
-
-    def qkv_pp_at_depth():
-        s0, c0 = qkv_decode(qkv, models["f16"], "f16", t, p2048, 0, 2560)
-        s1, c1 = qkv_decode(qkv, models["f16"], "f16", t, p2560, 0, 2560)
-        t0 = s0["prompt_tokens"] / s0["prompt_tokens_per_s"]
-        t1 = s1["prompt_tokens"] / s1["prompt_tokens_per_s"]
-        n = s1["prompt_tokens"] - s0["prompt_tokens"]
-        return n / (t1 - t0), f"512 / (t[{c1}] - t[{c0}])"
 
     def lc_run(model, p, n, d=0, fa=None):
         def f():
@@ -324,7 +315,8 @@ def main():
          qkv_prompt(models["f16"], p512, 512)),
         ("pp512_d2048_f16", "prefill pp512 @ d2048, f16", "≥ 1.3×",
          [("llama.cpp", lc_run(models["f16"], 512, 0, 2048))],
-         qkv_pp_at_depth_bench if args.pp_depth == "bench" else qkv_pp_at_depth),
+         qkv_pp_at_depth_bench if args.pp_depth == "bench"
+         else qkv_prompt(models["f16"], p512, 2048 + 512, 2048)),
     ]
     wanted = None if args.rows == "all" else set(args.rows.split(","))
     results = []
