@@ -4,6 +4,7 @@
 //! `cargo run --release -p qkv-kernels --example attention_time -- TQ TK f32|f16 [REPS [LAYERS [pos|head]]]`
 //!
 //! 9 query heads over 3 KV heads, head_dim 64, causal with query `i` at position `tk−tq+i`.
+//! The calls run on one of rayon's workers, as a `Session` runs its passes.
 //! With `LAYERS > 1` every repetition runs the call once on each of `LAYERS` separate K/V
 //! buffers, as a decode step does across a model's layers, so that K and V come from memory
 //! rather than cache once the buffers outgrow it; the times printed are per call. The last
@@ -85,10 +86,15 @@ fn main() {
     let mask = AttentionMask::causal(tk - tq);
     let mut out = vec![0.0f32; tq * heads * d];
     let mut times = Vec::with_capacity(reps);
+    // Calls run on a pool worker, as `qkv::session::Session` runs its passes: from outside
+    // the pool every call would pay for injecting its jobs and waking the workers (at tk =
+    // 2048 that doubled a decode call's time here).
     let pass = |out: &mut [f32]| {
-        for (kv, vv) in &views {
-            attention(&qv, kv, vv, &mask, None, out).expect("valid shapes");
-        }
+        rayon::scope(|_| {
+            for (kv, vv) in &views {
+                attention(&qv, kv, vv, &mask, None, out).expect("valid shapes");
+            }
+        })
     };
     pass(&mut out); // warm-up
     for _ in 0..reps {
