@@ -1,7 +1,7 @@
 //! Matmul benchmarks: `linear` for m ∈ {1, 32, 512} on the default model's shapes, f32 and f16
 //! weights, beside the raw gemm-crate call on the same shapes and a memory-read probe that
-//! measures this machine's bandwidth in the same run; `handoff` times an empty parallel
-//! split, the fixed cost each parallel GEMV pays.
+//! measures this machine's bandwidth in the same run; `fma_peak` measures its FMA ceiling and
+//! `handoff` the fixed cost each parallel GEMV pays to split.
 //!
 //! Throughput is reported per second as *elements*: for m = 1 the element is a byte of
 //! weights read (so `Gelem/s` reads as GB/s); for m ≥ 32 it is a floating-point operation
@@ -181,9 +181,53 @@ fn handoff(c: &mut Criterion) {
     g.finish();
 }
 
+/// The FMA peak of this machine, measured: every pool thread runs 12 independent chains of
+/// 8-lane fused multiply-adds on registers (no memory), enough to cover the FMA latency on
+/// two pipes. Reported as FLOP/s (2 per lane per FMA), the ceiling the prefill and attention
+/// figures are compared with.
+fn fma_peak(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    if qkv_kernels::simd::has_avx2_fma_f16c() {
+        const ITERS: usize = 1 << 16;
+        const CHAINS: usize = 12;
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn spin() -> f32 {
+            use std::arch::x86_64::*;
+            let m = _mm256_set1_ps(0.999_999);
+            let a = _mm256_set1_ps(1e-7);
+            let mut acc = [_mm256_set1_ps(1.0); CHAINS];
+            for _ in 0..ITERS {
+                for x in acc.iter_mut() {
+                    *x = _mm256_fmadd_ps(*x, m, a);
+                }
+            }
+            let mut sum = [0.0f32; 8];
+            let total = acc
+                .iter()
+                .fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x));
+            _mm256_storeu_ps(sum.as_mut_ptr(), total);
+            sum.iter().sum()
+        }
+        let threads = rayon::current_num_threads();
+        let mut g = c.benchmark_group("fma_peak");
+        g.throughput(Throughput::Elements(
+            (threads * ITERS * CHAINS * 8 * 2) as u64,
+        ));
+        g.bench_function(format!("{threads}_threads"), |b| {
+            b.iter(|| {
+                // SAFETY: AVX2 and FMA were detected above.
+                rayon::broadcast(|_| black_box(unsafe { spin() }))
+            })
+        });
+        g.finish();
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = c;
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = memory_read, matmul, handoff
+    targets = memory_read, fma_peak, matmul, handoff
 }
 criterion_main!(benches);
