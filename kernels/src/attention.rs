@@ -18,6 +18,8 @@
 //!   `-inf` fills, or the mean of V with `-1e9` fills).
 //! - Work is split over (KV head, query block) across rayon's pool; when that gives too few
 //!   pieces (decode), the keys are split too and the partial softmax states are merged.
+//!   Decode reads K and V in place rather than packing them; a head-major cache
+//!   ([`KvView::head_major`]) lets it stream each head's keys in order.
 //!
 //! [`attention_with_probs`] is the slow path that also returns the probabilities.
 //!

@@ -8,7 +8,10 @@
 //! Per key block of [`KB`] keys the item packs Kᵀ and V into f32 scratch, computes the
 //! `rows × KB` scores (Q is pre-scaled), masks them, folds them into each row's running
 //! (max, sum, accumulator) and accumulates `P·V`. Only that one block of scores exists.
-//! With the keys split across items (decode), the partial states are merged at the end.
+//! Items of at most [`IN_PLACE_MAX_ROWS`] rows (decode) skip the packing and read K and V
+//! where they lie, which is fastest when each head's positions are contiguous (a head-major
+//! cache). With the keys split across items (decode), the partial states are merged at the
+//! end.
 
 use super::{AttentionMask, Dims, KvView, QueryView};
 use rayon::prelude::*;
