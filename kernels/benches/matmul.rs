@@ -188,7 +188,7 @@ fn handoff(c: &mut Criterion) {
 fn fma_peak(c: &mut Criterion) {
     #[cfg(target_arch = "x86_64")]
     if qkv_kernels::simd::has_avx2_fma_f16c() {
-        const ITERS: usize = 1 << 16;
+        const ITERS: usize = 1 << 18;
         const CHAINS: usize = 12;
         #[target_feature(enable = "avx2,fma")]
         unsafe fn spin() -> f32 {
