@@ -587,6 +587,17 @@ impl Seq2Seq {
     /// Errors: [`Error::Shape`] for a wrong number of tokens, [`Error::TokenOutOfRange`],
     /// [`Error::ContextFull`] when the state's capacity is used up.
     pub fn step<'s>(&self, state: &'s mut DecodeState, tokens: &[u32]) -> Result<&'s [f32]> {
+        // On one of rayon's workers, the kernels' parallel loops queue their jobs locally
+        // instead of injecting them into the pool from outside, once per call (as `Session`
+        // does for the Llama).
+        let mut result = Ok(());
+        rayon::scope(|_| result = self.step_on_worker(state, tokens));
+        result?;
+        Ok(&state.logits)
+    }
+
+    /// The body of [`Seq2Seq::step`].
+    fn step_on_worker(&self, state: &mut DecodeState, tokens: &[u32]) -> Result<()> {
         let b = state.memory.batch();
         let d = self.cfg.d_model;
         if tokens.len() != b {
@@ -664,7 +675,7 @@ impl Seq2Seq {
         self.generator
             .forward_into(&state.x, b, &mut state.logits)?;
         state.pos += 1;
-        Ok(&state.logits)
+        Ok(())
     }
 
     /// Greedy decoding of every source in `src`, batched: starts each target with `bos`,
