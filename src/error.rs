@@ -24,6 +24,15 @@ pub enum Error {
         /// What is wrong with it.
         msg: String,
     },
+    /// One of the typed errors below (a missing tensor, a wrong shape, an unsupported dtype,
+    /// an invalid configuration), found while loading the file `path`. Match on `source` for
+    /// the cause; the message reads `path: cause`.
+    InFile {
+        /// The file (or model directory).
+        path: PathBuf,
+        /// What is wrong in it.
+        source: Box<Error>,
+    },
     /// A tensor the model needs is not in the file.
     MissingTensor {
         /// Its name.
@@ -76,6 +85,7 @@ impl fmt::Display for Error {
         match self {
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             Error::Format { path, msg } => write!(f, "{}: {msg}", path.display()),
+            Error::InFile { path, source } => write!(f, "{}: {source}", path.display()),
             Error::MissingTensor { name } => write!(f, "tensor `{name}` is missing"),
             Error::TensorShape {
                 name,
@@ -108,6 +118,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Io { source, .. } => Some(source),
+            Error::InFile { source, .. } => Some(&**source),
             Error::Kernel(e) => Some(e),
             _ => None,
         }

@@ -56,8 +56,10 @@ impl Model {
     /// Loads a GGUF file or a Hugging Face directory (see the module docs).
     ///
     /// Errors name the file at fault: [`Error::Io`] for an unreadable path, [`Error::Format`]
-    /// for a malformed file, [`Error::Unsupported`] for another architecture,
-    /// [`Error::MissingTensor`] / [`Error::TensorShape`] for weights that do not fit.
+    /// for a malformed file, [`Error::Unsupported`] for another architecture, and
+    /// [`Error::InFile`] around [`Error::MissingTensor`], [`Error::TensorShape`],
+    /// [`Error::UnsupportedDType`] or [`Error::Config`] for weights or hyper-parameters that
+    /// do not fit.
     pub fn load(path: &Path, options: &ModelOptions) -> Result<Model> {
         let meta = std::fs::metadata(path).map_err(|source| Error::Io {
             path: path.to_owned(),
@@ -163,15 +165,16 @@ impl Model {
     }
 }
 
-/// Adds the file name to errors that do not carry one (tensor-level errors).
+/// Wraps the typed errors that do not carry a file name (tensor and configuration errors)
+/// in [`Error::InFile`].
 fn in_file(path: &Path, e: Error) -> Error {
     match e {
         Error::MissingTensor { .. }
         | Error::TensorShape { .. }
         | Error::UnsupportedDType { .. }
-        | Error::Config(_) => Error::Format {
+        | Error::Config(_) => Error::InFile {
             path: path.to_owned(),
-            msg: e.to_string(),
+            source: Box::new(e),
         },
         other => other,
     }

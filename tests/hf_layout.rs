@@ -563,18 +563,35 @@ fn faulty_hf_directories_are_errors_naming_the_fault() {
         assert!(msg.contains("config.json"), "{key} = {value}: {msg}");
     }
 
-    // A missing tensor, named.
+    // A missing tensor, named, typed, and in the directory that lacks it.
     let missing = "model.layers.1.mlp.down_proj.weight";
     write_tiny(dir.path(), &tiny_config(), Some(missing));
-    let msg = load().expect_err("missing tensor").to_string();
+    let e = load().expect_err("missing tensor");
+    let msg = e.to_string();
     assert!(msg.contains(missing), "{msg}");
+    match e {
+        Error::InFile { path, source } => {
+            assert_eq!(path, dir.path());
+            assert!(
+                matches!(&*source, Error::MissingTensor { name } if name == missing),
+                "{source:?}"
+            );
+        }
+        other => panic!("expected InFile(MissingTensor), got {other:?}"),
+    }
 
     // A tensor of the wrong shape (K sized for 2 KV heads where config says 1), named.
     let mut config = tiny_config();
     config["num_key_value_heads"] = json!(2);
     write_tiny(dir.path(), &config, None);
-    let msg = load().expect_err("wrong shape").to_string();
+    let e = load().expect_err("wrong shape");
+    let msg = e.to_string();
     assert!(msg.contains("k_proj"), "{msg}");
+    assert!(
+        matches!(&e, Error::InFile { source, .. } if matches!(**source, Error::TensorShape { .. })),
+        "{e:?}"
+    );
+    assert!(std::error::Error::source(&e).is_some());
 
     // An untied head that is not in the files: an error, never a silent tie.
     let mut config = tiny_config();
