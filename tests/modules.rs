@@ -2,7 +2,7 @@
 //! the safetensors loader, and the typed errors.
 
 use qkv::nn::{
-    Attention, CrossAttention, DenseMask, KeyPadding, Mask, MultiHeadAttention,
+    Attention, AttentionScratch, CrossAttention, DenseMask, KeyPadding, Mask, MultiHeadAttention,
     MultiHeadAttentionWithProbs, MultiHeadCrossAttention, Scope, SelfAttention, Seq,
     TransformerAttention,
 };
@@ -158,6 +158,30 @@ fn check_mha000(name: &str, tol: f32) {
     let pads = KeyPadding::from_flags(c.flags("keep"), 3, 5).unwrap();
     let y = m.forward(xs, &Mask::none().with_padding(&pads)).unwrap();
     assert_close(y.data(), &c.get("out_padded"), tol, name);
+
+    // The same through `forward_into` with one scratch for both calls (and a smaller batch
+    // in between, so that the buffers are reused at another size): the same numbers.
+    let mut scratch = AttentionScratch::default();
+    let core = m.core();
+    let mut out = vec![f32::NAN; y.data().len()];
+    let masks = [Mask::none(), Mask::none().with_padding(&pads)];
+    for (mask, want) in masks.iter().zip(["out", "out_padded"]) {
+        core.forward_into(xs, xs, xs, mask, &mut scratch, &mut out)
+            .unwrap();
+        assert_eq!(&out, m.forward(xs, mask).unwrap().data(), "{name} {want}");
+        assert_close(&out, &c.get(want), tol, name);
+        let one = seq(&x[..xs.len() * xs.dim()], &[1, xs.len(), xs.dim()]);
+        let mut small = vec![0.0; out.len() / 3];
+        core.forward_into(one, one, one, &Mask::none(), &mut scratch, &mut small)
+            .unwrap();
+        assert_eq!(&small, m.forward(one, &Mask::none()).unwrap().data());
+    }
+    // An output of the wrong length is a shape error, not a panic.
+    let mut short = vec![0.0; out.len() - 1];
+    assert!(matches!(
+        core.forward_into(xs, xs, xs, &Mask::none(), &mut scratch, &mut short),
+        Err(Error::Shape(m)) if m.contains("output holds")
+    ));
 }
 
 #[test]

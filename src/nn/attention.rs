@@ -268,18 +268,52 @@ impl AttentionCore {
         key: Seq<'_>,
         value: Seq<'_>,
         mask: &Mask<'_>,
-        mut probs: Option<&mut Vec<f32>>,
+        probs: Option<&mut Vec<f32>>,
     ) -> Result<SeqBuf> {
+        let (b, tq) = (query.batch(), query.len());
+        let mut out = vec![0.0; b * tq * self.out_dim()];
+        self.run_into(
+            query,
+            key,
+            value,
+            mask,
+            &mut AttentionScratch::default(),
+            probs,
+            &mut out,
+        )?;
+        SeqBuf::new(out, b, tq, self.out_dim())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_into(
+        &self,
+        query: Seq<'_>,
+        key: Seq<'_>,
+        value: Seq<'_>,
+        mask: &Mask<'_>,
+        scratch: &mut AttentionScratch,
+        mut probs: Option<&mut Vec<f32>>,
+        out: &mut [f32],
+    ) -> Result<()> {
         self.check_inputs(query, key, value, mask)?;
         let (b, tq, tk) = (query.batch(), query.len(), key.len());
+        if out.len() != b * tq * self.out_dim() {
+            return Err(Error::Shape(format!(
+                "attention: output holds {} values, [{b}, {tq}, {}] needs {}",
+                out.len(),
+                self.out_dim(),
+                b * tq * self.out_dim()
+            )));
+        }
         let d = self.dims;
-        let mut q = vec![0.0; b * tq * d.dim_qk];
-        let mut k = vec![0.0; b * tk * d.dim_qk];
-        let mut v = vec![0.0; b * tk * d.dim_v];
-        self.q.forward_into(query.data(), b * tq, &mut q)?;
-        self.k.forward_into(key.data(), b * tk, &mut k)?;
-        self.v.forward_into(value.data(), b * tk, &mut v)?;
-        let mut ctx = vec![0.0; b * tq * d.dim_v];
+        let AttentionScratch { q, k, v, ctx } = scratch;
+        let q = grown(q, b * tq * d.dim_qk);
+        let k = grown(k, b * tk * d.dim_qk);
+        let v = grown(v, b * tk * d.dim_v);
+        let ctx = grown(ctx, b * tq * d.dim_v);
+        self.q.forward_into(query.data(), b * tq, q)?;
+        self.k.forward_into(key.data(), b * tk, k)?;
+        self.v.forward_into(value.data(), b * tk, v)?;
         for i in 0..b {
             let qv = self.query_view(&q[i * tq * d.dim_qk..(i + 1) * tq * d.dim_qk], tq);
             let kv = self.key_view(&k[i * tk * d.dim_qk..(i + 1) * tk * d.dim_qk], tk);
@@ -293,9 +327,25 @@ impl AttentionCore {
                 )?),
             }
         }
-        let mut out = vec![0.0; b * tq * self.out_dim()];
-        self.project_out(&ctx, b * tq, &mut out)?;
-        SeqBuf::new(out, b, tq, self.out_dim())
+        self.project_out(ctx, b * tq, out)
+    }
+
+    /// As [`AttentionCore::forward`], writing `[B, T_q, out_dim]` into `out` and keeping the
+    /// projections in `scratch`, so that a caller running many layers (an encoder) allocates
+    /// them once instead of once per call.
+    ///
+    /// Errors: as [`AttentionCore::forward`], and [`Error::Shape`] for an `out` of another
+    /// length.
+    pub fn forward_into(
+        &self,
+        query: Seq<'_>,
+        key: Seq<'_>,
+        value: Seq<'_>,
+        mask: &Mask<'_>,
+        scratch: &mut AttentionScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.run_into(query, key, value, mask, scratch, None, out)
     }
 
     /// `out(attention(q(query), k(key), v(value)))` for `query` `[B, T_q, q_in]` and
@@ -325,6 +375,24 @@ impl AttentionCore {
         let out = self.run(query, key, value, mask, Some(&mut probs))?;
         Ok((out, probs))
     }
+}
+
+/// Buffers for [`AttentionCore::forward_into`]: the projected Q, K, V and the per-head
+/// context, grown to the largest call seen and reused after that.
+#[derive(Debug, Default)]
+pub struct AttentionScratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    ctx: Vec<f32>,
+}
+
+/// The first `n` elements of `buf`, grown (zero-filled) if it is shorter.
+fn grown(buf: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if buf.len() < n {
+        buf.resize(n, 0.0);
+    }
+    &mut buf[..n]
 }
 
 macro_rules! core_access {

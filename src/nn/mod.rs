@@ -34,8 +34,8 @@ pub mod seq;
 
 pub use crate::weights::safetensors::Scope;
 pub use attention::{
-    Attention, AttentionCore, CrossAttention, MultiHeadAttention, MultiHeadAttentionWithProbs,
-    MultiHeadCrossAttention, SelfAttention, TransformerAttention,
+    Attention, AttentionCore, AttentionScratch, CrossAttention, MultiHeadAttention,
+    MultiHeadAttentionWithProbs, MultiHeadCrossAttention, SelfAttention, TransformerAttention,
 };
 pub use embedding::{Embedding, PositionalEncoding};
 pub use ffn::FeedForward;
