@@ -100,9 +100,7 @@ impl Core {
         // queue their jobs locally instead of injecting ~200 jobs per token into the global
         // queue from outside the pool (which costs wake-ups and, every 63 jobs, an
         // allocation of the injector's next block).
-        let mut result = Ok(());
-        rayon::scope(|_| result = model.llama().forward(state, tokens, pos, Some(logits)));
-        result?;
+        rayon::scope(|_| model.llama().forward(state, tokens, pos, Some(logits)))?;
         self.tokens.extend_from_slice(tokens);
         Ok(())
     }

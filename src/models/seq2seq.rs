@@ -40,7 +40,7 @@
 
 use crate::error::{Error, Result};
 use crate::nn::{
-    AttentionScratch, Embedding, FeedForward, KeyPadding, LayerNorm, Linear, Mask,
+    AttentionCore, AttentionScratch, Embedding, FeedForward, KeyPadding, LayerNorm, Linear, Mask,
     PositionalEncoding, Scope, Seq, SeqBuf, TransformerAttention,
 };
 use crate::weights::TensorSource;
@@ -230,6 +230,58 @@ impl<'a> TokenBatch<'a> {
     }
 }
 
+/// One set of activations for every layer of a full-sequence pass (encoder, teacher-forced
+/// decoder): multi-megabyte buffers allocated per layer went back to the OS and were
+/// page-faulted in again each time (~8% of the encoder's time).
+struct Activations {
+    /// A normalised input, `[rows, d]`.
+    h: Vec<f32>,
+    /// A sublayer's output before the residual add, `[rows, d]`.
+    delta: Vec<f32>,
+    /// The feed-forward block's inner activations, `[rows, inner]`.
+    hidden: Vec<f32>,
+    /// Q, K, V and context of the attention sublayers.
+    scratch: AttentionScratch,
+}
+
+impl Activations {
+    /// Buffers for `x` of `rows` positions of width `d`, and a feed-forward block of width
+    /// `inner`.
+    fn new(rows: usize, d: usize, inner: usize) -> Self {
+        Activations {
+            h: vec![0.0; rows * d],
+            delta: vec![0.0; rows * d],
+            hidden: vec![0.0; rows * inner],
+            scratch: AttentionScratch::default(),
+        }
+    }
+
+    /// The pre-norm residual attention sublayer, `x += attn(norm(x), kv, kv)`, where `kv` is
+    /// `memory` (cross-attention) or `norm(x)` itself (self-attention).
+    fn attention(
+        &mut self,
+        x: &mut SeqBuf,
+        norm: &LayerNorm,
+        attn: &AttentionCore,
+        memory: Option<Seq<'_>>,
+        mask: &Mask<'_>,
+    ) -> Result<()> {
+        norm.forward_into(x.data(), &mut self.h)?;
+        let h = Seq::new(&self.h, x.batch(), x.len(), x.dim())?;
+        let kv = memory.unwrap_or(h);
+        attn.forward_into(h, kv, kv, mask, &mut self.scratch, &mut self.delta)?;
+        add(x.data_mut(), &self.delta)
+    }
+
+    /// The pre-norm residual feed-forward sublayer, `x += ffn(norm(x))`.
+    fn feed_forward(&mut self, x: &mut SeqBuf, norm: &LayerNorm, ffn: &FeedForward) -> Result<()> {
+        norm.forward_into(x.data(), &mut self.h)?;
+        let rows = x.batch() * x.len();
+        ffn.forward_into(&self.h, rows, &mut self.hidden, &mut self.delta)?;
+        add(x.data_mut(), &self.delta)
+    }
+}
+
 #[derive(Debug)]
 struct EncoderLayer {
     attn: TransformerAttention,
@@ -404,34 +456,17 @@ impl Seq2Seq {
         let mut x = SeqBuf::new(x.data().to_vec(), b, t, d)?;
         self.src_pe.forward(&mut x)?;
         let mask = Mask::none().with_padding(padding);
-        // One set of activations for every layer: multi-megabyte buffers allocated per
-        // layer went back to the OS and were page-faulted in again each time (~8% of the
-        // encoder's time).
-        let rows = b * t;
         let inner = self.encoder.first().map_or(0, |l| l.ffn.inner_dim());
-        let (mut h, mut delta, mut hidden) = (
-            vec![0.0; rows * d],
-            vec![0.0; rows * d],
-            vec![0.0; rows * inner],
-        );
-        let mut scratch = AttentionScratch::default();
+        let mut act = Activations::new(b * t, d, inner);
         let mut layers = || -> Result<()> {
             for layer in &self.encoder {
-                layer.norm1.forward_into(x.data(), &mut h)?;
-                let hv = Seq::new(&h, b, t, d)?;
-                let attn = layer.attn.core();
-                attn.forward_into(hv, hv, hv, &mask, &mut scratch, &mut delta)?;
-                add(x.data_mut(), &delta)?;
-                layer.norm2.forward_into(x.data(), &mut h)?;
-                layer.ffn.forward_into(&h, rows, &mut hidden, &mut delta)?;
-                add(x.data_mut(), &delta)?;
+                act.attention(&mut x, &layer.norm1, layer.attn.core(), None, &mask)?;
+                act.feed_forward(&mut x, &layer.norm2, &layer.ffn)?;
             }
             Ok(())
         };
         // On a rayon worker, as `step` runs.
-        let mut result = Ok(());
-        rayon::scope(|_| result = layers());
-        result?;
+        rayon::scope(|_| layers())?;
         Ok(x)
     }
 
@@ -452,36 +487,23 @@ impl Seq2Seq {
         self.tgt_pe.forward(&mut x)?;
         let self_mask = Mask::none().with_causal().with_padding(tgt_padding);
         let cross_mask = Mask::none().with_padding(src_padding);
-        // One set of activations for every layer, as in `encode_embedded`.
-        let rows = b * t;
         let inner = self.decoder.first().map_or(0, |l| l.ffn.inner_dim());
-        let (mut h, mut delta, mut hidden) = (
-            vec![0.0; rows * d],
-            vec![0.0; rows * d],
-            vec![0.0; rows * inner],
-        );
-        let mut scratch = AttentionScratch::default();
+        let mut act = Activations::new(b * t, d, inner);
         let mut layers = || -> Result<()> {
-            for layer in &self.decoder {
-                layer.norm1.forward_into(x.data(), &mut h)?;
-                let hv = Seq::new(&h, b, t, d)?;
-                let attn = layer.self_attn.core();
-                attn.forward_into(hv, hv, hv, &self_mask, &mut scratch, &mut delta)?;
-                add(x.data_mut(), &delta)?;
-                layer.norm2.forward_into(x.data(), &mut h)?;
-                let hv = Seq::new(&h, b, t, d)?;
-                let attn = layer.cross_attn.core();
-                attn.forward_into(hv, enc_out, enc_out, &cross_mask, &mut scratch, &mut delta)?;
-                add(x.data_mut(), &delta)?;
-                layer.norm3.forward_into(x.data(), &mut h)?;
-                layer.ffn.forward_into(&h, rows, &mut hidden, &mut delta)?;
-                add(x.data_mut(), &delta)?;
+            for l in &self.decoder {
+                act.attention(&mut x, &l.norm1, l.self_attn.core(), None, &self_mask)?;
+                act.attention(
+                    &mut x,
+                    &l.norm2,
+                    l.cross_attn.core(),
+                    Some(enc_out),
+                    &cross_mask,
+                )?;
+                act.feed_forward(&mut x, &l.norm3, &l.ffn)?;
             }
             Ok(())
         };
-        let mut result = Ok(());
-        rayon::scope(|_| result = layers());
-        result?;
+        rayon::scope(|_| layers())?;
         Ok(x)
     }
 
@@ -627,9 +649,7 @@ impl Seq2Seq {
         // On one of rayon's workers, the kernels' parallel loops queue their jobs locally
         // instead of injecting them into the pool from outside, once per call (as `Session`
         // does for the Llama).
-        let mut result = Ok(());
-        rayon::scope(|_| result = self.step_on_worker(state, tokens));
-        result?;
+        rayon::scope(|_| self.step_on_worker(state, tokens))?;
         Ok(&state.logits)
     }
 
