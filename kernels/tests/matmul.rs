@@ -106,6 +106,10 @@ fn gemm_shapes() {
     // f16 panels hold 2^20 elements: at k = 64 that is 16384 rows, so n = 20001 spans two
     // panels with a ragged tail.
     check(9, 64, 20001, true, true, &mut rng);
+    // Taller than the column split takes (gemm's own parallel split), and a column split
+    // whose last block is ragged (n = 300 over 2 threads: 160 + 140 columns).
+    check(2049, 9, 300, false, true, &mut rng);
+    check(512, 64, 300, true, false, &mut rng);
 }
 
 #[test]
