@@ -378,10 +378,7 @@ impl Llama {
             .checked_mul(capacity)
             .and_then(|n| n.checked_mul(c.kv_dim()))
             .ok_or_else(|| Error::Config(format!("KV cache of {capacity} positions overflows")))?;
-        let store = || match kv_dtype {
-            FloatType::F32 => KvStore::F32(vec![0.0; cache_len]),
-            FloatType::F16 => KvStore::F16(vec![f16::ZERO; cache_len]),
-        };
+        let store = || KvStore::new(kv_dtype, cache_len, capacity, c.kv_heads, c.head_dim);
         Ok(LlamaState {
             capacity,
             chunk,
@@ -464,7 +461,6 @@ impl Llama {
         let gate = &mut s.gate[..t * ff];
         let up = &mut s.up[..t * ff];
         let hidden = &mut s.hidden[..t * ff];
-        let layer_len = s.capacity * kvd;
         let seen = pos0 + t;
 
         for (l, b) in self.blocks.iter().enumerate() {
@@ -498,17 +494,9 @@ impl Llama {
             )?;
             self.rope.apply(q, t, c.heads, pos0, style)?;
             self.rope.apply(k, t, c.kv_heads, pos0, style)?;
-            let layer = l * layer_len..(l + 1) * layer_len;
-            s.keys
-                .write(layer.clone(), s.capacity, pos0, k, c.head_dim)?;
-            s.values
-                .write(layer.clone(), s.capacity, pos0, v, c.head_dim)?;
-            let keys = s
-                .keys
-                .view(layer.clone(), s.capacity, seen, c.kv_heads, c.head_dim);
-            let values = s
-                .values
-                .view(layer, s.capacity, seen, c.kv_heads, c.head_dim);
+            s.keys.write(l, pos0, k)?;
+            s.values.write(l, pos0, v)?;
+            let (keys, values) = (s.keys.view(l, seen), s.values.view(l, seen));
             attention(
                 &QueryView::contiguous(q, t, c.heads, c.head_dim),
                 &keys,
@@ -580,62 +568,77 @@ impl Llama {
 /// step streams every head's history front to back, which is what the memory prefetcher
 /// follows best (with position-major rows, a decode attention call over 2048 positions
 /// took 2.3× as long).
-enum KvStore {
+struct KvStore {
+    data: KvBuf,
+    /// Positions each head holds.
+    capacity: usize,
+    heads: usize,
+    dim: usize,
+}
+
+/// The cache's elements, in the KV dtype.
+enum KvBuf {
     F32(Vec<f32>),
     F16(Vec<f16>),
 }
 
 impl KvStore {
+    /// A zeroed cache of `layers` layers (`len` elements in all, checked by the caller).
+    fn new(dtype: FloatType, len: usize, capacity: usize, heads: usize, dim: usize) -> Self {
+        let data = match dtype {
+            FloatType::F32 => KvBuf::F32(vec![0.0; len]),
+            FloatType::F16 => KvBuf::F16(vec![f16::ZERO; len]),
+        };
+        KvStore {
+            data,
+            capacity,
+            heads,
+            dim,
+        }
+    }
+
+    /// Elements of one layer.
+    fn layer_len(&self) -> usize {
+        self.heads * self.capacity * self.dim
+    }
+
     /// Stores `src` (`[t][kv_head][dim]`, the projections of positions `pos0..pos0 + t`)
-    /// into the layer occupying `layer`, whose heads hold `capacity` positions each.
-    fn write(
-        &mut self,
-        layer: std::ops::Range<usize>,
-        capacity: usize,
-        pos0: usize,
-        src: &[f32],
-        dim: usize,
-    ) -> Result<()> {
-        let heads = (layer.end - layer.start) / (capacity * dim);
-        for (t, row) in src.chunks_exact(heads * dim).enumerate() {
+    /// into layer `layer`.
+    fn write(&mut self, layer: usize, pos0: usize, src: &[f32]) -> Result<()> {
+        let (start, dim) = (layer * self.layer_len(), self.dim);
+        for (t, row) in src.chunks_exact(self.heads * dim).enumerate() {
             for (h, x) in row.chunks_exact(dim).enumerate() {
-                let at = layer.start + (h * capacity + pos0 + t) * dim;
-                match self {
-                    KvStore::F32(dst) => dst[at..at + dim].copy_from_slice(x),
-                    KvStore::F16(dst) => f32_to_f16(x, &mut dst[at..at + dim])?,
+                let at = start + (h * self.capacity + pos0 + t) * dim;
+                match &mut self.data {
+                    KvBuf::F32(dst) => dst[at..at + dim].copy_from_slice(x),
+                    KvBuf::F16(dst) => f32_to_f16(x, &mut dst[at..at + dim])?,
                 }
             }
         }
         Ok(())
     }
 
-    /// The first `rows` positions of the layer occupying `layer`.
-    fn view(
-        &self,
-        layer: std::ops::Range<usize>,
-        capacity: usize,
-        rows: usize,
-        heads: usize,
-        dim: usize,
-    ) -> KvView<'_> {
-        let data = match self {
-            KvStore::F32(v) => KvData::F32(&v[layer]),
-            KvStore::F16(v) => KvData::F16(&v[layer]),
+    /// The first `rows` positions of layer `layer`.
+    fn view(&self, layer: usize, rows: usize) -> KvView<'_> {
+        let span = layer * self.layer_len()..(layer + 1) * self.layer_len();
+        let data = match &self.data {
+            KvBuf::F32(v) => KvData::F32(&v[span]),
+            KvBuf::F16(v) => KvData::F16(&v[span]),
         };
-        KvView::head_major(data, rows, heads, dim, capacity)
+        KvView::head_major(data, rows, self.heads, self.dim, self.capacity)
     }
 
     fn dtype(&self) -> FloatType {
-        match self {
-            KvStore::F32(_) => FloatType::F32,
-            KvStore::F16(_) => FloatType::F16,
+        match self.data {
+            KvBuf::F32(_) => FloatType::F32,
+            KvBuf::F16(_) => FloatType::F16,
         }
     }
 
     fn bytes(&self) -> usize {
-        match self {
-            KvStore::F32(v) => v.len() * 4,
-            KvStore::F16(v) => v.len() * 2,
+        match &self.data {
+            KvBuf::F32(v) => v.len() * 4,
+            KvBuf::F16(v) => v.len() * 2,
         }
     }
 }

@@ -83,10 +83,9 @@ pub(super) fn reserve(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) {
     let rows = group * (ROWS_TARGET / group.max(1)).max(1);
     let dvp = d_v.div_ceil(8) * 8;
     SCRATCH.with(|sc| sc.borrow_mut().prepare(rows, d_qk, dvp));
-    // Split decode: at most kv_heads · 2·⌈2·threads / kv_heads⌉ items of `group` rows each
-    // (`key_splits` never goes past twice its first guess).
+    // Split decode: `key_splits` never goes past its bound, whatever the key count.
     let threads = rayon::current_num_threads();
-    let items = kv_heads * 2 * (SPLIT_ITEMS_PER_THREAD * threads).div_ceil(kv_heads.max(1));
+    let items = kv_heads * max_key_splits(kv_heads, threads);
     let partials = items * group * (d_v + 2);
     PARTIALS.with(|p| {
         let mut p = p.borrow_mut();
@@ -105,14 +104,23 @@ pub(super) fn reserve(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) {
 /// last) 70–73; at tk = 8192, 6 and 12 items tied and 24 were 10% slower.
 fn key_splits(base: usize, tk: usize, threads: usize) -> usize {
     let most = (tk / MIN_SPLIT_KEYS).max(1);
-    let want = (SPLIT_ITEMS_PER_THREAD * threads)
-        .div_ceil(base.max(1))
-        .min(most);
+    let want = split_guess(base, threads).min(most);
     let balanced = |s: &usize| (base * s) % threads.max(1) == 0;
     (want..=most.min(2 * want))
         .find(balanced)
         .or_else(|| (1..want).rev().find(balanced))
         .unwrap_or(want)
+}
+
+/// [`key_splits`]' first guess: enough ranges for about [`SPLIT_ITEMS_PER_THREAD`] items
+/// per thread.
+fn split_guess(base: usize, threads: usize) -> usize {
+    (SPLIT_ITEMS_PER_THREAD * threads).div_ceil(base.max(1))
+}
+
+/// The most ranges [`key_splits`] returns for `base` items: twice its first guess.
+fn max_key_splits(base: usize, threads: usize) -> usize {
+    2 * split_guess(base, threads)
 }
 
 /// Everything an item needs to know about the call.
