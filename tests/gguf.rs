@@ -5,17 +5,8 @@ use qkv::weights::{FloatType, TensorSource};
 use qkv::Error;
 use std::path::{Path, PathBuf};
 
-/// The default model's source GGUF (Q4_1): `QKV_TEST_GGUF`, else `qkv::fetch::source_model()`,
-/// which fetches it once. Fails loudly when it cannot: these tests need the real model.
-fn default_gguf() -> PathBuf {
-    if let Ok(p) = std::env::var("QKV_TEST_GGUF") {
-        let p = PathBuf::from(p);
-        assert!(p.is_file(), "QKV_TEST_GGUF={} is not a file", p.display());
-        return p;
-    }
-    // The published Q4_1 file, fetched into the cache like the CLI's default model.
-    qkv::fetch::source_model().unwrap_or_else(|e| panic!("the default model is needed: {e}"))
-}
+mod common;
+use common::default_gguf;
 
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("qkv-test-gguf-{tag}-{}", std::process::id()));

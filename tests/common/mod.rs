@@ -1,4 +1,5 @@
-//! Helpers shared by the tests that read the PyTorch fixtures of `tools/seq2seq_fixtures.py`.
+//! Helpers shared by the integration tests: the PyTorch fixtures of
+//! `tools/seq2seq_fixtures.py`, and the default model's source GGUF.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use qkv::weights::safetensors::SafeTensorsFile;
@@ -69,4 +70,16 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
         err <= tol * scale,
         "{what}: max error {err:e} > {tol:e} × {scale:e}"
     );
+}
+
+/// The default model's source GGUF (Q4_1): `QKV_TEST_GGUF`, else `qkv::fetch::source_model()`,
+/// which fetches it once. Fails loudly when it cannot: these tests need the real model.
+pub fn default_gguf() -> PathBuf {
+    if let Ok(p) = std::env::var("QKV_TEST_GGUF") {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "QKV_TEST_GGUF={} is not a file", p.display());
+        return p;
+    }
+    // The published Q4_1 file, fetched into the cache like the CLI's default model.
+    qkv::fetch::source_model().unwrap_or_else(|e| panic!("the default model is needed: {e}"))
 }
