@@ -3,9 +3,10 @@
 //!
 //! - Few rows (`m ≤` [`GEMV_MAX_ROWS`], decode): our own GEMV streams `W` once, converting
 //!   f16 to f32 in registers, split across threads by rows of `W`.
-//! - Many rows (prefill): the gemm crate in f32, parallel with rayon. f16 weights are
-//!   converted to f32 one cache-sized panel of rows at a time inside the call, never as a
-//!   whole-matrix copy.
+//! - Many rows (prefill): the gemm crate in f32, parallel with rayon; the crate picks its
+//!   AVX-512 micro-kernels at run time where the CPU has them (its `x86-v4` feature), else
+//!   AVX2/FMA. f16 weights are converted to f32 one cache-sized panel of rows at a time
+//!   inside the call, never as a whole-matrix copy.
 //!
 //! ```
 //! use qkv_kernels::{linear, Weights};
