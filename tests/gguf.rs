@@ -344,7 +344,7 @@ impl Raw {
         self.u32(ty).u64(off)
     }
     fn pad_and_data(&mut self, n: usize) -> Vec<u8> {
-        while self.0.len() % 32 != 0 {
+        while !self.0.len().is_multiple_of(32) {
             self.0.push(0);
         }
         let mut v = self.0.clone();

@@ -300,7 +300,7 @@ fn validate(
             right: q.dim,
         });
     }
-    if q.heads % k.heads != 0 {
+    if !q.heads.is_multiple_of(k.heads) {
         return Err(KernelError::Mismatch {
             what: "heads must be a multiple of kv_heads",
             left: q.heads,

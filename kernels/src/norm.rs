@@ -27,7 +27,7 @@ fn validate(
     dim: usize,
 ) -> Result<()> {
     check_nonzero("dim", dim)?;
-    if x.len() % dim != 0 {
+    if !x.len().is_multiple_of(dim) {
         return Err(KernelError::Invalid(format!(
             "`x` has {} elements, which is not a whole number of rows of dim {dim}",
             x.len()

@@ -61,7 +61,7 @@ impl RopeTable {
     pub fn new(head_dim: usize, base: f32, max_positions: usize) -> Result<RopeTable> {
         check_nonzero("head_dim", head_dim)?;
         check_nonzero("max_positions", max_positions)?;
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             return Err(KernelError::Invalid(format!(
                 "RoPE head_dim must be even, got {head_dim}"
             )));

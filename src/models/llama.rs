@@ -144,19 +144,19 @@ impl LlamaConfig {
                 return Err(Error::Config(format!("llama: {what} is 0")));
             }
         }
-        if self.dim % self.heads != 0 || self.head_dim != self.dim / self.heads {
+        if !self.dim.is_multiple_of(self.heads) || self.head_dim != self.dim / self.heads {
             return Err(Error::Config(format!(
                 "llama: embedding length {} is not {} heads of {}",
                 self.dim, self.heads, self.head_dim
             )));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(Error::Config(format!(
                 "llama: head dim {} is odd, RoPE needs pairs",
                 self.head_dim
             )));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(Error::Config(format!(
                 "llama: {} query heads are not a multiple of {} KV heads",
                 self.heads, self.kv_heads

@@ -91,7 +91,7 @@ impl Seq2SeqConfig {
                 return Err(Error::Config(format!("seq2seq: {what} must not be zero")));
             }
         }
-        if self.d_model % self.heads != 0 {
+        if !self.d_model.is_multiple_of(self.heads) {
             return Err(Error::Config(format!(
                 "seq2seq: d_model = {} is not divisible by heads = {}",
                 self.d_model, self.heads

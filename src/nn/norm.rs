@@ -37,7 +37,7 @@ impl LayerNorm {
 
     /// Normalises each row of `x` (`rows × dim`) into `out`.
     pub fn forward_into(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
-        if x.len() != out.len() || x.len() % self.dim != 0 {
+        if x.len() != out.len() || !x.len().is_multiple_of(self.dim) {
             return Err(Error::Shape(format!(
                 "layer norm of dim {}: input {} values, output {}",
                 self.dim,

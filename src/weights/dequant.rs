@@ -34,7 +34,7 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
 
 fn check(name: &str, src: usize, block_bytes: usize, dst: usize, block_elems: usize) {
     assert!(
-        src % block_bytes == 0 && src / block_bytes * block_elems == dst,
+        src.is_multiple_of(block_bytes) && src / block_bytes * block_elems == dst,
         "{name}: {src} source bytes do not hold exactly {dst} values"
     );
 }

@@ -135,7 +135,7 @@ impl Tensor {
                 ))
             })?;
         let raw = &map[offset..bytes];
-        let aligned = (raw.as_ptr() as usize) % dtype.size() == 0;
+        let aligned = (raw.as_ptr() as usize).is_multiple_of(dtype.size());
         let storage = if aligned {
             Storage::Mapped { map, offset, dtype }
         } else {

@@ -105,7 +105,7 @@ pub(super) fn reserve(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) {
 fn key_splits(base: usize, tk: usize, threads: usize) -> usize {
     let most = (tk / MIN_SPLIT_KEYS).max(1);
     let want = split_guess(base, threads).min(most);
-    let balanced = |s: &usize| (base * s) % threads.max(1) == 0;
+    let balanced = |s: &usize| (base * s).is_multiple_of(threads.max(1));
     (want..=most.min(2 * want))
         .find(balanced)
         .or_else(|| (1..want).rev().find(balanced))
