@@ -173,6 +173,36 @@ fn depth_runs_the_prompt_on_top_of_cached_context() {
 }
 
 #[test]
+fn a_warm_up_run_changes_no_token() {
+    let run = |warmup: bool| {
+        let mut args = vec![
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "6",
+            "--temperature",
+            "0",
+            "--json",
+            "--depth",
+            "7",
+        ];
+        if warmup {
+            args.push("--warmup");
+        }
+        let o = decode(&args, None);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        // The token lines (ids, text, logprobs); the stats line holds timings.
+        let stdout = String::from_utf8(o.stdout).unwrap();
+        let lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
+        assert!(lines.last().unwrap().starts_with("{\"stats\""), "{stdout}");
+        lines[..lines.len() - 1].to_vec()
+    };
+    let (cold, warm) = (run(false), run(true));
+    assert_eq!(cold.len(), 6);
+    assert_eq!(cold, warm);
+}
+
+#[test]
 fn the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
     let o = decode(
         &[

@@ -16,7 +16,10 @@ src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
    same converted files.
 4. Prompts with an exact token count (checked with qkv's tokenizer via `decode --json -n 0`).
 5. For each row, alternate llama-bench and qkv `--reps` times; print both medians, the spread,
-   the ratio qkv/llama.cpp, and a markdown table with the exact commands.
+   the ratio qkv/llama.cpp, and a markdown table with the exact commands. Both engines are
+   measured warm: llama-bench makes a warm-up run before its repetitions, and `decode
+   --warmup` runs the prompt once untimed and starts over (without it, a fresh process's
+   first 512-token prefill also pays first touches of the weights and buffers, 2–17% here).
 
 Rows and what each engine measures:
 
@@ -171,8 +174,9 @@ def ensure_qkv(lc: Path):
 
 def qkv_decode(qkv: Path, model: Path, dtype: str, threads: int, prompt_file: Path, n: int,
                ctx: int, depth: int = 0):
+    # --warmup: one untimed pass over the prompt first, as llama-bench's own warm-up run.
     cmd = [qkv, "--model", model, "--dtype", dtype, "--threads", threads, "--ctx", ctx,
-           "--temperature", "0", "--ignore-eos", "--json", "-n", n]
+           "--temperature", "0", "--ignore-eos", "--json", "--warmup", "-n", n]
     if depth:
         cmd += ["--depth", depth]
     with open(prompt_file) as f:

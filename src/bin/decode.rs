@@ -100,6 +100,11 @@ struct RunArgs {
     /// cached positions (as `llama-bench -d N` does).
     #[arg(long, default_value_t = 0)]
     depth: usize,
+    /// Benchmarking: run the prompt once, untimed, then start over, so that the figures
+    /// leave out one-time costs (first touches of the mapped weights and of the buffers,
+    /// the threads' start), as `llama-bench`'s warm-up run does.
+    #[arg(long)]
+    warmup: bool,
     /// Keep generating past the end-of-sequence token.
     #[arg(long)]
     ignore_eos: bool,
@@ -232,6 +237,10 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         return Err("the prompt encodes to no tokens".into());
     }
 
+    if args.warmup {
+        session.prefill(&ids)?;
+        session.reset();
+    }
     if args.depth > 0 {
         let context: Vec<u32> = ids.iter().copied().cycle().take(args.depth).collect();
         session
