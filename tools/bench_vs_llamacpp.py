@@ -19,7 +19,7 @@ src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
    the ratio qkv/llama.cpp, and a markdown table with the exact commands. Both engines are
    measured warm: llama-bench makes a warm-up run before its repetitions, and `decode
    --warmup` runs the prompt once untimed and starts over (without it, a fresh process's
-   first 512-token prefill also pays first touches of the weights and buffers, 2–17% here).
+   first 512-token prefill also pays first touches of the weights and buffers, ~10% here).
 
 Rows and what each engine measures:
 
