@@ -568,7 +568,8 @@ impl Llama {
 ///
 /// Keys are key-tiled instead ([`KvView::key_tiles`]): within each head, tiles of 64
 /// positions stored `[head_dim][64]`, so that decode computes 64 scores per pass without
-/// sums across lanes (about 10% off a decode attention call at 2048 positions).
+/// sums across lanes (about 10% off a decode attention call at 2048 positions, alternating
+/// layouts call by call).
 struct KvStore {
     data: KvBuf,
     /// Positions each head holds.
