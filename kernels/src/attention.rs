@@ -405,21 +405,17 @@ fn validate(
     )?;
     if k.tiled {
         // Whole tiles: the last one is read in full.
-        let overflow = || KernelError::Invalid("`k` strides overflow".into());
         let tiles = k.rows.div_ceil(KEY_TILE);
-        let per_head = KEY_TILE
-            .checked_mul(k.dim)
-            .and_then(|x| x.checked_mul(tiles))
-            .ok_or_else(overflow)?;
         let need = (k.heads - 1)
             .checked_mul(k.head_stride)
-            .and_then(|x| x.checked_add(per_head))
-            .ok_or_else(overflow)?;
-        if k.heads > 1 && k.head_stride < per_head {
+            .and_then(|x| x.checked_add(tiles.checked_mul(KEY_TILE * k.dim)?))
+            .ok_or_else(|| KernelError::Invalid("`k` strides overflow".into()))?;
+        if k.head_stride < tiles * KEY_TILE * k.dim && k.heads > 1 {
             return Err(KernelError::Invalid(format!(
-                "key-tiled `k`: head_stride {} is less than its {tiles} tiles ({per_head} \
-                 elements)",
-                k.head_stride
+                "key-tiled `k`: head_stride {} is less than its {} tiles of {}",
+                k.head_stride,
+                tiles,
+                KEY_TILE * k.dim
             )));
         }
         check_covers("k", need, k.data.len())?;
