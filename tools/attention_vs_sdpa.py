@@ -7,9 +7,8 @@
 For each shape (causal prefill tq = tk in {512, 2048, 4096}; decode tq = 1, tk in
 {512, 2048, 8192}; 9 query heads over 3 KV heads, head_dim 64, f32), the two run in
 alternation: PyTorch in this process, qkv as `kernels/examples/attention_time` (built here
-with cargo). For decode, PyTorch reads K/V head-major ([B, H, T, D]) and qkv reads its Llama
-cache's layout (K key-tiled, V head-major); for prefill qkv reads them position-major (its
-activations' layout). Each run reports the median of REPS calls; the table gives the median over
+with cargo). Both read K/V head-major for decode (PyTorch's [B, H, T, D]; qkv's Llama cache
+layout) and qkv reads them position-major for prefill (its activations' layout). Each run reports the median of REPS calls; the table gives the median over
 alternations and the ratio PyTorch / qkv (> 1: qkv is faster). The machine is shared and
 noisy; the alternation is what makes the ratio fair.
 """
@@ -45,7 +44,7 @@ def sdpa_median(tq, tk, reps):
 
 def qkv_median(binary, tq, tk, reps, threads):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    layout = "tiled" if tq == 1 else "pos"
+    layout = "head" if tq == 1 else "pos"
     out = subprocess.run([binary, str(tq), str(tk), "f32", str(reps), "1", layout], env=env,
                          capture_output=True, text=True, check=True).stdout.split()
     return float(out[out.index("median_ms") + 1])

@@ -1,24 +1,23 @@
 //! Times the attention kernel on one shape and prints the median and minimum in ms, for
 //! side-by-side runs against PyTorch (`tools/attention_vs_sdpa.py`).
 //!
-//! `cargo run --release -p qkv-kernels --example attention_time -- TQ TK f32|f16 [REPS [LAYERS [pos|head|tiled]]]`
+//! `cargo run --release -p qkv-kernels --example attention_time -- TQ TK f32|f16 [REPS [LAYERS [pos|head]]]`
 //!
 //! 9 query heads over 3 KV heads, head_dim 64, causal with query `i` at position `tk−tq+i`.
 //! The calls run on one of rayon's workers, as a `Session` runs its passes.
 //! With `LAYERS > 1` every repetition runs the call once on each of `LAYERS` separate K/V
 //! buffers, as a decode step does across a model's layers, so that K and V come from memory
 //! rather than cache once the buffers outgrow it; the times printed are per call. The last
-//! argument picks the K/V layout: `pos` (position-major `[tk, kv_heads, d]`, the default),
-//! `head` (head-major `[kv_heads, tk, d]`) or `tiled` (K key-tiled, V head-major: the layout
-//! of qkv's Llama KV cache).
+//! argument picks the K/V layout: `pos` (position-major `[tk, kv_heads, d]`, the default) or
+//! `head` (head-major `[kv_heads, tk, d]`, the layout of qkv's Llama KV cache).
 
-use qkv_kernels::{attention, f16, AttentionMask, KvData, KvView, QueryView};
+use qkv_kernels::{attention, f16, AttentionMask, KvView, QueryView};
 use std::time::Instant;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 {
-        eprintln!("usage: attention_time TQ TK f32|f16 [REPS [LAYERS [pos|head|tiled]]]");
+        eprintln!("usage: attention_time TQ TK f32|f16 [REPS [LAYERS [pos|head]]]");
         std::process::exit(2);
     }
     let parse = |s: &str| -> usize {
@@ -48,23 +47,14 @@ fn main() {
         k.iter().map(|&x| f16::from_f32(x)).collect(),
         v.iter().map(|&x| f16::from_f32(x)).collect(),
     );
-    let (head_major, tiled) = match args.get(5).map(String::as_str) {
-        None | Some("pos") => (false, false),
-        Some("head") => (true, false),
-        Some("tiled") => (true, true),
+    let head_major = match args.get(5).map(String::as_str) {
+        None | Some("pos") => false,
+        Some("head") => true,
         Some(other) => {
-            eprintln!("layout must be pos, head or tiled, not {other}");
+            eprintln!("layout must be pos or head, not {other}");
             std::process::exit(2)
         }
     };
-    // Key-tiled K (its values do not matter for timing), one buffer per layer.
-    let nt = kv_heads * KvView::tiled_head_len(tk, d);
-    let kt = if tiled {
-        fill(nt * layers, 2)
-    } else {
-        Vec::new()
-    };
-    let kt16: Vec<f16> = kt.iter().map(|&x| f16::from_f32(x)).collect();
     let views: Vec<(KvView, KvView)> = (0..layers)
         .map(|l| {
             let r = l * n..(l + 1) * n;
@@ -89,17 +79,7 @@ fn main() {
                     std::process::exit(2)
                 }
             };
-            let a = if !tiled {
-                hm(a, head_major, tk, d)
-            } else {
-                let r = l * nt..(l + 1) * nt;
-                let data = match a.data {
-                    KvData::F32(_) => KvData::F32(&kt[r]),
-                    KvData::F16(_) => KvData::F16(&kt16[r]),
-                };
-                KvView::key_tiles(data, tk, kv_heads, d, tk)
-            };
-            (a, hm(b, head_major, tk, d))
+            (hm(a, head_major, tk, d), hm(b, head_major, tk, d))
         })
         .collect();
     let qv = QueryView::contiguous(&q, tq, heads, d);

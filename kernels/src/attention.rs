@@ -6,9 +6,8 @@
 //!
 //! - Layout: Q `[tq, heads, d_qk]`, K `[tk, kv_heads, d_qk]`, V `[tk, kv_heads, d_v]`, each a
 //!   strided view ([`QueryView`], [`KvView`]) so that a KV cache with spare capacity, or a
-//!   head-major cache, is read in place. K may also be key-tiled ([`KvView::key_tiles`]:
-//!   tiles of 64 positions stored transposed). K and V may be f32 or f16. Query head `h`
-//!   reads KV head `h / (heads / kv_heads)`. The output is `[tq, heads, d_v]`, contiguous.
+//!   head-major cache, is read in place. K and V may be f32 or f16. Query head `h` reads KV
+//!   head `h / (heads / kv_heads)`. The output is `[tq, heads, d_v]`, contiguous.
 //! - Streaming softmax: keys are visited in blocks; each query row keeps its running maximum,
 //!   normaliser and weighted sum, so the `tq × tk` score matrix never exists beyond one block
 //!   per worker thread.
@@ -20,8 +19,7 @@
 //! - Work is split over (KV head, query block) across rayon's pool; when that gives too few
 //!   pieces (decode), the keys are split too and the partial softmax states are merged.
 //!   Decode reads K and V in place rather than packing them; a head-major cache
-//!   ([`KvView::head_major`]) lets it stream each head's keys in order, and key-tiled K
-//!   lets it compute 64 scores per pass without sums across SIMD lanes.
+//!   ([`KvView::head_major`]) lets it stream each head's keys in order.
 //!
 //! [`attention_with_probs`] is the slow path that also returns the probabilities.
 //!
@@ -97,18 +95,9 @@ impl KvData<'_> {
     }
 }
 
-/// Positions per tile of a key-tiled view ([`KvView::key_tiles`]).
-pub const KEY_TILE: usize = 64;
-
 /// Keys or values: `rows × heads × dim`, element `(r, h, d)` at
 /// `r·row_stride + h·head_stride + d`. A cache of capacity `C > rows` is viewed in place by
 /// passing its first `rows` positions' strides.
-///
-/// Keys may instead be *key-tiled* (`tiled`, see [`KvView::key_tiles`]): each head's
-/// positions in tiles of [`KEY_TILE`], each tile stored transposed, so that element
-/// `(r, h, d)` sits at `h·head_stride + (r / 64)·64·dim + d·64 + r % 64` and `row_stride` is
-/// unused. Decode then computes 64 query–key scores per pass with no sums across lanes.
-/// Values are never tiled.
 #[derive(Clone, Copy, Debug)]
 pub struct KvView<'a> {
     /// The backing slice.
@@ -123,8 +112,6 @@ pub struct KvView<'a> {
     pub row_stride: usize,
     /// Elements between consecutive heads of one position.
     pub head_stride: usize,
-    /// Key-tiled layout (see the type's documentation); `false` for the strided one.
-    pub tiled: bool,
 }
 
 impl<'a> KvView<'a> {
@@ -137,7 +124,6 @@ impl<'a> KvView<'a> {
             dim,
             row_stride: heads * dim,
             head_stride: dim,
-            tiled: false,
         }
     }
 
@@ -165,60 +151,7 @@ impl<'a> KvView<'a> {
             dim,
             row_stride: dim,
             head_stride: capacity * dim,
-            tiled: false,
         }
-    }
-
-    /// The first `rows` positions of a key-tiled buffer of `heads` heads, each holding
-    /// `capacity` positions rounded up to a whole number of [`KEY_TILE`]-position tiles of
-    /// `KEY_TILE × dim` elements: position `r`, element `d` of head `h` at
-    /// `h·head_stride + (r / 64)·64·dim + d·64 + r % 64`, with `head_stride` =
-    /// [`KvView::tiled_head_len`]`(capacity, dim)`. The buffer must hold whole tiles: the
-    /// kernels read a tile's unused positions (and mask them out).
-    ///
-    /// ```
-    /// use qkv_kernels::{attention, AttentionMask, KvData, KvView, QueryView};
-    /// // 1 head, dim 2, capacity 100 (two tiles of 64 positions), 66 positions filled.
-    /// let (dim, rows, cap) = (2, 66, 100);
-    /// let mut keys = vec![0.0f32; KvView::tiled_head_len(cap, dim)];
-    /// // Key 65 = [0, 30]: element d of position r sits at (r/64)·64·dim + d·64 + r%64.
-    /// keys[64 * dim + 64 + 1] = 30.0;
-    /// let values: Vec<f32> = (0..rows * dim).map(|i| (i / dim) as f32).collect();
-    /// let q = [0.0, 1.0];
-    /// let mut out = [0.0; 2];
-    /// attention(
-    ///     &QueryView::contiguous(&q, 1, 1, dim),
-    ///     &KvView::key_tiles(KvData::F32(&keys), rows, 1, dim, cap),
-    ///     &KvView::contiguous_f32(&values, rows, 1, dim),
-    ///     &AttentionMask::none(),
-    ///     None,
-    ///     &mut out,
-    /// )
-    /// .unwrap();
-    /// assert!(out[0] > 64.99); // all the weight on key 65, whose value is [65, 65]
-    /// ```
-    pub fn key_tiles(
-        data: KvData<'a>,
-        rows: usize,
-        heads: usize,
-        dim: usize,
-        capacity: usize,
-    ) -> Self {
-        KvView {
-            data,
-            rows,
-            heads,
-            dim,
-            row_stride: 1,
-            head_stride: Self::tiled_head_len(capacity, dim),
-            tiled: true,
-        }
-    }
-
-    /// Elements one head of a key-tiled buffer takes for `capacity` positions: whole tiles of
-    /// [`KEY_TILE`] positions × `dim`.
-    pub fn tiled_head_len(capacity: usize, dim: usize) -> usize {
-        capacity.div_ceil(KEY_TILE) * KEY_TILE * dim
     }
 
     /// A dense `[rows, heads, dim]` f32 view.
@@ -231,29 +164,14 @@ impl<'a> KvView<'a> {
         Self::contiguous(KvData::F16(data), rows, heads, dim)
     }
 
-    /// Index of element 0 of `(row, head)`; element `d` is `d ·` [`Self::dim_step`] further.
     #[inline]
     fn offset(&self, row: usize, head: usize) -> usize {
-        if self.tiled {
-            head * self.head_stride + row / KEY_TILE * KEY_TILE * self.dim + row % KEY_TILE
-        } else {
-            row * self.row_stride + head * self.head_stride
-        }
-    }
-
-    /// Elements between consecutive elements of one row: 1, or [`KEY_TILE`] when tiled.
-    #[inline]
-    fn dim_step(&self) -> usize {
-        if self.tiled {
-            KEY_TILE
-        } else {
-            1
-        }
+        row * self.row_stride + head * self.head_stride
     }
 
     #[inline]
     fn get(&self, row: usize, head: usize, d: usize) -> f32 {
-        let i = self.offset(row, head) + d * self.dim_step();
+        let i = self.offset(row, head) + d;
         match self.data {
             KvData::F32(x) => x[i],
             KvData::F16(x) => x[i].to_f32(),
@@ -403,38 +321,15 @@ fn validate(
         q.head_stride,
         q.data.len(),
     )?;
-    if k.tiled {
-        // Whole tiles: the last one is read in full.
-        let tiles = k.rows.div_ceil(KEY_TILE);
-        let need = (k.heads - 1)
-            .checked_mul(k.head_stride)
-            .and_then(|x| x.checked_add(tiles.checked_mul(KEY_TILE * k.dim)?))
-            .ok_or_else(|| KernelError::Invalid("`k` strides overflow".into()))?;
-        if k.head_stride < tiles * KEY_TILE * k.dim && k.heads > 1 {
-            return Err(KernelError::Invalid(format!(
-                "key-tiled `k`: head_stride {} is less than its {} tiles of {}",
-                k.head_stride,
-                tiles,
-                KEY_TILE * k.dim
-            )));
-        }
-        check_covers("k", need, k.data.len())?;
-    } else {
-        span(
-            "k",
-            k.rows,
-            k.heads,
-            k.dim,
-            k.row_stride,
-            k.head_stride,
-            k.data.len(),
-        )?;
-    }
-    if v.tiled {
-        return Err(KernelError::Invalid(
-            "values cannot be key-tiled (only keys may use KvView::key_tiles)".into(),
-        ));
-    }
+    span(
+        "k",
+        k.rows,
+        k.heads,
+        k.dim,
+        k.row_stride,
+        k.head_stride,
+        k.data.len(),
+    )?;
     span(
         "v",
         v.rows,

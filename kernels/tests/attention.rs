@@ -86,29 +86,6 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Dense `[tk, kv_heads, d]` keys rearranged into the key-tiled layout of capacity `cap`
-/// (position `j`, element `p` of head `g` at `g·head + (j/64)·64·d + p·64 + j%64`); every
-/// other slot holds `fill`.
-fn tile_keys<T: Copy>(
-    k: &[T],
-    tk: usize,
-    kv_heads: usize,
-    d: usize,
-    cap: usize,
-    fill: T,
-) -> Vec<T> {
-    let head = KvView::tiled_head_len(cap, d);
-    let mut out = vec![fill; kv_heads * head];
-    for j in 0..tk {
-        for g in 0..kv_heads {
-            for p in 0..d {
-                out[g * head + j / 64 * 64 * d + p * 64 + j % 64] = k[(j * kv_heads + g) * d + p];
-            }
-        }
-    }
-    out
-}
-
 #[derive(Clone, Copy, Debug)]
 struct Case {
     tq: usize,
@@ -118,8 +95,6 @@ struct Case {
     d: usize,
     dv: usize,
     f16_kv: bool,
-    /// K in the key-tiled layout (`KvView::key_tiles`), with spare capacity.
-    tiled_k: bool,
     causal: Option<usize>,
     pads: bool,
     dense: bool,
@@ -134,7 +109,6 @@ fn check(case: Case, rng: &mut Rng) {
         d,
         dv,
         f16_kv,
-        tiled_k,
         causal,
         pads,
         dense,
@@ -168,29 +142,14 @@ fn check(case: Case, rng: &mut Rng) {
     let (expected, expected_probs) = naive(&q, &k, &v, tq, tk, heads, kv_heads, d, dv, &visible);
 
     let qv = QueryView::contiguous(&q, tq, heads, d);
-    // The key-tiled copies: capacity past tk, unused slots NaN so that a read of one that
-    // reached the output would show.
-    let cap = tk + 70;
-    let (kt32, kt16) = (
-        tile_keys(&k, tk, kv_heads, d, cap, f32::NAN),
-        tile_keys(&k16, tk, kv_heads, d, cap, f16::NAN),
-    );
     let (kv, vv) = if f16_kv {
         (
-            if tiled_k {
-                KvView::key_tiles(KvData::F16(&kt16), tk, kv_heads, d, cap)
-            } else {
-                KvView::contiguous_f16(&k16, tk, kv_heads, d)
-            },
+            KvView::contiguous_f16(&k16, tk, kv_heads, d),
             KvView::contiguous_f16(&v16, tk, kv_heads, dv),
         )
     } else {
         (
-            if tiled_k {
-                KvView::key_tiles(KvData::F32(&kt32), tk, kv_heads, d, cap)
-            } else {
-                KvView::contiguous_f32(&k, tk, kv_heads, d)
-            },
+            KvView::contiguous_f32(&k, tk, kv_heads, d),
             KvView::contiguous_f32(&v, tk, kv_heads, dv),
         )
     };
@@ -234,7 +193,6 @@ fn matches_naive_on_awkward_shapes() {
             d: dims[rng.below(dims.len())],
             dv: dims[rng.below(dims.len())],
             f16_kv: n % 2 == 1,
-            tiled_k: n % 3 == 2,
             causal: match rng.below(3) {
                 0 => None,
                 1 => Some(0),
@@ -258,7 +216,6 @@ fn long_prefill_and_decode_paths() {
         d: 64,
         dv: 64,
         f16_kv: false,
-        tiled_k: false,
         causal: None,
         pads: false,
         dense: false,
@@ -305,23 +262,6 @@ fn long_prefill_and_decode_paths() {
         },
         &mut rng,
     );
-    // The same decode, and a short prefill after a long context, with key-tiled K (the
-    // Llama cache's layout), f16 and f32.
-    for f16_kv in [true, false] {
-        for (tq, tk) in [(1, 3001), (1, 2048), (1, 70), (5, 2500), (300, 2348)] {
-            check(
-                Case {
-                    tq,
-                    tk,
-                    causal: Some(tk - tq),
-                    f16_kv,
-                    tiled_k: true,
-                    ..base
-                },
-                &mut rng,
-            );
-        }
-    }
     // A few queries (speculative / chunked decode) against a long cache.
     check(
         Case {
@@ -419,7 +359,6 @@ fn strided_cache_case(tq: usize) {
         dim: d,
         row_stride: d,
         head_stride: cap * d,
-        tiled: false,
     };
     let mut out = vec![0.0; tq * heads * d];
     attention(&qv, &strided(&kc), &strided(&vc), &mask, None, &mut out).unwrap();
@@ -510,26 +449,4 @@ fn bad_input_is_a_typed_error() {
         ..kv
     };
     assert!(attention(&qv, &huge, &huge, &none, None, &mut out).is_err());
-    // key-tiled: the buffer must hold whole tiles; values may not be tiled; heads may not
-    // overlap
-    let tiles = vec![0.0; KvView::tiled_head_len(3, 8) * 2];
-    let kt = KvView::key_tiles(KvData::F32(&tiles), 3, 2, 8, 3);
-    assert!(attention(&qv, &kt, &kv, &none, None, &mut out).is_ok());
-    let short = KvView::key_tiles(KvData::F32(&tiles[1..]), 3, 2, 8, 3);
-    assert!(matches!(
-        attention(&qv, &short, &kv, &none, None, &mut out),
-        Err(KernelError::Length { what: "k", .. })
-    ));
-    assert!(matches!(
-        attention(&qv, &kv, &kt, &none, None, &mut out),
-        Err(KernelError::Invalid(_))
-    ));
-    let overlapping = KvView {
-        head_stride: 8,
-        ..kt
-    };
-    assert!(matches!(
-        attention(&qv, &overlapping, &kv, &none, None, &mut out),
-        Err(KernelError::Invalid(_))
-    ));
 }

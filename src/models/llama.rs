@@ -26,7 +26,6 @@ use crate::error::{Error, Result};
 use crate::weights::{FloatType, Tensor, TensorSource};
 use half::f16;
 use qkv_kernels::activation::{add_inplace, swiglu};
-use qkv_kernels::attention::KEY_TILE;
 use qkv_kernels::convert::{f16_to_f32, f32_to_f16};
 use qkv_kernels::norm::rms_norm;
 use qkv_kernels::rope::{RopeStyle, RopeTable};
@@ -374,13 +373,17 @@ impl Llama {
             )));
         }
         let chunk = chunk.min(capacity);
-        let store =
-            |tiled| KvStore::new(kv_dtype, c.layers, capacity, c.kv_heads, c.head_dim, tiled);
+        let cache_len = c
+            .layers
+            .checked_mul(capacity)
+            .and_then(|n| n.checked_mul(c.kv_dim()))
+            .ok_or_else(|| Error::Config(format!("KV cache of {capacity} positions overflows")))?;
+        let store = || KvStore::new(kv_dtype, cache_len, capacity, c.kv_heads, c.head_dim);
         Ok(LlamaState {
             capacity,
             chunk,
-            keys: store(true)?,
-            values: store(false)?,
+            keys: store(),
+            values: store(),
             x: vec![0.0; chunk * c.dim],
             xn: vec![0.0; chunk * c.dim],
             q: vec![0.0; chunk * c.dim],
@@ -565,19 +568,12 @@ impl Llama {
 /// step streams every head's history front to back, which is what the memory prefetcher
 /// follows best (with position-major rows, a decode attention call over 2048 positions
 /// took 2.3× as long).
-///
-/// Keys are key-tiled instead ([`KvView::key_tiles`]): within each head, tiles of 64
-/// positions stored `[head_dim][64]`, so that decode computes 64 scores per pass without
-/// sums across lanes (about 10% off a decode attention call at 2048 positions, alternating
-/// layouts call by call).
 struct KvStore {
     data: KvBuf,
     /// Positions each head holds.
     capacity: usize,
     heads: usize,
     dim: usize,
-    /// Key-tiled rather than `[position][head_dim]` within each head.
-    tiled: bool,
 }
 
 /// The cache's elements, in the KV dtype.
@@ -587,87 +583,35 @@ enum KvBuf {
 }
 
 impl KvStore {
-    /// A zeroed cache of `layers` layers; errors when its size overflows.
-    fn new(
-        dtype: FloatType,
-        layers: usize,
-        capacity: usize,
-        heads: usize,
-        dim: usize,
-        tiled: bool,
-    ) -> Result<Self> {
-        let head = if tiled {
-            capacity.checked_next_multiple_of(KEY_TILE)
-        } else {
-            Some(capacity)
-        };
-        let len = head
-            .and_then(|n| n.checked_mul(dim))
-            .and_then(|n| n.checked_mul(heads))
-            .and_then(|n| n.checked_mul(layers))
-            .ok_or_else(|| Error::Config(format!("KV cache of {capacity} positions overflows")))?;
+    /// A zeroed cache of `layers` layers (`len` elements in all, checked by the caller).
+    fn new(dtype: FloatType, len: usize, capacity: usize, heads: usize, dim: usize) -> Self {
         let data = match dtype {
             FloatType::F32 => KvBuf::F32(vec![0.0; len]),
             FloatType::F16 => KvBuf::F16(vec![f16::ZERO; len]),
         };
-        Ok(KvStore {
+        KvStore {
             data,
             capacity,
             heads,
             dim,
-            tiled,
-        })
-    }
-
-    /// Elements of one head in one layer.
-    fn head_len(&self) -> usize {
-        if self.tiled {
-            KvView::tiled_head_len(self.capacity, self.dim)
-        } else {
-            self.capacity * self.dim
         }
     }
 
     /// Elements of one layer.
     fn layer_len(&self) -> usize {
-        self.heads * self.head_len()
+        self.heads * self.capacity * self.dim
     }
 
     /// Stores `src` (`[t][kv_head][dim]`, the projections of positions `pos0..pos0 + t`)
     /// into layer `layer`.
     fn write(&mut self, layer: usize, pos0: usize, src: &[f32]) -> Result<()> {
-        let (start, dim, head_len) = (layer * self.layer_len(), self.dim, self.head_len());
+        let (start, dim) = (layer * self.layer_len(), self.dim);
         for (t, row) in src.chunks_exact(self.heads * dim).enumerate() {
-            let pos = pos0 + t;
             for (h, x) in row.chunks_exact(dim).enumerate() {
-                let head = start + h * head_len;
-                if !self.tiled {
-                    let at = head + pos * dim;
-                    match &mut self.data {
-                        KvBuf::F32(dst) => dst[at..at + dim].copy_from_slice(x),
-                        KvBuf::F16(dst) => f32_to_f16(x, &mut dst[at..at + dim])?,
-                    }
-                    continue;
-                }
-                // Element p of this position sits KEY_TILE apart in its tile.
-                let at = head + pos / KEY_TILE * KEY_TILE * dim + pos % KEY_TILE;
+                let at = start + (h * self.capacity + pos0 + t) * dim;
                 match &mut self.data {
-                    KvBuf::F32(dst) => {
-                        for (p, &v) in x.iter().enumerate() {
-                            dst[at + p * KEY_TILE] = v;
-                        }
-                    }
-                    KvBuf::F16(dst) => {
-                        // Converted as the strided layout converts (same rounding), through
-                        // a small buffer on the stack.
-                        let mut buf = [f16::ZERO; 64];
-                        for (c, xs) in x.chunks(buf.len()).enumerate() {
-                            f32_to_f16(xs, &mut buf[..xs.len()])?;
-                            for (i, &v) in buf[..xs.len()].iter().enumerate() {
-                                dst[at + (c * buf.len() + i) * KEY_TILE] = v;
-                            }
-                        }
-                    }
+                    KvBuf::F32(dst) => dst[at..at + dim].copy_from_slice(x),
+                    KvBuf::F16(dst) => f32_to_f16(x, &mut dst[at..at + dim])?,
                 }
             }
         }
@@ -681,11 +625,7 @@ impl KvStore {
             KvBuf::F32(v) => KvData::F32(&v[span]),
             KvBuf::F16(v) => KvData::F16(&v[span]),
         };
-        if self.tiled {
-            KvView::key_tiles(data, rows, self.heads, self.dim, self.capacity)
-        } else {
-            KvView::head_major(data, rows, self.heads, self.dim, self.capacity)
-        }
+        KvView::head_major(data, rows, self.heads, self.dim, self.capacity)
     }
 
     fn dtype(&self) -> FloatType {

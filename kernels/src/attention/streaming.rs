@@ -19,8 +19,6 @@ use std::cell::RefCell;
 
 /// Keys per block.
 pub(super) const KB: usize = 64;
-// A key-tiled view's tiles are exactly the kernel's key blocks.
-const _: () = assert!(KB == super::KEY_TILE);
 /// Rows (query head × query) a work item aims for: enough to amortise packing K and V.
 const ROWS_TARGET: usize = 96;
 /// Items with at most this many rows read K and V in place instead of packing them.
@@ -425,9 +423,7 @@ fn run_with<M: Micro + ProcessItem>(
         let rest = idx / splits;
         let (g, qblk) = (rest % dims.kv_heads, rest / dims.kv_heads);
         let i0 = qblk * qb;
-        // Ranges start on block boundaries, so that every block is one tile of a key-tiled
-        // view. The last range may come out shorter, or empty (the merge skips it).
-        let per = dims.tk.div_ceil(splits).next_multiple_of(KB);
+        let per = dims.tk.div_ceil(splits);
         Item {
             g,
             i0,
@@ -796,20 +792,6 @@ mod avx2 {
     ) {
         let d = k.dim;
         debug_assert!(kt.len() >= d * KB);
-        if k.tiled {
-            // The tile already is Kᵀ: widen it row by row (all KB columns; those past `nk`
-            // are masked later).
-            debug_assert!(j0.is_multiple_of(KB));
-            let tile = data.as_ptr().add(k.offset(j0, g));
-            let ktp = kt.as_mut_ptr();
-            for p in 0..d {
-                for c in (0..KB).step_by(8) {
-                    // SAFETY: the view covers whole tiles (validated); p·KB + c + 8 ≤ d·KB.
-                    _mm256_storeu_ps(ktp.add(p * KB + c), T::load8(tile.add(p * KB + c)));
-                }
-            }
-            return;
-        }
         let d8 = d / 8 * 8;
         let nk8 = nk / 8 * 8;
         let ktp = kt.as_mut_ptr();
@@ -1032,91 +1014,6 @@ mod avx2 {
         }
     }
 
-    /// One plain load from every cache line of rows `0..n` (`len` elements each, `stride`
-    /// apart) of `base`, in address order.
-    ///
-    /// # Safety
-    /// Those rows must be readable.
-    #[inline(always)]
-    unsafe fn touch_rows<T: Lane>(base: *const T, stride: usize, n: usize, len: usize) {
-        let bytes = len * core::mem::size_of::<T>();
-        let mut touched = 0u8;
-        for j in 0..n {
-            let row = base.add(j * stride) as *const u8;
-            let mut b = 0;
-            while b < bytes {
-                // SAFETY: byte b < len·size_of::<T>() of row j < n is readable (caller).
-                touched ^= core::ptr::read_volatile(row.add(b));
-                b += 64;
-            }
-        }
-        core::hint::black_box(touched);
-    }
-
-    /// Scores of rows `r0..r0+R` against one key tile (`Kᵀ`, `d × KB`, key `c` of element
-    /// `p` at `tile[p·KB + c]`): outer products of each query element with a row of the tile,
-    /// so every lane is one key and nothing is summed across lanes. Covers the columns up to
-    /// `nk` rounded up to the pass width; the rest of the row is masked by the caller.
-    #[inline(always)]
-    unsafe fn scores_tiled<T: Lane, const R: usize>(
-        q: &[f32],
-        tile: *const T,
-        nk: usize,
-        s: &mut [f32],
-        d: usize,
-        r0: usize,
-    ) {
-        // Passes of 8·C keys with R·C accumulators + C tile vectors + 1 broadcast ≤ 16
-        // registers: 24 + 24 + 16 keys for 3 rows, 32 + 32 for 1 or 2.
-        let mut c0 = 0;
-        if R == 3 {
-            while c0 + 24 <= KB && c0 < nk {
-                scores_tiled_pass::<T, R, 3>(q, tile, s, d, r0, c0);
-                c0 += 24;
-            }
-            if c0 < nk {
-                scores_tiled_pass::<T, R, 2>(q, tile, s, d, r0, c0);
-            }
-        } else {
-            while c0 < nk {
-                scores_tiled_pass::<T, R, 4>(q, tile, s, d, r0, c0);
-                c0 += 32;
-            }
-        }
-    }
-
-    /// One pass of [`scores_tiled`]: columns `c0..c0+8·C` (`c0 + 8·C ≤ KB`).
-    #[inline(always)]
-    unsafe fn scores_tiled_pass<T: Lane, const R: usize, const C: usize>(
-        q: &[f32],
-        tile: *const T,
-        s: &mut [f32],
-        d: usize,
-        r0: usize,
-        c0: usize,
-    ) {
-        debug_assert!(c0 + 8 * C <= KB);
-        let qp = q.as_ptr().add(r0 * d);
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
-        for p in 0..d {
-            // SAFETY: p < d and c0 + 8·C ≤ KB: inside the tile, which the view covers.
-            let kv: [__m256; C] = core::array::from_fn(|x| T::load8(tile.add(p * KB + c0 + 8 * x)));
-            for (r, a) in acc.iter_mut().enumerate() {
-                let qb = _mm256_broadcast_ss(&*qp.add(r * d + p));
-                for x in 0..C {
-                    a[x] = _mm256_fmadd_ps(qb, kv[x], a[x]);
-                }
-            }
-        }
-        let sp = s.as_mut_ptr().add(r0 * KB + c0);
-        for (r, a) in acc.iter().enumerate() {
-            for (x, v) in a.iter().enumerate() {
-                // SAFETY: row r0 + r < rows and c0 + 8·C ≤ KB: inside `s` (rows·KB).
-                _mm256_storeu_ps(sp.add(r * KB + 8 * x), *v);
-            }
-        }
-    }
-
     /// [`Micro::scores_in_place`] for one element type.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
@@ -1131,24 +1028,6 @@ mod avx2 {
         rows: usize,
         d: usize,
     ) {
-        if k.tiled {
-            debug_assert!(j0.is_multiple_of(KB));
-            let tile = data.as_ptr().add(k.offset(j0, g));
-            // Each pass below walks the tile's rows at a stride of one row, as P·V walks V,
-            // so the same sweep first. Cache-cold calls at tk = 2048, as a fraction of the
-            // head-major layout's time: median 0.95 without it (4 runs), 0.92 with it (6).
-            touch_rows(tile, KB, d, KB);
-            let mut r0 = 0;
-            while r0 < rows {
-                match rows - r0 {
-                    1 => scores_tiled::<T, 1>(q, tile, nk, s, d, r0),
-                    2 => scores_tiled::<T, 2>(q, tile, nk, s, d, r0),
-                    _ => scores_tiled::<T, 3>(q, tile, nk, s, d, r0),
-                }
-                r0 += 3;
-            }
-            return;
-        }
         let (base, stride) = (data.as_ptr().add(k.offset(j0, g)), k.row_stride);
         let mut r0 = 0;
         while r0 + 3 <= rows {
@@ -1186,7 +1065,18 @@ mod avx2 {
         // plain pass over every line of the block first, in address order, lets those misses
         // overlap and the prefetcher follow; the tiles then read from L1. Cache-cold decode
         // calls at tk = 2048, alternating in one process: 7–8% faster in three runs of three.
-        touch_rows(base, stride, nk, dv);
+        let bytes = dv * core::mem::size_of::<T>();
+        let mut touched = 0u8;
+        for j in 0..nk {
+            let row = base.add(j * stride) as *const u8;
+            let mut b = 0;
+            while b < bytes {
+                // SAFETY: byte b < dv·size_of::<T>() of row j < nk lies inside the view.
+                touched ^= core::ptr::read_volatile(row.add(b));
+                b += 64;
+            }
+        }
+        core::hint::black_box(touched);
         let mut r0 = 0;
         while r0 < rows {
             let n = (rows - r0).min(6);
