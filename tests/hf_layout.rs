@@ -22,6 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
+mod common;
+use common::hf_vocab;
+
 /// A fresh directory under the system temp dir, removed (with its contents) on drop.
 struct TempDir(PathBuf);
 
@@ -239,23 +242,8 @@ fn write_safetensors(f: &GgufFile, path: &Path) {
 fn write_tokenizer(f: &GgufFile, dir: &Path) {
     assert_eq!(f.get_str("tokenizer.ggml.model").unwrap(), "gpt2");
     let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap();
-    let types = f.get_i32_array("tokenizer.ggml.token_type").unwrap();
     let merges = f.get_str_array("tokenizer.ggml.merges").unwrap();
-    let vocab: serde_json::Map<String, Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.to_string(), Value::from(i)))
-        .collect();
-    // Control (3) and user-defined (4) tokens are HF's added tokens; control ones are special.
-    let added: Vec<Value> = tokens
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| types[*i] == 3 || types[*i] == 4)
-        .map(|(i, t)| {
-            json!({"id": i, "content": t, "single_word": false, "lstrip": false,
-                "rstrip": false, "normalized": false, "special": types[i] == 3})
-        })
-        .collect();
+    let (vocab, added) = hf_vocab(f);
     assert!(!added.is_empty());
     let tokenizer = json!({
         "version": "1.0",

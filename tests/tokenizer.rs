@@ -7,7 +7,7 @@ use qkv::Error;
 use serde_json::Value;
 
 mod common;
-use common::default_gguf;
+use common::{default_gguf, hf_vocab};
 
 fn tokenizer() -> Tokenizer {
     Tokenizer::from_gguf(&GgufFile::open(&default_gguf()).unwrap()).unwrap()
@@ -182,23 +182,8 @@ fn chat_template_matches_hugging_face() {
 #[test]
 fn tokenizer_json_matches_too() {
     let f = GgufFile::open(&default_gguf()).unwrap();
-    let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap();
-    let types = f.get_i32_array("tokenizer.ggml.token_type").unwrap();
     let merges = f.get_str_array("tokenizer.ggml.merges").unwrap();
-    let vocab: serde_json::Map<String, Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.to_string(), Value::from(i)))
-        .collect();
-    let added: Vec<Value> = tokens
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| types[*i] == 3)
-        .map(|(i, t)| {
-            serde_json::json!({"id": i, "content": t, "special": true,
-            "single_word": false, "lstrip": false, "rstrip": false, "normalized": false})
-        })
-        .collect();
+    let (vocab, added) = hf_vocab(&f);
     let json = serde_json::json!({
         "version": "1.0",
         "added_tokens": added,

@@ -586,26 +586,10 @@ mod avx2 {
     pub unsafe fn softmax(x: &mut [f32]) {
         let n = x.len();
         let n8 = n / 8 * 8;
-        let p = x.as_mut_ptr();
-
-        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut nan = _mm256_setzero_ps();
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ n8 ≤ len.
-            let v = unsafe { _mm256_loadu_ps(p.add(i)) };
-            vmax = _mm256_max_ps(vmax, v);
-            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-            i += 8;
-        }
         // SAFETY: AVX2 is available (the function's contract).
-        let mut max = unsafe { hmax(vmax) };
-        let mut has_nan = _mm256_movemask_ps(nan) != 0;
-        for &v in &x[n8..] {
-            max = max.max(v);
-            has_nan |= v.is_nan();
-        }
-        // NaN or +inf: let the scalar path produce PyTorch's NaNs (max_ps drops NaN and the
+        let (max, has_nan) = unsafe { max_and_nan(x) };
+        let p = x.as_mut_ptr();
+        // NaN or +inf: let the scalar path produce PyTorch's NaNs (the max skips NaN and the
         // vector exp clamps it).
         if has_nan || max == f32::INFINITY {
             super::softmax_inplace_scalar(x);

@@ -2,8 +2,10 @@
 //! `tools/seq2seq_fixtures.py`, and the default model's source GGUF.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use qkv::weights::gguf::GgufFile;
 use qkv::weights::safetensors::SafeTensorsFile;
 use qkv::weights::TensorSource;
+use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
 /// Tolerance with f32 weights: relative to the largest expected magnitude.
@@ -82,4 +84,27 @@ pub fn default_gguf() -> PathBuf {
     }
     // The published Q4_1 file, fetched into the cache like the CLI's default model.
     qkv::fetch::source_model().unwrap_or_else(|e| panic!("the default model is needed: {e}"))
+}
+
+/// A GGUF's vocabulary as Hugging Face `tokenizer.json` pieces: the BPE model's `vocab`
+/// (token → id) and the `added_tokens` (control and user-defined tokens; control ones are
+/// special).
+pub fn hf_vocab(f: &GgufFile) -> (Map<String, Value>, Vec<Value>) {
+    let tokens = f.get_str_array("tokenizer.ggml.tokens").unwrap();
+    let types = f.get_i32_array("tokenizer.ggml.token_type").unwrap();
+    let vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), Value::from(i)))
+        .collect();
+    let added = tokens
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| types[*i] == 3 || types[*i] == 4)
+        .map(|(i, t)| {
+            json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": types[i] == 3})
+        })
+        .collect();
+    (vocab, added)
 }
