@@ -893,10 +893,12 @@ mod avx2 {
     }
 
     /// P·V for rows `r0..r0+R`, `V` columns `c..c+8·C`: `V` row `j < nk` starts at
-    /// `v + j·v_stride` (packed f32 blocks, or the cache itself).
+    /// `v + j·v_stride` (packed f32 blocks, or the cache itself). Keys alternate between `U`
+    /// sets of accumulators, summed at the end: each accumulator takes one FMA per key, so
+    /// with few rows `U = 2` doubles the independent chains that hide the FMA latency.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn pv_tile<T: Lane, const R: usize, const C: usize>(
+    unsafe fn pv_tile<T: Lane, const R: usize, const C: usize, const U: usize>(
         p: &[f32],
         v: *const T,
         v_stride: usize,
@@ -908,8 +910,8 @@ mod avx2 {
         dvp: usize,
     ) {
         let op = o.as_mut_ptr();
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
-        for (r, a) in acc.iter_mut().enumerate() {
+        let mut acc = [[[_mm256_setzero_ps(); C]; R]; U];
+        for (r, a) in acc[0].iter_mut().enumerate() {
             let cr = _mm256_set1_ps(corr[r0 + r]);
             for (x, av) in a.iter_mut().enumerate() {
                 // SAFETY: row r0+r < rows and c + 8·C ≤ dvp: inside o (rows·dvp).
@@ -917,20 +919,43 @@ mod avx2 {
             }
         }
         let pp = p.as_ptr().add(r0 * KB);
-        for j in 0..nk {
-            // SAFETY: the caller guarantees 8·C readable elements from column c of row j.
-            let vv: [__m256; C] =
-                core::array::from_fn(|x| T::load8(v.add(j * v_stride + c + 8 * x)));
-            for (r, a) in acc.iter_mut().enumerate() {
-                let pb = _mm256_broadcast_ss(&*pp.add(r * KB + j));
-                for x in 0..C {
-                    a[x] = _mm256_fmadd_ps(pb, vv[x], a[x]);
+        let mut j = 0;
+        while j + U <= nk {
+            for (u, a) in acc.iter_mut().enumerate() {
+                pv_key(a, pp, v.add((j + u) * v_stride + c), j + u);
+            }
+            j += U;
+        }
+        while j < nk {
+            pv_key(&mut acc[0], pp, v.add(j * v_stride + c), j);
+            j += 1;
+        }
+        for (r, a) in acc[0].iter().enumerate() {
+            for (x, av) in a.iter().enumerate() {
+                let mut t = *av;
+                for other in &acc[1..] {
+                    t = _mm256_add_ps(t, other[r][x]);
                 }
+                _mm256_storeu_ps(op.add((r0 + r) * dvp + c + 8 * x), t);
             }
         }
-        for (r, a) in acc.iter().enumerate() {
-            for (x, av) in a.iter().enumerate() {
-                _mm256_storeu_ps(op.add((r0 + r) * dvp + c + 8 * x), *av);
+    }
+
+    /// One key of [`pv_tile`]: `a[r] += p[r·KB + j] · vrow[..8·C]` for every row `r`.
+    #[inline(always)]
+    unsafe fn pv_key<T: Lane, const R: usize, const C: usize>(
+        a: &mut [[__m256; C]; R],
+        p: *const f32,
+        vrow: *const T,
+        j: usize,
+    ) {
+        // SAFETY: the caller guarantees 8·C readable elements at `vrow` and R rows of KB
+        // probabilities at `p`.
+        let vv: [__m256; C] = core::array::from_fn(|x| T::load8(vrow.add(8 * x)));
+        for (r, ar) in a.iter_mut().enumerate() {
+            let pb = _mm256_broadcast_ss(&*p.add(r * KB + j));
+            for (acc, vx) in ar.iter_mut().zip(&vv) {
+                *acc = _mm256_fmadd_ps(pb, *vx, *acc);
             }
         }
     }
@@ -945,9 +970,10 @@ mod avx2 {
     }
 
     /// Scores of rows `r0..r0+R` against `nk` keys read in place: key `j` starts at
-    /// `k + j·k_stride`. `N` keys at a time share each load of Q and each widened K vector
-    /// (`R·N` accumulators plus `N` K vectors fit the 16 registers); the dot products are
-    /// reduced across lanes once per `N` keys.
+    /// `k + j·k_stride`. `N` keys at a time share each widened K vector and each load of Q
+    /// (`R·N` accumulators, `R` Q vectors and one K vector fit the 16 registers for R = N = 3);
+    /// each row's `N` dot products are reduced across lanes together and stored as one vector.
+    /// Elements past the last multiple of 8 of `d` are added in a scalar pass at the end.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn scores_in_place_rows<T: Lane, const R: usize, const N: usize>(
@@ -963,38 +989,43 @@ mod avx2 {
         let d8 = d / 8 * 8;
         let qp = q.as_ptr().add(r0 * d);
         let sp = s.as_mut_ptr().add(r0 * KB);
-        // Elements past the last multiple of 8, one key at a time.
-        let tail = |r: usize, j: usize| -> f32 {
-            let mut t = 0.0f32;
-            for p in d8..d {
-                t += *qp.add(r * d + p) * (*k.add(j * k_stride + p)).to_f32();
-            }
-            t
-        };
         let mut j = 0;
         while j + N <= nk {
-            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            // acc[i][r]: key j + i against row r.
+            let mut acc = [[_mm256_setzero_ps(); R]; N];
             let mut p = 0;
             while p < d8 {
-                // SAFETY: keys j..j+N < nk and p + 8 ≤ d: inside the view.
-                let kv: [__m256; N] =
-                    core::array::from_fn(|i| T::load8(k.add((j + i) * k_stride + p)));
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let qv = _mm256_loadu_ps(qp.add(r * d + p));
-                    for i in 0..N {
-                        a[i] = _mm256_fmadd_ps(kv[i], qv, a[i]);
+                // SAFETY: keys j..j+N < nk and p + 8 ≤ d: inside the view and inside q.
+                let qv: [__m256; R] = core::array::from_fn(|r| _mm256_loadu_ps(qp.add(r * d + p)));
+                for (i, ai) in acc.iter_mut().enumerate() {
+                    let kv = T::load8(k.add((j + i) * k_stride + p));
+                    for (a, qr) in ai.iter_mut().zip(&qv) {
+                        *a = _mm256_fmadd_ps(kv, *qr, *a);
                     }
                 }
                 p += 8;
             }
-            for (r, a) in acc.iter().enumerate() {
-                let four: [__m256; 4] =
-                    core::array::from_fn(|i| if i < N { a[i] } else { _mm256_setzero_ps() });
-                let mut sums = [0.0f32; 4];
-                _mm_storeu_ps(sums.as_mut_ptr(), hsum4(four));
-                for (i, x) in sums[..N].iter().enumerate() {
-                    let t = if d8 < d { tail(r, j + i) } else { 0.0 };
-                    *sp.add(r * KB + j + i) = x + t;
+            // `r` picks the inner index of `acc[i][r]` across all keys i.
+            #[allow(clippy::needless_range_loop)]
+            for r in 0..R {
+                let sums = hsum4(core::array::from_fn(|i| {
+                    if i < N {
+                        acc[i][r]
+                    } else {
+                        _mm256_setzero_ps()
+                    }
+                }));
+                let dst = sp.add(r * KB + j);
+                if j + 4 <= KB {
+                    // Lanes past N land on columns the next keys or the mask overwrite.
+                    // SAFETY: columns j..j+4 ≤ KB of row r0+r lie inside s.
+                    _mm_storeu_ps(dst, sums);
+                } else {
+                    let mut t = [0.0f32; 4];
+                    _mm_storeu_ps(t.as_mut_ptr(), sums);
+                    for (i, x) in t[..N].iter().enumerate() {
+                        *dst.add(i) = *x;
+                    }
                 }
             }
             j += N;
@@ -1008,9 +1039,17 @@ mod avx2 {
                     acc = _mm256_fmadd_ps(T::load8(k.add(j * k_stride + p)), qv, acc);
                     p += 8;
                 }
-                *sp.add(r * KB + j) = hsum(acc) + tail(r, j);
+                *sp.add(r * KB + j) = hsum(acc);
             }
             j += 1;
+        }
+        for p in d8..d {
+            for r in 0..R {
+                let qx = *qp.add(r * d + p);
+                for j in 0..nk {
+                    *sp.add(r * KB + j) += qx * (*k.add(j * k_stride + p)).to_f32();
+                }
+            }
         }
     }
 
@@ -1080,25 +1119,31 @@ mod avx2 {
         let mut r0 = 0;
         while r0 < rows {
             let n = (rows - r0).min(6);
+            // Tiles of R rows × 8·C columns with U accumulator sets: at least 8 independent
+            // FMA chains (R·C·U), within the 16 registers.
             macro_rules! cols {
-                ($r:literal) => {{
+                ($r:literal, $c:literal, $u:literal) => {{
                     let mut c = 0;
-                    while c + 16 <= dv8 {
-                        pv_tile::<T, $r, 2>(p, base, stride, nk, o, corr, r0, c, dvp);
+                    while c + 8 * $c <= dv8 {
+                        pv_tile::<T, $r, $c, $u>(p, base, stride, nk, o, corr, r0, c, dvp);
+                        c += 8 * $c;
+                    }
+                    if c + 16 <= dv8 {
+                        pv_tile::<T, $r, 2, $u>(p, base, stride, nk, o, corr, r0, c, dvp);
                         c += 16;
                     }
                     if c < dv8 {
-                        pv_tile::<T, $r, 1>(p, base, stride, nk, o, corr, r0, c, dvp);
+                        pv_tile::<T, $r, 1, $u>(p, base, stride, nk, o, corr, r0, c, dvp);
                     }
                 }};
             }
             match n {
-                1 => cols!(1),
-                2 => cols!(2),
-                3 => cols!(3),
-                4 => cols!(4),
-                5 => cols!(5),
-                _ => cols!(6),
+                1 => cols!(1, 4, 2),
+                2 => cols!(2, 4, 1),
+                3 => cols!(3, 3, 1),
+                4 => cols!(4, 2, 1),
+                5 => cols!(5, 2, 1),
+                _ => cols!(6, 2, 1),
             }
             r0 += n;
         }
@@ -1153,11 +1198,11 @@ mod avx2 {
     ) {
         let mut c = 0;
         while c + 16 <= dvp {
-            pv_tile::<f32, R, 2>(p, v.as_ptr(), dvp, KB, o, corr, r0, c, dvp);
+            pv_tile::<f32, R, 2, 1>(p, v.as_ptr(), dvp, KB, o, corr, r0, c, dvp);
             c += 16;
         }
         if c < dvp {
-            pv_tile::<f32, R, 1>(p, v.as_ptr(), dvp, KB, o, corr, r0, c, dvp);
+            pv_tile::<f32, R, 1, 1>(p, v.as_ptr(), dvp, KB, o, corr, r0, c, dvp);
         }
     }
 
