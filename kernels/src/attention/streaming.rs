@@ -1119,8 +1119,9 @@ mod avx2 {
         let mut r0 = 0;
         while r0 < rows {
             let n = (rows - r0).min(6);
-            // Tiles of R rows × 8·C columns with U accumulator sets: at least 8 independent
-            // FMA chains (R·C·U), within the 16 registers.
+            // Tiles of R rows × 8·C columns with U accumulator sets, chosen so that the main
+            // tile has at least 8 independent FMA chains (R·C·U) and still fits the 16
+            // registers; the last 16 or 8 columns take narrower tiles.
             macro_rules! cols {
                 ($r:literal, $c:literal, $u:literal) => {{
                     let mut c = 0;
