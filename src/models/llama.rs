@@ -583,7 +583,8 @@ enum KvBuf {
 }
 
 impl KvStore {
-    /// A zeroed cache of `layers` layers (`len` elements in all, checked by the caller).
+    /// A zeroed cache of `len` elements (whole layers of `heads · capacity · dim`; the caller
+    /// checked the size).
     fn new(dtype: FloatType, len: usize, capacity: usize, heads: usize, dim: usize) -> Self {
         let data = match dtype {
             FloatType::F32 => KvBuf::F32(vec![0.0; len]),
