@@ -33,27 +33,12 @@ fn filled(n: usize, seed: u32) -> Vec<f32> {
 
 /// Sums a buffer far larger than the caches on every thread: the machine's read bandwidth.
 fn memory_read(c: &mut Criterion) {
-    let len = 64 << 20; // 256 MiB of f32
-    let buf = filled(len, 1);
+    let words: Vec<u64> = (0..32u64 << 20).collect(); // 256 MiB
     let mut g = c.benchmark_group("memory");
-    g.throughput(Throughput::Bytes((len * 4) as u64));
+    g.throughput(Throughput::Bytes((words.len() * 8) as u64));
     g.sample_size(20);
     g.bench_function("read_256MiB", |b| {
-        b.iter(|| {
-            let s: f32 = buf
-                .par_chunks(1 << 16)
-                .map(|ch| {
-                    let mut acc = [0.0f32; 16];
-                    for v in ch.chunks_exact(16) {
-                        for (a, x) in acc.iter_mut().zip(v) {
-                            *a += x;
-                        }
-                    }
-                    acc.iter().sum::<f32>()
-                })
-                .sum();
-            black_box(s)
-        })
+        b.iter(|| black_box(qkv_kernels::probe::read_sum(black_box(&words), 1 << 13)))
     });
     g.finish();
 }
@@ -186,43 +171,16 @@ fn handoff(c: &mut Criterion) {
 /// two pipes. Reported as FLOP/s (2 per lane per FMA), the ceiling the prefill and attention
 /// figures are compared with.
 fn fma_peak(c: &mut Criterion) {
-    #[cfg(target_arch = "x86_64")]
-    if qkv_kernels::simd::has_avx2_fma_f16c() {
-        const ITERS: usize = 1 << 18;
-        const CHAINS: usize = 12;
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn spin() -> f32 {
-            use std::arch::x86_64::*;
-            let m = _mm256_set1_ps(0.999_999);
-            let a = _mm256_set1_ps(1e-7);
-            let mut acc = [_mm256_set1_ps(1.0); CHAINS];
-            for _ in 0..ITERS {
-                for x in acc.iter_mut() {
-                    *x = _mm256_fmadd_ps(*x, m, a);
-                }
-            }
-            let mut sum = [0.0f32; 8];
-            let total = acc
-                .iter()
-                .fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x));
-            _mm256_storeu_ps(sum.as_mut_ptr(), total);
-            sum.iter().sum()
-        }
-        let threads = rayon::current_num_threads();
-        let mut g = c.benchmark_group("fma_peak");
-        g.throughput(Throughput::Elements(
-            (threads * ITERS * CHAINS * 8 * 2) as u64,
-        ));
-        g.bench_function(format!("{threads}_threads"), |b| {
-            b.iter(|| {
-                // SAFETY: AVX2 and FMA were detected above.
-                rayon::broadcast(|_| black_box(unsafe { spin() }))
-            })
-        });
-        g.finish();
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = c;
+    const ROUNDS: usize = 1 << 18;
+    let Some(flops) = qkv_kernels::probe::fma_spin(1) else {
+        return;
+    };
+    let mut g = c.benchmark_group("fma_peak");
+    g.throughput(Throughput::Elements(flops as u64 * ROUNDS as u64));
+    g.bench_function(format!("{}_threads", rayon::current_num_threads()), |b| {
+        b.iter(|| qkv_kernels::probe::fma_spin(black_box(ROUNDS)))
+    });
+    g.finish();
 }
 
 criterion_group! {

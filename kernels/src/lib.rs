@@ -10,6 +10,8 @@
 //!   dense masks, for self-, cross- and causal attention, MHA/GQA/MQA, prefill and decode.
 //! - [`norm`], [`activation`], [`rope`], [`position`], [`convert`]: the rest of a
 //!   transformer layer.
+//! - [`probe`]: the machine's read bandwidth and FMA peak, the ceilings the kernels are
+//!   measured against.
 //!
 //! Run-time dispatch: the generic kernels go through [`pulp::Arch`]; the f16 and attention
 //! micro-kernels need F16C and a vector `exp`, which pulp's portable trait does not offer,
@@ -25,6 +27,7 @@ pub mod error;
 pub mod matmul;
 pub mod norm;
 pub mod position;
+pub mod probe;
 pub mod rope;
 pub mod simd;
 
