@@ -16,10 +16,21 @@ src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
    same converted files.
 4. Prompts with an exact token count (checked with qkv's tokenizer via `decode --json -n 0`).
 5. For each row, alternate llama-bench and qkv `--reps` times; print both medians, the spread,
-   the ratio qkv/llama.cpp, and a markdown table with the exact commands. Both engines are
+   the ratio qkv/llama.cpp, and a markdown table with the exact commands. After each
+   alternation, `kernels/examples/roofline.rs` measures the machine's two ceilings in that same
+   minute (the read bandwidth over the model's 269 MB of f16 weights, and the FMA peak); each
+   row gets the tokens/s no engine could beat that minute, and both engines' distance to it. Both engines are
    measured warm: llama-bench makes a warm-up run before its repetitions, and `decode
    --warmup` runs the prompt once untimed and starts over (without it, a fresh process's
    first 512-token prefill also pays first touches of the weights and buffers, ~10% here).
+
+Ceilings (SmolLM2-135M: 30 layers, 9 query and 3 KV heads of 64, FFN 1536, vocab 49152):
+
+- decode rows: read bandwidth / bytes per token = the weights (269 MB in f16, twice that in
+  f32) plus the KV cache at the row's mean context (23040 bytes per position in f16). Each
+  decode step must read all of them once.
+- prefill rows: FMA peak / FLOPs per token = 2 x 106.2 M multiply-adds of the layers' matmuls
+  plus 4 x 64 x 9 x 30 FLOPs per visible key (the LM head runs for the last position only).
 
 Rows and what each engine measures:
 
@@ -222,6 +233,45 @@ def qkv_criterion(bench: Path, lc: Path, name: str):
     return est["median"]["point_estimate"] * 1e-9, f"CRITERION_HOME={home} " + " ".join(map(str, cmd))
 
 
+def ensure_roofline(lc: Path):
+    log("building the roofline probe: cargo build --release -p qkv-kernels --example roofline")
+    run(["cargo", "build", "--release", "-p", "qkv-kernels", "--example", "roofline"], cwd=REPO)
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+    snap = lc / "qkv-roofline"
+    shutil.copy2(target / "release" / "examples" / "roofline", snap)
+    return snap
+
+
+def roofline(exe: Path, threads: int):
+    """One sample of the machine's ceilings (see kernels/examples/roofline.rs)."""
+    res = subprocess.run([str(exe), "5"], check=True, capture_output=True, text=True,
+                         env={**os.environ, "RAYON_NUM_THREADS": str(threads)})
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# Per-token work of SmolLM2-135M (see the docstring).
+KV_BYTES_PER_POS_F16 = 2 * 30 * 3 * 64 * 2
+MATMUL_FLOPS_PER_TOKEN = 2 * 30 * (576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 * 1536)
+ATTN_FLOPS_PER_KEY = 4 * 64 * 9 * 30
+
+
+def decode_ceiling(elem_bytes: int, mean_context: float):
+    """tokens/s if a step did nothing but read its weights and KV cache at read_gbs."""
+    def f(r):
+        per_token = r["weight_bytes"] * elem_bytes / 2 + \
+            KV_BYTES_PER_POS_F16 * elem_bytes / 2 * mean_context
+        return r["read_gbs"] * 1e9 / per_token, f"read {r['read_gbs']:.1f} GB/s"
+    return f
+
+
+def prefill_ceiling(mean_keys: float):
+    """tokens/s if a prompt pass ran every FLOP at fma_gflops."""
+    def f(r):
+        per_token = MATMUL_FLOPS_PER_TOKEN + ATTN_FLOPS_PER_KEY * mean_keys
+        return r["fma_gflops"] * 1e9 / per_token, f"FMA {r['fma_gflops']:.0f} GFLOP/s"
+    return f
+
+
 def make_prompt(lc: Path, qkv: Path, model: Path, n_tokens: int):
     """A text file that qkv's tokenizer encodes to exactly n_tokens tokens (cached)."""
     path = lc / "prompts" / f"p{n_tokens}.txt"
@@ -271,6 +321,7 @@ def main():
     qkv, rev = ensure_qkv(lc)
     models = ensure_models(lc, cache, quant, qkv)
     e2e = ensure_e2e_bench(lc) if args.pp_depth == "bench" else None
+    probe = ensure_roofline(lc)
     t = args.threads
     br = args.bench_reps
 
@@ -302,29 +353,29 @@ def main():
             return ts, cmd
         return f
 
-    # name, label, target, [(peer label, peer fn)], qkv fn
+    # name, label, target, [(peer label, peer fn)], qkv fn, ceiling fn
     rows = [
         ("tg128_f16", "decode tg128, f16", "≥ 1.25×",
          [("llama.cpp", lc_run(models["f16"], 0, 128))],
-         qkv_gen(models["f16"], "f16", short, 128, 256)),
+         qkv_gen(models["f16"], "f16", short, 128, 256), decode_ceiling(2, 64)),
         ("tg128_f32", "decode tg128, f32", "≥ 1.0×",
          [("llama.cpp", lc_run(models["f32"], 0, 128))],
-         qkv_gen(models["f32"], "f32", short, 128, 256)),
+         qkv_gen(models["f32"], "f32", short, 128, 256), decode_ceiling(4, 64)),
         ("tg64_d2048_f16", "decode tg64 @ d2048, f16", "≥ 1.6× better of fa off/on",
          [("llama.cpp fa off", lc_run(models["f16"], 0, 64, 2048, "off")),
           ("llama.cpp fa on", lc_run(models["f16"], 0, 64, 2048, "on"))],
-         qkv_gen(models["f16"], "f16", p2048, 64, 2048 + 64)),
+         qkv_gen(models["f16"], "f16", p2048, 64, 2048 + 64), decode_ceiling(2, 2048 + 32)),
         ("pp512_f16", "prefill pp512, f16", "≥ 1.2×",
          [("llama.cpp", lc_run(models["f16"], 512, 0))],
-         qkv_prompt(models["f16"], p512, 512)),
+         qkv_prompt(models["f16"], p512, 512), prefill_ceiling(256.5)),
         ("pp512_d2048_f16", "prefill pp512 @ d2048, f16", "≥ 1.3×",
          [("llama.cpp", lc_run(models["f16"], 512, 0, 2048))],
          qkv_pp_at_depth_bench if args.pp_depth == "bench"
-         else qkv_prompt(models["f16"], p512, 2048 + 512, 2048)),
+         else qkv_prompt(models["f16"], p512, 2048 + 512, 2048), prefill_ceiling(2048 + 256.5)),
     ]
     wanted = None if args.rows == "all" else set(args.rows.split(","))
     results = []
-    for name, label, target, peers, qkv_fn in rows:
+    for name, label, target, peers, qkv_fn, ceiling_fn in rows:
         if wanted and name not in wanted:
             continue
         # Other work on the machine hurts llama.cpp far more (its threads spin at barriers):
@@ -333,7 +384,7 @@ def main():
         log(f"row {name}: {args.reps} alternations (load average {load:.2f}"
             f"{'; the machine is busy, figures are unreliable' if load > 2.5 else ''})")
         peer_samples = {p: [] for p, _ in peers}
-        peer_cmds, qkv_samples, qkv_cmd = {}, [], None
+        peer_cmds, qkv_samples, qkv_cmd, ceilings = {}, [], None, []
         for i in range(args.reps):
             # Alternate which engine goes first, to spread slow drifts evenly.
             order = ["peer", "qkv"] if i % 2 == 0 else ["qkv", "peer"]
@@ -347,22 +398,31 @@ def main():
                     ts, qkv_cmd = qkv_fn()
                     qkv_samples.append(ts)
                     log(f"  {name} #{i + 1} qkv: {ts:.1f} tok/s")
+            ceiling, bound = ceiling_fn(roofline(probe, t))
+            ceilings.append(ceiling)
+            log(f"  {name} #{i + 1} ceiling: {ceiling:.1f} tok/s ({bound})")
         q = statistics.median(qkv_samples)
         best_peer = max(peer_samples, key=lambda p: statistics.median(peer_samples[p]))
         for p, xs in peer_samples.items():
             m = statistics.median(xs)
             log(f"  {name}: {p} median {m:.1f} ({spread(xs)}); qkv median {q:.1f} "
                 f"({spread(qkv_samples)}); ratio qkv/{p} {q / m:.2f}")
+        c = statistics.median(ceilings)
+        log(f"  {name}: ceiling median {c:.1f} ({spread(ceilings)}); qkv at {q / c:.0%} of it")
         results.append(dict(name=name, label=label, target=target, peers=peer_samples,
                             peer_cmds=peer_cmds, qkv=qkv_samples, qkv_cmd=qkv_cmd,
-                            best_peer=best_peer))
+                            best_peer=best_peer, ceiling=ceilings))
 
     print()
     print(f"qkv git {rev}; {t} threads; {args.reps} alternations per row; llama-bench -r {br} "
           f"per invocation (its avg_ts is one sample); medians, spread = min–max over alternations")
     print()
-    print("| test | llama.cpp tok/s | qkv tok/s | qkv / llama.cpp | target |")
-    print("|---|---|---|---|---|")
+    print("The ceiling is what no engine could beat in the same minutes (see the docstring); "
+          "the last column is the most any engine could have reached against llama.cpp.")
+    print()
+    print("| test | llama.cpp tok/s | qkv tok/s | qkv / llama.cpp | target | ceiling tok/s | "
+          "qkv / ceiling | ceiling / llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         q = r["qkv"]
         qm = statistics.median(q)
@@ -371,10 +431,13 @@ def main():
             tag = p.replace("llama.cpp", "").strip()
             peers.append(f"{statistics.median(xs):.1f} ({spread(xs)}){' ' + tag if tag else ''}")
         bm = statistics.median(r["peers"][r["best_peer"]])
+        cm = statistics.median(r["ceiling"])
         print(f"| {r['label']} | {'; '.join(peers)} | {qm:.1f} ({spread(q)}) | "
-              f"{qm / bm:.2f}× | {r['target']} |")
+              f"{qm / bm:.2f}× | {r['target']} | {cm:.0f} ({spread(r['ceiling'])}) | "
+              f"{qm / cm:.0%} | {cm / bm:.2f}× |")
     print()
     print("Commands:")
+    print(f"- ceilings: `RAYON_NUM_THREADS={t} {probe} 5` after each alternation")
     for r in results:
         for p, c in r["peer_cmds"].items():
             print(f"- {r['name']} {p}: `{c}`")
