@@ -21,6 +21,7 @@
 
 use crate::error::{check_len, Result};
 use pulp::{Simd, WithSimd};
+use rayon::prelude::*;
 
 /// `sqrt(2/π)`, the GELU tanh-approximation scale (PyTorch's `kBeta`).
 const GELU_TANH_BETA: f32 = 0.797_884_6;
@@ -153,6 +154,18 @@ pub fn relu_inplace_scalar(x: &mut [f32]) {
 /// `dst += src` elementwise (the residual add). Errors if the lengths differ.
 pub fn add_inplace(dst: &mut [f32], src: &[f32]) -> Result<()> {
     check_len("src", dst.len(), src.len())?;
+    match crate::par_elems(dst.len()) {
+        Some(piece) => dst
+            .par_chunks_mut(piece)
+            .zip(src.par_chunks(piece))
+            .for_each(|(d, s)| add_serial(d, s)),
+        None => add_serial(dst, src),
+    }
+    Ok(())
+}
+
+/// [`add_inplace`] on the calling thread; the lengths are equal.
+fn add_serial(dst: &mut [f32], src: &[f32]) {
     struct Op<'a>(&'a mut [f32], &'a [f32]);
     impl WithSimd for Op<'_> {
         type Output = ();
@@ -169,7 +182,6 @@ pub fn add_inplace(dst: &mut [f32], src: &[f32]) -> Result<()> {
         }
     }
     pulp::Arch::new().dispatch(Op(dst, src));
-    Ok(())
 }
 
 /// Scalar reference for [`add_inplace`].
@@ -213,14 +225,34 @@ fn silu_scalar(x: f32) -> f32 {
 pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
+    match crate::par_elems(out.len()) {
+        Some(piece) => out
+            .par_chunks_mut(piece)
+            .zip(gate.par_chunks(piece))
+            .zip(up.par_chunks(piece))
+            .for_each(|((o, g), u)| swiglu_serial(o, g, u)),
+        None => swiglu_serial(out, gate, up),
+    }
+    Ok(())
+}
+
+/// [`swiglu`] on the calling thread; the three lengths are equal.
+fn swiglu_serial(out: &mut [f32], gate: &[f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma_f16c() {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above; the three
-        // lengths are equal (checked).
+        // lengths are equal (the caller checked).
         unsafe { avx2::swiglu(out, gate, up) };
-        return Ok(());
+        return;
     }
-    swiglu_scalar(out, gate, up)
+    swiglu_plain(out, gate, up);
+}
+
+/// The scalar loop of [`swiglu_scalar`], lengths already checked.
+fn swiglu_plain(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu_scalar(*g) * *u;
+    }
 }
 
 /// Scalar reference for [`swiglu`]: `silu(gate)` rounded to f32, then times `up`
@@ -228,9 +260,7 @@ pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
 pub fn swiglu_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
-    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-        *o = silu_scalar(*g) * *u;
-    }
+    swiglu_plain(out, gate, up);
     Ok(())
 }
 

@@ -42,3 +42,24 @@ pub use rope::{RopeStyle, RopeTable};
 pub fn threads() -> usize {
     rayon::current_num_threads()
 }
+
+/// From this many elements on, the row-wise and elementwise kernels (norms, SwiGLU, residual
+/// adds, RoPE) split their work across the pool; below it (a decode step's single rows) a
+/// hand-off would cost more than it saves.
+const PAR_MIN_ELEMS: usize = 1 << 16;
+
+/// Units per parallel piece when a job of `units` units of `unit_len` elements is split
+/// across the pool (about four pieces per thread), or `None` when it should stay on the
+/// calling thread. Units are whole rows, so the pieces compute exactly what one pass would.
+pub(crate) fn par_rows(units: usize, unit_len: usize) -> Option<usize> {
+    let threads = rayon::current_num_threads();
+    (threads > 1 && units > 1 && units.saturating_mul(unit_len) >= PAR_MIN_ELEMS)
+        .then(|| units.div_ceil(4 * threads))
+}
+
+/// Elements per parallel piece of an elementwise job over `len` elements, or `None` to stay
+/// serial: a multiple of 64, so every piece but the last is whole SIMD vectors and the
+/// result is bitwise the one pass's.
+pub(crate) fn par_elems(len: usize) -> Option<usize> {
+    par_rows(len.div_ceil(64), 64).map(|runs| runs * 64)
+}

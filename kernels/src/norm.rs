@@ -16,6 +16,7 @@
 
 use crate::error::{check_len, check_nonzero, KernelError, Result};
 use pulp::{Simd, WithSimd};
+use rayon::prelude::*;
 
 /// Checks `dim ≠ 0`, `x.len()` a multiple of `dim`, `out` as long as `x`, and the
 /// per-feature vectors `dim` long.
@@ -104,13 +105,22 @@ pub fn layer_norm_scalar(
 /// `x.len()` is not a multiple of `dim`, or any other length disagrees.
 pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, dim: usize) -> Result<()> {
     validate(out, x, weight, None, dim)?;
-    pulp::Arch::new().dispatch(RmsNormOp {
-        out,
-        x,
-        weight,
-        eps,
-        dim,
-    });
+    let run = |out: &mut [f32], x: &[f32]| {
+        pulp::Arch::new().dispatch(RmsNormOp {
+            out,
+            x,
+            weight,
+            eps,
+            dim,
+        })
+    };
+    match crate::par_rows(x.len() / dim, dim) {
+        Some(rows) => out
+            .par_chunks_mut(rows * dim)
+            .zip(x.par_chunks(rows * dim))
+            .for_each(|(o, x)| run(o, x)),
+        None => run(out, x),
+    }
     Ok(())
 }
 
@@ -138,12 +148,18 @@ pub fn rms_norm_scalar(
 /// [`rms_norm`].
 pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32, dim: usize) -> Result<()> {
     validate(x, x, weight, None, dim)?;
-    pulp::Arch::new().dispatch(RmsNormInplaceOp {
-        x,
-        weight,
-        eps,
-        dim,
-    });
+    let run = |x: &mut [f32]| {
+        pulp::Arch::new().dispatch(RmsNormInplaceOp {
+            x,
+            weight,
+            eps,
+            dim,
+        })
+    };
+    match crate::par_rows(x.len() / dim, dim) {
+        Some(rows) => x.par_chunks_mut(rows * dim).for_each(run),
+        None => run(x),
+    }
     Ok(())
 }
 

@@ -31,6 +31,7 @@
 
 use crate::error::{check_covers, check_len, check_nonzero, KernelError, Result};
 use pulp::{Simd, WithSimd};
+use rayon::prelude::*;
 
 /// Which elements of a head form the rotated pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,6 +236,31 @@ impl RopeTable {
 
     /// Picks the vector path for `style`; arguments already validated.
     fn apply_fast(
+        &self,
+        x: &mut [f32],
+        rows: usize,
+        heads: usize,
+        stride: usize,
+        pos0: usize,
+        style: RopeStyle,
+    ) {
+        match crate::par_rows(rows, heads * self.head_dim) {
+            // Pieces of whole rows at their own positions; the last may end short of a
+            // full stride, as `x` itself may.
+            Some(piece) => x
+                .par_chunks_mut(piece * stride)
+                .enumerate()
+                .for_each(|(i, xs)| {
+                    let r0 = i * piece;
+                    let n = piece.min(rows - r0);
+                    self.apply_rows(xs, n, heads, stride, pos0 + r0, style);
+                }),
+            None => self.apply_rows(x, rows, heads, stride, pos0, style),
+        }
+    }
+
+    /// [`Self::apply_fast`] on the calling thread.
+    fn apply_rows(
         &self,
         x: &mut [f32],
         rows: usize,

@@ -770,3 +770,67 @@ fn add_sinusoidal_matches_table() {
     assert!(add_sinusoidal_inplace(&mut x, usize::MAX, 2, 0).is_err());
     assert!(add_sinusoidal_inplace(&mut x, 3, 4, usize::MAX).is_err());
 }
+
+/// Runs `f` on a fresh pool of `threads` threads.
+fn on_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool")
+        .install(f)
+}
+
+/// Prompt-sized inputs (past the point where the row-wise and elementwise kernels split
+/// across the pool, with sizes that leave ragged last pieces): the split computes bitwise
+/// what one thread computes.
+#[test]
+fn split_across_threads_matches_one_thread_bitwise() {
+    let mut rng = Rng::new(41);
+    let (rows, dim) = (301, 333);
+    let x = rng.vec(rows * dim, -3.0, 3.0);
+    let w = rng.vec(dim, 0.5, 1.5);
+    let gate = rng.vec(100_003, -8.0, 8.0);
+    let up = rng.vec(100_003, -2.0, 2.0);
+    let table = RopeTable::new(32, 10_000.0, 4096).unwrap();
+    let (heads, stride) = (3, 3 * 32 + 5);
+    let q = rng.vec(700 * stride, -1.0, 1.0);
+    let run = || {
+        let mut norm = vec![0.0; x.len()];
+        rms_norm(&mut norm, &x, &w, 1e-5, dim).unwrap();
+        let mut norm_in_place = x.clone();
+        rms_norm_inplace(&mut norm_in_place, &w, 1e-5, dim).unwrap();
+        let mut sw = vec![0.0; gate.len()];
+        swiglu(&mut sw, &gate, &up).unwrap();
+        let mut sum = gate.clone();
+        add_inplace(&mut sum, &up).unwrap();
+        let mut ropes = Vec::new();
+        for style in [RopeStyle::SplitHalf, RopeStyle::AdjacentPairs] {
+            let mut r = q[..700 * heads * 32].to_vec();
+            table.apply(&mut r, 700, heads, 17, style).unwrap();
+            // Strided rows, the slice ending right after the last row's heads.
+            let mut s = q[..699 * stride + heads * 32].to_vec();
+            table
+                .apply_strided(&mut s, 700, heads, stride, 17, style)
+                .unwrap();
+            ropes.push((r, s));
+        }
+        (norm, norm_in_place, sw, sum, ropes)
+    };
+    let one = on_pool(1, run);
+    let three = on_pool(3, run);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&one.0), bits(&three.0), "rms_norm");
+    assert_eq!(bits(&one.1), bits(&three.1), "rms_norm_inplace");
+    assert_eq!(bits(&one.2), bits(&three.2), "swiglu");
+    assert_eq!(bits(&one.3), bits(&three.3), "add_inplace");
+    for ((r1, s1), (r3, s3)) in one.4.iter().zip(&three.4) {
+        assert_eq!(bits(r1), bits(r3), "rope");
+        assert_eq!(bits(s1), bits(s3), "rope strided");
+    }
+    // And the split results are the kernels' own: RoPE against its scalar reference.
+    let mut r = q[..700 * heads * 32].to_vec();
+    table
+        .apply_scalar(&mut r, 700, heads, 17, RopeStyle::SplitHalf)
+        .unwrap();
+    assert_eq!(bits(&r), bits(&three.4[0].0), "rope vs scalar");
+}
