@@ -42,7 +42,7 @@
 //! assert_eq!(&out[..2], &[1.0, 2.0]); // query 0 sees key 0 only
 //! ```
 
-use crate::error::{check_covers, check_len, check_nonzero, KernelError, Result};
+use crate::error::{check_covers, check_len, check_nonzero, try_vec_f32, KernelError, Result};
 use half::f16;
 
 /// Queries: `rows × heads × dim` f32 values, element `(r, h, d)` at
@@ -64,14 +64,15 @@ pub struct QueryView<'a> {
 }
 
 impl<'a> QueryView<'a> {
-    /// A dense `[rows, heads, dim]` view.
+    /// A dense `[rows, heads, dim]` view. (A `heads · dim` that overflows saturates, so
+    /// the kernels reject the view as overflowing.)
     pub fn contiguous(data: &'a [f32], rows: usize, heads: usize, dim: usize) -> Self {
         QueryView {
             data,
             rows,
             heads,
             dim,
-            row_stride: heads * dim,
+            row_stride: heads.saturating_mul(dim),
             head_stride: dim,
         }
     }
@@ -115,20 +116,22 @@ pub struct KvView<'a> {
 }
 
 impl<'a> KvView<'a> {
-    /// A dense `[rows, heads, dim]` view of either dtype.
+    /// A dense `[rows, heads, dim]` view of either dtype. (A `heads · dim` that overflows
+    /// saturates, so the kernels reject the view as overflowing.)
     pub fn contiguous(data: KvData<'a>, rows: usize, heads: usize, dim: usize) -> Self {
         KvView {
             data,
             rows,
             heads,
             dim,
-            row_stride: heads * dim,
+            row_stride: heads.saturating_mul(dim),
             head_stride: dim,
         }
     }
 
     /// The first `rows` positions of a head-major `[heads, capacity, dim]` buffer (a KV cache
     /// that keeps each head's positions together, so that decoding streams them in order).
+    /// (A `capacity · dim` that overflows saturates, so the kernels reject the view.)
     ///
     /// ```
     /// use qkv_kernels::{KvData, KvView};
@@ -150,7 +153,7 @@ impl<'a> KvView<'a> {
             heads,
             dim,
             row_stride: dim,
-            head_stride: capacity * dim,
+            head_stride: capacity.saturating_mul(dim),
         }
     }
 
@@ -219,20 +222,28 @@ impl<'a> AttentionMask<'a> {
     }
 
     /// True when query `i` may attend key `j` (`tk` is the number of keys).
+    ///
+    /// Never panics: a pair outside the shapes the mask describes is not visible, i.e. this
+    /// returns `false` when `j ≥ tk`, when `j` is past `key_keep`, or when `i·tk + j` is
+    /// past `dense_keep`. A causal position `p₀ + i` past `usize::MAX` sees every key.
     #[inline]
     pub fn visible(&self, i: usize, j: usize, tk: usize) -> bool {
+        if j >= tk {
+            return false;
+        }
         if let Some(p0) = self.causal_offset {
-            if j > p0 + i {
+            if j > p0.saturating_add(i) {
                 return false;
             }
         }
         if let Some(keep) = self.key_keep {
-            if !keep[j] {
+            if keep.get(j) != Some(&true) {
                 return false;
             }
         }
         if let Some(dense) = self.dense_keep {
-            if !dense[i * tk + j] {
+            let at = i.checked_mul(tk).and_then(|r| r.checked_add(j));
+            if at.and_then(|at| dense.get(at)) != Some(&true) {
                 return false;
             }
         }
@@ -339,12 +350,49 @@ fn validate(
         v.head_stride,
         v.data.len(),
     )?;
-    check_len("out", q.rows * q.heads * v.dim, out_len)?;
+    // Checked: a wrapped product could match a short slice and let the kernel write past
+    // `out` or read past the mask.
+    let out_need = q
+        .rows
+        .checked_mul(q.heads)
+        .and_then(|n| n.checked_mul(v.dim))
+        .ok_or_else(|| {
+            KernelError::Invalid(format!(
+                "`out` of tq {} × heads {} × d_v {} elements overflows usize",
+                q.rows, q.heads, v.dim
+            ))
+        })?;
+    check_len("out", out_need, out_len)?;
     if let Some(keep) = mask.key_keep {
         check_len("key_keep", k.rows, keep.len())?;
     }
     if let Some(dense) = mask.dense_keep {
-        check_len("dense_keep", q.rows * k.rows, dense.len())?;
+        let need = q.rows.checked_mul(k.rows).ok_or_else(|| {
+            KernelError::Invalid(format!(
+                "`dense_keep` of tq {} × tk {} flags overflows usize",
+                q.rows, k.rows
+            ))
+        })?;
+        check_len("dense_keep", need, dense.len())?;
+    }
+    if let Some(p0) = mask.causal_offset {
+        // The kernel forms positions up to p₀ + tq; they must not wrap.
+        if p0.checked_add(q.rows).is_none() {
+            return Err(KernelError::Invalid(format!(
+                "causal_offset {p0} + tq {} query rows overflows usize",
+                q.rows
+            )));
+        }
+    }
+    // The per-thread buffers of this shape must be sizeable (they can only overflow for
+    // views with zero strides, whose slices need not hold heads · dim elements).
+    if streaming::ScratchSizes::new(q.heads, k.heads, q.dim, v.dim, rayon::current_num_threads())
+        .is_none()
+    {
+        return Err(KernelError::Invalid(format!(
+            "attention scratch for heads {} over kv_heads {}, d_qk {}, d_v {} overflows usize",
+            q.heads, k.heads, q.dim, v.dim
+        )));
     }
     let scale = scale.unwrap_or(1.0 / (q.dim as f32).sqrt());
     if !scale.is_finite() {
@@ -398,14 +446,47 @@ pub fn attention_scalar(
 /// on the calling thread, for `heads` query heads over `kv_heads` KV heads. Afterwards, decode
 /// calls (one query row) of that shape allocate nothing, whichever thread runs them; without
 /// it each thread sizes its buffers on first use. Prefill calls may still grow them once.
-pub fn reserve_scratch(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) {
-    rayon::broadcast(|_| streaming::reserve(heads, kv_heads, d_qk, d_v));
-    streaming::reserve(heads, kv_heads, d_qk, d_v);
+///
+/// The memory per thread does not grow with the number of threads. Errors (allocating
+/// nothing) when a dimension is zero or `heads` is not a multiple of `kv_heads`, as
+/// [`attention`] would, and errors (rather than panicking or aborting) when the sizes
+/// overflow or cannot be allocated; threads sized before the failure keep their buffers.
+pub fn reserve_scratch(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) -> Result<()> {
+    check_nonzero("heads", heads)?;
+    check_nonzero("kv_heads", kv_heads)?;
+    check_nonzero("d_qk (query dim)", d_qk)?;
+    check_nonzero("d_v (value dim)", d_v)?;
+    if !heads.is_multiple_of(kv_heads) {
+        return Err(KernelError::Mismatch {
+            what: "heads must be a multiple of kv_heads",
+            left: heads,
+            right: kv_heads,
+        });
+    }
+    let shape = || format!("heads {heads} over kv_heads {kv_heads}, d_qk {d_qk}, d_v {d_v}");
+    let sizes =
+        streaming::ScratchSizes::new(heads, kv_heads, d_qk, d_v, rayon::current_num_threads())
+            .ok_or_else(|| {
+                KernelError::Invalid(format!("attention scratch for {} overflows usize", shape()))
+            })?;
+    let failed = || {
+        KernelError::Invalid(format!(
+            "attention scratch for {} cannot be allocated",
+            shape()
+        ))
+    };
+    // Every thread tries (a broadcast cannot stop half-way); any failure is the error.
+    let on_pool = rayon::broadcast(|_| streaming::reserve(sizes).is_ok());
+    if on_pool.contains(&false) {
+        return Err(failed());
+    }
+    streaming::reserve(sizes).map_err(|_| failed())
 }
 
 /// The slow path: the same result as [`attention`] plus the probabilities `[heads, tq, tk]`
 /// (row `(h, i)` sums to 1, or is all zeros when every key is masked). It materializes the
-/// whole score matrix, so it is for inspection and tests, not for speed.
+/// whole score matrix, so it is for inspection and tests, not for speed; errors as
+/// [`attention`] does, and when that matrix cannot be allocated.
 pub fn attention_with_probs(
     q: &QueryView<'_>,
     k: &KvView<'_>,
@@ -425,7 +506,12 @@ pub fn attention_with_probs(
         scale,
     } = dims;
     let group = heads / kv_heads;
-    let mut probs = vec![0.0f32; heads * tq * tk];
+    let len = heads.checked_mul(tq).and_then(|n| n.checked_mul(tk));
+    let mut probs = try_vec_f32(len, || {
+        format!("the probabilities of heads {heads} × tq {tq} × tk {tk}")
+    })?;
+    // `len` is `Some` here: `try_vec_f32` rejects an overflowed one.
+    probs.resize(len.unwrap_or(0), 0.0);
     for h in 0..heads {
         let g = h / group;
         for i in 0..tq {

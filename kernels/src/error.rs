@@ -85,3 +85,22 @@ pub(crate) fn check_nonzero(what: &'static str, v: usize) -> Result<()> {
     }
     Ok(())
 }
+
+/// An empty `Vec<f32>` with room for `len` elements (`None`: the element count itself
+/// overflowed), reserved fallibly: a size that overflows or cannot be allocated becomes
+/// [`KernelError::Invalid`] naming `what` needed it and how many bytes, instead of a
+/// capacity-overflow panic or an allocation-failure abort.
+pub(crate) fn try_vec_f32(len: Option<usize>, what: impl Fn() -> String) -> Result<Vec<f32>> {
+    let bytes = len.and_then(|n| n.checked_mul(std::mem::size_of::<f32>()));
+    let err = || {
+        let bytes = bytes.map_or_else(|| "more than usize::MAX".to_string(), |b| b.to_string());
+        KernelError::Invalid(format!(
+            "{} needs {bytes} bytes, which cannot be allocated",
+            what()
+        ))
+    };
+    let len = len.filter(|_| bytes.is_some()).ok_or_else(err)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| err())?;
+    Ok(v)
+}

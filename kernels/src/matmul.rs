@@ -19,7 +19,7 @@
 //! assert_eq!(y, [1.5, 2.5, 3.5]);
 //! ```
 
-use crate::error::{check_len, check_nonzero, Result};
+use crate::error::{check_len, check_nonzero, KernelError, Result};
 use half::f16;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -59,6 +59,11 @@ impl Weights<'_> {
     }
 
     /// Element `i` as f32.
+    ///
+    /// # Panics
+    /// If `i ≥ self.len()`, like slice indexing. It is meant for loops whose bounds were
+    /// validated (the scalar references); use [`try_get`](Self::try_get) for an index that
+    /// may be out of range.
     #[inline]
     pub fn get(&self, i: usize) -> f32 {
         match self {
@@ -66,6 +71,21 @@ impl Weights<'_> {
             Weights::F16(w) => w[i].to_f32(),
         }
     }
+
+    /// Element `i` as f32, or `None` when `i ≥ self.len()`.
+    #[inline]
+    pub fn try_get(&self, i: usize) -> Option<f32> {
+        match self {
+            Weights::F32(w) => w.get(i).copied(),
+            Weights::F16(w) => w.get(i).map(|v| v.to_f32()),
+        }
+    }
+}
+
+/// `a · b` for the shape product named `what` (e.g. `"m·k"`), or an error naming it.
+fn product(what: &str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| KernelError::Invalid(format!("linear: {what} = {a} × {b} overflows usize")))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -81,9 +101,10 @@ fn validate(
     check_nonzero("m", m)?;
     check_nonzero("k", k)?;
     check_nonzero("n", n)?;
-    check_len("x", m * k, x.len())?;
-    check_len("weights", n * k, w.len())?;
-    check_len("y", m * n, y.len())?;
+    // Checked: a wrapped product could match a short slice and let the kernels run off it.
+    check_len("x", product("m·k", m, k)?, x.len())?;
+    check_len("weights", product("n·k", n, k)?, w.len())?;
+    check_len("y", product("m·n", m, n)?, y.len())?;
     if let Some(b) = bias {
         check_len("bias", n, b.len())?;
     }
@@ -93,7 +114,8 @@ fn validate(
 /// `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)`, overwriting `y`.
 ///
 /// Picks the GEMV for `m ≤ GEMV_MAX_ROWS` and gemm otherwise; both use rayon's current pool.
-/// Errors if a slice length disagrees with `m`, `k`, `n` or a dimension is zero.
+/// Errors if a slice length disagrees with `m`, `k`, `n`, a dimension is zero, or a product
+/// of them (`m·k`, `n·k`, `m·n`) overflows `usize`.
 pub fn linear(
     y: &mut [f32],
     x: &[f32],
@@ -209,7 +231,8 @@ fn gemm_raw(
     debug_assert!(dst.len() >= (m - 1) * dst_rs + n);
     debug_assert!(x.len() >= m * k && w.len() >= n * k);
     let threads = rayon::current_num_threads();
-    let parallel = threads > 1 && m * n * k >= 1 << 16;
+    // Saturating: m·n and n·k fit (validated), their product with k need not.
+    let parallel = threads > 1 && m.saturating_mul(n).saturating_mul(k) >= 1 << 16;
     // Up to a few threads and prompt-sized m, one single-threaded gemm call per block of
     // columns beat the crate's own split: at m = 512 on SmolLM2's shapes, alternating, by
     // 1–3% on the large ones and 7–20% at n = 192, and a whole 512-token prefill by 4–8%.
@@ -449,7 +472,10 @@ fn gemv(
 /// The GEMV over a group of matrices sharing `x`: their rows, end to end, are one range split
 /// across the threads. Each part's `y` must be `m·n` long (validated by the callers).
 fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
-    let total: usize = parts.iter().map(|p| p.n).sum();
+    // Each part's n·k fits (validated); the sums of up to MAX_GROUP of them saturate rather
+    // than wrap (they only steer the split, and cannot reach usize::MAX for real slices).
+    let total = parts.iter().fold(0usize, |t, p| t.saturating_add(p.n));
+    let total_elems = total.saturating_mul(k);
     // Rows j0..j1 of the concatenation, dispatched to the parts they cover.
     let run = |j0: usize, j1: usize| {
         let mut base = 0;
@@ -466,14 +492,14 @@ fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
         }
     };
     let threads = rayon::current_num_threads();
-    if threads <= 1 || total * k < GEMV_PAR_MIN_ELEMS {
+    if threads <= 1 || total_elems < GEMV_PAR_MIN_ELEMS {
         run(0, total);
         return;
     }
     // Contiguous ranges of W rows, each streamed front to back exactly once. A few ranges per
     // thread (not one) let rayon's work stealing absorb a thread that the OS delays.
     let chunks = (threads * GEMV_CHUNKS_PER_THREAD)
-        .min((total * k) / GEMV_PAR_MIN_ELEMS)
+        .min(total_elems / GEMV_PAR_MIN_ELEMS)
         .max(threads);
     let per = total.div_ceil(chunks);
     (0..chunks).into_par_iter().for_each(|t| {

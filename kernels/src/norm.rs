@@ -10,24 +10,34 @@
 //! let x = [2.0f32; 4];
 //! let w = [1.0f32, 2.0, 3.0, 4.0];
 //! let mut out = [0.0f32; 4];
-//! rms_norm(&mut out, &x, &w, 0.0, 4).unwrap();
-//! assert_eq!(out, [1.0, 2.0, 3.0, 4.0]);
+//! rms_norm(&mut out, &x, &w, 1e-6, 4).unwrap();
+//! for (o, w) in out.iter().zip(w) {
+//!     assert!((o - w).abs() <= 1e-6 * w);
+//! }
 //! ```
 
 use crate::error::{check_len, check_nonzero, KernelError, Result};
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
-/// Checks `dim ≠ 0`, `x.len()` a multiple of `dim`, `out` as long as `x`, and the
-/// per-feature vectors `dim` long.
+/// Checks `dim ≠ 0`, `eps` finite and positive, `x.len()` a multiple of `dim`, `out` as long
+/// as `x`, and the per-feature vectors `dim` long.
 fn validate(
     out: &[f32],
     x: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
+    eps: f32,
     dim: usize,
 ) -> Result<()> {
     check_nonzero("dim", dim)?;
+    // eps keeps 1/sqrt(var + eps) finite on a constant (or all-zero) row: 0, negative, NaN
+    // or infinite values would turn such rows into NaN (or zeros, for +inf) silently.
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(KernelError::Invalid(format!(
+            "norm eps must be finite and > 0, got {eps}"
+        )));
+    }
     if !x.len().is_multiple_of(dim) {
         return Err(KernelError::Invalid(format!(
             "`x` has {} elements, which is not a whole number of rows of dim {dim}",
@@ -46,8 +56,9 @@ fn validate(
 /// `out = (x − mean) / sqrt(var + eps) · weight (+ bias)` per row, with the biased
 /// variance (divide by `dim`) computed in two passes.
 ///
-/// `x` and `out` are `rows × dim`; `weight` and `bias` are `dim` long. Errors if
-/// `dim == 0`, `x.len()` is not a multiple of `dim`, or any other length disagrees.
+/// `x` and `out` are `rows × dim`; `weight` and `bias` are `dim` long; `eps` must be finite
+/// and > 0. Errors if `dim == 0`, `eps` is not finite and positive, `x.len()` is not a
+/// multiple of `dim`, or any other length disagrees.
 pub fn layer_norm(
     out: &mut [f32],
     x: &[f32],
@@ -56,7 +67,7 @@ pub fn layer_norm(
     eps: f32,
     dim: usize,
 ) -> Result<()> {
-    validate(out, x, weight, bias, dim)?;
+    validate(out, x, weight, bias, eps, dim)?;
     pulp::Arch::new().dispatch(LayerNormOp {
         out,
         x,
@@ -77,7 +88,7 @@ pub fn layer_norm_scalar(
     eps: f32,
     dim: usize,
 ) -> Result<()> {
-    validate(out, x, weight, bias, dim)?;
+    validate(out, x, weight, bias, eps, dim)?;
     for (o, xr) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
         let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / dim as f64;
         let var = xr
@@ -101,10 +112,11 @@ pub fn layer_norm_scalar(
 /// normalised value rounded to f32 before the multiply by `weight` (as Hugging Face's
 /// `LlamaRMSNorm` does in f32).
 ///
-/// `x` and `out` are `rows × dim`; `weight` is `dim` long. Errors if `dim == 0`,
-/// `x.len()` is not a multiple of `dim`, or any other length disagrees.
+/// `x` and `out` are `rows × dim`; `weight` is `dim` long; `eps` must be finite and > 0.
+/// Errors if `dim == 0`, `eps` is not finite and positive, `x.len()` is not a multiple of
+/// `dim`, or any other length disagrees.
 pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, dim: usize) -> Result<()> {
-    validate(out, x, weight, None, dim)?;
+    validate(out, x, weight, None, eps, dim)?;
     let run = |out: &mut [f32], x: &[f32]| {
         pulp::Arch::new().dispatch(RmsNormOp {
             out,
@@ -133,7 +145,7 @@ pub fn rms_norm_scalar(
     eps: f32,
     dim: usize,
 ) -> Result<()> {
-    validate(out, x, weight, None, dim)?;
+    validate(out, x, weight, None, eps, dim)?;
     for (o, xr) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
         let ms = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
         let rstd = (1.0 / (ms + eps as f64).sqrt()) as f32;
@@ -147,7 +159,7 @@ pub fn rms_norm_scalar(
 /// RMSNorm in place (`x` is both input and output); same semantics and errors as
 /// [`rms_norm`].
 pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32, dim: usize) -> Result<()> {
-    validate(x, x, weight, None, dim)?;
+    validate(x, x, weight, None, eps, dim)?;
     let run = |x: &mut [f32]| {
         pulp::Arch::new().dispatch(RmsNormInplaceOp {
             x,

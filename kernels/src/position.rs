@@ -21,12 +21,12 @@
 //!
 //! ```
 //! use qkv_kernels::position::sinusoidal_table;
-//! let pe = sinusoidal_table(2, 4);
+//! let pe = sinusoidal_table(2, 4).unwrap();
 //! assert_eq!(&pe[..4], &[0.0, 1.0, 0.0, 1.0]); // position 0
 //! assert!((pe[4] - 1f32.sin()).abs() < 1e-7);
 //! ```
 
-use crate::error::{check_len, check_nonzero, KernelError, Result};
+use crate::error::{check_len, check_nonzero, try_vec_f32, KernelError, Result};
 
 /// `exp(f32(2i) · f32(−ln(10000)/dim))` in f32, the `div_term` of column pair `i`.
 #[inline]
@@ -48,11 +48,17 @@ fn sin_cos(pos: usize, div: f32) -> (f32, f32) {
     (angle.sin() as f32, angle.cos() as f32)
 }
 
-/// The `[positions, dim]` table, row-major. Empty when either size is zero.
-pub fn sinusoidal_table(positions: usize, dim: usize) -> Vec<f32> {
-    let mut pe = vec![0.0f32; positions * dim];
+/// The `[positions, dim]` table, row-major. Empty when either size is zero. Errors (rather
+/// than panicking or aborting) when `positions · dim` f32 overflow or cannot be allocated.
+pub fn sinusoidal_table(positions: usize, dim: usize) -> Result<Vec<f32>> {
+    let len = positions.checked_mul(dim);
+    let mut pe = try_vec_f32(len, || {
+        format!("a sinusoidal table of {positions} positions × dim {dim}")
+    })?;
+    // `len` is `Some` here: `try_vec_f32` rejects an overflowed one.
+    pe.resize(len.unwrap_or(0), 0.0f32);
     if dim == 0 {
-        return pe;
+        return Ok(pe);
     }
     let f = factor(dim);
     for i in 0..dim.div_ceil(2) {
@@ -65,7 +71,7 @@ pub fn sinusoidal_table(positions: usize, dim: usize) -> Vec<f32> {
             }
         }
     }
-    pe
+    Ok(pe)
 }
 
 /// `x[r, :] += pe[pos0 + r, :]` for `x` of `rows × dim`, computing the encoding on the fly

@@ -29,7 +29,7 @@
 //! assert_eq!(x, [1.0, 2.0, 3.0, 4.0]);
 //! ```
 
-use crate::error::{check_covers, check_len, check_nonzero, KernelError, Result};
+use crate::error::{check_covers, check_len, check_nonzero, try_vec_f32, KernelError, Result};
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
@@ -58,7 +58,8 @@ pub struct RopeTable {
 impl RopeTable {
     /// Builds the table for heads of `head_dim` (even, non-zero) and positions
     /// `0..max_positions` (non-zero), with frequency base `base` (finite, > 0; 10000 for
-    /// Llama 2, 500000 for Llama 3). Takes `max_positions · head_dim` f32 of memory.
+    /// Llama 2, 500000 for Llama 3). Takes `max_positions · head_dim` f32 of memory; errors
+    /// (rather than panicking or aborting) when that size overflows or cannot be allocated.
     pub fn new(head_dim: usize, base: f32, max_positions: usize) -> Result<RopeTable> {
         check_nonzero("head_dim", head_dim)?;
         check_nonzero("max_positions", max_positions)?;
@@ -85,8 +86,16 @@ impl RopeTable {
                 1.0f32 / p
             })
             .collect();
-        let mut cos = Vec::with_capacity(len);
-        let mut sin = Vec::with_capacity(len);
+        // Both tables up front, fallibly: an absurd `max_positions` is an error, not a
+        // capacity-overflow panic or an allocation-failure abort.
+        let what = || {
+            format!(
+                "each of the RoPE cos and sin tables of {max_positions} positions × \
+                 head_dim {head_dim}"
+            )
+        };
+        let mut cos = try_vec_f32(Some(len), what)?;
+        let mut sin = try_vec_f32(Some(len), what)?;
         for p in 0..max_positions {
             let pf = p as f32;
             for &f in &inv_freq {

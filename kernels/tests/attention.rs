@@ -450,3 +450,183 @@ fn bad_input_is_a_typed_error() {
     };
     assert!(attention(&qv, &huge, &huge, &none, None, &mut out).is_err());
 }
+
+/// Asserts `r` is `KernelError::Invalid` with a message containing `what`.
+fn assert_invalid_naming<T: std::fmt::Debug>(r: Result<T, KernelError>, what: &str) {
+    match r {
+        Err(KernelError::Invalid(msg)) => assert!(msg.contains(what), "{msg}"),
+        other => panic!("expected an Invalid error naming {what}, got {other:?}"),
+    }
+}
+
+/// Shapes whose products overflow `usize` (reachable with zero strides, which need no
+/// memory) are typed errors; before the checks, `tq·heads·d_v` wrapped to 0, matched an
+/// empty `out`, and the kernel wrote past it.
+#[test]
+fn overflowing_shapes_are_typed_errors() {
+    let q = vec![0.5f32; 4 * 8];
+    let k = vec![0.25f32; 2 * 8];
+    let kv = KvView::contiguous_f32(&k, 2, 1, 8);
+    let none = AttentionMask::none();
+    // tq = 2⁶² query rows, all reading the same row: tq·heads·d_v = 2⁶⁷ wraps to 0.
+    let huge_q = QueryView {
+        row_stride: 0,
+        ..QueryView::contiguous(&q, 1 << 62, 4, 8)
+    };
+    let mut empty: [f32; 0] = [];
+    assert_invalid_naming(attention(&huge_q, &kv, &kv, &none, None, &mut empty), "out");
+    assert_invalid_naming(
+        attention_scalar(&huge_q, &kv, &kv, &none, None, &mut empty),
+        "out",
+    );
+    assert_invalid_naming(
+        attention_with_probs(&huge_q, &kv, &kv, &none, None, &mut empty),
+        "out",
+    );
+    // tq = 2, tk = 2⁶³ (zero row stride): the dense mask's tq·tk wraps to 0.
+    let qv = QueryView::contiguous(&q, 2, 2, 8);
+    let huge_k = KvView {
+        row_stride: 0,
+        ..KvView::contiguous_f32(&k, 1 << 63, 1, 8)
+    };
+    let mut out = vec![0.0f32; 2 * 2 * 8];
+    let dense = AttentionMask::none().with_dense_keep(&[]);
+    assert_invalid_naming(
+        attention(&qv, &huge_k, &huge_k, &dense, None, &mut out),
+        "dense_keep",
+    );
+    // The probabilities heads·tq·tk = 2⁶⁵ overflow: an error, not a capacity panic.
+    assert_invalid_naming(
+        attention_with_probs(&qv, &huge_k, &huge_k, &none, None, &mut out),
+        "probabilities",
+    );
+    // Contiguous views whose heads·dim overflow saturate, so the span check rejects them.
+    let wide = QueryView::contiguous(&q, 2, 1 << 62, 8);
+    assert_invalid_naming(
+        attention(
+            &wide,
+            &KvView::contiguous_f32(&k, 2, 1 << 62, 8),
+            &KvView::contiguous_f32(&k, 2, 1 << 62, 8),
+            &none,
+            None,
+            &mut out,
+        ),
+        "overflow",
+    );
+}
+
+/// A causal offset whose positions `p₀ + i` would wrap is a typed error; one just inside
+/// `usize` sees every key, as a huge position should.
+#[test]
+fn causal_offset_overflow_is_a_typed_error() {
+    let mut rng = Rng(77);
+    let (tq, tk, heads, d) = (2, 5, 2, 8);
+    let q = rng.vec(tq * heads * d, 1.0);
+    let k = rng.vec(tk * heads * d, 1.0);
+    let v = rng.vec(tk * heads * d, 1.0);
+    let qv = QueryView::contiguous(&q, tq, heads, d);
+    let kv = KvView::contiguous_f32(&k, tk, heads, d);
+    let vv = KvView::contiguous_f32(&v, tk, heads, d);
+    let mut out = vec![0.0f32; tq * heads * d];
+    for p0 in [usize::MAX, usize::MAX - 1] {
+        let mask = AttentionMask::causal(p0);
+        assert_invalid_naming(
+            attention(&qv, &kv, &vv, &mask, None, &mut out),
+            "causal_offset",
+        );
+        assert_invalid_naming(
+            attention_scalar(&qv, &kv, &vv, &mask, None, &mut out),
+            "causal_offset",
+        );
+        assert_invalid_naming(
+            attention_with_probs(&qv, &kv, &vv, &mask, None, &mut out),
+            "causal_offset",
+        );
+    }
+    let mut all = vec![0.0f32; out.len()];
+    attention(&qv, &kv, &vv, &AttentionMask::none(), None, &mut all).unwrap();
+    attention(
+        &qv,
+        &kv,
+        &vv,
+        &AttentionMask::causal(usize::MAX - tq),
+        None,
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, all);
+}
+
+/// `AttentionMask::visible` never panics: pairs outside the shapes are not visible.
+#[test]
+fn mask_visible_out_of_range_is_false() {
+    let keep = [true, true];
+    let dense = [true; 4];
+    let pads = AttentionMask::none().with_key_keep(&keep);
+    assert!(pads.visible(0, 1, 2));
+    assert!(!pads.visible(0, 5, 2)); // j ≥ tk (and past key_keep)
+    assert!(!pads.visible(0, 5, 9)); // j past key_keep
+    let full = AttentionMask::none().with_dense_keep(&dense);
+    assert!(full.visible(1, 1, 2));
+    assert!(!full.visible(2, 0, 2)); // past dense_keep
+    assert!(!full.visible(usize::MAX, 1, 2)); // i·tk overflows
+    assert!(!AttentionMask::none().visible(0, 3, 3));
+    // A causal position past usize::MAX sees every key.
+    assert!(AttentionMask::causal(usize::MAX).visible(1, 7, 8));
+    assert!(!AttentionMask::causal(0).visible(1, 2, 8));
+}
+
+/// `reserve_scratch` reports bad and absurd shapes instead of panicking.
+#[test]
+fn reserve_scratch_rejects_absurd_sizes() {
+    use qkv_kernels::attention::reserve_scratch;
+    assert!(reserve_scratch(4, 2, 8, 8).is_ok());
+    assert_invalid_naming(
+        reserve_scratch(usize::MAX / 2, 1, 2, 2),
+        "attention scratch",
+    );
+    assert_invalid_naming(
+        reserve_scratch(4, 2, usize::MAX / 8, 2),
+        "attention scratch",
+    );
+    assert_invalid_naming(
+        reserve_scratch(4, 2, 8, usize::MAX - 1),
+        "attention scratch",
+    );
+    assert_eq!(
+        reserve_scratch(0, 1, 8, 8),
+        Err(KernelError::ZeroDim("heads"))
+    );
+    assert!(matches!(
+        reserve_scratch(4, 3, 8, 8),
+        Err(KernelError::Mismatch { .. })
+    ));
+}
+
+/// On a pool much wider than the key splits allow (where the splits are capped), split
+/// decode still computes the reference result.
+#[test]
+fn decode_on_a_wide_pool_matches_the_reference() {
+    let (tk, heads, d) = (20_000, 2, 8);
+    let mut rng = Rng(91);
+    let q = rng.vec(heads * d, 1.0);
+    let k = rng.vec(tk * d, 1.0);
+    let v = rng.vec(tk * d, 1.0);
+    let qv = QueryView::contiguous(&q, 1, heads, d);
+    let kv = KvView::contiguous_f32(&k, tk, 1, d);
+    let vv = KvView::contiguous_f32(&v, tk, 1, d);
+    let mask = AttentionMask::causal(tk - 1);
+    let mut want = vec![0.0f32; heads * d];
+    attention_with_probs(&qv, &kv, &vv, &mask, None, &mut want).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(100)
+        .build()
+        .expect("a thread pool");
+    let got = pool.install(|| {
+        qkv_kernels::attention::reserve_scratch(heads, 1, d, d).unwrap();
+        let mut out = vec![0.0f32; heads * d];
+        attention(&qv, &kv, &vv, &mask, None, &mut out).unwrap();
+        out
+    });
+    assert!(max_abs_diff(&got, &want) < 1e-5, "{got:?} vs {want:?}");
+}

@@ -194,3 +194,56 @@ fn linear_many_equals_separate_calls() {
     ];
     assert!(linear_many(&x, 1, 4, &mut bad).is_err());
 }
+
+/// Shapes whose products overflow `usize` are typed errors naming the product; before the
+/// check, `m·k` wrapped to 0 and the call ran off the empty slices.
+#[test]
+fn overflowing_shapes_are_errors() {
+    use qkv_kernels::{linear_many, Projection};
+    let is_invalid_naming = |r: Result<(), KernelError>, what: &str| match r {
+        Err(KernelError::Invalid(msg)) => assert!(msg.contains(what), "{msg}"),
+        other => panic!("expected an Invalid error naming {what}, got {other:?}"),
+    };
+    let mut y = [0.0f32; 16];
+    // m·k = 4 · 2⁶² wraps to 0, matching the empty x and weights.
+    is_invalid_naming(
+        linear(&mut y, &[], Weights::F32(&[]), None, 4, 1 << 62, 4),
+        "m·k",
+    );
+    is_invalid_naming(
+        linear_scalar(&mut y, &[], Weights::F16(&[]), None, 4, 1 << 62, 4),
+        "m·k",
+    );
+    // n·k = 2⁶² · 4 wraps to 0 with x itself the right length.
+    let x = [0.0f32; 4];
+    is_invalid_naming(
+        linear(&mut y[..0], &x, Weights::F32(&[]), None, 1, 4, 1 << 62),
+        "n·k",
+    );
+    let mut projections = [Projection {
+        w: Weights::F32(&[]),
+        bias: None,
+        n: 1 << 62,
+        y: &mut y[..0],
+    }];
+    is_invalid_naming(linear_many(&x, 1, 4, &mut projections), "n·k");
+    let mut empty: [f32; 0] = [];
+    let mut projections = [Projection {
+        w: Weights::F32(&[]),
+        bias: None,
+        n: 4,
+        y: &mut empty,
+    }];
+    is_invalid_naming(linear_many(&[], 4, 1 << 62, &mut projections), "m·k");
+}
+
+/// `Weights::try_get` is the checked form of `get`.
+#[test]
+fn weights_try_get_is_checked() {
+    let w = [1.0f32, 2.0];
+    let h = [f16::from_f32(3.0)];
+    assert_eq!(Weights::F32(&w).try_get(1), Some(2.0));
+    assert_eq!(Weights::F32(&w).try_get(2), None);
+    assert_eq!(Weights::F16(&h).try_get(0), Some(3.0));
+    assert_eq!(Weights::F16(&h).try_get(usize::MAX), None);
+}

@@ -102,12 +102,13 @@ fn rms_norm_matches_scalar() {
 
 #[test]
 fn norm_known_values() {
-    // RMSNorm of a constant vector with eps 0 is the weight (|c|/sqrt(c²) = 1; 1 ulp slack).
+    // RMSNorm of a constant vector with a negligible eps is the weight (|c|/sqrt(c²) = 1;
+    // 1 ulp slack). eps must be positive; f32::MIN_POSITIVE vanishes next to c².
     for &dim in &SIZES {
         let x = vec![-2.5f32; dim];
         let w: Vec<f32> = (0..dim).map(|i| i as f32 * 0.25 - 3.0).collect();
         let mut out = vec![0.0; dim];
-        rms_norm(&mut out, &x, &w, 0.0, dim).unwrap();
+        rms_norm(&mut out, &x, &w, f32::MIN_POSITIVE, dim).unwrap();
         let neg_w: Vec<f32> = w.iter().map(|v| -v).collect();
         assert_close("rms_norm const", &out, &neg_w, 1e-6, 2e-7);
         // LayerNorm of a constant vector is the bias (x − mean = 0 exactly).
@@ -115,9 +116,18 @@ fn norm_known_values() {
         layer_norm(&mut out, &x, &w, Some(&b), 1e-5, dim).unwrap();
         assert_eq!(out, b, "layer_norm const dim {dim}");
     }
-    // PyTorch 2.x f32: F.layer_norm([1, 2, 3, 4], (4,), eps=0).
+    // PyTorch 2.x f32: F.layer_norm([1, 2, 3, 4], (4,), eps=0); eps must be positive here,
+    // and f32::MIN_POSITIVE vanishes next to the variance 1.25.
     let mut out = [0.0f32; 4];
-    layer_norm(&mut out, &[1.0, 2.0, 3.0, 4.0], &[1.0; 4], None, 0.0, 4).unwrap();
+    layer_norm(
+        &mut out,
+        &[1.0, 2.0, 3.0, 4.0],
+        &[1.0; 4],
+        None,
+        f32::MIN_POSITIVE,
+        4,
+    )
+    .unwrap();
     assert_close(
         "layer_norm [1,2,3,4]",
         &out,
@@ -149,6 +159,32 @@ fn norm_errors() {
     assert!(rms_norm_inplace(&mut out, &[1.0; 5], 1e-5, 4).is_err());
     // Empty input is zero rows: fine.
     assert!(rms_norm(&mut [], &[], &w4, 1e-5, 4).is_ok());
+}
+
+/// `eps` must be finite and positive: with 0 (or a negative, NaN or infinite eps) a
+/// constant or all-zero row came out NaN from an `Ok` call.
+#[test]
+fn norm_rejects_bad_eps() {
+    let x = [0.0f32; 8]; // two all-zero rows: var = mean(x²) = 0
+    let w = [1.0f32; 4];
+    let b = [0.0f32; 4];
+    let mut out = [0.0f32; 8];
+    for eps in [0.0, -0.0, -1e-5, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let is_eps_error = |r: Result<(), KernelError>| match r {
+            Err(KernelError::Invalid(msg)) => assert!(msg.contains("eps"), "{msg}"),
+            other => panic!("eps {eps}: expected an Invalid error naming eps, got {other:?}"),
+        };
+        is_eps_error(rms_norm(&mut out, &x, &w, eps, 4));
+        is_eps_error(rms_norm_scalar(&mut out, &x, &w, eps, 4));
+        is_eps_error(rms_norm_inplace(&mut out, &w, eps, 4));
+        is_eps_error(layer_norm(&mut out, &x, &w, Some(&b), eps, 4));
+        is_eps_error(layer_norm_scalar(&mut out, &x, &w, None, eps, 4));
+    }
+    // The smallest positive eps keeps zero rows finite (zero).
+    rms_norm(&mut out, &x, &w, f32::from_bits(1), 4).unwrap();
+    assert_eq!(out, [0.0; 8]);
+    layer_norm(&mut out, &x, &w, Some(&b), f32::from_bits(1), 4).unwrap();
+    assert_eq!(out, [0.0; 8]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -694,6 +730,32 @@ fn rope_errors() {
     }
 }
 
+/// A table too large to hold is a typed error naming its size, not a capacity-overflow
+/// panic or an allocation-failure abort.
+#[test]
+fn rope_table_too_large_is_an_error() {
+    // 2⁶² pairs: the element count fits, the bytes do not.
+    match RopeTable::new(2, 1e4, 1 << 62) {
+        Err(KernelError::Invalid(msg)) => {
+            assert!(
+                msg.contains("RoPE cos and sin tables") && msg.contains("cannot be allocated"),
+                "{msg}"
+            )
+        }
+        other => panic!("expected an Invalid error, got {other:?}"),
+    }
+    // 2⁶¹ pairs: 2⁶³ bytes, past isize::MAX, which no allocator can provide.
+    assert!(matches!(
+        RopeTable::new(2, 1e4, 1 << 61),
+        Err(KernelError::Invalid(_))
+    ));
+    // The element count itself overflows.
+    assert!(matches!(
+        RopeTable::new(64, 1e4, usize::MAX),
+        Err(KernelError::Invalid(_))
+    ));
+}
+
 // ---------------------------------------------------------------------------------------
 // sinusoidal positions
 // ---------------------------------------------------------------------------------------
@@ -701,7 +763,7 @@ fn rope_errors() {
 #[test]
 fn sinusoidal_known_values() {
     // By hand, d = 4: div_term = [1, 10000^(-1/2)] = [1, 0.01].
-    let pe = sinusoidal_table(3, 4);
+    let pe = sinusoidal_table(3, 4).unwrap();
     let want = [
         0.0,
         1.0,
@@ -721,7 +783,7 @@ fn sinusoidal_known_values() {
 
     // PyTorch 2.x f32, the seed-004 code with d = 512, at positions 500 and 37. Mimicking
     // PyTorch's f32 angle keeps these within ~1 ulp (an f64 angle would be ~1e-5 off).
-    let pe = sinusoidal_table(501, 512);
+    let pe = sinusoidal_table(501, 512).unwrap();
     for (p, c, want) in [
         (500, 0, -0.467_771_8f32),
         (500, 1, -0.883_849_26),
@@ -742,11 +804,25 @@ fn sinusoidal_known_values() {
     }
 
     // Odd d: the natural extension, the last column is a sine.
-    let pe = sinusoidal_table(2, 5);
+    let pe = sinusoidal_table(2, 5).unwrap();
     assert_eq!(pe[..5], [0.0, 1.0, 0.0, 1.0, 0.0]);
     assert!((pe[5] - 1f32.sin()).abs() < 1e-7);
-    assert!(sinusoidal_table(0, 8).is_empty());
-    assert!(sinusoidal_table(8, 0).is_empty());
+    assert!(sinusoidal_table(0, 8).unwrap().is_empty());
+    assert!(sinusoidal_table(8, 0).unwrap().is_empty());
+    assert!(sinusoidal_table(usize::MAX, 0).unwrap().is_empty());
+}
+
+/// Sizes that overflow or cannot be allocated are typed errors, not panics.
+#[test]
+fn sinusoidal_table_too_large_is_an_error() {
+    for (positions, dim) in [(usize::MAX, 2), (1 << 62, 1), (1 << 61, 1)] {
+        match sinusoidal_table(positions, dim) {
+            Err(KernelError::Invalid(msg)) => {
+                assert!(msg.contains("sinusoidal table"), "{msg}")
+            }
+            other => panic!("{positions} × {dim}: expected an Invalid error, got {other:?}"),
+        }
+    }
 }
 
 #[test]
@@ -754,7 +830,7 @@ fn add_sinusoidal_matches_table() {
     let mut rng = Rng::new(12);
     for &dim in &SIZES {
         let (rows, pos0) = (3, 17);
-        let table = sinusoidal_table(pos0 + rows, dim);
+        let table = sinusoidal_table(pos0 + rows, dim).unwrap();
         let x = rng.vec(rows * dim, -1.0, 1.0);
         let mut got = x.clone();
         add_sinusoidal_inplace(&mut got, rows, dim, pos0).unwrap();

@@ -16,6 +16,7 @@
 use super::{AttentionMask, Dims, KvView, QueryView};
 use rayon::prelude::*;
 use std::cell::RefCell;
+use std::collections::TryReserveError;
 
 /// Keys per block.
 pub(super) const KB: usize = 64;
@@ -44,6 +45,24 @@ struct Scratch {
 }
 
 impl Scratch {
+    /// [`prepare`](Self::prepare) that fails instead of aborting when memory runs out; the
+    /// products must not overflow (checked by [`ScratchSizes::new`]).
+    fn try_prepare(
+        &mut self,
+        rows: usize,
+        d: usize,
+        dvp: usize,
+    ) -> std::result::Result<(), TryReserveError> {
+        try_grow(&mut self.q, rows * d)?;
+        try_grow(&mut self.kt, d * KB)?;
+        try_grow(&mut self.v, KB * dvp)?;
+        try_grow(&mut self.s, rows * KB)?;
+        try_grow(&mut self.o, rows * dvp)?;
+        try_grow(&mut self.m, rows)?;
+        try_grow(&mut self.l, rows)?;
+        try_grow(&mut self.corr, rows)
+    }
+
     fn prepare(&mut self, rows: usize, d: usize, dvp: usize) {
         fn grow(v: &mut Vec<f32>, n: usize) {
             if v.len() < n {
@@ -75,24 +94,74 @@ struct Packed<'a> {
     blocks: usize,
 }
 
-/// Sizes this thread's buffers for calls with `heads` query heads over `kv_heads`, so that
-/// decode calls (one query) of that shape allocate nothing later. See
-/// [`super::reserve_scratch`].
-pub(super) fn reserve(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) {
-    let group = heads / kv_heads.max(1);
-    let rows = group * (ROWS_TARGET / group.max(1)).max(1);
-    let dvp = d_v.div_ceil(8) * 8;
-    SCRATCH.with(|sc| sc.borrow_mut().prepare(rows, d_qk, dvp));
-    // Split decode: `key_splits` never goes past its bound, whatever the key count.
-    let threads = rayon::current_num_threads();
-    let items = kv_heads * max_key_splits(kv_heads, threads);
-    let partials = items * group * (d_v + 2);
-    PARTIALS.with(|p| {
-        let mut p = p.borrow_mut();
-        if p.len() < partials {
-            p.resize(partials, 0.0);
-        }
-    });
+/// The most ranges a call splits its keys into, whatever the thread count: it bounds the
+/// per-thread `PARTIALS` buffer (which holds every split of a call), so that memory does not
+/// grow with the pool. Above every split count of pools up to 16 threads (at most
+/// `2 · split_guess ≤ 4 · threads`), so those split exactly as without the cap.
+const MAX_KEY_SPLITS: usize = 64;
+
+/// Floats of one thread's buffers for calls with `heads` query heads over `kv_heads`, sized
+/// for the largest work item such a call makes (any query count) and for split decode
+/// calls on `threads` threads; `None` when a size overflows `usize`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ScratchSizes {
+    rows: usize,
+    d: usize,
+    dvp: usize,
+    partials: usize,
+}
+
+impl ScratchSizes {
+    /// The sizes, or `None` on overflow. `kv_heads` must be non-zero.
+    pub(super) fn new(
+        heads: usize,
+        kv_heads: usize,
+        d_qk: usize,
+        d_v: usize,
+        threads: usize,
+    ) -> Option<ScratchSizes> {
+        let group = heads / kv_heads.max(1);
+        // `run_with` makes items of `group · qb` rows, `qb ≤ max(ROWS_TARGET / group, 1)`.
+        let rows = group.checked_mul((ROWS_TARGET / group.max(1)).max(1))?;
+        let dvp = d_v.checked_next_multiple_of(8)?;
+        // Split decode: `key_splits` never goes past its bound, whatever the key count.
+        let items = kv_heads.checked_mul(max_key_splits(kv_heads, threads))?;
+        let partials = items.checked_mul(group)?.checked_mul(d_v.checked_add(2)?)?;
+        // Every product `Scratch::prepare` forms must fit too.
+        let _ = rows
+            .checked_mul(d_qk)?
+            .checked_add(rows.checked_mul(dvp)?)?;
+        let _ = KB.checked_mul(d_qk)?.checked_add(KB.checked_mul(dvp)?)?;
+        Some(ScratchSizes {
+            rows,
+            d: d_qk,
+            dvp,
+            partials,
+        })
+    }
+}
+
+/// Sizes this thread's buffers to `sizes`, so that decode calls of that shape allocate
+/// nothing later. See [`super::reserve_scratch`]. Errors, growing nothing further, when an
+/// allocation fails.
+pub(super) fn reserve(sizes: ScratchSizes) -> std::result::Result<(), TryReserveError> {
+    let ScratchSizes {
+        rows,
+        d,
+        dvp,
+        partials,
+    } = sizes;
+    SCRATCH.with(|sc| sc.borrow_mut().try_prepare(rows, d, dvp))?;
+    PARTIALS.with(|p| try_grow(&mut p.borrow_mut(), partials))
+}
+
+/// Grows `v` to at least `n` zeros, failing instead of aborting when memory runs out.
+fn try_grow(v: &mut Vec<f32>, n: usize) -> std::result::Result<(), TryReserveError> {
+    if v.len() < n {
+        v.try_reserve_exact(n - v.len())?;
+        v.resize(n, 0.0);
+    }
+    Ok(())
 }
 
 /// How many ranges a decode call splits its keys into, given `base` (KV head, query block)
@@ -103,7 +172,7 @@ pub(super) fn reserve(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) {
 /// tk = 2048, 6 items took 61–63 µs, 12 items 67–70 and 9 items (one thread idle for the
 /// last) 70–73; at tk = 8192, 6 and 12 items tied and 24 were 10% slower.
 fn key_splits(base: usize, tk: usize, threads: usize) -> usize {
-    let most = (tk / MIN_SPLIT_KEYS).max(1);
+    let most = (tk / MIN_SPLIT_KEYS).clamp(1, MAX_KEY_SPLITS);
     let want = split_guess(base, threads).min(most);
     let balanced = |s: &usize| (base * s).is_multiple_of(threads.max(1));
     (want..=most.min(2 * want))
@@ -115,12 +184,17 @@ fn key_splits(base: usize, tk: usize, threads: usize) -> usize {
 /// [`key_splits`]' first guess: enough ranges for about [`SPLIT_ITEMS_PER_THREAD`] items
 /// per thread.
 fn split_guess(base: usize, threads: usize) -> usize {
-    (SPLIT_ITEMS_PER_THREAD * threads).div_ceil(base.max(1))
+    SPLIT_ITEMS_PER_THREAD
+        .saturating_mul(threads)
+        .div_ceil(base.max(1))
 }
 
-/// The most ranges [`key_splits`] returns for `base` items: twice its first guess.
+/// The most ranges [`key_splits`] returns for `base` items: twice its first guess, and
+/// never more than [`MAX_KEY_SPLITS`].
 fn max_key_splits(base: usize, threads: usize) -> usize {
-    2 * split_guess(base, threads)
+    split_guess(base, threads)
+        .saturating_mul(2)
+        .min(MAX_KEY_SPLITS)
 }
 
 /// Everything an item needs to know about the call.
@@ -364,7 +438,12 @@ fn run_with<M: Micro + ProcessItem>(
     let q_blocks = dims.tq.div_ceil(qb);
     let base_items = dims.kv_heads * q_blocks;
     let threads = rayon::current_num_threads();
-    let work = dims.tq * dims.tk * dims.heads * (dims.d_qk + dims.d_v);
+    // Saturating: with zero-stride views tq·tk need not fit, and this only picks the split.
+    let work = dims
+        .tq
+        .saturating_mul(dims.tk)
+        .saturating_mul(dims.heads)
+        .saturating_mul(dims.d_qk.saturating_add(dims.d_v));
     let parallel = threads > 1 && work >= PARALLEL_MIN_WORK;
     // Too few items to keep every thread busy (decode): split the keys as well.
     let splits = if parallel && base_items < SPLIT_ITEMS_PER_THREAD * threads {
@@ -376,17 +455,21 @@ fn run_with<M: Micro + ProcessItem>(
     // than packing it again in every item.
     let mut packed_bufs = (Vec::new(), Vec::new());
     let blocks = dims.tk.div_ceil(KB);
-    if splits == 1 && q_blocks >= 3 {
+    let (kt_len, v_len) = (dims.d_qk * KB, KB * dvp);
+    // Checked: views with zero row strides may describe more keys than memory holds packed;
+    // then (or when the buffers cannot grow) every item packs its own blocks instead.
+    let n = dims.kv_heads.saturating_mul(blocks);
+    let packed_lens = n.checked_mul(kt_len).zip(n.checked_mul(v_len));
+    if let (true, Some((kt_total, v_total))) = (splits == 1 && q_blocks >= 3, packed_lens) {
         packed_bufs = PACKED.with(|p| std::mem::take(&mut *p.borrow_mut()));
         let (kt, vb) = &mut packed_bufs;
-        let (kt_len, v_len) = (dims.d_qk * KB, KB * dvp);
-        let n = dims.kv_heads * blocks;
-        if kt.len() < n * kt_len {
-            kt.resize(n * kt_len, 0.0);
+        if try_grow(kt, kt_total).is_err() || try_grow(vb, v_total).is_err() {
+            // Keep what was there for later calls; this one packs per item.
+            PACKED.with(|p| *p.borrow_mut() = std::mem::take(&mut packed_bufs));
         }
-        if vb.len() < n * v_len {
-            vb.resize(n * v_len, 0.0);
-        }
+    }
+    if !packed_bufs.0.is_empty() {
+        let (kt, vb) = &mut packed_bufs;
         let pack = |(idx, (kt, vb)): (usize, (&mut [f32], &mut [f32]))| {
             let (g, j0) = (idx / blocks, (idx % blocks) * KB);
             M::pack_block(k, v, g, j0, KB.min(dims.tk - j0), dvp, kt, vb);
@@ -1329,7 +1412,51 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
-    use super::key_splits;
+    use super::{key_splits, ScratchSizes, MAX_KEY_SPLITS, MIN_SPLIT_KEYS, SPLIT_ITEMS_PER_THREAD};
+
+    /// `key_splits` as it was before [`MAX_KEY_SPLITS`]: no bound but the key count.
+    fn uncapped_key_splits(base: usize, tk: usize, threads: usize) -> usize {
+        let most = (tk / MIN_SPLIT_KEYS).max(1);
+        let guess = (SPLIT_ITEMS_PER_THREAD * threads).div_ceil(base.max(1));
+        let want = guess.min(most);
+        let balanced = |s: &usize| (base * s).is_multiple_of(threads.max(1));
+        (want..=most.min(2 * want))
+            .find(balanced)
+            .or_else(|| (1..want).rev().find(balanced))
+            .unwrap_or(want)
+    }
+
+    #[test]
+    fn the_split_cap_changes_nothing_up_to_sixteen_threads() {
+        for threads in 1..=16 {
+            for base in 1..=40 {
+                for tk in [1, 255, 256, 700, 2048, 8192, 65_536, 1 << 20, usize::MAX] {
+                    assert_eq!(
+                        key_splits(base, tk, threads),
+                        uncapped_key_splits(base, tk, threads),
+                        "base {base}, tk {tk}, threads {threads}"
+                    );
+                }
+            }
+        }
+        // Wider pools are capped.
+        assert_eq!(key_splits(1, 1 << 20, 1000), MAX_KEY_SPLITS);
+    }
+
+    #[test]
+    fn scratch_does_not_grow_with_the_thread_count() {
+        // Llama-like decode shape: 32 heads over 8 KV heads, d = 128.
+        let size = |threads| {
+            ScratchSizes::new(32, 8, 128, 128, threads)
+                .unwrap()
+                .partials
+        };
+        let bound = 8 * MAX_KEY_SPLITS * 4 * 130;
+        assert!(size(1000) <= bound && size(100_000) == size(1000));
+        assert!(size(usize::MAX) <= bound);
+        // Up to the cap, as before: 8 KV heads × 2·⌈16/8⌉ splits on 8 threads.
+        assert_eq!(size(8), 8 * 4 * 4 * 130);
+    }
 
     #[test]
     fn key_splits_give_a_multiple_of_the_threads_when_they_can() {
