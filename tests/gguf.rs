@@ -674,3 +674,191 @@ fn convert_real_model_to_f16() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn overlapping_tensors_are_errors() {
+    // Disjoint tensors are fine in any order, and an empty tensor overlaps nothing.
+    let ok = Raw::header(3, 3, 0)
+        .tensor("late", &[8], 0, 32)
+        .tensor("early", &[8], 0, 0)
+        .tensor("empty", &[0], 0, 0)
+        .pad_and_data(64);
+    let f = open_bytes("disjoint", &ok).unwrap();
+    assert_eq!(f.tensor_infos().len(), 3);
+
+    // Two tensors at the same offset.
+    let same = Raw::header(3, 2, 0)
+        .tensor("a", &[8], 0, 0)
+        .tensor("b", &[8], 0, 0)
+        .pad_and_data(32);
+    expect_format_error("same offset", &same, "overlap");
+    expect_format_error("same offset names a", &same, "`a`");
+    expect_format_error("same offset names b", &same, "`b`");
+    // One running into the next (64 bytes at 0, then 32 at 32), listed out of order.
+    let partial = Raw::header(3, 2, 0)
+        .tensor("second", &[8], 0, 32)
+        .tensor("first", &[16], 0, 0)
+        .pad_and_data(64);
+    match open_bytes("partial overlap", &partial) {
+        Err(Error::Format { msg, .. }) => {
+            for needle in [
+                "`first`",
+                "`second`",
+                "64 bytes at data offset 0",
+                "offset 32",
+            ] {
+                assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    // One inside another.
+    expect_format_error(
+        "nested",
+        &Raw::header(3, 2, 0)
+            .tensor("outer", &[32], 0, 0)
+            .tensor("inner", &[8], 0, 32)
+            .pad_and_data(128),
+        "overlap",
+    );
+
+    // The audit's file: 200 [1024, 1024] F16 matrices (2 MiB each) all at data offset 0 of a
+    // ~2 MiB file would load or convert as 400 MiB; it is rejected when opened.
+    let mut many = Raw::header(3, 200, 0);
+    for i in 0..200 {
+        many.tensor(&format!("blk.{i}.w"), &[1024, 1024], 1, 0);
+    }
+    let bytes = many.pad_and_data(1024 * 1024 * 2);
+    expect_format_error("200 at offset 0", &bytes, "`blk.0.w`");
+    expect_format_error("200 at offset 0 (2)", &bytes, "`blk.1.w`");
+}
+
+/// A header whose metadata arrays add up to more values than the reader accepts fails fast,
+/// before anything is allocated for them.
+#[test]
+fn metadata_value_limit() {
+    use qkv::weights::gguf::MAX_METADATA_VALUES;
+    let max = MAX_METADATA_VALUES as u64;
+
+    // Top-level entries and array elements share one budget: after two entries and a
+    // 10-element array, a u8 array of `max - 9` elements is one value too many.
+    let mut r = Raw::header(3, 0, 2);
+    r.str("a").u32(9).u32(0).u64(10).bytes(&[7; 10]);
+    r.str("b").u32(9).u32(0).u64(max - 9);
+    let mut bytes = std::mem::take(&mut r.0);
+    bytes.resize(bytes.len() + (max - 9) as usize, 0);
+    let start = std::time::Instant::now();
+    match open_bytes("value limit", &bytes) {
+        Err(Error::Format { msg, .. }) => {
+            let count = (max - 9).to_string();
+            for needle in ["`b`", &count, &max.to_string(), "12 already used"] {
+                assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+            }
+        }
+        Err(e) => panic!("wrong error kind {e:?}"),
+        Ok(_) => panic!("{max} u8 values were accepted"),
+    }
+    let took = start.elapsed();
+    assert!(took.as_secs() < 5, "took {took:?}");
+    drop(bytes);
+
+    // Nested arrays count every element at every level: an array of arrays whose inner
+    // counts add past the limit is refused at the first inner array that crosses it.
+    let mut nested = Raw::header(3, 0, 1);
+    nested.str("n").u32(9).u32(9).u64(2);
+    nested.u32(0).u64(3).bytes(&[1, 2, 3]);
+    nested.u32(0).u64(max);
+    let mut bytes = std::mem::take(&mut nested.0);
+    bytes.resize(bytes.len() + max as usize, 0);
+    match open_bytes("nested limit", &bytes) {
+        Err(Error::Format { msg, .. }) => {
+            assert!(
+                msg.contains("`n`") && msg.contains("6 already used"),
+                "{msg}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn convert_refuses_non_regular_output() {
+    use std::os::unix::fs::symlink;
+    let dir = temp_dir("nonregular");
+    let input = dir.join("in.gguf");
+    write_small(&input);
+
+    #[track_caller]
+    fn expect_refused(r: qkv::Result<()>, what: &str) {
+        match r {
+            Err(Error::Io { source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists, "{what}");
+                let msg = source.to_string();
+                assert!(
+                    msg.contains("not a regular file") && msg.contains(what),
+                    "{msg:?} lacks {what:?}"
+                );
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+
+    // A directory (with something in it).
+    let sub = dir.join("out.d");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("keep"), b"keep").unwrap();
+    expect_refused(convert(&input, &sub, FloatType::F16), "directory");
+    expect_refused(write_gguf(&sub, &[], &[]), "directory");
+    assert!(std::fs::symlink_metadata(&sub).unwrap().is_dir());
+    assert_eq!(std::fs::read(sub.join("keep")).unwrap(), b"keep");
+
+    // A symlink, to a regular file or to nothing: the link stays, its target is untouched.
+    let target = dir.join("target");
+    std::fs::write(&target, b"target").unwrap();
+    let link = dir.join("link.gguf");
+    symlink(&target, &link).unwrap();
+    expect_refused(convert(&input, &link, FloatType::F32), "symbolic link");
+    assert_eq!(std::fs::read_link(&link).unwrap(), target);
+    assert_eq!(std::fs::read(&target).unwrap(), b"target");
+    let dangling = dir.join("dangling.gguf");
+    symlink(dir.join("nowhere"), &dangling).unwrap();
+    expect_refused(convert(&input, &dangling, FloatType::F16), "symbolic link");
+    assert!(!dir.join("nowhere").exists());
+
+    // A FIFO (a stand-in for a device node such as /dev/null), and a symlink to it.
+    let fifo = dir.join("fifo");
+    match std::process::Command::new("mkfifo").arg(&fifo).status() {
+        Ok(s) if s.success() => {
+            use std::os::unix::fs::FileTypeExt;
+            expect_refused(convert(&input, &fifo, FloatType::F16), "FIFO");
+            assert!(std::fs::symlink_metadata(&fifo)
+                .unwrap()
+                .file_type()
+                .is_fifo());
+            let to_fifo = dir.join("to-fifo.gguf");
+            symlink(&fifo, &to_fifo).unwrap();
+            expect_refused(convert(&input, &to_fifo, FloatType::F16), "symbolic link");
+            assert!(std::fs::symlink_metadata(&to_fifo)
+                .unwrap()
+                .file_type()
+                .is_symlink());
+        }
+        other => eprintln!("note: mkfifo unavailable ({other:?}); skipped the FIFO case"),
+    }
+
+    // An existing regular file is replaced as before.
+    let out = dir.join("out.gguf");
+    std::fs::write(&out, b"old").unwrap();
+    convert(&input, &out, FloatType::F16).unwrap();
+    assert_eq!(GgufFile::open(&out).unwrap().names(), vec!["a", "b.weight"]);
+
+    // No temporary file is left behind by any refusal.
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -8,7 +8,11 @@
 //! bounds-checked against the map: a truncated or hostile file (huge counts, lengths past the
 //! end, overflowing dimensions, unknown types, data past the end, duplicate names) gives
 //! [`Error::Format`] saying what is wrong; counts never drive an allocation larger than what
-//! the remaining bytes could hold.
+//! the remaining bytes could hold. Tensors must not overlap, so the tensor data qkv loads or
+//! converts is never larger than the file. A header holds at most [`MAX_METADATA_VALUES`]
+//! metadata values (top-level entries plus array elements at every nesting level): each
+//! parsed value costs a [`MetaValue`] (32 bytes) however few bytes it takes on disk, so this
+//! bounds the metadata's memory whatever the file claims.
 //!
 //! As a [`TensorSource`], F32 and F16 tensors are zero-copy views of the map; BF16, Q8_0, Q4_0
 //! and Q4_1 are dequantized once, at load, into the compute dtype (f16 unless
@@ -69,6 +73,15 @@ pub const GGUF_VERSION: u32 = 3;
 pub const DEFAULT_ALIGNMENT: usize = 32;
 /// Nesting limit for arrays of arrays (a hostile file could otherwise exhaust the stack).
 const MAX_ARRAY_DEPTH: usize = 16;
+/// The most metadata values [`GgufFile::open`] accepts in one header: top-level entries plus
+/// the elements of every array, nested ones included (2^24, about 16.8 million).
+///
+/// A parsed value takes `size_of::<MetaValue>()` (32) bytes even when it took one byte in the
+/// file, so without a cap a 64 MiB `u8` array would cost 2 GiB; with it, the values take at
+/// most 512 MiB (plus the contents of their strings, no more than the bytes those take in the
+/// file). Real headers hold far fewer: a 262,144-token vocabulary with scores, token types
+/// and merges is about a million values.
+pub const MAX_METADATA_VALUES: usize = 1 << 24;
 /// GGML tensors have at most four dimensions.
 const MAX_DIMS: usize = 4;
 
@@ -548,6 +561,9 @@ struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// How many more metadata values (entries and array elements) the header may hold; see
+    /// [`MAX_METADATA_VALUES`].
+    values_left: usize,
 }
 
 impl<'a> Cursor<'a> {
@@ -658,6 +674,15 @@ impl<'a> Cursor<'a> {
                         self.remaining()
                     )));
                 }
+                if count > self.values_left {
+                    return Err(self.err(format!(
+                        "metadata key `{key}`: array of {count} {elem} elements would take \
+                         the header past the limit of {MAX_METADATA_VALUES} metadata values \
+                         ({} already used)",
+                        MAX_METADATA_VALUES - self.values_left
+                    )));
+                }
+                self.values_left -= count;
                 let mut values = Vec::with_capacity(count);
                 for _ in 0..count {
                     values.push(self.value(elem, key, depth + 1)?);
@@ -666,6 +691,38 @@ impl<'a> Cursor<'a> {
             }
         })
     }
+}
+
+/// Checks that no two tensors' data ranges overlap (empty tensors overlap nothing), so that
+/// the tensors' bytes add up to at most the file's size. Otherwise says which two tensors
+/// overlap and where they lie in the data section (which starts at byte `data_offset`).
+fn check_no_overlap(
+    tensors: &[GgufTensorInfo],
+    data_offset: usize,
+) -> std::result::Result<(), String> {
+    let mut order: Vec<&GgufTensorInfo> = tensors.iter().filter(|t| t.n_bytes > 0).collect();
+    order.sort_by_key(|t| t.offset);
+    // Sorted by start, the ranges are disjoint exactly when each one starts at or after the
+    // end of the one before it.
+    for pair in order.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        // Both ends were checked to lie inside the file, so neither sum overflows.
+        if b.offset < a.offset + a.n_bytes {
+            return Err(format!(
+                "tensors `{}` ({}, {} bytes at data offset {}) and `{}` ({}, {} bytes at data \
+                 offset {}) overlap",
+                a.name,
+                a.ggml_type,
+                a.n_bytes,
+                a.offset - data_offset,
+                b.name,
+                b.ggml_type,
+                b.n_bytes,
+                b.offset - data_offset,
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn align_up(x: usize, align: usize) -> Option<usize> {
@@ -689,6 +746,7 @@ impl GgufFile {
             bytes,
             pos: 0,
             path,
+            values_left: MAX_METADATA_VALUES,
         };
         let magic = c.array::<4>(&|| "the magic".into())?;
         if magic != GGUF_MAGIC {
@@ -715,6 +773,13 @@ impl GgufFile {
                 bytes.len()
             )));
         }
+        if kv_count > c.values_left {
+            return Err(c.err(format!(
+                "{kv_count} metadata entries are more than the {MAX_METADATA_VALUES} metadata \
+                 values a header may hold"
+            )));
+        }
+        c.values_left -= kv_count;
         let mut metadata = Vec::with_capacity(kv_count);
         let mut meta_index = HashMap::with_capacity(kv_count);
         for i in 0..kv_count {
@@ -826,6 +891,7 @@ impl GgufFile {
                 n_bytes,
             });
         }
+        check_no_overlap(&tensors, data_offset).map_err(|msg| c.err(msg))?;
 
         Ok(GgufFile {
             path: path.to_owned(),
@@ -1127,8 +1193,58 @@ fn write_value(w: &mut impl Write, v: &MetaValue) -> std::io::Result<()> {
     }
 }
 
+/// Checks that `path` is either absent or a regular file, so that renaming a new file onto
+/// it replaces nothing but a regular file. A directory, device, FIFO, socket or symbolic link
+/// (whatever it points to) under `path` gives [`Error::Io`] of kind
+/// [`std::io::ErrorKind::AlreadyExists`]; the rename would otherwise swap a device such as
+/// `/dev/null` for a regular file, or a symlink for a file instead of writing where it points.
+fn check_replaceable(path: &Path) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    let ft = meta.file_type();
+    if ft.is_file() {
+        return Ok(());
+    }
+    let what = if ft.is_dir() {
+        "a directory"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        special_file_kind(&ft)
+    };
+    Err(io_err(path)(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("exists and is {what}, not a regular file; refusing to replace it"),
+    )))
+}
+
+#[cfg(unix)]
+fn special_file_kind(ft: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_file_kind(_: &std::fs::FileType) -> &'static str {
+    "a special file"
+}
+
 /// Writes a GGUF file to a temporary sibling of `path` and renames it into place, so that an
-/// interrupted write never leaves a half-written file under `path`.
+/// interrupted write never leaves a half-written file under `path`. An existing `path` that
+/// is not a regular file is an error (see [`check_replaceable`]) and is left untouched.
 /// `write_data(i, w)` must write exactly the bytes of tensor `i`.
 fn write_streaming(
     path: &Path,
@@ -1171,6 +1287,7 @@ fn write_streaming(
     let file_name = path
         .file_name()
         .ok_or_else(|| Error::Config(format!("{} is not a file path", path.display())))?;
+    check_replaceable(path)?;
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(file_name);
     tmp_name.push(format!(".{}.tmp", std::process::id()));
@@ -1257,7 +1374,8 @@ impl<W: Write> Write for CountingWriter<'_, W> {
 /// The file is written under a temporary name beside `path` and renamed into place when
 /// complete. Errors with [`Error::Config`] on duplicate names, arrays whose elements disagree
 /// with their declared type, or byte lengths that do not match the shapes; [`Error::Io`] when
-/// the file cannot be written.
+/// the file cannot be written, or when `path` exists but is not a regular file (a directory,
+/// device, FIFO, socket or symbolic link), which is then left as it was.
 pub fn write_gguf(
     path: &Path,
     metadata: &[(String, MetaValue)],
@@ -1317,6 +1435,9 @@ fn write_tensor_bytes(tensor: &Tensor, w: &mut dyn Write, path: &Path) -> Result
 /// are dequantized exactly as [`TensorSource::tensor`] does. Tensors are converted and written
 /// one at a time, and the output appears under its name only once complete. The result is
 /// readable by llama.cpp and maps into qkv without copies.
+///
+/// An existing `output` is replaced only if it is a regular file: a directory, device (such
+/// as `/dev/null`), FIFO, socket or symbolic link there gives [`Error::Io`] and is left alone.
 pub fn convert(input: &Path, output: &Path, dtype: FloatType) -> Result<()> {
     let src = GgufFile::open(input)?.with_compute_dtype(dtype);
     for info in src.tensor_infos() {
