@@ -6,7 +6,8 @@
 //!
 //! 1. repetition penalty over the last `repeat_last_n` tokens (a positive logit is divided by
 //!    the penalty, a negative one multiplied, as in llama.cpp and `transformers`);
-//! 2. temperature 0 (or below) stops here and takes the argmax (greedy);
+//! 2. temperature 0 stops here and takes the argmax (greedy), as does a temperature so small
+//!    that dividing by it overflows (its limit);
 //! 3. logits divided by the temperature;
 //! 4. top-k: only the `k` largest logits stay (0 = off);
 //! 5. softmax over the survivors, then top-p: the smallest set of most likely tokens whose
@@ -15,38 +16,46 @@
 //! 7. one draw from what is left, renormalized.
 //!
 //! A [`Sampler`] keeps its scratch buffers, so sampling allocates nothing after the first call.
+//! Configurations outside the ranges above, empty logits and logits that are not all finite
+//! are errors ([`Error::Config`], [`Error::Shape`]).
 //!
 //! ```
 //! use qkv::sample::{Sampler, SamplerConfig};
+//! # fn main() -> qkv::Result<()> {
 //! let logits = [0.0, 3.0, 1.0, 2.0];
-//! let mut greedy = Sampler::new(SamplerConfig::greedy());
-//! assert_eq!(greedy.sample(&logits, &[]).id, 1);
+//! let mut greedy = Sampler::new(SamplerConfig::greedy())?;
+//! assert_eq!(greedy.sample(&logits, &[])?.id, 1);
 //!
 //! let config = SamplerConfig { temperature: 0.8, top_k: 2, seed: 7, ..SamplerConfig::default() };
-//! let draws: Vec<u32> = {
-//!     let mut s = Sampler::new(config.clone());
-//!     (0..20).map(|_| s.sample(&logits, &[]).id).collect()
-//! };
+//! let mut s = Sampler::new(config.clone())?;
+//! let draws = (0..20).map(|_| Ok(s.sample(&logits, &[])?.id)).collect::<qkv::Result<Vec<u32>>>()?;
 //! assert!(draws.iter().all(|&id| id == 1 || id == 3)); // top-2 only
-//! let mut again = Sampler::new(config);
-//! assert!(draws.iter().all(|&id| id == again.sample(&logits, &[]).id)); // same seed, same draws
+//! let mut again = Sampler::new(config)?;
+//! for &id in &draws {
+//!     assert_eq!(again.sample(&logits, &[])?.id, id); // same seed, same draws
+//! }
+//! assert!(Sampler::new(SamplerConfig { top_p: 0.0, ..SamplerConfig::default() }).is_err());
+//! # Ok(())
+//! # }
 //! ```
 
+use crate::error::{Error, Result};
 use qkv_kernels::activation::{log_sum_exp, softmax_inplace};
 
 /// How to pick tokens. `Default` is temperature 0.8, top-k 40, top-p 0.95, min-p 0.05,
 /// no repetition penalty, seed 0.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
-    /// Softmax temperature; 0 (or below) means greedy.
+    /// Softmax temperature, finite and ≥ 0; 0 means greedy.
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens; 0 disables.
     pub top_k: usize,
-    /// Keep the most likely tokens up to cumulative probability `top_p`; 1 disables.
+    /// Keep the most likely tokens up to cumulative probability `top_p`, in (0, 1]; 1
+    /// disables.
     pub top_p: f32,
-    /// Drop tokens less likely than `min_p` × the most likely; 0 disables.
+    /// Drop tokens less likely than `min_p` × the most likely, in [0, 1]; 0 disables.
     pub min_p: f32,
-    /// Penalty for tokens among the last `repeat_last_n`; 1 disables.
+    /// Penalty for tokens among the last `repeat_last_n`, finite and > 0; 1 disables.
     pub repeat_penalty: f32,
     /// How many recent tokens the repetition penalty looks at.
     pub repeat_last_n: usize,
@@ -77,9 +86,34 @@ impl SamplerConfig {
         }
     }
 
-    /// True when no randomness is involved.
+    /// True when no randomness is involved: temperature 0, or so small that dividing by it
+    /// overflows.
     pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0 || self.temperature.is_nan()
+        !(self.temperature > 0.0 && (1.0 / self.temperature).is_finite())
+    }
+
+    /// [`Error::Config`] naming the first field outside its documented range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, v: f32, range: &str| {
+            Err(Error::Config(format!("sampler: {what} {v} is not {range}")))
+        };
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad("temperature", self.temperature, "a finite number ≥ 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top-p", self.top_p, "in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min-p", self.min_p, "in [0, 1]");
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return bad(
+                "repetition penalty",
+                self.repeat_penalty,
+                "a finite number > 0",
+            );
+        }
+        Ok(())
     }
 }
 
@@ -150,16 +184,18 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler seeded with `config.seed`.
-    pub fn new(config: SamplerConfig) -> Sampler {
+    /// A sampler seeded with `config.seed`; [`Error::Config`] when the configuration is out
+    /// of range (see [`SamplerConfig::validate`]).
+    pub fn new(config: SamplerConfig) -> Result<Sampler> {
+        config.validate()?;
         let rng = Rng::new(config.seed);
-        Sampler {
+        Ok(Sampler {
             config,
             rng,
             work: Vec::new(),
             ids: Vec::new(),
             probs: Vec::new(),
-        }
+        })
     }
 
     /// The configuration.
@@ -168,10 +204,22 @@ impl Sampler {
     }
 
     /// Picks a token from `logits`; `recent` is the token history the repetition penalty
-    /// looks at (its last `repeat_last_n` entries). `logits` must not be empty; ids in
-    /// `recent` outside it are ignored.
-    pub fn sample(&mut self, logits: &[f32], recent: &[u32]) -> Sampled {
-        assert!(!logits.is_empty(), "Sampler::sample: empty logits");
+    /// looks at (its last `repeat_last_n` entries). Ids in `recent` outside `logits` are
+    /// ignored. [`Error::Shape`] when `logits` is empty, holds more entries than token ids
+    /// can number, or has a value that is not finite (a model that produced NaN or ±∞).
+    pub fn sample(&mut self, logits: &[f32], recent: &[u32]) -> Result<Sampled> {
+        if logits.is_empty() || u32::try_from(logits.len()).is_err() {
+            return Err(Error::Shape(format!(
+                "sampler: {} logits (need 1..=2^32)",
+                logits.len()
+            )));
+        }
+        if let Some(i) = logits.iter().position(|x| !x.is_finite()) {
+            return Err(Error::Shape(format!(
+                "sampler: logit {i} is {}, not a finite number",
+                logits[i]
+            )));
+        }
         let c = &self.config;
         let penalty = c.repeat_penalty != 1.0 && c.repeat_last_n > 0;
         let id = if c.is_greedy() && !penalty {
@@ -191,19 +239,22 @@ impl Sampler {
             }
         };
         // The model's log-probability of `id`, from the raw logits.
-        Sampled {
+        Ok(Sampled {
             id,
             // ≤ 0 mathematically; rounding must not make it positive.
             logprob: (logits[id as usize] - log_sum_exp(logits)).min(0.0),
-        }
+        })
     }
 
     /// Temperature, top-k, top-p, min-p and one draw over `self.work`.
     fn draw(&mut self) -> u32 {
         let c = &self.config;
         let inv_t = 1.0 / c.temperature;
+        // Shifted so that the largest is 0 before scaling: a small temperature then sends the
+        // others towards −∞ (probability 0) instead of the largest to +∞ (NaN in the softmax).
+        let max = self.work.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         for x in self.work.iter_mut() {
-            *x *= inv_t;
+            *x = (*x - max) * inv_t;
         }
         let work = &self.work;
         self.ids.clear();
@@ -246,7 +297,9 @@ pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) {
             continue;
         }
         let x = &mut logits[i];
-        *x = if *x > 0.0 { *x / penalty } else { *x * penalty };
+        let y = if *x > 0.0 { *x / penalty } else { *x * penalty };
+        // A tiny penalty must not push a finite logit to ±∞.
+        *x = y.clamp(f32::MIN, f32::MAX);
     }
 }
 
@@ -281,10 +334,10 @@ mod tests {
     use super::*;
 
     fn counts(config: SamplerConfig, logits: &[f32], draws: usize) -> Vec<usize> {
-        let mut s = Sampler::new(config);
+        let mut s = Sampler::new(config).unwrap();
         let mut c = vec![0; logits.len()];
         for _ in 0..draws {
-            c[s.sample(logits, &[]).id as usize] += 1;
+            c[s.sample(logits, &[]).unwrap().id as usize] += 1;
         }
         c
     }
@@ -328,7 +381,10 @@ mod tests {
     #[test]
     fn greedy_takes_the_argmax_and_reports_its_logprob() {
         let logits = [1.0, 5.0, 2.0, 5.0 - 1e-3];
-        let s = Sampler::new(SamplerConfig::greedy()).sample(&logits, &[]);
+        let s = Sampler::new(SamplerConfig::greedy())
+            .unwrap()
+            .sample(&logits, &[])
+            .unwrap();
         assert_eq!(s.id, 1);
         let lse = logits.iter().map(|x| x.exp()).sum::<f32>().ln();
         assert!((s.logprob - (5.0 - lse)).abs() < 1e-5);
@@ -438,20 +494,132 @@ mod tests {
             repeat_last_n: 1,
             ..SamplerConfig::greedy()
         };
-        let mut s = Sampler::new(config);
-        assert_eq!(s.sample(&[5.0, 4.0], &[0]).id, 1);
-        assert_eq!(s.sample(&[5.0, 4.0], &[0, 1]).id, 0);
+        let mut s = Sampler::new(config).unwrap();
+        assert_eq!(s.sample(&[5.0, 4.0], &[0]).unwrap().id, 1);
+        assert_eq!(s.sample(&[5.0, 4.0], &[0, 1]).unwrap().id, 0);
     }
 
     #[test]
     fn same_seed_same_tokens_other_seed_other_tokens() {
         let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| -> Vec<u32> {
-            let mut s = Sampler::new(free(seed));
-            (0..50).map(|_| s.sample(&logits, &[]).id).collect()
+            let mut s = Sampler::new(free(seed)).unwrap();
+            (0..50)
+                .map(|_| s.sample(&logits, &[]).unwrap().id)
+                .collect()
         };
         assert_eq!(run(11), run(11));
         assert_ne!(run(11), run(12));
+    }
+
+    #[test]
+    fn bad_configurations_and_logits_are_errors() {
+        for bad in [
+            SamplerConfig {
+                temperature: -1.0,
+                ..free(0)
+            },
+            SamplerConfig {
+                temperature: f32::NAN,
+                ..free(0)
+            },
+            SamplerConfig {
+                temperature: f32::INFINITY,
+                ..free(0)
+            },
+            SamplerConfig {
+                top_p: 0.0,
+                ..free(0)
+            },
+            SamplerConfig {
+                top_p: 1.5,
+                ..free(0)
+            },
+            SamplerConfig {
+                top_p: f32::NAN,
+                ..free(0)
+            },
+            SamplerConfig {
+                min_p: -0.1,
+                ..free(0)
+            },
+            SamplerConfig {
+                min_p: f32::NAN,
+                ..free(0)
+            },
+            SamplerConfig {
+                min_p: 2.0,
+                ..free(0)
+            },
+            SamplerConfig {
+                repeat_penalty: 0.0,
+                ..free(0)
+            },
+            SamplerConfig {
+                repeat_penalty: -1.0,
+                ..free(0)
+            },
+            SamplerConfig {
+                repeat_penalty: f32::NAN,
+                ..free(0)
+            },
+        ] {
+            assert!(
+                matches!(Sampler::new(bad.clone()), Err(Error::Config(_))),
+                "{bad:?}"
+            );
+        }
+        let mut s = Sampler::new(SamplerConfig::default()).unwrap();
+        for logits in [
+            &[][..],
+            &[f32::NAN, 1.0],
+            &[0.0, f32::INFINITY],
+            &[f32::NEG_INFINITY],
+        ] {
+            assert!(
+                matches!(s.sample(logits, &[]), Err(Error::Shape(_))),
+                "{logits:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn extreme_but_valid_settings_give_a_token() {
+        let logits = [0.0, 0.0, 1e-30, -3.0];
+        // So cold that 1/t overflows: greedy.
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1e-45,
+            ..free(3)
+        })
+        .unwrap();
+        assert_eq!(s.sample(&logits, &[]).unwrap().id, 2);
+        // Cold enough that the scaled logits overflow: still the best token, never NaN.
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1e-37,
+            ..free(3)
+        })
+        .unwrap();
+        assert_eq!(s.sample(&[1e3, 2e3, -1e3], &[]).unwrap().id, 1);
+        // min-p with every logit equal keeps them all.
+        let mut s = Sampler::new(SamplerConfig {
+            min_p: 1.0,
+            top_k: 0,
+            ..free(3)
+        })
+        .unwrap();
+        assert!(s.sample(&[0.0; 4], &[]).unwrap().id < 4);
+        // A tiny penalty keeps the logits finite.
+        let cfg = SamplerConfig {
+            repeat_penalty: 1e-38,
+            temperature: 0.0,
+            ..free(3)
+        };
+        let picked = Sampler::new(cfg)
+            .unwrap()
+            .sample(&[3e3, 1.0], &[0])
+            .unwrap();
+        assert_eq!(picked.id, 0);
+        assert!(picked.logprob.is_finite());
     }
 
     #[test]

@@ -131,7 +131,7 @@ impl Session {
             config.kv_heads,
             config.head_dim,
             config.head_dim,
-        );
+        )?;
         let vocab = config.vocab;
         Ok(Session {
             model,
@@ -228,6 +228,7 @@ impl Session {
     /// logits already there (after a previous prefill, step or generate).
     pub fn generate_tokens(&mut self, ids: &[u32], config: SamplerConfig) -> Result<Generate<'_>> {
         let tokenizer = tokenizer_of(&self.model)?;
+        let sampler = Sampler::new(config)?;
         if ids.is_empty() && self.core.tokens.is_empty() {
             return Err(Error::Shape(
                 "generate: empty prompt on an empty session".into(),
@@ -239,7 +240,7 @@ impl Session {
         Ok(Generate {
             model: &self.model,
             core: &mut self.core,
-            sampler: Sampler::new(config),
+            sampler,
             decoder: StreamDecoder::new(tokenizer),
             eos: tokenizer.eos_id(),
             ignore_eos: false,
@@ -314,7 +315,13 @@ impl Iterator for Generate<'_> {
                 capacity,
             }));
         }
-        let sampled = self.sampler.sample(&core.logits, &core.tokens);
+        let sampled = match self.sampler.sample(&core.logits, &core.tokens) {
+            Ok(s) => s,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+        };
         self.remaining -= 1;
         if Some(sampled.id) == self.eos && !self.ignore_eos {
             self.done = true;

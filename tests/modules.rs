@@ -402,3 +402,36 @@ fn errors_are_typed_and_name_the_culprit() {
         Err(Error::Shape(_))
     ));
 }
+
+/// Sizes whose products overflow, or that no machine could hold, are shape or context
+/// errors, never a wrapped product that lets a short slice through.
+#[test]
+fn overflowing_shapes_are_errors() {
+    let weight = qkv::weights::Tensor::from_f32("w", vec![4, 2], vec![0.5; 8]).unwrap();
+    let linear = qkv::nn::Linear::from_tensors(weight, None).unwrap();
+    let err = linear.forward_into(&[], 1 << 63, &mut []).unwrap_err();
+    assert!(matches!(err, Error::Shape(_)), "{err}");
+
+    let huge = 1usize << 32;
+    assert!(matches!(
+        KeyPadding::from_flags(vec![], huge, huge),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(KeyPadding::all(huge, huge), Err(Error::Shape(_))));
+    assert!(matches!(
+        KeyPadding::from_lengths(&[1; 3], usize::MAX),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        DenseMask::shared(vec![], huge, huge),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        DenseMask::per_batch(vec![], 2, huge, huge),
+        Err(Error::Shape(_))
+    ));
+
+    let pe = qkv::nn::PositionalEncoding::new(4, 16).unwrap();
+    let err = pe.add_into(&mut [0.0; 4], 1, usize::MAX).unwrap_err();
+    assert!(matches!(err, Error::ContextFull { .. }), "{err}");
+}

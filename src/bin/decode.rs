@@ -178,10 +178,25 @@ impl Out {
     }
 }
 
+/// The most worker threads `--threads` accepts: far past any machine this runs on, and
+/// small enough that a typo cannot make the process spawn threads for minutes.
+const MAX_THREADS: usize = 1024;
+
 fn run(args: &RunArgs) -> AnyResult<()> {
+    // Checked before anything is loaded, so a typo costs nothing.
+    let config = SamplerConfig {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        seed: args.seed,
+    };
+    config.validate()?;
     if let Some(n) = args.threads {
-        if n == 0 {
-            return Err("--threads must be at least 1".into());
+        if !(1..=MAX_THREADS).contains(&n) {
+            return Err(format!("--threads {n}: must be between 1 and {MAX_THREADS}").into());
         }
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -242,6 +257,19 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         session.reset();
     }
     if args.depth > 0 {
+        // Before building the context, so an absurd depth allocates nothing.
+        let needed = args.depth.saturating_add(ids.len());
+        if needed > session.capacity() {
+            return Err(format!(
+                "--depth {}: {}",
+                args.depth,
+                qkv::Error::ContextFull {
+                    needed,
+                    capacity: session.capacity()
+                }
+            )
+            .into());
+        }
         let context: Vec<u32> = ids.iter().copied().cycle().take(args.depth).collect();
         session
             .prefill(&context)
@@ -251,15 +279,6 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     session.prefill(&ids)?;
     let prompt_s = prompt_start.elapsed().as_secs_f64();
 
-    let config = SamplerConfig {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        seed: args.seed,
-    };
     let eos = tokenizer.eos_id();
     let mut out = Out {
         stdout: std::io::stdout().lock(),

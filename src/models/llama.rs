@@ -168,15 +168,26 @@ impl LlamaConfig {
                 self.rope_base
             )));
         }
-        if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
             return Err(Error::Config(format!(
-                "llama: RMS epsilon {} is not a non-negative number",
+                "llama: RMS epsilon {} is not a positive number",
                 self.rms_eps
+            )));
+        }
+        if self.context > MAX_CONTEXT {
+            return Err(Error::Config(format!(
+                "llama: context length {} is more than the {MAX_CONTEXT} positions qkv supports",
+                self.context
             )));
         }
         Ok(())
     }
 }
+
+/// The longest context a [`LlamaConfig`] may declare. The RoPE table is built for the whole
+/// context when the model loads, so a file's context length must not be able to demand an
+/// arbitrary amount of memory; 2^20 positions of a 128-wide head take 512 MiB of table.
+pub const MAX_CONTEXT: usize = 1 << 20;
 
 /// The weights of one transformer block.
 struct Block {
@@ -234,7 +245,8 @@ impl Llama {
             Ok(t.to_f32_vec())
         };
         let kv_dim = c.kv_dim();
-        let mut blocks = Vec::with_capacity(c.layers);
+        // Not `with_capacity(c.layers)`: the count comes from the file, the blocks from its tensors.
+        let mut blocks = Vec::new();
         for l in 0..c.layers {
             let n = |part: &str| layout.layer(l, part);
             blocks.push(Block {
@@ -288,7 +300,8 @@ impl Llama {
         };
         let c = &config;
         let layout = c.layout;
-        let mut blocks = Vec::with_capacity(c.layers);
+        // Not `with_capacity(c.layers)`: the count comes from the file, the blocks from its tensors.
+        let mut blocks = Vec::new();
         for l in 0..c.layers {
             let n = |part: &str| layout.layer(l, part);
             blocks.push(Block {
@@ -382,6 +395,8 @@ impl Llama {
         Ok(LlamaState {
             capacity,
             chunk,
+            shape: self.state_shape(),
+            filled: 0,
             keys: store(),
             values: store(),
             x: vec![0.0; chunk * c.dim],
@@ -398,10 +413,13 @@ impl Llama {
 
     /// Runs `tokens` at absolute positions `pos0..pos0 + tokens.len()`, appending their keys
     /// and values to `state`'s cache, and writes the logits of the last token into `logits`
-    /// (length `vocab`) when given. Positions before `pos0` must already be in the cache.
+    /// (length `vocab`) when given. Positions before `pos0` must already be in the cache:
+    /// `pos0` may be at most the number of positions the state holds, and running at an
+    /// earlier position discards the later ones (how a session rewinds).
     ///
     /// Validates everything before touching the cache: token ids ([`Error::TokenOutOfRange`]),
-    /// capacity ([`Error::ContextFull`]) and the logits length. Prompts longer than the
+    /// capacity ([`Error::ContextFull`]), the logits length, `pos0`, and that `state` was made
+    /// by a model of this shape ([`Error::Shape`]). Prompts longer than the
     /// state's chunk run as several matrix passes.
     pub fn forward(
         &self,
@@ -433,16 +451,39 @@ impl Llama {
                 )));
             }
         }
+        if state.shape != self.state_shape() {
+            return Err(Error::Shape(format!(
+                "llama forward: the state was made for a model of [dim, kv dim, ffn dim, \
+                 layers] = {:?}, this model is {:?}",
+                state.shape,
+                self.state_shape()
+            )));
+        }
+        if pos0 > state.filled {
+            return Err(Error::Shape(format!(
+                "llama forward at position {pos0}, but the cache holds only positions 0..{}",
+                state.filled
+            )));
+        }
+        // From here on, positions past pos0 no longer match the tokens before them.
+        state.filled = pos0;
         let mut pos = pos0;
         for chunk in tokens.chunks(state.chunk) {
             self.forward_chunk(state, chunk, pos)?;
             pos += chunk.len();
+            state.filled = pos;
         }
         if let Some(logits) = logits {
             let last = (tokens.len() - 1) % state.chunk;
             self.head(state, last, logits)?;
         }
         Ok(())
+    }
+
+    /// What a [`LlamaState`] made by this model records of it.
+    fn state_shape(&self) -> [usize; 4] {
+        let c = &self.config;
+        [c.dim, c.kv_dim(), c.ffn_dim, c.layers]
     }
 
     /// The blocks over one chunk of at most `state.chunk` tokens; leaves the final residual
@@ -650,6 +691,10 @@ impl KvStore {
 pub struct LlamaState {
     capacity: usize,
     chunk: usize,
+    /// `[dim, kv_dim, ffn_dim, layers]` of the model that made it.
+    shape: [usize; 4],
+    /// Positions `0..filled` of the cache hold keys and values.
+    filled: usize,
     keys: KvStore,
     values: KvStore,
     x: Vec<f32>,
@@ -737,7 +782,93 @@ mod tests {
             ..good.clone()
         };
         assert!(bad.validate().unwrap_err().to_string().contains("KV heads"));
-        let bad = LlamaConfig { dim: 9, ..good };
+        let bad = LlamaConfig {
+            dim: 9,
+            ..good.clone()
+        };
         assert!(matches!(bad.validate(), Err(Error::Config(_))));
+        let bad = LlamaConfig {
+            rms_eps: 0.0,
+            ..good.clone()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("RMS epsilon"));
+        let bad = LlamaConfig {
+            context: MAX_CONTEXT + 1,
+            ..good
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("context length"));
+    }
+
+    fn tiny(layers: usize) -> LlamaConfig {
+        LlamaConfig {
+            dim: 8,
+            layers,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            ffn_dim: 16,
+            vocab: 10,
+            context: 32,
+            rope_base: 10000.0,
+            rms_eps: 1e-5,
+            layout: WeightLayout::Gguf,
+        }
+    }
+
+    /// A source with no tensors at all.
+    struct Empty;
+
+    impl TensorSource for Empty {
+        fn tensor(&self, name: &str) -> Result<Tensor> {
+            Err(Error::MissingTensor { name: name.into() })
+        }
+        fn contains(&self, _: &str) -> bool {
+            false
+        }
+        fn names(&self) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn an_absurd_block_count_is_a_missing_tensor_not_an_allocation() {
+        let err = Llama::load(tiny(u32::MAX as usize), &Empty, FloatType::F32).unwrap_err();
+        assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
+    }
+
+    #[test]
+    fn forward_refuses_a_foreign_state_and_a_gap_in_the_cache() {
+        let small = Llama::synthetic(tiny(1), 1, FloatType::F32).unwrap();
+        let big = Llama::synthetic(tiny(2), 1, FloatType::F32).unwrap();
+        let mut state = small.new_state(16, FloatType::F32, 4).unwrap();
+        let err = big.forward(&mut state, &[1, 2], 0, None).unwrap_err();
+        assert!(err.to_string().contains("state was made for"), "{err}");
+
+        let mut logits = vec![0.0; 10];
+        let err = small.forward(&mut state, &[1], 1, None).unwrap_err();
+        assert!(
+            err.to_string().contains("holds only positions 0..0"),
+            "{err}"
+        );
+        small.forward(&mut state, &[1, 2, 3], 0, None).unwrap();
+        small
+            .forward(&mut state, &[4], 3, Some(&mut logits))
+            .unwrap();
+        assert!(small.forward(&mut state, &[5], 5, None).is_err());
+        // Rewinding is allowed, and forgets what came after.
+        small.forward(&mut state, &[6], 1, None).unwrap();
+        assert!(small.forward(&mut state, &[7], 3, None).is_err());
+        small
+            .forward(&mut state, &[7], 2, Some(&mut logits))
+            .unwrap();
+        assert!(logits.iter().all(|x| x.is_finite()));
     }
 }

@@ -179,7 +179,7 @@ impl<'a> TokenBatch<'a> {
     /// [`Error::Shape`] unless `ids` holds `batch·len` ids, `lengths` has `batch` entries, and
     /// every length lies in `1..=len`.
     pub fn new(ids: &'a [u32], batch: usize, len: usize, lengths: &'a [usize]) -> Result<Self> {
-        if batch == 0 || len == 0 || ids.len() != batch * len {
+        if batch == 0 || len == 0 || Some(ids.len()) != batch.checked_mul(len) {
             return Err(Error::Shape(format!(
                 "tokens: {} ids for [{batch}, {len}]",
                 ids.len()

@@ -60,7 +60,7 @@ impl Embedding {
 
     /// The vectors of `ids` `[batch, len]` as `[batch, len, dim]`.
     pub fn forward(&self, ids: &[u32], batch: usize, len: usize) -> Result<SeqBuf> {
-        if batch == 0 || len == 0 || ids.len() != batch * len {
+        if batch == 0 || len == 0 || Some(ids.len()) != batch.checked_mul(len) {
             return Err(Error::Shape(format!(
                 "embedding: {} ids for [{batch}, {len}]",
                 ids.len()
@@ -100,9 +100,10 @@ impl PositionalEncoding {
     /// Adds the encoding of positions `pos0 .. pos0 + rows` to `x` (`rows × dim`).
     /// [`Error::ContextFull`] past `max_len`.
     pub fn add_into(&self, x: &mut [f32], rows: usize, pos0: usize) -> Result<()> {
-        if pos0 + rows > self.max_len {
+        let needed = pos0.saturating_add(rows);
+        if needed > self.max_len {
             return Err(Error::ContextFull {
-                needed: pos0 + rows,
+                needed,
                 capacity: self.max_len,
             });
         }

@@ -99,7 +99,10 @@ impl Linear {
     /// `y[rows, out] = x[rows, in]·Wᵀ + b`, overwriting `y`. [`Error::Shape`] when a slice
     /// length disagrees.
     pub fn forward_into(&self, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
-        if rows == 0 || x.len() != rows * self.in_dim || y.len() != rows * self.out_dim {
+        if rows == 0
+            || Some(x.len()) != rows.checked_mul(self.in_dim)
+            || Some(y.len()) != rows.checked_mul(self.out_dim)
+        {
             return Err(Error::Shape(format!(
                 "linear `{}`: input has {} values and output {} for {rows} rows of {} → {}",
                 self.weight.name(),

@@ -37,7 +37,17 @@ impl KeyPadding {
                 lengths.len()
             )));
         }
-        let mut keep = vec![false; lengths.len() * len];
+        let n = lengths.len().checked_mul(len).ok_or_else(|| {
+            Error::Shape(format!("key padding: [{}, {len}] overflows", lengths.len()))
+        })?;
+        let mut keep = Vec::new();
+        keep.try_reserve_exact(n).map_err(|_| {
+            Error::Shape(format!(
+                "key padding: [{}, {len}] flags cannot be allocated",
+                lengths.len()
+            ))
+        })?;
+        keep.resize(n, false);
         for (b, &l) in lengths.iter().enumerate() {
             if l > len {
                 return Err(Error::Shape(format!(
@@ -56,7 +66,7 @@ impl KeyPadding {
     /// Explicit flags `[batch, len]`, row-major, `true` = real token; pads may be anywhere.
     /// [`Error::Shape`] if `keep` does not hold `batch·len` flags.
     pub fn from_flags(keep: Vec<bool>, batch: usize, len: usize) -> Result<Self> {
-        if batch == 0 || len == 0 || keep.len() != batch * len {
+        if batch == 0 || len == 0 || Some(keep.len()) != batch.checked_mul(len) {
             return Err(Error::Shape(format!(
                 "key padding: {} flags for [{batch}, {len}]",
                 keep.len()
@@ -67,7 +77,17 @@ impl KeyPadding {
 
     /// All real: no padding.
     pub fn all(batch: usize, len: usize) -> Result<Self> {
-        Self::from_flags(vec![true; batch * len], batch, len)
+        let n = batch
+            .checked_mul(len)
+            .ok_or_else(|| Error::Shape(format!("key padding: [{batch}, {len}] overflows")))?;
+        let mut keep = Vec::new();
+        keep.try_reserve_exact(n).map_err(|_| {
+            Error::Shape(format!(
+                "key padding: [{batch}, {len}] flags cannot be allocated"
+            ))
+        })?;
+        keep.resize(n, true);
+        Self::from_flags(keep, batch, len)
     }
 
     /// Batch size.
@@ -105,7 +125,7 @@ pub struct DenseMask {
 impl DenseMask {
     /// One `[tq, tk]` mask for the whole batch (seed 001's `mask[None, None]`).
     pub fn shared(keep: Vec<bool>, tq: usize, tk: usize) -> Result<Self> {
-        if tq == 0 || tk == 0 || keep.len() != tq * tk {
+        if tq == 0 || tk == 0 || Some(keep.len()) != tq.checked_mul(tk) {
             return Err(Error::Shape(format!(
                 "dense mask: {} flags for [{tq}, {tk}]",
                 keep.len()
@@ -121,7 +141,8 @@ impl DenseMask {
 
     /// One `[tq, tk]` mask per batch element, `[batch, tq, tk]` row-major.
     pub fn per_batch(keep: Vec<bool>, batch: usize, tq: usize, tk: usize) -> Result<Self> {
-        if batch == 0 || tq == 0 || tk == 0 || keep.len() != batch * tq * tk {
+        let n = batch.checked_mul(tq).and_then(|n| n.checked_mul(tk));
+        if batch == 0 || tq == 0 || tk == 0 || Some(keep.len()) != n {
             return Err(Error::Shape(format!(
                 "dense mask: {} flags for [{batch}, {tq}, {tk}]",
                 keep.len()
