@@ -209,6 +209,11 @@ fn errors_are_typed() {
         m.encode(&src),
         Err(Error::TokenOutOfRange { id: 23, vocab: 23 })
     ));
+    // Even with nothing to generate.
+    assert!(matches!(
+        m.greedy(&src, 1, 2, 0),
+        Err(Error::TokenOutOfRange { id: 23, vocab: 23 })
+    ));
     let src = TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap();
     assert!(matches!(
         m.greedy(&src, 19, 2, 5),

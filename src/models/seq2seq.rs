@@ -756,6 +756,17 @@ impl Seq2Seq {
                 });
             }
         }
+        // Checked here too, so that `max_len` 0 does not skip what the encoder would refuse.
+        if let Some(&id) = src
+            .ids()
+            .iter()
+            .find(|&&id| id as usize >= self.cfg.src_vocab)
+        {
+            return Err(Error::TokenOutOfRange {
+                id,
+                vocab: self.cfg.src_vocab,
+            });
+        }
         let b = src.batch();
         let mut out = vec![Vec::new(); b];
         if max_len == 0 {
