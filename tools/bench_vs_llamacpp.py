@@ -16,10 +16,10 @@ src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
    same converted files.
 4. Prompts with an exact token count (checked with qkv's tokenizer via `decode --json -n 0`).
 5. For each row, alternate llama-bench and qkv `--reps` times; print both medians, the spread,
-   the ratio qkv/llama.cpp, and a markdown table with the exact commands. After each
-   alternation, `kernels/examples/roofline.rs` measures the machine's two ceilings in that same
-   minute (the read bandwidth over the model's 269 MB of f16 weights, and the FMA peak); each
-   row gets the tokens/s no engine could beat that minute, and both engines' distance to it. Both engines are
+   the ratio qkv/llama.cpp, and a markdown table with the exact commands. Just before every
+   engine run, `kernels/examples/roofline.rs` measures the machine's two ceilings (the read
+   bandwidth over the model's 269 MB of f16 weights, and the FMA peak); each run is compared
+   with its own probe, since the host's bandwidth moves by tens of percent within a minute. Both engines are
    measured warm: llama-bench makes a warm-up run before its repetitions, and `decode
    --warmup` runs the prompt once untimed and starts over (without it, a fresh process's
    first 512-token prefill also pays first touches of the weights and buffers, ~10% here).
@@ -384,23 +384,34 @@ def main():
         log(f"row {name}: {args.reps} alternations (load average {load:.2f}"
             f"{'; the machine is busy, figures are unreliable' if load > 2.5 else ''})")
         peer_samples = {p: [] for p, _ in peers}
-        peer_cmds, qkv_samples, qkv_cmd, ceilings = {}, [], None, []
+        peer_cmds, qkv_samples, qkv_cmd = {}, [], None
+        # Every engine run is paired with a ceiling probed just before it: the host's
+        # bandwidth moves by tens of percent within a minute, so only paired ratios mean much.
+        ceilings, qkv_share, peer_share = [], [], {p: [] for p, _ in peers}
+
+        def probe_now(i):
+            ceiling, bound = ceiling_fn(roofline(probe, t))
+            ceilings.append(ceiling)
+            log(f"  {name} #{i + 1} ceiling: {ceiling:.1f} tok/s ({bound})")
+            return ceiling
+
         for i in range(args.reps):
             # Alternate which engine goes first, to spread slow drifts evenly.
             order = ["peer", "qkv"] if i % 2 == 0 else ["qkv", "peer"]
             for who in order:
                 if who == "peer":
                     for p, fn in peers:
+                        c = probe_now(i)
                         ts, peer_cmds[p] = fn()
                         peer_samples[p].append(ts)
+                        peer_share[p].append(ts / c)
                         log(f"  {name} #{i + 1} {p}: {ts:.1f} tok/s")
                 else:
+                    c = probe_now(i)
                     ts, qkv_cmd = qkv_fn()
                     qkv_samples.append(ts)
+                    qkv_share.append(ts / c)
                     log(f"  {name} #{i + 1} qkv: {ts:.1f} tok/s")
-            ceiling, bound = ceiling_fn(roofline(probe, t))
-            ceilings.append(ceiling)
-            log(f"  {name} #{i + 1} ceiling: {ceiling:.1f} tok/s ({bound})")
         q = statistics.median(qkv_samples)
         best_peer = max(peer_samples, key=lambda p: statistics.median(peer_samples[p]))
         for p, xs in peer_samples.items():
@@ -408,21 +419,26 @@ def main():
             log(f"  {name}: {p} median {m:.1f} ({spread(xs)}); qkv median {q:.1f} "
                 f"({spread(qkv_samples)}); ratio qkv/{p} {q / m:.2f}")
         c = statistics.median(ceilings)
-        log(f"  {name}: ceiling median {c:.1f} ({spread(ceilings)}); qkv at {q / c:.0%} of it")
+        log(f"  {name}: ceiling median {c:.1f} ({spread(ceilings)}); qkv at "
+            f"{statistics.median(qkv_share):.0%} of its paired ceiling, {best_peer} at "
+            f"{statistics.median(peer_share[best_peer]):.0%}")
         results.append(dict(name=name, label=label, target=target, peers=peer_samples,
                             peer_cmds=peer_cmds, qkv=qkv_samples, qkv_cmd=qkv_cmd,
-                            best_peer=best_peer, ceiling=ceilings))
+                            best_peer=best_peer, ceiling=ceilings, qkv_share=qkv_share,
+                            peer_share=peer_share))
 
     print()
     print(f"qkv git {rev}; {t} threads; {args.reps} alternations per row; llama-bench -r {br} "
           f"per invocation (its avg_ts is one sample); medians, spread = min–max over alternations")
     print()
-    print("The ceiling is what no engine could beat in the same minutes (see the docstring); "
-          "the last column is the most any engine could have reached against llama.cpp.")
+    print("The ceiling is what no engine could beat in the minute it was probed (see the "
+          "docstring), probed just before every engine run; the shares are medians of each run "
+          "against its own probe, and the last column (1 / llama.cpp's share) is the most any "
+          "engine could have reached against llama.cpp.")
     print()
     print("| test | llama.cpp tok/s | qkv tok/s | qkv / llama.cpp | target | ceiling tok/s | "
-          "qkv / ceiling | ceiling / llama.cpp |")
-    print("|---|---|---|---|---|---|---|---|")
+          "qkv / ceiling | llama.cpp / ceiling | ceiling / llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         q = r["qkv"]
         qm = statistics.median(q)
@@ -432,12 +448,14 @@ def main():
             peers.append(f"{statistics.median(xs):.1f} ({spread(xs)}){' ' + tag if tag else ''}")
         bm = statistics.median(r["peers"][r["best_peer"]])
         cm = statistics.median(r["ceiling"])
+        qs = statistics.median(r["qkv_share"])
+        ps = statistics.median(r["peer_share"][r["best_peer"]])
         print(f"| {r['label']} | {'; '.join(peers)} | {qm:.1f} ({spread(q)}) | "
               f"{qm / bm:.2f}× | {r['target']} | {cm:.0f} ({spread(r['ceiling'])}) | "
-              f"{qm / cm:.0%} | {cm / bm:.2f}× |")
+              f"{qs:.0%} | {ps:.0%} | {1 / ps:.2f}× |")
     print()
     print("Commands:")
-    print(f"- ceilings: `RAYON_NUM_THREADS={t} {probe} 5` after each alternation")
+    print(f"- ceilings: `RAYON_NUM_THREADS={t} {probe} 5` before every engine run")
     for r in results:
         for p, c in r["peer_cmds"].items():
             print(f"- {r['name']} {p}: `{c}`")
