@@ -249,3 +249,72 @@ fn bad_tokenizer_files_are_errors() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The default model's tokenizer metadata, with `edit` applied, as a tensor-free GGUF.
+fn tokenizer_gguf(
+    tag: &str,
+    edit: impl FnOnce(&mut Vec<(String, qkv::weights::gguf::MetaValue)>),
+) -> std::path::PathBuf {
+    let src = GgufFile::open(&default_gguf()).unwrap();
+    let mut meta: Vec<_> = src
+        .metadata_keys()
+        .filter(|k| k.starts_with("tokenizer."))
+        .map(|k| (k.to_owned(), src.metadata(k).unwrap().clone()))
+        .collect();
+    edit(&mut meta);
+    let path = std::env::temp_dir().join(format!("qkv-test-tok-{tag}-{}.gguf", std::process::id()));
+    qkv::weights::gguf::write_gguf(&path, &meta, &[]).unwrap();
+    path
+}
+
+#[test]
+fn an_unknown_pre_tokenizer_is_refused_not_guessed() {
+    use qkv::weights::gguf::MetaValue;
+    let path = tokenizer_gguf("pre", |meta| {
+        for (k, v) in meta.iter_mut() {
+            if k == "tokenizer.ggml.pre" {
+                *v = MetaValue::String("llama-bpe".into());
+            }
+        }
+    });
+    let err = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("llama-bpe"), "{err}");
+    std::fs::remove_file(&path).ok();
+}
+
+/// A file whose added tokens are many and long, and a prompt made of their prefixes: the
+/// special-token scan stays linear in the text (it took 72 s on 4 MB when it tried every
+/// special at every position), and still takes the leftmost, then longest, special.
+#[test]
+fn many_long_special_tokens_scan_in_linear_time() {
+    use qkv::weights::gguf::MetaValue;
+    let long = format!("{}b", "a".repeat(50_000));
+    let path = tokenizer_gguf("specials", |meta| {
+        for (k, v) in meta.iter_mut() {
+            match (k.as_str(), v) {
+                // 3000 added tokens `<unused_i>`, then the long one, at the end.
+                ("tokenizer.ggml.tokens", MetaValue::Array(_, items)) => {
+                    items.extend((0..3000).map(|i| MetaValue::String(format!("<unused_{i}>"))));
+                    items.push(MetaValue::String(long.clone()));
+                }
+                ("tokenizer.ggml.token_type", MetaValue::Array(_, items)) => {
+                    items.extend((0..3001).map(|_| MetaValue::I32(4)));
+                }
+                _ => {}
+            }
+        }
+    });
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let n = tok.vocab_size() as u32;
+    // One megabyte that almost matches the long special everywhere, and many '<'.
+    let text = format!("{}{}", "a".repeat(1 << 19), "<unused_".repeat(1 << 16));
+    assert!(!tok.encode(&text).unwrap().iter().any(|&id| id >= n - 3001));
+    // Whole specials, left to right; the plain `0` between them stays text.
+    let ids = tok
+        .encode(&format!("x<unused_10><unused_1>0{long}"))
+        .unwrap();
+    let specials: Vec<u32> = ids.into_iter().filter(|&id| id >= n - 3001).collect();
+    assert_eq!(specials, [n - 3001 + 10, n - 3001 + 1, n - 1]);
+    std::fs::remove_file(&path).ok();
+}

@@ -77,6 +77,7 @@ mod hf;
 
 use crate::error::{Error, Result};
 use crate::weights::gguf::GgufFile;
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use bpe::{bpe_word, Merges, PreTokenizer, Scratch};
 use std::collections::HashMap;
 use std::path::Path;
@@ -138,7 +139,11 @@ pub struct Tokenizer {
     byte_chars: [char; 256],
     /// Special tokens as (text, id), longest first.
     specials: Vec<(String, u32)>,
-    special_first_bytes: [bool; 256],
+    /// Finds the special tokens in text: leftmost match first, the longest one there (the
+    /// order a left-to-right scan trying the longest special first would give), in time
+    /// linear in the text whatever the number and length of the specials. `None` without
+    /// specials.
+    special_scan: Option<AhoCorasick>,
     pre: PreTokenizer,
     bos: Option<u32>,
     eos: Option<u32>,
@@ -167,6 +172,14 @@ const NO_TOKEN: u32 = u32::MAX;
 /// GGUF `tokenizer.ggml.pre` values whose pre-tokenizer isolates each digit before the GPT-2
 /// regex (llama.cpp groups them the same way).
 const DIGIT_SPLITTING_PRE: &[&str] = &["smollm", "starcoder", "refact", "codeshell", "exaone"];
+
+/// GGUF `tokenizer.ggml.pre` values that mean the plain GPT-2 regex. Any other value names a
+/// pre-tokenizer qkv does not implement, and is refused rather than silently split wrongly.
+const GPT2_PRE: &[&str] = &["default", "gpt-2", "gpt2"];
+
+/// The largest vocabulary qkv builds (2^21 tokens, 8× the largest real ones): the tokenizer
+/// keeps each token's text and bytes, so a file must not be able to ask for arbitrarily many.
+pub const MAX_VOCAB: usize = 1 << 21;
 
 impl Tokenizer {
     /// Builds the tokenizer from a GGUF file's `tokenizer.ggml.*` metadata: `model` must be
@@ -233,6 +246,15 @@ impl Tokenizer {
             None => "default",
             Some(_) => file.get_str("tokenizer.ggml.pre")?,
         };
+        if !GPT2_PRE.contains(&pre) && !DIGIT_SPLITTING_PRE.contains(&pre) {
+            return Err(Error::Unsupported(format!(
+                "{}: pre-tokenizer `{}` (qkv implements {} and, splitting digits, {})",
+                file.path().display(),
+                pre.escape_debug(),
+                GPT2_PRE.join(", "),
+                DIGIT_SPLITTING_PRE.join(", ")
+            )));
+        }
         let chat_template = match file.metadata("tokenizer.chat_template") {
             None => None,
             Some(_) => Some(file.get_str("tokenizer.chat_template")?.to_owned()),
@@ -262,8 +284,10 @@ impl Tokenizer {
     pub(crate) fn build(p: Parts) -> Result<Tokenizer> {
         let bad = |msg: String| Error::Tokenizer(format!("{}: {msg}", p.source));
         let n = p.tokens.len();
-        if n == 0 || n > u32::MAX as usize - 1 {
-            return Err(bad(format!("vocabulary of {n} tokens")));
+        if n == 0 || n > MAX_VOCAB {
+            return Err(bad(format!(
+                "vocabulary of {n} tokens (qkv takes 1 to {MAX_VOCAB})"
+            )));
         }
         let mut vocab = HashMap::with_capacity(n);
         for (i, t) in p.tokens.iter().enumerate() {
@@ -337,10 +361,18 @@ impl Tokenizer {
         }
         offsets.push(bytes.len());
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        let mut special_first_bytes = [false; 256];
-        for (s, _) in &specials {
-            special_first_bytes[s.as_bytes()[0] as usize] = true;
-        }
+        let special_scan = if specials.is_empty() {
+            None
+        } else {
+            // The NFA builds in time linear in the specials' total length (the DFA the
+            // builder would pick can take minutes for one very long special token).
+            let scan = AhoCorasick::builder()
+                .kind(Some(AhoCorasickKind::NoncontiguousNFA))
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(specials.iter().map(|(s, _)| s.as_str()))
+                .map_err(|e| bad(format!("special tokens: {e}")))?;
+            Some(scan)
+        };
 
         Ok(Tokenizer {
             tokens: p.tokens,
@@ -351,7 +383,7 @@ impl Tokenizer {
             byte_ids,
             byte_chars,
             specials,
-            special_first_bytes,
+            special_scan,
             pre: PreTokenizer::new(p.split_digits),
             bos: p.bos,
             eos: p.eos,
@@ -442,23 +474,19 @@ impl Tokenizer {
         let mut scratch = Scratch::default();
         let mut word_ids = Vec::new();
         let mut plain_start = 0;
-        let mut i = 0;
-        let bytes = text.as_bytes();
-        while i < bytes.len() {
-            if self.special_first_bytes[bytes[i] as usize] {
-                if let Some((s, id)) = self
-                    .specials
-                    .iter()
-                    .find(|(s, _)| bytes[i..].starts_with(s.as_bytes()))
-                {
-                    self.encode_plain(&text[plain_start..i], &mut scratch, &mut word_ids, &mut out);
-                    out.push(*id);
-                    i += s.len();
-                    plain_start = i;
-                    continue;
-                }
-            }
-            i += 1;
+        for m in self
+            .special_scan
+            .iter()
+            .flat_map(|scan| scan.find_iter(text))
+        {
+            self.encode_plain(
+                &text[plain_start..m.start()],
+                &mut scratch,
+                &mut word_ids,
+                &mut out,
+            );
+            out.push(self.specials[m.pattern().as_usize()].1);
+            plain_start = m.end();
         }
         self.encode_plain(&text[plain_start..], &mut scratch, &mut word_ids, &mut out);
         if self.add_eos {
