@@ -247,6 +247,77 @@ fn bad_tokenizer_files_are_errors() {
         Tokenizer::from_tokenizer_json(&dir.join("missing.json")),
         Err(Error::Io { .. })
     ));
+
+    // Settings that would change the split, or fields of the wrong type, are refused
+    // rather than ignored.
+    // The 256 byte tokens of GPT-2's byte-to-character map, ids 0..256, and `<s>` = 256.
+    let mut next = 256u32;
+    let vocab: Vec<String> = (0u32..256)
+        .map(|b| {
+            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+            let c = if printable {
+                b
+            } else {
+                next += 1;
+                next - 1
+            };
+            serde_json::to_string(&char::from_u32(c).unwrap().to_string()).unwrap()
+        })
+        .collect();
+    let vocab: Vec<String> = vocab
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("{t}: {i}"))
+        .collect();
+    let vocab = format!("{{{}, \"<s>\": 256}}", vocab.join(", "));
+    let base = |extra_model: &str, added: &str| {
+        format!(
+            r#"{{"model": {{"type": "BPE", "vocab": {vocab}, "merges": []{extra_model}}},
+                "pre_tokenizer": {{"type": "ByteLevel"}}, "added_tokens": {added}}}"#
+        )
+    };
+    let special = |flags: &str| format!(r#"[{{"id": 256, "content": "<s>"{flags}}}]"#);
+    for (body, unsupported) in [
+        (base("", r#"{"id": 256, "content": "<s>"}"#), false),
+        (base(r#", "ignore_merges": true"#, "[]"), true),
+        (base("", &special(r#", "lstrip": true"#)), true),
+        (base("", &special(r#", "rstrip": true"#)), true),
+        (base("", &special(r#", "single_word": true"#)), true),
+    ] {
+        std::fs::write(&p, &body).unwrap();
+        let err = Tokenizer::from_tokenizer_json(&p).unwrap_err();
+        assert_eq!(
+            matches!(err, Error::Unsupported(_)),
+            unsupported,
+            "{body}: {err}"
+        );
+    }
+    std::fs::write(&p, base("", &special(r#", "lstrip": false"#))).unwrap();
+    Tokenizer::from_tokenizer_json(&p).unwrap();
+    let config = dir.join("tokenizer_config.json");
+    for body in [
+        "[]",
+        r#"{"bos_token": 5}"#,
+        r#"{"eos_token": ["<s>"]}"#,
+        r#"{"add_bos_token": "true"}"#,
+        r#"{"bos_token": "<nope>"}"#,
+    ] {
+        std::fs::write(&config, body).unwrap();
+        assert!(
+            matches!(
+                Tokenizer::from_tokenizer_json(&p),
+                Err(Error::Format { .. })
+            ),
+            "{body}"
+        );
+    }
+    std::fs::write(
+        &config,
+        r#"{"bos_token": {"content": "<s>"}, "add_bos_token": true}"#,
+    )
+    .unwrap();
+    let tok = Tokenizer::from_tokenizer_json(&p).unwrap();
+    assert_eq!(tok.encode("ab").unwrap(), [256, 97, 98]);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -117,18 +117,37 @@ pub(super) fn load(path: &Path) -> Result<Parts> {
             .ok_or_else(|| fail(format!("model.vocab[{tok:?}] is not a token id")))?;
         entries.push((id as usize, tok.clone(), false));
     }
-    if let Some(added) = json.get("added_tokens").and_then(Value::as_array) {
-        for a in added {
-            let id = a.get("id").and_then(Value::as_u64);
-            let content = a.get("content").and_then(Value::as_str);
-            let (Some(id), Some(content)) = (id, content) else {
-                return Err(fail(format!("added token {a} lacks an id or content")));
-            };
-            if id >= u32::MAX as u64 {
-                return Err(fail(format!("added token {content:?} has id {id}")));
+    if model.get("ignore_merges").and_then(Value::as_bool) == Some(true) {
+        return Err(Error::Unsupported(format!(
+            "{}: BPE with ignore_merges",
+            path.display()
+        )));
+    }
+    let added = match json.get("added_tokens") {
+        None | Some(Value::Null) => &[][..],
+        Some(Value::Array(list)) => &list[..],
+        Some(other) => return Err(fail(format!("added_tokens is {other}, not a list"))),
+    };
+    for a in added {
+        let id = a.get("id").and_then(Value::as_u64);
+        let content = a.get("content").and_then(Value::as_str);
+        let (Some(id), Some(content)) = (id, content) else {
+            return Err(fail(format!("added token {a} lacks an id or content")));
+        };
+        // These change how the text around the token is split; qkv matches added tokens
+        // exactly, so a file that asks for them is refused rather than misread.
+        for flag in ["lstrip", "rstrip", "single_word"] {
+            if a.get(flag).and_then(Value::as_bool) == Some(true) {
+                return Err(Error::Unsupported(format!(
+                    "{}: added token {content:?} with {flag}",
+                    path.display()
+                )));
             }
-            entries.push((id as usize, content.to_owned(), true));
         }
+        if id >= u32::MAX as u64 {
+            return Err(fail(format!("added token {content:?} has id {id}")));
+        }
+        entries.push((id as usize, content.to_owned(), true));
     }
     let n = entries.iter().map(|e| e.0 + 1).max().unwrap_or(0);
     if n > entries.len() {
@@ -183,8 +202,22 @@ pub(super) fn load(path: &Path) -> Result<Parts> {
     } else {
         Value::Null
     };
+    let config_fail = |msg: String| Error::Format {
+        path: config_path.clone(),
+        msg,
+    };
+    if !(config.is_null() || config.is_object()) {
+        return Err(config_fail("not a JSON object".into()));
+    }
     let find = |key: &str| -> Result<Option<u32>> {
-        match config.get(key).and_then(token_text) {
+        let text = match config.get(key) {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                token_text(v)
+                    .ok_or_else(|| config_fail(format!("{key} is {v}, not a token's text")))?,
+            ),
+        };
+        match text {
             None => Ok(None),
             Some(text) => tokens
                 .iter()
@@ -216,16 +249,18 @@ pub(super) fn load(path: &Path) -> Result<Parts> {
         .and_then(|p| p.get("single"))
         .and_then(Value::as_array);
     let is_special_piece = |v: Option<&Value>| v.is_some_and(|v| v.get("SpecialToken").is_some());
-    let add_bos = config
-        .get("add_bos_token")
-        .and_then(Value::as_bool)
+    let flag = |key: &str| -> Result<Option<bool>> {
+        match config.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(config_fail(format!("{key} is {v}, not true or false"))),
+        }
+    };
+    let add_bos = flag("add_bos_token")?
         .unwrap_or_else(|| template_single.is_some_and(|s| is_special_piece(s.first())));
-    let add_eos = config
-        .get("add_eos_token")
-        .and_then(Value::as_bool)
-        .unwrap_or_else(|| {
-            template_single.is_some_and(|s| s.len() > 1 && is_special_piece(s.last()))
-        });
+    let add_eos = flag("add_eos_token")?.unwrap_or_else(|| {
+        template_single.is_some_and(|s| s.len() > 1 && is_special_piece(s.last()))
+    });
 
     Ok(Parts {
         tokens,
