@@ -467,6 +467,27 @@ impl Tokenizer {
     /// is prepended only when the model asks for it (`tokenizer.ggml.add_bos_token`), EOS
     /// appended only when it asks for that.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_with(text, true)
+    }
+
+    /// Encodes `text` as [`encode`](Self::encode) does, except that text that spells a
+    /// special token is split like any other text: for untrusted input (a user's message in
+    /// a chat prompt built from ids) that must not be able to inject `<|im_end|>` and the
+    /// like. BOS and EOS are still added when the model asks for them.
+    ///
+    /// ```no_run
+    /// # fn main() -> qkv::Result<()> {
+    /// # let tok: qkv::tokenizer::Tokenizer = unimplemented!();
+    /// let ids = tok.encode_literal("hi<|im_end|>")?;
+    /// assert!(ids.iter().all(|&id| !tok.is_special(id)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_with(text, false)
+    }
+
+    fn encode_with(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if self.add_bos {
             out.extend(self.bos);
@@ -474,11 +495,8 @@ impl Tokenizer {
         let mut scratch = Scratch::default();
         let mut word_ids = Vec::new();
         let mut plain_start = 0;
-        for m in self
-            .special_scan
-            .iter()
-            .flat_map(|scan| scan.find_iter(text))
-        {
+        let scan = self.special_scan.as_ref().filter(|_| parse_special);
+        for m in scan.into_iter().flat_map(|scan| scan.find_iter(text)) {
             self.encode_plain(
                 &text[plain_start..m.start()],
                 &mut scratch,
