@@ -218,7 +218,10 @@ impl Session {
     ///
     /// Every yielded token has been appended to the session (EOS included), so a later
     /// `generate` continues the conversation. The prompt is prefilled here, so its errors
-    /// come back at once. [`Error::Unsupported`] when the model has no tokenizer.
+    /// come back at once. [`Error::Unsupported`] when the model has no tokenizer,
+    /// [`Error::Config`] when `config` is out of range (see
+    /// [`SamplerConfig::validate`](crate::sample::SamplerConfig::validate)); a step whose
+    /// logits are not all finite yields [`Error::Shape`] and ends the iteration.
     pub fn generate(&mut self, prompt: &str, config: SamplerConfig) -> Result<Generate<'_>> {
         let ids = tokenizer_of(&self.model)?.encode(prompt)?;
         self.generate_tokens(&ids, config)
