@@ -400,3 +400,21 @@ fn literal_encoding_cannot_inject_special_tokens() {
     assert!(literal.iter().all(|&id| !tok.is_special(id)), "{literal:?}");
     assert_eq!(tok.decode(&literal).unwrap(), text);
 }
+
+/// Without `token_type`, the BOS, EOS and padding tokens still match whole in text (a chat
+/// prompt spells them); nothing else does.
+#[test]
+fn without_token_types_the_control_tokens_are_still_special() {
+    let path = tokenizer_gguf("notypes", |meta| {
+        meta.retain(|(k, _)| k != "tokenizer.ggml.token_type")
+    });
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let eos = tok.eos_id().unwrap();
+    assert!(tok.is_special(eos));
+    let eos_text = tok.decode(&[eos]).unwrap();
+    assert_eq!(
+        tok.encode(&format!("hi{eos_text}")).unwrap().last(),
+        Some(&eos)
+    );
+    std::fs::remove_file(&path).ok();
+}

@@ -199,7 +199,9 @@ impl Tokenizer {
             .into_iter()
             .map(str::to_owned)
             .collect();
-        let special = match file.metadata("tokenizer.ggml.token_type") {
+        let mut special = match file.metadata("tokenizer.ggml.token_type") {
+            // Without types, the BOS, EOS and padding tokens (marked below) are the control
+            // tokens a prompt may spell, as a chat template does.
             None => vec![false; tokens.len()],
             Some(_) => {
                 let types = file.get_i32_array("tokenizer.ggml.token_type")?;
@@ -259,14 +261,25 @@ impl Tokenizer {
             None => None,
             Some(_) => Some(file.get_str("tokenizer.chat_template")?.to_owned()),
         };
+        let bos = id("tokenizer.ggml.bos_token_id")?;
+        let eos = id("tokenizer.ggml.eos_token_id")?;
+        let pad = id("tokenizer.ggml.padding_token_id")?;
+        if file.metadata("tokenizer.ggml.token_type").is_none() {
+            // Ids past the vocabulary are refused by `build`.
+            for id in [bos, eos, pad].into_iter().flatten() {
+                if let Some(s) = special.get_mut(id as usize) {
+                    *s = true;
+                }
+            }
+        }
         Tokenizer::build(Parts {
             tokens,
             special,
             merges,
             split_digits: DIGIT_SPLITTING_PRE.contains(&pre),
-            bos: id("tokenizer.ggml.bos_token_id")?,
-            eos: id("tokenizer.ggml.eos_token_id")?,
-            pad: id("tokenizer.ggml.padding_token_id")?,
+            bos,
+            eos,
+            pad,
             add_bos: flag("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
             add_eos: flag("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
             chat_template,
