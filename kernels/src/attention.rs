@@ -42,7 +42,7 @@
 //! assert_eq!(&out[..2], &[1.0, 2.0]); // query 0 sees key 0 only
 //! ```
 
-use crate::error::{check_covers, check_len, check_nonzero, try_vec_f32, KernelError, Result};
+use crate::error::{check_covers, check_len, check_nonzero, try_zeros_f32, KernelError, Result};
 use half::f16;
 
 /// Queries: `rows × heads × dim` f32 values, element `(r, h, d)` at
@@ -507,11 +507,9 @@ pub fn attention_with_probs(
     } = dims;
     let group = heads / kv_heads;
     let len = heads.checked_mul(tq).and_then(|n| n.checked_mul(tk));
-    let mut probs = try_vec_f32(len, || {
+    let mut probs = try_zeros_f32(len, || {
         format!("the probabilities of heads {heads} × tq {tq} × tk {tk}")
     })?;
-    // `len` is `Some` here: `try_vec_f32` rejects an overflowed one.
-    probs.resize(len.unwrap_or(0), 0.0);
     for h in 0..heads {
         let g = h / group;
         for i in 0..tq {

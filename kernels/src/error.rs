@@ -86,11 +86,10 @@ pub(crate) fn check_nonzero(what: &'static str, v: usize) -> Result<()> {
     Ok(())
 }
 
-/// An empty `Vec<f32>` with room for `len` elements (`None`: the element count itself
-/// overflowed), reserved fallibly: a size that overflows or cannot be allocated becomes
+/// `len` zeros (`None`: the element count itself overflowed), allocated fallibly: a size that overflows or cannot be allocated becomes
 /// [`KernelError::Invalid`] naming `what` needed it and how many bytes, instead of a
 /// capacity-overflow panic or an allocation-failure abort.
-pub(crate) fn try_vec_f32(len: Option<usize>, what: impl Fn() -> String) -> Result<Vec<f32>> {
+pub(crate) fn try_zeros_f32(len: Option<usize>, what: impl Fn() -> String) -> Result<Vec<f32>> {
     let bytes = len.and_then(|n| n.checked_mul(std::mem::size_of::<f32>()));
     let err = || {
         let bytes = bytes.map_or_else(|| "more than usize::MAX".to_string(), |b| b.to_string());
@@ -102,5 +101,6 @@ pub(crate) fn try_vec_f32(len: Option<usize>, what: impl Fn() -> String) -> Resu
     let len = len.filter(|_| bytes.is_some()).ok_or_else(err)?;
     let mut v = Vec::new();
     v.try_reserve_exact(len).map_err(|_| err())?;
+    v.resize(len, 0.0);
     Ok(v)
 }

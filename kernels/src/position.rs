@@ -26,7 +26,7 @@
 //! assert!((pe[4] - 1f32.sin()).abs() < 1e-7);
 //! ```
 
-use crate::error::{check_len, check_nonzero, try_vec_f32, KernelError, Result};
+use crate::error::{check_len, check_nonzero, try_zeros_f32, KernelError, Result};
 
 /// `exp(f32(2i) · f32(−ln(10000)/dim))` in f32, the `div_term` of column pair `i`.
 #[inline]
@@ -52,11 +52,9 @@ fn sin_cos(pos: usize, div: f32) -> (f32, f32) {
 /// than panicking or aborting) when `positions · dim` f32 overflow or cannot be allocated.
 pub fn sinusoidal_table(positions: usize, dim: usize) -> Result<Vec<f32>> {
     let len = positions.checked_mul(dim);
-    let mut pe = try_vec_f32(len, || {
+    let mut pe = try_zeros_f32(len, || {
         format!("a sinusoidal table of {positions} positions × dim {dim}")
     })?;
-    // `len` is `Some` here: `try_vec_f32` rejects an overflowed one.
-    pe.resize(len.unwrap_or(0), 0.0f32);
     if dim == 0 {
         return Ok(pe);
     }

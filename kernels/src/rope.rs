@@ -29,7 +29,7 @@
 //! assert_eq!(x, [1.0, 2.0, 3.0, 4.0]);
 //! ```
 
-use crate::error::{check_covers, check_len, check_nonzero, try_vec_f32, KernelError, Result};
+use crate::error::{check_covers, check_len, check_nonzero, try_zeros_f32, KernelError, Result};
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
 
@@ -94,14 +94,18 @@ impl RopeTable {
                  head_dim {head_dim}"
             )
         };
-        let mut cos = try_vec_f32(Some(len), what)?;
-        let mut sin = try_vec_f32(Some(len), what)?;
-        for p in 0..max_positions {
+        let mut cos = try_zeros_f32(Some(len), what)?;
+        let mut sin = try_zeros_f32(Some(len), what)?;
+        for (p, (c, s)) in cos
+            .chunks_exact_mut(half)
+            .zip(sin.chunks_exact_mut(half))
+            .enumerate()
+        {
             let pf = p as f32;
-            for &f in &inv_freq {
+            for ((c, s), &f) in c.iter_mut().zip(s.iter_mut()).zip(&inv_freq) {
                 let angle = (pf * f) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                *c = angle.cos() as f32;
+                *s = angle.sin() as f32;
             }
         }
         Ok(RopeTable {

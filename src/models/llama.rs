@@ -763,19 +763,7 @@ mod tests {
 
     #[test]
     fn config_validation_names_the_fault() {
-        let good = LlamaConfig {
-            dim: 8,
-            layers: 1,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 4,
-            ffn_dim: 16,
-            vocab: 10,
-            context: 32,
-            rope_base: 10000.0,
-            rms_eps: 1e-5,
-            layout: WeightLayout::Gguf,
-        };
+        let good = tiny(1);
         good.validate().unwrap();
         let bad = LlamaConfig {
             kv_heads: 3,

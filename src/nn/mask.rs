@@ -27,6 +27,22 @@ pub struct KeyPadding {
     len: usize,
 }
 
+/// `batch·len` flags set to `value`; [`Error::Shape`] when the product overflows or the
+/// flags cannot be allocated (instead of a capacity panic or an allocation abort).
+fn flags(batch: usize, len: usize, value: bool) -> Result<Vec<bool>> {
+    let n = batch
+        .checked_mul(len)
+        .ok_or_else(|| Error::Shape(format!("key padding: [{batch}, {len}] overflows")))?;
+    let mut keep = Vec::new();
+    keep.try_reserve_exact(n).map_err(|_| {
+        Error::Shape(format!(
+            "key padding: [{batch}, {len}] flags cannot be allocated"
+        ))
+    })?;
+    keep.resize(n, value);
+    Ok(keep)
+}
+
 impl KeyPadding {
     /// Sequence `b` holds `lengths[b]` real tokens followed by padding up to `len`.
     /// [`Error::Shape`] if a length exceeds `len`.
@@ -37,17 +53,7 @@ impl KeyPadding {
                 lengths.len()
             )));
         }
-        let n = lengths.len().checked_mul(len).ok_or_else(|| {
-            Error::Shape(format!("key padding: [{}, {len}] overflows", lengths.len()))
-        })?;
-        let mut keep = Vec::new();
-        keep.try_reserve_exact(n).map_err(|_| {
-            Error::Shape(format!(
-                "key padding: [{}, {len}] flags cannot be allocated",
-                lengths.len()
-            ))
-        })?;
-        keep.resize(n, false);
+        let mut keep = flags(lengths.len(), len, false)?;
         for (b, &l) in lengths.iter().enumerate() {
             if l > len {
                 return Err(Error::Shape(format!(
@@ -77,17 +83,7 @@ impl KeyPadding {
 
     /// All real: no padding.
     pub fn all(batch: usize, len: usize) -> Result<Self> {
-        let n = batch
-            .checked_mul(len)
-            .ok_or_else(|| Error::Shape(format!("key padding: [{batch}, {len}] overflows")))?;
-        let mut keep = Vec::new();
-        keep.try_reserve_exact(n).map_err(|_| {
-            Error::Shape(format!(
-                "key padding: [{batch}, {len}] flags cannot be allocated"
-            ))
-        })?;
-        keep.resize(n, true);
-        Self::from_flags(keep, batch, len)
+        Self::from_flags(flags(batch, len, true)?, batch, len)
     }
 
     /// Batch size.
