@@ -43,6 +43,22 @@ pub fn threads() -> usize {
     rayon::current_num_threads()
 }
 
+/// A raw pointer to an output that tasks on several threads write at once, each its own
+/// disjoint elements (every user says which, where it writes).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut(pub(crate) *mut f32);
+// SAFETY: the pointer is only dereferenced by tasks that write disjoint elements of a buffer
+// that outlives them; no task reads what another writes.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The pointer. Taking `self` makes closures capture the whole wrapper, not the raw field.
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// From this many elements on, the row-wise and elementwise kernels (norms, SwiGLU, residual
 /// adds, RoPE) split their work across the pool; below it (a decode step's single rows) a
 /// hand-off would cost more than it saves.

@@ -20,6 +20,7 @@
 //! ```
 
 use crate::error::{check_len, check_nonzero, KernelError, Result};
+use crate::SharedOut;
 use half::f16;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -205,7 +206,7 @@ pub fn linear_many(
             w: p.w,
             bias: p.bias,
             n: p.n,
-            y: YPtr(p.y.as_mut_ptr()),
+            y: SharedOut(p.y.as_mut_ptr()),
         };
     }
     gemv_parts(&parts[..projections.len()], x, m, k);
@@ -239,7 +240,7 @@ fn gemm_raw(
     // Each call packs all of x, so very tall x or many threads keep gemm's split.
     let per = n.div_ceil(threads).div_ceil(16) * 16;
     if parallel && threads <= COLUMN_SPLIT_MAX_THREADS && m <= COLUMN_SPLIT_MAX_M && per >= 64 {
-        let out = YPtr(dst.as_mut_ptr());
+        let out = SharedOut(dst.as_mut_ptr());
         (0..n.div_ceil(per)).into_par_iter().for_each(|b| {
             let (j0, nb) = (b * per, per.min(n - b * per));
             // SAFETY: as below, for columns j0..j0+nb of dst and rows j0..j0+nb of w; the
@@ -418,27 +419,13 @@ const GEMV_PAR_MIN_ELEMS: usize = 1 << 15;
 /// Ranges of W rows per thread in the parallel GEMV.
 const GEMV_CHUNKS_PER_THREAD: usize = 4;
 
-/// A raw pointer to an output that may cross threads; each task writes a disjoint column range.
-#[derive(Clone, Copy)]
-struct YPtr(*mut f32);
-// SAFETY: tasks only write disjoint column ranges of y (see `gemv`).
-unsafe impl Send for YPtr {}
-unsafe impl Sync for YPtr {}
-
-impl YPtr {
-    /// Taking `self` makes closures capture the whole wrapper, not the raw field.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// One matrix of a GEMV group: its weights, bias, rows and output.
 #[derive(Clone, Copy)]
 struct GemvPart<'a> {
     w: Weights<'a>,
     bias: Option<&'a [f32]>,
     n: usize,
-    y: YPtr,
+    y: SharedOut,
 }
 
 impl GemvPart<'_> {
@@ -447,7 +434,7 @@ impl GemvPart<'_> {
         w: Weights::F32(&[]),
         bias: None,
         n: 0,
-        y: YPtr(std::ptr::null_mut()),
+        y: SharedOut(std::ptr::null_mut()),
     };
 }
 
@@ -464,7 +451,7 @@ fn gemv(
         w,
         bias,
         n,
-        y: YPtr(y.as_mut_ptr()),
+        y: SharedOut(y.as_mut_ptr()),
     };
     gemv_parts(std::slice::from_ref(&part), x, m, k);
 }

@@ -14,6 +14,7 @@
 //! end.
 
 use super::{AttentionMask, Dims, KvView, QueryView};
+use crate::SharedOut;
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::collections::TryReserveError;
@@ -413,20 +414,6 @@ pub(super) fn run_scalar(
     run_with::<Scalar>(q, k, v, mask, dims, out)
 }
 
-/// A raw pointer to the output that crosses threads; items write disjoint (query, head) rows.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: every item writes only the rows of its own (KV head, query block), which no other
-// item writes (see `finalize_item`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 fn run_with<M: Micro + ProcessItem>(
     q: &QueryView<'_>,
     k: &KvView<'_>,
@@ -519,7 +506,7 @@ fn run_with<M: Micro + ProcessItem>(
         }
     };
     let n_items = base_items * splits;
-    let optr = OutPtr(out.as_mut_ptr());
+    let optr = SharedOut(out.as_mut_ptr());
 
     if splits == 1 {
         let body = |idx: usize| {
@@ -614,7 +601,7 @@ fn run_with<M: Micro + ProcessItem>(
 /// # Safety
 /// `out` must point to `tq·heads·d_v` writable floats, and no other thread may write the
 /// rows of this item's (KV head, query block) at the same time.
-unsafe fn finalize_item(ctx: &Ctx<'_>, it: Item, sc: &Scratch, out: OutPtr) {
+unsafe fn finalize_item(ctx: &Ctx<'_>, it: Item, sc: &Scratch, out: SharedOut) {
     let Dims { heads, d_v, .. } = ctx.dims;
     for r in 0..ctx.group * it.nq {
         let (hi, qi) = (r / it.nq, r % it.nq);
@@ -1428,12 +1415,8 @@ mod avx2 {
             // SAFETY: see `pack_kt`; keys j0..j0+nk of head g lie inside the validated view.
             unsafe {
                 match k.data {
-                    KvData::F32(x) => {
-                        scores_in_place_typed(q, x, k, ahead, g, j0, nk, s, rows, d)
-                    }
-                    KvData::F16(x) => {
-                        scores_in_place_typed(q, x, k, ahead, g, j0, nk, s, rows, d)
-                    }
+                    KvData::F32(x) => scores_in_place_typed(q, x, k, ahead, g, j0, nk, s, rows, d),
+                    KvData::F16(x) => scores_in_place_typed(q, x, k, ahead, g, j0, nk, s, rows, d),
                 }
             }
         }
