@@ -8,6 +8,8 @@ use qkv_kernels::activation::{
     log_sum_exp, log_sum_exp_scalar, relu_inplace, relu_inplace_scalar, silu_inplace,
     silu_inplace_scalar, softmax_inplace, softmax_inplace_scalar, swiglu, swiglu_scalar,
 };
+use qkv_kernels::convert::{f16_to_f32, f16_to_f32_scalar, f32_to_f16, f32_to_f16_scalar};
+use qkv_kernels::f16;
 use qkv_kernels::norm::{
     layer_norm, layer_norm_scalar, rms_norm, rms_norm_inplace, rms_norm_scalar,
 };
@@ -49,6 +51,60 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
         let ok = (g - w).abs() <= abs + rel * w.abs() || (g.is_nan() && w.is_nan());
         assert!(ok, "{what}[{i}]: got {g}, want {w} (abs {abs}, rel {rel})");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// f16 ⇄ f32
+// ---------------------------------------------------------------------------------------
+
+/// Both conversions are exact operations (widening is lossless, narrowing rounds to nearest
+/// even), so the vector forms must agree with the scalar ones bit for bit, on every length
+/// (vector bodies and scalar tails) and on the edge values: subnormals, the largest finite
+/// half, overflow to infinity, infinities, NaN and signed zeros.
+#[test]
+fn conversions_match_scalar_bitwise() {
+    let mut rng = Rng::new(11);
+    let edges = [
+        0.0f32,
+        -0.0,
+        1.0,
+        -2.5,
+        65504.0,
+        65520.0,
+        -70000.0,
+        6.0e-8,
+        -3.0e-5,
+        1.0e-9,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        // Halfway between two halves: 1 + 2^-11 rounds to even (1.0).
+        1.0 + 1.0 / 2048.0,
+    ];
+    for &n in &SIZES {
+        let mut x = rng.vec(n, -70.0, 70.0);
+        for (v, e) in x.iter_mut().zip(edges.iter().cycle().step_by(3)) {
+            if rng.uniform(0.0, 1.0) < 0.3 {
+                *v = *e;
+            }
+        }
+        let (mut fast, mut slow) = (vec![f16::ZERO; n], vec![f16::ZERO; n]);
+        f32_to_f16(&x, &mut fast).unwrap();
+        f32_to_f16_scalar(&x, &mut slow);
+        let bits = |h: &[f16]| h.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast), bits(&slow), "f32_to_f16, n = {n}");
+
+        let (mut wide, mut wide_ref) = (vec![0.0f32; n], vec![0.0f32; n]);
+        f16_to_f32(&slow, &mut wide).unwrap();
+        f16_to_f32_scalar(&slow, &mut wide_ref);
+        let fbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(fbits(&wide), fbits(&wide_ref), "f16_to_f32, n = {n}");
+    }
+    let mut short = [0.0f32; 2];
+    assert!(matches!(
+        f16_to_f32(&[f16::ONE; 3], &mut short),
+        Err(KernelError::Length { .. })
+    ));
 }
 
 // ---------------------------------------------------------------------------------------
