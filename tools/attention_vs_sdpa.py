@@ -8,9 +8,10 @@ For each shape (causal prefill tq = tk in {512, 2048, 4096}; decode tq = 1, tk i
 {512, 2048, 8192}; 9 query heads over 3 KV heads, head_dim 64, f32), the two run in
 alternation: PyTorch in this process, qkv as `kernels/examples/attention_time` (built here
 with cargo). Both read K/V head-major for decode (PyTorch's [B, H, T, D]; qkv's Llama cache
-layout) and qkv reads them position-major for prefill (its activations' layout). Each run reports the median of REPS calls; the table gives the median over
-alternations and the ratio PyTorch / qkv (> 1: qkv is faster). The machine is shared and
-noisy; the alternation is what makes the ratio fair.
+layout) and qkv reads them position-major for prefill (its activations' layout). Each run
+reports the median of REPS calls; the table gives the median over alternations and the
+ratio PyTorch / qkv (> 1: qkv is faster). The machine is shared and noisy, so the two
+alternate, in ABBA order: whichever runs first in a pair meets a different machine state.
 """
 import argparse
 import os
@@ -66,9 +67,13 @@ def main():
     rows = []
     for tq, tk in SHAPES:
         t_torch, t_qkv = [], []
-        for _ in range(args.alternations):
-            t_torch.append(sdpa_median(tq, tk, args.reps))
-            t_qkv.append(qkv_median(binary, tq, tk, args.reps, args.threads))
+        for i in range(args.alternations):
+            # ABBA: whichever side runs first in a pair meets a different machine state
+            # (caches, clocks), so the order flips every alternation.
+            sides = [lambda: t_torch.append(sdpa_median(tq, tk, args.reps)),
+                     lambda: t_qkv.append(qkv_median(binary, tq, tk, args.reps, args.threads))]
+            for side in sides if i % 2 == 0 else sides[::-1]:
+                side()
         mt, mq = statistics.median(t_torch), statistics.median(t_qkv)
         kind = "prefill causal" if tq > 1 else "decode"
         rows.append((kind, tq, tk, mt, mq, mt / mq, min(t_torch), max(t_torch), min(t_qkv), max(t_qkv)))

@@ -223,14 +223,23 @@ def ensure_e2e_bench(lc: Path):
     return snap
 
 
-def qkv_criterion(bench: Path, lc: Path, name: str):
+def qkv_criterion(bench: Path, lc: Path, name: str, threads: int):
     """Runs one function of benches/e2e.rs; returns (median seconds, command)."""
     home = lc / "criterion"
+    # Criterion keeps its results between runs: clear this bench's, so that a filter that
+    # matched nothing fails below instead of reporting an earlier run's median.
+    out = home / "e2e" / name.replace("/", "_")
+    shutil.rmtree(out, ignore_errors=True)
     cmd = [bench, "--bench", "--noplot", f"^e2e/{name}$"]
     subprocess.run([str(c) for c in cmd], check=True, capture_output=True,
-                   env={**os.environ, "CRITERION_HOME": str(home)})
-    est = json.loads((home / "e2e" / name.replace("/", "_") / "new" / "estimates.json").read_text())
-    return est["median"]["point_estimate"] * 1e-9, f"CRITERION_HOME={home} " + " ".join(map(str, cmd))
+                   env={**os.environ, "CRITERION_HOME": str(home),
+                        "RAYON_NUM_THREADS": str(threads)})
+    est_file = out / "new" / "estimates.json"
+    if not est_file.is_file():
+        sys.exit(f"criterion ran no bench matching e2e/{name}")
+    est = json.loads(est_file.read_text())
+    return est["median"]["point_estimate"] * 1e-9, \
+        f"RAYON_NUM_THREADS={threads} CRITERION_HOME={home} " + " ".join(map(str, cmd))
 
 
 def ensure_roofline(lc: Path):
@@ -331,20 +340,29 @@ def main():
     p512 = make_prompt(lc, qkv, models["f16"], 512)
     p2048 = make_prompt(lc, qkv, models["f16"], 2048)
 
-    def qkv_gen(model, dtype, prompt, n, ctx):
+    def checked(s, prompt_tokens, generated):
+        """The shape a run measured must be the row's: cached prompt files predate any
+        tokenizer change, and --ignore-eos must have held."""
+        got = (s["prompt_tokens"], s["generated_tokens"])
+        if (prompt_tokens is not None and got[0] != prompt_tokens) or got[1] != generated:
+            sys.exit(f"qkv ran {got[0]} prompt and {got[1]} generated tokens, "
+                     f"the row needs {prompt_tokens} and {generated}")
+        return s
+
+    def qkv_gen(model, dtype, prompt, n, ctx, prompt_tokens=None):
         def f():
             s, cmd = qkv_decode(qkv, model, dtype, t, prompt, n, ctx)
-            return s["generated_tokens_per_s"], cmd
+            return checked(s, prompt_tokens, n)["generated_tokens_per_s"], cmd
         return f
 
     def qkv_prompt(model, prompt, ctx, depth=0):
         def f():
             s, cmd = qkv_decode(qkv, model, "f16", t, prompt, 0, ctx, depth)
-            return s["prompt_tokens_per_s"], cmd
+            return checked(s, 512, 0)["prompt_tokens_per_s"], cmd
         return f
 
     def qkv_pp_at_depth_bench():
-        secs, cmd = qkv_criterion(e2e, lc, "f16/pp512_d2048")
+        secs, cmd = qkv_criterion(e2e, lc, "f16/pp512_d2048", t)
         return 512 / secs, cmd
 
     def lc_run(model, p, n, d=0, fa=None):
@@ -364,7 +382,8 @@ def main():
         ("tg64_d2048_f16", "decode tg64 @ d2048, f16", "≥ 1.6× better of fa off/on",
          [("llama.cpp fa off", lc_run(models["f16"], 0, 64, 2048, "off")),
           ("llama.cpp fa on", lc_run(models["f16"], 0, 64, 2048, "on"))],
-         qkv_gen(models["f16"], "f16", p2048, 64, 2048 + 64), decode_ceiling(2, 2048 + 32)),
+         qkv_gen(models["f16"], "f16", p2048, 64, 2048 + 64, 2048),
+         decode_ceiling(2, 2048 + 32)),
         ("pp512_f16", "prefill pp512, f16", "≥ 1.2×",
          [("llama.cpp", lc_run(models["f16"], 512, 0))],
          qkv_prompt(models["f16"], p512, 512), prefill_ceiling(256.5)),
@@ -374,6 +393,10 @@ def main():
          else qkv_prompt(models["f16"], p512, 2048 + 512, 2048), prefill_ceiling(2048 + 256.5)),
     ]
     wanted = None if args.rows == "all" else set(args.rows.split(","))
+    unknown = (wanted or set()) - {r[0] for r in rows}
+    if unknown:
+        sys.exit(f"unknown rows: {', '.join(sorted(unknown))}; "
+                 f"the rows are {', '.join(r[0] for r in rows)}")
     results = []
     for name, label, target, peers, qkv_fn, ceiling_fn in rows:
         if wanted and name not in wanted:

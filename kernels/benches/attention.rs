@@ -1,6 +1,10 @@
 //! Attention benchmarks: causal prefill (tq = tk ∈ {512, 2048, 4096}) and decode (tq = 1,
-//! tk ∈ {512, 2048, 8192}), 9 query heads over 3 KV heads, head_dim 64, K/V in f32 and f16.
-//! Compare with `tools/sdpa_bench.py` (PyTorch SDPA, same shapes, same machine).
+//! tk ∈ {512, 2048, 8192}), 9 query heads over 3 KV heads, head_dim 64, K/V in f32 and f16,
+//! position-major (`[tk][kv_head][d]`, the layout of a prompt's own projections). The Llama
+//! KV cache is head-major; `examples/attention_time.rs … head` times decode on that layout.
+//! Calls run on a rayon worker, as a `Session` makes them. Compare with
+//! `tools/sdpa_bench.py` (PyTorch SDPA, same shapes, same machine; run both with the same
+//! thread count, e.g. `RAYON_NUM_THREADS=2`).
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qkv_kernels::{attention, f16, AttentionMask, KvView, QueryView};
@@ -50,7 +54,11 @@ fn run(c: &mut Criterion, name: &str, tq: usize, tks: &[usize], samples: usize) 
             ),
         ] {
             g.bench_with_input(BenchmarkId::new(dtype, tk), &(), |b, _| {
-                b.iter(|| attention(black_box(&qv), &kv, &vv, &mask, None, &mut out).unwrap())
+                // On a pool worker, as a `Session` calls it: from outside the pool every call
+                // would also pay for waking the workers.
+                rayon::scope(|_| {
+                    b.iter(|| attention(black_box(&qv), &kv, &vv, &mask, None, &mut out).unwrap())
+                })
             });
         }
     }

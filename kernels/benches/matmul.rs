@@ -100,7 +100,11 @@ fn matmul(c: &mut Criterion) {
                 g.bench_with_input(
                     BenchmarkId::new(format!("qkv_{dtype}"), &shape),
                     &(),
-                    |b, _| b.iter(|| linear(&mut y, black_box(&x), w, None, m, k, n).unwrap()),
+                    |b, _| {
+                        rayon::scope(|_| {
+                            b.iter(|| linear(&mut y, black_box(&x), w, None, m, k, n).unwrap())
+                        })
+                    },
                 );
             }
             // The peer: the gemm crate called raw on the same shape, f32 and f16 operands.
@@ -111,7 +115,9 @@ fn matmul(c: &mut Criterion) {
             };
             g.throughput(Throughput::Elements(units32));
             g.bench_with_input(BenchmarkId::new("gemm_raw_f32", &shape), &(), |b, _| {
-                b.iter(|| raw_gemm(&mut y, black_box(&x), &w32, m, k, n, 1.0f32, 0.0f32))
+                rayon::scope(|_| {
+                    b.iter(|| raw_gemm(&mut y, black_box(&x), &w32, m, k, n, 1.0f32, 0.0f32))
+                })
             });
             let x16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
             let mut y16 = vec![f16::ZERO; m * n];
@@ -122,17 +128,19 @@ fn matmul(c: &mut Criterion) {
             };
             g.throughput(Throughput::Elements(units16));
             g.bench_with_input(BenchmarkId::new("gemm_raw_f16", &shape), &(), |b, _| {
-                b.iter(|| {
-                    raw_gemm(
-                        &mut y16,
-                        black_box(&x16),
-                        &w16,
-                        m,
-                        k,
-                        n,
-                        f16::ONE,
-                        f16::ZERO,
-                    )
+                rayon::scope(|_| {
+                    b.iter(|| {
+                        raw_gemm(
+                            &mut y16,
+                            black_box(&x16),
+                            &w16,
+                            m,
+                            k,
+                            n,
+                            f16::ONE,
+                            f16::ZERO,
+                        )
+                    })
                 })
             });
         }
@@ -146,8 +154,8 @@ fn matmul(c: &mut Criterion) {
 ///
 /// Each of the `4·threads` pieces spins for 2.5 µs (a small GEMV's share of rows), so the
 /// ideal time is `4 · 2.5 µs = 10 µs`; the excess over that is the hand-off cost. The
-/// `serial` case runs the same pieces on one thread (40 µs for 2 threads) as a check of the
-/// spin.
+/// `serial` case runs the same pieces on one thread (`10 · threads` µs, 20 µs for 2 threads)
+/// as a check of the spin.
 fn handoff(c: &mut Criterion) {
     let mut g = c.benchmark_group("handoff");
     let pieces = rayon::current_num_threads() * 4;

@@ -22,16 +22,23 @@ fn filled(n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Times `a` and `b` alternately `reps` times; returns their median seconds.
+/// Times `a` and `b` alternately `reps` times, in ABBA order (whichever runs first in a pair
+/// meets a different cache and clock state); returns their median seconds.
 fn alternate(reps: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
     let (mut ta, mut tb) = (Vec::new(), Vec::new());
-    for _ in 0..reps {
+    let time = |f: &mut dyn FnMut()| {
         let t = Instant::now();
-        a();
-        ta.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        b();
-        tb.push(t.elapsed().as_secs_f64());
+        f();
+        t.elapsed().as_secs_f64()
+    };
+    for i in 0..reps {
+        if i % 2 == 0 {
+            ta.push(time(&mut a));
+            tb.push(time(&mut b));
+        } else {
+            tb.push(time(&mut b));
+            ta.push(time(&mut a));
+        }
     }
     (median(ta), median(tb))
 }

@@ -1,5 +1,7 @@
-//! The two ceilings of a SmolLM2-135M step on this machine, measured together, in one JSON
-//! line, for `tools/bench_vs_llamacpp.py` to turn into tokens per second:
+//! The two ceilings of a SmolLM2-135M step on this machine (read bandwidth and FMA peak),
+//! and two figures that show how close a decode step's GEMVs come to the first, measured
+//! together and printed as one JSON line for `tools/bench_vs_llamacpp.py` to turn into
+//! tokens per second:
 //!
 //! - `read_gbs`: one parallel read of the f16 weights a decode step streams (per layer the
 //!   Q/K/V, output, gate/up and down matrices, then the 49152-row LM head: 269 MB), the
