@@ -5,8 +5,9 @@
 //! dispatched at run time through [`pulp::Arch`]; the ones that need a vector `exp` or `erf`
 //! ([`silu_inplace`], [`swiglu`], [`gelu_tanh_inplace`], [`gelu_erf_inplace`],
 //! [`softmax_inplace`]) are written for AVX2+FMA with
-//! [`simd::avx2::exp`](crate::simd) and fall back to their scalar reference on other CPUs
-//! (or with `QKV_FORCE_SCALAR=1`).
+//! [`simd::avx2::exp`](crate::simd) and fall back to scalar code on other CPUs (or with
+//! `QKV_FORCE_SCALAR=1`): their reference, except [`gelu_tanh_inplace`], whose fallback keeps
+//! the vector path's sigmoid form.
 //!
 //! ```
 //! use qkv_kernels::activation::{softmax_inplace, swiglu};

@@ -112,6 +112,27 @@ fn gemm_shapes() {
     check(512, 64, 300, true, false, &mut rng);
 }
 
+/// The splits depend on the pool: the column split of the gemm path runs for 2–4 threads
+/// only, and the GEMV's row ranges change with the thread count. The default pool has as many
+/// threads as the machine has cores, so the cases above may miss them; here every split runs
+/// on pools of 1 to 5 threads, with ragged last blocks.
+#[test]
+fn splits_on_pools_of_one_to_five_threads() {
+    let mut rng = Rng(4);
+    for threads in 1..=5 {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool");
+        pool.install(|| {
+            check(512, 64, 300, true, false, &mut rng);
+            check(96, 576, 191, false, true, &mut rng);
+            check(1, 576, 1537, true, true, &mut rng);
+            check(4, 1000, 4099, false, false, &mut rng);
+        });
+    }
+}
+
 #[test]
 fn bad_shapes_are_errors() {
     let x = vec![0.0; 6];

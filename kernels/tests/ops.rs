@@ -116,8 +116,9 @@ fn layer_norm_matches_scalar() {
     let mut rng = Rng::new(1);
     for &dim in &SIZES {
         for rows in [1, 3] {
-            // An offset mean (5) and spread (±3) so a one-pass variance would show.
-            let x: Vec<f32> = rng.vec(rows * dim, 2.0, 8.0);
+            // A mean of 100 and a spread of ±3: a one-pass variance (E[x²] − mean², which
+            // cancels ~10⁴ against ~10⁴ in f32) would miss the tolerance by far.
+            let x: Vec<f32> = rng.vec(rows * dim, 97.0, 103.0);
             let w = rng.vec(dim, 0.5, 1.5);
             let b = rng.vec(dim, -1.0, 1.0);
             for bias in [None, Some(&b[..])] {
@@ -593,6 +594,41 @@ fn softmax_edge_cases() {
         a[1] = f32::NAN;
         softmax_inplace(&mut a);
         assert!(a.iter().all(|v| v.is_nan()), "NaN row n {n}");
+    }
+    // So does a +inf (exp(inf − inf) is NaN, and it spreads through the sum), wherever it
+    // sits: in a vector lane or in the tail.
+    for &n in &[3usize, 9, 17] {
+        for at in [0, n / 2, n - 1] {
+            let mut a = vec![0.5f32; n];
+            a[at] = f32::INFINITY;
+            let mut b = a.clone();
+            softmax_inplace(&mut a);
+            softmax_inplace_scalar(&mut b);
+            assert!(a.iter().all(|v| v.is_nan()), "+inf at {at} of {n}: {a:?}");
+            assert!(
+                b.iter().all(|v| v.is_nan()),
+                "+inf at {at} of {n}, scalar: {b:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn relu_turns_nan_into_zero() {
+    for &n in &SIZES {
+        let mut a: Vec<f32> = (0..n)
+            .map(|i| match i % 3 {
+                0 => f32::NAN,
+                1 => -1.5,
+                _ => 2.5,
+            })
+            .collect();
+        let mut b = a.clone();
+        relu_inplace(&mut a);
+        relu_inplace_scalar(&mut b);
+        let want: Vec<f32> = (0..n).map(|i| if i % 3 == 2 { 2.5 } else { 0.0 }).collect();
+        assert_eq!(a, want, "n {n}");
+        assert_eq!(b, want, "scalar n {n}");
     }
 }
 
