@@ -400,7 +400,9 @@ fn hf_directory_runs_the_same_network_as_the_gguf() {
             .zip(&got_logits)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
-        let tol = 1e-3 * (hi - lo);
+        // The same f32 weights; only the order of the rotated dimensions (and so of some
+        // sums) differs between the layouts: seen up to ~1e-6 of the range.
+        let tol = 1e-5 * (hi - lo);
         eprintln!(
             "{prompt:?}: {:?} | max |Δlogit| {worst:.2e} (tolerance {tol:.2e})",
             tok.decode(&want).unwrap()

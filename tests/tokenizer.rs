@@ -55,11 +55,6 @@ fn check_cases(tok: &Tokenizer, what: &str) {
                 "{text:?} lost text"
             );
         }
-        assert_eq!(
-            decoded == text,
-            hf_decoded == text,
-            "round trip of {text:?}"
-        );
     }
     assert!(
         failures.is_empty(),

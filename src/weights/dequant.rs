@@ -170,7 +170,7 @@ mod tests {
     }
 
     #[test]
-    #[should_panic]
+    #[should_panic(expected = "q4_1: 20 source bytes do not hold exactly 31 values")]
     fn size_mismatch_panics() {
         dequantize_q4_1(&[0u8; 20], &mut [0.0f32; 31]);
     }

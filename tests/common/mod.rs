@@ -10,8 +10,10 @@ use std::path::PathBuf;
 
 /// Tolerance with f32 weights: relative to the largest expected magnitude.
 pub const F32_TOL: f32 = 1e-5;
-/// Tolerance with f16 (or bf16) weights.
-pub const F16_TOL: f32 = 3e-3;
+/// Tolerance with f16 (or bf16) weights. The fixtures compute their expected outputs in f32
+/// from the already-rounded weights, and qkv widens those weights exactly, so only the
+/// arithmetic differs, as with f32 weights (the cases pass at F32_TOL; this leaves 2×).
+pub const F16_TOL: f32 = 2e-5;
 
 /// A file under `tests/fixtures/seq2seq/`.
 pub fn fixture(name: &str) -> PathBuf {
