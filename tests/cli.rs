@@ -140,6 +140,34 @@ fn json_output_parses_and_says_paris() {
 }
 
 #[test]
+fn a_full_context_ends_generation_with_the_stats() {
+    // 5 prompt tokens in 16 positions: 11 tokens fit (the last one sampled, never fed back).
+    let o = decode(
+        &[
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "64",
+            "--ctx",
+            "16",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--json",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let stdout = String::from_utf8(o.stdout.clone()).unwrap();
+    let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["stats"]["generated_tokens"], 11, "{stdout}");
+    assert_eq!(stdout.lines().count(), 12, "{stdout}");
+    let err = stderr(&o);
+    assert!(err.contains("the context (16 positions) is full"), "{err}");
+    assert!(err.contains("generated 11 tokens"), "{err}");
+}
+
+#[test]
 fn depth_runs_the_prompt_on_top_of_cached_context() {
     let args = |depth: &'static str| {
         [

@@ -334,6 +334,41 @@ fn tokenizer_gguf(
 }
 
 #[test]
+fn chat_without_a_template_needs_the_chatml_markers() {
+    use qkv::weights::gguf::MetaValue;
+    let chat = [ChatMessage::new("user", "Hi")];
+    // No template, markers in the vocabulary: plain ChatML, no default system message.
+    let path = tokenizer_gguf("notemplate", |meta| {
+        meta.retain(|(k, _)| k != "tokenizer.chat_template");
+    });
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    assert_eq!(tok.chat_template(), None);
+    assert_eq!(
+        tok.apply_chat_template(&chat, true).unwrap(),
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    std::fs::remove_file(&path).ok();
+    // No template and no markers (a base model): refused rather than guessed.
+    let path = tokenizer_gguf("nomarkers", |meta| {
+        meta.retain(|(k, _)| k != "tokenizer.chat_template");
+        for (k, v) in meta.iter_mut() {
+            if let ("tokenizer.ggml.tokens", MetaValue::Array(_, items)) = (k.as_str(), v) {
+                for item in items.iter_mut() {
+                    if matches!(item, MetaValue::String(s) if s == "<|im_start|>") {
+                        *item = MetaValue::String("<|renamed|>".into());
+                    }
+                }
+            }
+        }
+    });
+    let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let err = tok.apply_chat_template(&chat, true).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    assert!(err.to_string().contains("no chat template"), "{err}");
+    std::fs::remove_file(&path).ok();
+}
+
+#[test]
 fn an_unknown_pre_tokenizer_is_refused_not_guessed() {
     use qkv::weights::gguf::MetaValue;
     let path = tokenizer_gguf("pre", |meta| {

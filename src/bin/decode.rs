@@ -2,14 +2,17 @@
 //!
 //! ```text
 //! decode [--model PATH] [--prompt TEXT | text on stdin] [-n N] [--chat] [--temperature T]
-//!        [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--threads N]
-//!        [--dtype f16|f32] [--ctx N] [--depth N] [--ignore-eos] [--json]
+//!        [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]
+//!        [--seed S] [--threads N] [--dtype f16|f32] [--ctx N] [--depth N] [--warmup]
+//!        [--ignore-eos] [--json]
 //! decode convert IN OUT --dtype f16|f32
 //! ```
 //!
 //! Without `--model` it runs the default model (SmolLM2-135M-Instruct), fetched once into the
 //! cache directory (see `qkv::fetch`). Statistics go to stderr; with `--json`, one object per
 //! token and a final `{"stats": …}` object go to stdout. Errors print on stderr and exit 1.
+//! Generation that fills the context stops there: the text so far and the statistics are
+//! printed, with a note on stderr, and the exit code is 0.
 
 use clap::{Args, Parser, Subcommand};
 use qkv::model::{Model, ModelOptions};
@@ -135,7 +138,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("decode: error: {e}");
+            note(format_args!("decode: error: {e}"));
             ExitCode::from(1)
         }
     }
@@ -144,12 +147,19 @@ fn main() -> ExitCode {
 fn convert(input: &std::path::Path, output: &std::path::Path, dtype: FloatType) -> AnyResult<()> {
     let start = Instant::now();
     gguf::convert(input, output, dtype)?;
-    eprintln!(
+    note(format_args!(
         "decode: wrote {} ({dtype}) in {:.1} s",
         output.display(),
         start.elapsed().as_secs_f64()
-    );
+    ));
     Ok(())
+}
+
+/// A line on stderr. Unlike `eprintln!`, a closed stderr (`decode … 2>&1 | head`) is not a
+/// panic: the line is dropped.
+fn note(line: std::fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(line).and_then(|()| err.write_all(b"\n"));
 }
 
 /// Stdout that stops quietly when the reader goes away (`decode … | head`).
@@ -208,9 +218,9 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         None => {
             let mut stdin = std::io::stdin();
             if stdin.is_terminal() {
-                eprintln!(
+                note(format_args!(
                     "decode: reading the prompt from stdin (end with Ctrl-D), or pass --prompt"
-                );
+                ));
             }
             let mut text = String::new();
             stdin
@@ -290,8 +300,17 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         .generate_tokens(&[], config)?
         .max_tokens(args.n)
         .ignore_eos(args.ignore_eos);
+    let mut full = None;
     for piece in stream.by_ref() {
-        let piece = piece?;
+        let piece = match piece {
+            Ok(piece) => piece,
+            // The cache is full: a stop like the end of text, not a failure.
+            Err(qkv::Error::ContextFull { capacity, .. }) => {
+                full = Some(capacity);
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        };
         generated += 1;
         if args.json {
             // Written by hand to keep the keys in this order; the text is escaped by serde.
@@ -328,13 +347,19 @@ fn run(args: &RunArgs) -> AnyResult<()> {
             round2(gen_tps),
         ))?;
     }
-    eprintln!(
+    if let Some(capacity) = full {
+        note(format_args!(
+            "decode: stopped after {generated} tokens: the context ({capacity} positions) is \
+             full (--ctx sets it)"
+        ));
+    }
+    note(format_args!(
         "decode: {} ({}, {} threads): load {load_ms:.0} ms | prompt {} tokens, {prompt_tps:.1} tok/s | generated {generated} tokens, {gen_tps:.1} tok/s",
         path.display(),
         args.dtype,
         rayon::current_num_threads(),
         ids.len(),
-    );
+    ));
     Ok(())
 }
 

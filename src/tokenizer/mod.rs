@@ -562,16 +562,31 @@ impl Tokenizer {
     /// `<|im_start|>{role}\n{content}<|im_end|>\n`, then `<|im_start|>assistant\n` when
     /// `add_generation_prompt`. When the model's template inserts a default system message
     /// before a conversation that does not start with one (SmolLM2: "You are a helpful AI
-    /// assistant named SmolLM, trained by Hugging Face"), so does this.
+    /// assistant named SmolLM, trained by Hugging Face"), so does this. A model stored
+    /// without a template gets plain ChatML if its vocabulary has both markers.
     ///
-    /// [`Error::Unsupported`] when the model's template is not ChatML.
+    /// [`Error::Unsupported`] when the model's template is not ChatML, or when it has none
+    /// and its vocabulary lacks `<|im_start|>` or `<|im_end|>` (a base model: its turns would
+    /// be plain text it was never trained on).
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
         let default_system = match &self.chat_template {
-            None => None,
+            None if ["<|im_start|>", "<|im_end|>"]
+                .iter()
+                .all(|m| self.vocab.contains_key(*m)) =>
+            {
+                None
+            }
+            None => {
+                return Err(Error::Unsupported(
+                    "the model has no chat template, and its vocabulary has no ChatML markers \
+                     (`<|im_start|>`, `<|im_end|>`): run without --chat"
+                        .into(),
+                ))
+            }
             Some(t) if t.contains("<|im_start|>") => chatml_default_system(t),
             Some(_) => {
                 return Err(Error::Unsupported(
