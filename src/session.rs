@@ -90,6 +90,8 @@ struct Core {
     state: LlamaState,
     tokens: Vec<u32>,
     logits: Vec<f32>,
+    /// How many tokens `logits` follow (they predict that position), if any were computed.
+    logits_at: Option<usize>,
 }
 
 impl Core {
@@ -102,7 +104,23 @@ impl Core {
         // allocation of the injector's next block).
         rayon::scope(|_| model.llama().forward(state, tokens, pos, Some(logits)))?;
         self.tokens.extend_from_slice(tokens);
+        self.logits_at = Some(self.tokens.len());
         Ok(())
+    }
+
+    /// Makes `logits` those of the current position: after a truncate or a reset they belong
+    /// to another one, so the last token runs again (its cache entry comes out the same).
+    fn refresh_logits(&mut self, model: &Model) -> Result<()> {
+        if self.logits_at == Some(self.tokens.len()) {
+            return Ok(());
+        }
+        let Some(last) = self.tokens.pop() else {
+            return Err(Error::Shape("no token to predict from".into()));
+        };
+        // It fitted at this position before, so this cannot fail on the context or the id;
+        // should it fail anyway, the sequence is left as it was.
+        self.prefill(model, &[last])
+            .inspect_err(|_| self.tokens.push(last))
     }
 }
 
@@ -117,7 +135,10 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     /// A session with an empty cache. Allocates the whole KV cache and scratch now.
-    /// Errors when the requested context exceeds the model's.
+    ///
+    /// [`Error::Config`] when the requested context exceeds the model's, when the context or
+    /// the prefill chunk is 0, or when the KV cache's memory cannot be had; [`Error::Kernel`]
+    /// when the attention kernel's per-thread scratch cannot be allocated.
     pub fn new(model: Arc<Model>, options: SessionOptions) -> Result<Session> {
         let config = model.config();
         let capacity = options.context.unwrap_or(config.context);
@@ -139,6 +160,7 @@ impl Session {
                 state,
                 tokens: Vec::with_capacity(capacity),
                 logits: vec![0.0; vocab],
+                logits_at: None,
             },
         })
     }
@@ -227,8 +249,9 @@ impl Session {
         self.generate_tokens(&ids, config)
     }
 
-    /// As [`generate`](Self::generate), from token ids. An empty `ids` continues from the
-    /// logits already there (after a previous prefill, step or generate).
+    /// As [`generate`](Self::generate), from token ids. An empty `ids` continues the
+    /// sequence as it is: from the logits already there after a prefill, step or generate,
+    /// or, after a [`truncate`](Self::truncate), from the last kept token run again.
     pub fn generate_tokens(&mut self, ids: &[u32], config: SamplerConfig) -> Result<Generate<'_>> {
         let tokenizer = tokenizer_of(&self.model)?;
         let sampler = Sampler::new(config)?;
@@ -237,7 +260,9 @@ impl Session {
                 "generate: empty prompt on an empty session".into(),
             ));
         }
-        if !ids.is_empty() {
+        if ids.is_empty() {
+            self.core.refresh_logits(&self.model)?;
+        } else {
             self.core.prefill(&self.model, ids)?;
         }
         Ok(Generate {

@@ -96,6 +96,34 @@ fn truncate_reuses_a_shared_prefix() {
 }
 
 #[test]
+fn generating_after_a_truncate_continues_the_kept_tokens() {
+    let _g = serial();
+    let greedy = SamplerConfig {
+        temperature: 0.0,
+        ..SamplerConfig::default()
+    };
+    let first = |s: &mut Session| {
+        let mut g = s
+            .generate_tokens(&[], greedy.clone())
+            .unwrap()
+            .max_tokens(3);
+        let ids: Vec<u32> = g.by_ref().map(|p| p.unwrap().id).collect();
+        ids
+    };
+    let mut s = session(64);
+    s.prefill(&A).unwrap();
+    s.prefill(&C).unwrap();
+    s.truncate(A.len()).unwrap();
+    // The logits there are C's last position's; the continuation must be A's.
+    let after_truncate = first(&mut s);
+    let mut fresh = session(64);
+    fresh.prefill(&A).unwrap();
+    assert_eq!(after_truncate, first(&mut fresh));
+    assert_eq!(&after_truncate[..2], &B[..2], "\" Paris\" after A");
+    assert_eq!(s.tokens().len(), A.len() + 3);
+}
+
+#[test]
 fn reset_starts_over() {
     let _g = serial();
     let mut s = session(64);

@@ -365,8 +365,9 @@ impl Llama {
     }
 
     /// A fresh state: a KV cache of `capacity` positions in `kv_dtype`, and scratch for
-    /// prefill chunks of up to `chunk` positions. Errors when `capacity` exceeds the model's
-    /// context length (the RoPE table ends there) or either is 0.
+    /// prefill chunks of up to `chunk` positions. [`Error::Config`] when `capacity` exceeds
+    /// the model's context length (the RoPE table ends there), when either is 0, or when the
+    /// cache's memory cannot be had.
     pub fn new_state(
         &self,
         capacity: usize,
@@ -392,13 +393,14 @@ impl Llama {
             .and_then(|n| n.checked_mul(c.kv_dim()))
             .ok_or_else(|| Error::Config(format!("KV cache of {capacity} positions overflows")))?;
         let store = || KvStore::new(kv_dtype, cache_len, capacity, c.kv_heads, c.head_dim);
+        let (keys, values) = (store()?, store()?);
         Ok(LlamaState {
             capacity,
             chunk,
             shape: self.state_shape(),
             filled: 0,
-            keys: store(),
-            values: store(),
+            keys,
+            values,
             x: vec![0.0; chunk * c.dim],
             xn: vec![0.0; chunk * c.dim],
             q: vec![0.0; chunk * c.dim],
@@ -604,6 +606,42 @@ impl Llama {
     }
 }
 
+/// Element types for which all-zero bits are a valid value (0).
+///
+/// # Safety
+/// Implement only for types where every all-zero bit pattern is a valid value.
+unsafe trait ZeroBits: Copy {}
+// SAFETY: all-zero bits are +0.0 in both formats.
+unsafe impl ZeroBits for f32 {}
+unsafe impl ZeroBits for f16 {}
+
+/// `len` zeros, or [`Error::Config`] naming the cache of `capacity` positions when the
+/// allocator refuses, instead of the abort of `vec![0; len]`. The pages come zeroed from the
+/// OS as with `vec!`, so a large cache costs memory only as positions fill.
+fn zeroed<T: ZeroBits>(len: usize, capacity: usize) -> Result<Vec<T>> {
+    let refused = || {
+        Error::Config(format!(
+            "a KV cache of {capacity} positions needs {} bytes, more than this machine gives; \
+             ask for a shorter context",
+            len.saturating_mul(std::mem::size_of::<T>())
+        ))
+    };
+    let layout = std::alloc::Layout::array::<T>(len).map_err(|_| refused())?;
+    if layout.size() == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size. If the allocation succeeds, the pointer holds
+    // `len` elements of `T` with `T`'s alignment (the layout `Vec<T>` itself would use), all
+    // zero bits, which `ZeroBits` makes valid zeros; capacity and length are both `len`.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<T>();
+        if ptr.is_null() {
+            return Err(refused());
+        }
+        Ok(Vec::from_raw_parts(ptr, len, len))
+    }
+}
+
 /// One cache tensor (all keys or all values), head-major within each layer:
 /// `[layer][kv_head][position][head_dim]`. Each head's positions are contiguous, so a decode
 /// step streams every head's history front to back, which is what the memory prefetcher
@@ -625,18 +663,24 @@ enum KvBuf {
 
 impl KvStore {
     /// A zeroed cache of `len` elements (whole layers of `heads · capacity · dim`; the caller
-    /// checked the size).
-    fn new(dtype: FloatType, len: usize, capacity: usize, heads: usize, dim: usize) -> Self {
+    /// checked that the count fits). [`Error::Config`] when the memory cannot be had.
+    fn new(
+        dtype: FloatType,
+        len: usize,
+        capacity: usize,
+        heads: usize,
+        dim: usize,
+    ) -> Result<Self> {
         let data = match dtype {
-            FloatType::F32 => KvBuf::F32(vec![0.0; len]),
-            FloatType::F16 => KvBuf::F16(vec![f16::ZERO; len]),
+            FloatType::F32 => KvBuf::F32(zeroed(len, capacity)?),
+            FloatType::F16 => KvBuf::F16(zeroed(len, capacity)?),
         };
-        KvStore {
+        Ok(KvStore {
             data,
             capacity,
             heads,
             dim,
-        }
+        })
     }
 
     /// Elements of one layer.
@@ -830,6 +874,20 @@ mod tests {
     fn an_absurd_block_count_is_a_missing_tensor_not_an_allocation() {
         let err = Llama::load(tiny(u32::MAX as usize), &Empty, FloatType::F32).unwrap_err();
         assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_cache_the_allocator_refuses_is_a_config_error() {
+        assert_eq!(zeroed::<f16>(5, 1).unwrap(), [f16::ZERO; 5]);
+        assert!(zeroed::<f32>(0, 1).unwrap().is_empty());
+        // Past the address space: the layout itself overflows, or the allocator says no.
+        // (black_box: an allocation nobody reads may be optimised away, failure included.)
+        for len in [usize::MAX / 2, 1 << 60] {
+            match std::hint::black_box(zeroed::<f32>(len, 12345)) {
+                Err(Error::Config(msg)) => assert!(msg.contains("12345 positions"), "{msg}"),
+                other => panic!("{len} elements: {:?}", other.map(|v| v.len())),
+            }
+        }
     }
 
     #[test]
