@@ -234,7 +234,7 @@ impl Sampler {
             self.work.extend_from_slice(logits);
             if penalty {
                 let start = recent.len().saturating_sub(c.repeat_last_n);
-                apply_repeat_penalty(&mut self.work, &recent[start..], c.repeat_penalty);
+                apply_repeat_penalty(&mut self.work, &recent[start..], c.repeat_penalty)?;
             }
             if c.is_greedy() {
                 argmax(&self.work)
@@ -293,8 +293,15 @@ impl Sampler {
 }
 
 /// Divides positive logits by `penalty` and multiplies negative ones, once per distinct
-/// token of `recent`.
-pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) {
+/// token of `recent`; ids outside `logits` are skipped. [`Error::Config`] (and the logits
+/// untouched) unless `penalty` is finite and positive: NaN would poison the logits and a
+/// negative penalty would turn the least likely tokens into the most likely.
+pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) -> Result<()> {
+    if !(penalty.is_finite() && penalty > 0.0) {
+        return Err(Error::Config(format!(
+            "repeat penalty must be finite and > 0, got {penalty}"
+        )));
+    }
     for (k, &id) in recent.iter().enumerate() {
         let i = id as usize;
         if i >= logits.len() || recent[..k].contains(&id) {
@@ -305,6 +312,7 @@ pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) {
         // A tiny penalty must not push a finite logit to ±∞.
         *x = y.clamp(f32::MIN, f32::MAX);
     }
+    Ok(())
 }
 
 /// The index of the largest value (the first on ties; NaN never wins; 0 if nothing is a
@@ -313,7 +321,8 @@ pub fn argmax(x: &[f32]) -> u32 {
     qkv_kernels::activation::argmax(x) as u32
 }
 
-/// How many of `probs` (sorted descending, summing to 1) survive top-p and min-p; at least 1.
+/// How many of `probs` (sorted descending, summing to 1) survive top-p and min-p: at least 1,
+/// at most `probs.len()` (so 0 for no probabilities).
 pub fn filtered_len(probs: &[f32], top_p: f32, min_p: f32) -> usize {
     let mut keep = probs.len();
     if top_p < 1.0 {
@@ -330,7 +339,7 @@ pub fn filtered_len(probs: &[f32], top_p: f32, min_p: f32) -> usize {
         let floor = probs.first().copied().unwrap_or(0.0) * min_p;
         keep = keep.min(probs.iter().take_while(|&&p| p >= floor).count());
     }
-    keep.max(1)
+    keep.max(1).min(probs.len())
 }
 
 #[cfg(test)]
@@ -491,8 +500,17 @@ mod tests {
     #[test]
     fn repeat_penalty_pushes_recent_tokens_down_once() {
         let mut l = [2.0, -1.0, 3.0];
-        apply_repeat_penalty(&mut l, &[0, 1, 0, 7], 2.0);
+        apply_repeat_penalty(&mut l, &[0, 1, 0, 7], 2.0).unwrap();
         assert_eq!(l, [1.0, -2.0, 3.0]);
+        for bad in [0.0, -2.0, f32::NAN, f32::INFINITY] {
+            assert!(matches!(
+                apply_repeat_penalty(&mut l, &[0], bad),
+                Err(Error::Config(_))
+            ));
+        }
+        assert_eq!(l, [1.0, -2.0, 3.0]);
+        assert_eq!(filtered_len(&[], 0.5, 0.5), 0);
+        assert_eq!(filtered_len(&[1.0], 0.0, 0.0), 1);
         // Greedy with the penalty over the last 1 token only.
         let config = SamplerConfig {
             repeat_penalty: 10.0,

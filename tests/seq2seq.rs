@@ -3,6 +3,7 @@
 
 use qkv::models::seq2seq::{Seq2Seq, Seq2SeqConfig, TokenBatch};
 use qkv::nn::KeyPadding;
+use qkv::weights::{Tensor, TensorSource};
 use qkv::Error;
 
 mod common;
@@ -161,6 +162,85 @@ fn source_pads_anywhere_are_ignored_by_cross_attention() {
 }
 
 #[test]
+fn a_model_refuses_another_models_memory_and_state() {
+    let c = Case::open("seq2seq");
+    let (a, b) = (model(&c), model(&c));
+    let lens = [2];
+    let src = TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap();
+    let tgt = TokenBatch::new(&[1, 5], 1, 2, &lens).unwrap();
+    // The same weights even, but not the model that made them: refused, not used.
+    let memory = a.encode(&src).unwrap();
+    assert!(matches!(
+        b.decode_teacher_forced(&memory, &tgt),
+        Err(Error::Shape(_))
+    ));
+    let mut state = a.start(memory, 4).unwrap();
+    match b.step(&mut state, &[1]) {
+        Err(Error::Shape(msg)) => assert!(msg.contains("another model"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(state.position(), 0);
+    assert!(a.step(&mut state, &[1]).is_ok());
+    assert!(matches!(
+        b.start(a.encode(&src).unwrap(), 4),
+        Err(Error::Shape(_))
+    ));
+}
+
+#[test]
+fn hostile_sizes_and_broken_weights_are_errors() {
+    let c = Case::open("seq2seq");
+    let cfg = config(&c);
+    for bad in [
+        Seq2SeqConfig {
+            ffn_scale: usize::MAX,
+            ..cfg.clone()
+        },
+        Seq2SeqConfig {
+            max_tgt_len: usize::MAX,
+            ..cfg.clone()
+        },
+        Seq2SeqConfig {
+            max_src_len: (1 << 20) + 1,
+            ..cfg.clone()
+        },
+    ] {
+        assert!(matches!(bad.validate(), Err(Error::Config(_))), "{bad:?}");
+        assert!(matches!(
+            Seq2Seq::load(&c.weights, bad),
+            Err(Error::Config(_))
+        ));
+    }
+    // NaN in the output projection: greedy decoding says so instead of emitting token 0.
+    struct Poisoned<'a>(&'a dyn TensorSource);
+    impl TensorSource for Poisoned<'_> {
+        fn tensor(&self, name: &str) -> qkv::Result<Tensor> {
+            let t = self.0.tensor(name)?;
+            if name != "generator.bias" {
+                return Ok(t);
+            }
+            let mut data = t.to_f32_vec();
+            data[7] = f32::NAN;
+            Tensor::from_f32(name, t.shape().to_vec(), data)
+        }
+        fn contains(&self, name: &str) -> bool {
+            self.0.contains(name)
+        }
+        fn names(&self) -> Vec<String> {
+            self.0.names()
+        }
+    }
+    assert!(c.weights.contains("generator.bias"));
+    let m = Seq2Seq::load(&Poisoned(&c.weights), cfg).unwrap();
+    let lens = [2];
+    let src = TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap();
+    match m.greedy(&src, 1, 2, 5) {
+        Err(Error::Shape(msg)) => assert!(msg.contains("logit 7"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn errors_are_typed() {
     let c = Case::open("seq2seq");
     let cfg = config(&c);
@@ -244,6 +324,35 @@ fn errors_are_typed() {
         m.encode_with_padding(&[3, 4], 1, 2, pads),
         Err(Error::Shape(_))
     ));
+    // The embedded entry points check their inputs against each other.
+    let d = cfg.d_model;
+    let one = qkv::nn::SeqBuf::new(vec![0.1; d], 1, 1, d).unwrap();
+    let two = qkv::nn::SeqBuf::new(vec![0.1; 2 * d], 2, 1, d).unwrap();
+    let narrow = qkv::nn::SeqBuf::new(vec![0.1; 2], 1, 1, 2).unwrap();
+    let (p1, p2) = (
+        KeyPadding::all(1, 1).unwrap(),
+        KeyPadding::all(2, 1).unwrap(),
+    );
+    for (y, enc, sp, tp) in [
+        (&two, &one, &p1, &p2),
+        (&one, &one, &p1, &p2),
+        (&one, &one, &p2, &p1),
+        (&narrow, &one, &p1, &p1),
+    ] {
+        assert!(matches!(
+            m.decode_embedded(y.view(), enc.view(), sp, tp),
+            Err(Error::Shape(_))
+        ));
+    }
+    assert!(matches!(
+        m.encode_embedded(one.view(), &p2),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        m.encode_embedded(narrow.view(), &p1),
+        Err(Error::Shape(_))
+    ));
+    assert!(m.decode_embedded(one.view(), one.view(), &p1, &p1).is_ok());
     // Too long for the positional encoding / cache.
     let long = vec![1u32; 13];
     let src = TokenBatch::new(&long, 1, 13, &[13]).unwrap();

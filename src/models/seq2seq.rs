@@ -74,7 +74,8 @@ pub struct Seq2SeqConfig {
 }
 
 impl Seq2SeqConfig {
-    /// [`Error::Config`] when a size is zero or `heads` does not divide `d_model`.
+    /// [`Error::Config`] when a size is zero, `heads` does not divide `d_model`, the FFN
+    /// size `ffn_scale · d_model` overflows, or a maximum length exceeds [`MAX_LEN`].
     pub fn validate(&self) -> Result<()> {
         for (what, v) in [
             ("d_model", self.d_model),
@@ -90,6 +91,22 @@ impl Seq2SeqConfig {
             if v == 0 {
                 return Err(Error::Config(format!("seq2seq: {what} must not be zero")));
             }
+        }
+        for (what, v) in [
+            ("max_src_len", self.max_src_len),
+            ("max_tgt_len", self.max_tgt_len),
+        ] {
+            if v > MAX_LEN {
+                return Err(Error::Config(format!(
+                    "seq2seq: {what} = {v} is past the {MAX_LEN} positions qkv supports"
+                )));
+            }
+        }
+        if self.d_model.checked_mul(self.ffn_scale).is_none() {
+            return Err(Error::Config(format!(
+                "seq2seq: the FFN size {} × {} overflows",
+                self.ffn_scale, self.d_model
+            )));
         }
         if !self.d_model.is_multiple_of(self.heads) {
             return Err(Error::Config(format!(
@@ -224,7 +241,8 @@ impl<'a> TokenBatch<'a> {
         self.ids
     }
 
-    /// The padding mask from the lengths.
+    /// The padding mask from the lengths. [`Error::Shape`] when a length exceeds the padded
+    /// length (already refused by [`TokenBatch::new`]).
     pub fn padding(&self) -> Result<KeyPadding> {
         KeyPadding::from_lengths(self.lengths, self.len)
     }
@@ -300,9 +318,15 @@ struct DecoderLayer {
     norm3: LayerNorm,
 }
 
+/// The longest source or target a [`Seq2SeqConfig`] may declare (as for the Llama context).
+pub const MAX_LEN: usize = 1 << 20;
+
 /// Seed 004's Transformer with token embeddings and an output projection.
 #[derive(Debug)]
 pub struct Seq2Seq {
+    /// Unique per loaded model: encoder memories and decode states carry it, so that one
+    /// model never runs on another's (its cross-attention K/V, its layer count).
+    id: u64,
     cfg: Seq2SeqConfig,
     src_embedding: Embedding,
     tgt_embedding: Embedding,
@@ -317,6 +341,8 @@ pub struct Seq2Seq {
 /// output, the source padding, and every decoder layer's cross-attention K and V.
 #[derive(Debug)]
 pub struct EncoderMemory {
+    /// The [`Seq2Seq::id`] of the model that made it.
+    model: u64,
     output: SeqBuf,
     padding: KeyPadding,
     /// Per decoder layer, `[B, S, d_model]`.
@@ -431,7 +457,9 @@ impl Seq2Seq {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(Seq2Seq {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             src_embedding: Embedding::load(&root, "src_embedding", cfg.src_vocab, d)?,
             tgt_embedding: Embedding::load(&root, "tgt_embedding", cfg.tgt_vocab, d)?,
             src_pe: PositionalEncoding::new(d, cfg.max_src_len)?,
@@ -448,8 +476,22 @@ impl Seq2Seq {
         &self.cfg
     }
 
+    /// [`Error::Shape`] unless this model made `memory` (directly or through a decode
+    /// state): another model's has other cross-attention K/V, perhaps another layer count.
+    fn check_memory(&self, memory: &EncoderMemory) -> Result<()> {
+        if memory.model != self.id {
+            return Err(Error::Shape(
+                "seq2seq: the encoder memory (or decode state) was made by another model".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The seed's `Encoder.forward`: positional encoding added to the already embedded `x`
     /// `[B, S, d_model]`, then the layers with `padding` (`[B, S]`, `true` = real token).
+    ///
+    /// [`Error::Shape`] when `x` does not have `d_model` features or `padding` is not
+    /// `[B, S]`; [`Error::ContextFull`] when `S` exceeds `max_src_len`.
     pub fn encode_embedded(&self, x: Seq<'_>, padding: &KeyPadding) -> Result<SeqBuf> {
         self.check_dim(x)?;
         let (b, t, d) = (x.batch(), x.len(), x.dim());
@@ -473,6 +515,10 @@ impl Seq2Seq {
     /// The seed's `Decoder.forward`, teacher-forced, on the already embedded target `y`
     /// `[B, T, d_model]`: causal self-attention masked by `tgt_padding` too, cross-attention
     /// over `enc_out` masked by `src_padding`. Returns the hidden states `[B, T, d_model]`.
+    ///
+    /// [`Error::Shape`] when `y` or `enc_out` does not have `d_model` features, their batches
+    /// differ, or a padding's shape does not match its sequence; [`Error::ContextFull`] when
+    /// `T` exceeds `max_tgt_len`.
     pub fn decode_embedded(
         &self,
         y: Seq<'_>,
@@ -525,7 +571,9 @@ impl Seq2Seq {
         self.encode_with_padding(src.ids, src.batch, src.len, src.padding()?)
     }
 
-    /// As [`Seq2Seq::encode`] with explicit padding flags (pads anywhere).
+    /// As [`Seq2Seq::encode`] with explicit padding flags (pads anywhere). The same errors,
+    /// and [`Error::Shape`] when `ids` is not `batch · len` long or `padding` not
+    /// `[batch, len]`.
     pub fn encode_with_padding(
         &self,
         ids: &[u32],
@@ -555,6 +603,7 @@ impl Seq2Seq {
             cross_v.push(v);
         }
         Ok(EncoderMemory {
+            model: self.id,
             output,
             padding,
             cross_k,
@@ -563,6 +612,10 @@ impl Seq2Seq {
     }
 
     /// Teacher-forced logits `[B, T, tgt_vocab]` for targets `tgt` over an encoded source.
+    ///
+    /// [`Error::Shape`] when `memory` was made by another model or holds another number of
+    /// sources; [`Error::TokenOutOfRange`] for an id outside the target vocabulary;
+    /// [`Error::ContextFull`] for targets longer than `max_tgt_len`.
     pub fn decode_teacher_forced(
         &self,
         memory: &EncoderMemory,
@@ -577,7 +630,8 @@ impl Seq2Seq {
         )
     }
 
-    /// As [`Seq2Seq::decode_teacher_forced`] with explicit target padding flags.
+    /// As [`Seq2Seq::decode_teacher_forced`] with explicit target padding flags. The same
+    /// errors, and [`Error::Shape`] when `ids` or `padding` do not match `batch × len`.
     pub fn decode_teacher_forced_with_padding(
         &self,
         memory: &EncoderMemory,
@@ -586,6 +640,7 @@ impl Seq2Seq {
         len: usize,
         padding: &KeyPadding,
     ) -> Result<SeqBuf> {
+        self.check_memory(memory)?;
         if batch != memory.batch() {
             return Err(Error::Shape(format!(
                 "seq2seq: {batch} targets for {} sources",
@@ -603,7 +658,8 @@ impl Seq2Seq {
         self.generator.forward(h.view())
     }
 
-    /// The whole model, teacher-forced: logits `[B, T, tgt_vocab]`.
+    /// The whole model, teacher-forced: logits `[B, T, tgt_vocab]`. The errors of
+    /// [`Seq2Seq::encode`] and [`Seq2Seq::decode_teacher_forced`].
     pub fn forward(&self, src: &TokenBatch<'_>, tgt: &TokenBatch<'_>) -> Result<SeqBuf> {
         let memory = self.encode(src)?;
         self.decode_teacher_forced(&memory, tgt)
@@ -611,7 +667,10 @@ impl Seq2Seq {
 
     /// A decode state over `memory` for up to `max_len` target positions (at most
     /// `max_tgt_len`, else [`Error::ContextFull`]). Every buffer a step needs is sized here.
+    /// [`Error::Shape`] for a memory another model made; [`Error::Config`] when the cache
+    /// does not fit in memory.
     pub fn start(&self, memory: EncoderMemory, max_len: usize) -> Result<DecodeState> {
+        self.check_memory(&memory)?;
         if max_len == 0 || max_len > self.cfg.max_tgt_len {
             return Err(Error::ContextFull {
                 needed: max_len,
@@ -621,12 +680,35 @@ impl Seq2Seq {
         let b = memory.batch();
         let d = self.cfg.d_model;
         let layers = self.decoder.len();
+        let cache = b
+            .checked_mul(max_len)
+            .and_then(|n| n.checked_mul(d))
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "seq2seq: a cache of {b} × {max_len} × {d} values overflows"
+                ))
+            })?;
+        let zeros = |n: usize| -> Result<Vec<f32>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| {
+                Error::Config(format!(
+                    "seq2seq: no memory for a decode cache of {b} × {max_len} positions"
+                ))
+            })?;
+            v.resize(n, 0.0);
+            Ok(v)
+        };
+        let caches = || {
+            (0..layers)
+                .map(|_| zeros(cache))
+                .collect::<Result<Vec<_>>>()
+        };
         Ok(DecodeState {
+            self_k: caches()?,
+            self_v: caches()?,
             memory,
             pos: 0,
             capacity: max_len,
-            self_k: vec![vec![0.0; b * max_len * d]; layers],
-            self_v: vec![vec![0.0; b * max_len * d]; layers],
             x: vec![0.0; b * d],
             h: vec![0.0; b * d],
             q: vec![0.0; b * d],
@@ -643,8 +725,9 @@ impl Seq2Seq {
     /// the logits `[B, tgt_vocab]` for the position after it. Equal, within float rounding, to
     /// row `position` of [`Seq2Seq::decode_teacher_forced`] on the same prefix.
     ///
-    /// Errors: [`Error::Shape`] for a wrong number of tokens, [`Error::TokenOutOfRange`],
-    /// [`Error::ContextFull`] when the state's capacity is used up.
+    /// Errors: [`Error::Shape`] for a wrong number of tokens or a state another model made,
+    /// [`Error::TokenOutOfRange`], [`Error::ContextFull`] when the state's capacity is used
+    /// up.
     pub fn step<'s>(&self, state: &'s mut DecodeState, tokens: &[u32]) -> Result<&'s [f32]> {
         // On one of rayon's workers, the kernels' parallel loops queue their jobs locally
         // instead of injecting them into the pool from outside, once per call (as `Session`
@@ -655,6 +738,7 @@ impl Seq2Seq {
 
     /// The body of [`Seq2Seq::step`].
     fn step_on_worker(&self, state: &mut DecodeState, tokens: &[u32]) -> Result<()> {
+        self.check_memory(&state.memory)?;
         let b = state.memory.batch();
         let d = self.cfg.d_model;
         if tokens.len() != b {
@@ -740,7 +824,8 @@ impl Seq2Seq {
     /// result) or after `max_len` tokens. Returns one token list per source.
     ///
     /// Errors: [`Error::TokenOutOfRange`] when `bos` or `eos` lie outside the target
-    /// vocabulary, [`Error::ContextFull`] when `max_len > max_tgt_len`.
+    /// vocabulary, [`Error::ContextFull`] when `max_len > max_tgt_len`, [`Error::Shape`] when
+    /// a step's logits are not all finite (broken weights).
     pub fn greedy(
         &self,
         src: &TokenBatch<'_>,
@@ -777,10 +862,19 @@ impl Seq2Seq {
         let mut tokens = vec![bos; b];
         let mut done = vec![false; b];
         let vocab = self.cfg.tgt_vocab;
-        for _ in 0..max_len {
+        for pos in 0..max_len {
             let logits = self.step(&mut state, &tokens)?;
             for i in 0..b {
-                let next = argmax(&logits[i * vocab..(i + 1) * vocab]);
+                let row = &logits[i * vocab..(i + 1) * vocab];
+                // Broken weights (NaN, ±inf) would otherwise decode as token 0 forever.
+                if let Some(j) = row.iter().position(|v| !v.is_finite()) {
+                    return Err(Error::Shape(format!(
+                        "seq2seq greedy: logit {j} of sequence {i} at target position {pos} \
+                         is {}",
+                        row[j]
+                    )));
+                }
+                let next = crate::sample::argmax(row);
                 tokens[i] = next;
                 if !done[i] {
                     if next == eos {
@@ -796,17 +890,4 @@ impl Seq2Seq {
         }
         Ok(out)
     }
-}
-
-/// Index of the largest value (the first of equals; NaN never wins).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in row.iter().enumerate() {
-        if v > best_v {
-            best = i;
-            best_v = v;
-        }
-    }
-    best as u32
 }

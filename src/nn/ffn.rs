@@ -19,7 +19,9 @@ impl FeedForward {
                 "feed-forward scale must be at least 1".into(),
             ));
         }
-        let inner = hidden * scale;
+        let inner = hidden.checked_mul(scale).ok_or_else(|| {
+            Error::Config(format!("feed-forward size {hidden} × {scale} overflows"))
+        })?;
         Ok(FeedForward {
             linear1: Linear::load(scope, "linear1", hidden, inner)?,
             linear2: Linear::load(scope, "linear2", inner, hidden)?,
