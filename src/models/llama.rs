@@ -205,6 +205,8 @@ struct Block {
 /// A loaded Llama: configuration, weights (mapped or owned) and the RoPE table. Immutable,
 /// `Send + Sync`; any number of [`LlamaState`]s run on one `Llama` at once.
 pub struct Llama {
+    /// Unique per model ([`super::next_model_id`]): a state made by another is refused.
+    id: u64,
     config: LlamaConfig,
     dtype: FloatType,
     embedding: Tensor,
@@ -270,6 +272,7 @@ impl Llama {
         let final_norm = vector(layout.final_norm(), c.dim)?;
         let rope = RopeTable::new(c.head_dim, c.rope_base, c.context)?;
         Ok(Llama {
+            id: super::next_model_id(),
             config,
             dtype,
             embedding,
@@ -319,6 +322,7 @@ impl Llama {
         let embedding = matrix(layout.embedding().into(), c.vocab, c.dim)?;
         let rope = RopeTable::new(c.head_dim, c.rope_base, c.context)?;
         Ok(Llama {
+            id: super::next_model_id(),
             final_norm: vec![1.0; c.dim],
             config,
             dtype,
@@ -397,6 +401,7 @@ impl Llama {
         Ok(LlamaState {
             capacity,
             chunk,
+            model: self.id,
             shape: self.state_shape(),
             filled: 0,
             keys,
@@ -421,8 +426,8 @@ impl Llama {
     ///
     /// Validates everything before touching the cache: token ids ([`Error::TokenOutOfRange`]),
     /// capacity ([`Error::ContextFull`]), the logits length, `pos0`, and that `state` was made
-    /// by a model of this shape ([`Error::Shape`]). Prompts longer than the
-    /// state's chunk run as several matrix passes.
+    /// by this very model ([`Error::Shape`]; another one's cache, even of the same shape,
+    /// holds other keys). Prompts longer than the state's chunk run as several matrix passes.
     pub fn forward(
         &self,
         state: &mut LlamaState,
@@ -453,10 +458,10 @@ impl Llama {
                 )));
             }
         }
-        if state.shape != self.state_shape() {
+        if state.model != self.id {
             return Err(Error::Shape(format!(
-                "llama forward: the state was made for a model of [dim, kv dim, ffn dim, \
-                 layers] = {:?}, this model is {:?}",
+                "llama forward: the state was made by another model (of [dim, kv dim, ffn \
+                 dim, layers] = {:?}; this one is {:?}), whose cache this one cannot use",
                 state.shape,
                 self.state_shape()
             )));
@@ -735,7 +740,9 @@ impl KvStore {
 pub struct LlamaState {
     capacity: usize,
     chunk: usize,
-    /// `[dim, kv_dim, ffn_dim, layers]` of the model that made it.
+    /// The id of the model that made it.
+    model: u64,
+    /// `[dim, kv_dim, ffn_dim, layers]` of the model that made it (for error messages).
     shape: [usize; 4],
     /// Positions `0..filled` of the cache hold keys and values.
     filled: usize,
@@ -896,7 +903,11 @@ mod tests {
         let big = Llama::synthetic(tiny(2), 1, FloatType::F32).unwrap();
         let mut state = small.new_state(16, FloatType::F32, 4).unwrap();
         let err = big.forward(&mut state, &[1, 2], 0, None).unwrap_err();
-        assert!(err.to_string().contains("state was made for"), "{err}");
+        assert!(err.to_string().contains("made by another model"), "{err}");
+        // The same shape, other weights: its cache would be wrong for this model.
+        let twin = Llama::synthetic(tiny(1), 2, FloatType::F32).unwrap();
+        let err = twin.forward(&mut state, &[1, 2], 0, None).unwrap_err();
+        assert!(matches!(err, Error::Shape(_)), "{err}");
 
         let mut logits = vec![0.0; 10];
         let err = small.forward(&mut state, &[1], 1, None).unwrap_err();

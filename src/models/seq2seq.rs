@@ -457,9 +457,8 @@ impl Seq2Seq {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(Seq2Seq {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: super::next_model_id(),
             src_embedding: Embedding::load(&root, "src_embedding", cfg.src_vocab, d)?,
             tgt_embedding: Embedding::load(&root, "tgt_embedding", cfg.tgt_vocab, d)?,
             src_pe: PositionalEncoding::new(d, cfg.max_src_len)?,
