@@ -396,18 +396,26 @@ fn gemm_f16_panels(
 ) {
     let accumulate = fill_bias(y, bias, n);
     let rows = panel_rows(k, n);
-    PANEL.with(|panel| {
-        let mut panel = panel.borrow_mut();
-        if panel.len() < rows * k {
-            panel.resize(rows * k, 0.0);
-        }
-        let mut j0 = 0;
-        while j0 < n {
-            let nr = rows.min(n - j0);
-            let dst = &mut panel[..nr * k];
-            widen_panel(&w[j0 * k..(j0 + nr) * k], dst);
-            gemm_raw(&mut y[j0..], n, x, dst, m, k, nr, accumulate);
-            j0 += nr;
+    // Taken out of the thread-local rather than borrowed: the widening and gemm run on the
+    // pool, and while this thread waits there it may run another `linear` (another
+    // session's prefill), which would find the buffer still borrowed. That call then
+    // starts from an empty buffer of its own.
+    let mut panel = PANEL.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if panel.len() < rows * k {
+        panel.resize(rows * k, 0.0);
+    }
+    let mut j0 = 0;
+    while j0 < n {
+        let nr = rows.min(n - j0);
+        let dst = &mut panel[..nr * k];
+        widen_panel(&w[j0 * k..(j0 + nr) * k], dst);
+        gemm_raw(&mut y[j0..], n, x, dst, m, k, nr, accumulate);
+        j0 += nr;
+    }
+    PANEL.with(|p| {
+        let mut kept = p.borrow_mut();
+        if kept.len() < panel.len() {
+            *kept = panel;
         }
     });
 }
@@ -469,11 +477,11 @@ fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
         for p in parts {
             let (a, b) = (j0.max(base), j1.min(base + p.n));
             if a < b {
-                // SAFETY: `p.y` points to m·n floats (validated by the caller) that live
-                // for this call; this task owns columns a−base..b−base of every row, which
-                // no other task writes while it runs.
-                let y = unsafe { std::slice::from_raw_parts_mut(p.y.get(), m * p.n) };
-                gemv_columns(y, x, p.w, p.bias, m, k, p.n, a - base, b - base);
+                // SAFETY: `p.y` points to m·n floats (validated by the caller) that live for
+                // this call; this task writes columns a−base..b−base of every row, which no
+                // other task touches while it runs. The tasks' columns interleave within each
+                // row, so each gets the raw pointer rather than a `&mut` over the whole.
+                unsafe { gemv_columns(p.y, x, p.w, p.bias, m, k, p.n, a - base, b - base) };
             }
             base += p.n;
         }
@@ -498,9 +506,14 @@ fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
     });
 }
 
+/// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.
+///
+/// # Safety
+/// `y` must point to `m·n` writable floats, of which no one else reads or writes columns
+/// `j0..j1` during the call; `x` is m·k, `w` n·k, `j1 ≤ n`.
 #[allow(clippy::too_many_arguments)]
-fn gemv_columns(
-    y: &mut [f32],
+unsafe fn gemv_columns(
+    y: SharedOut,
     x: &[f32],
     w: Weights<'_>,
     bias: Option<&[f32]>,
@@ -512,7 +525,8 @@ fn gemv_columns(
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma_f16c() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); bounds as in gemv.
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); the bounds and the
+        // exclusive columns are this function's contract.
         unsafe {
             match w {
                 Weights::F32(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
@@ -528,7 +542,8 @@ fn gemv_columns(
             for (p, &xv) in xr.iter().enumerate() {
                 acc += xv * w.get(j * k + p);
             }
-            y[i * n + j] = acc + bias.map_or(0.0, |b| b[j]);
+            // SAFETY: i < m and j < j1 ≤ n: inside y, in this call's own columns.
+            unsafe { *y.get().add(i * n + j) = acc + bias.map_or(0.0, |b| b[j]) };
         }
     }
 }
@@ -536,6 +551,7 @@ fn gemv_columns(
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2 {
     use crate::simd::avx2::{hsum, Lane};
+    use crate::SharedOut;
     use core::arch::x86_64::*;
 
     /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.
@@ -546,11 +562,12 @@ mod gemv_avx2 {
     /// row from L1, so W still comes from memory exactly once.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C must be available; `y` is m·n, `x` m·k, `w` n·k, `j1 ≤ n`.
+    /// AVX2, FMA and F16C must be available; `y` points to m·n floats whose columns
+    /// `j0..j1` only this call touches, `x` is m·k, `w` n·k, `j1 ≤ n`.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn columns<T: Lane>(
-        y: &mut [f32],
+        y: SharedOut,
         x: &[f32],
         w: &[T],
         bias: Option<&[f32]>,
@@ -560,7 +577,7 @@ mod gemv_avx2 {
         j0: usize,
         j1: usize,
     ) {
-        debug_assert!(y.len() == m * n && x.len() == m * k && w.len() == n * k && j1 <= n);
+        debug_assert!(x.len() == m * k && w.len() == n * k && j1 <= n);
         for j in j0..j1 {
             let b = bias.map_or(0.0, |b| b[j]);
             let mut i = 0;
@@ -583,7 +600,7 @@ mod gemv_avx2 {
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn row<T: Lane, const M: usize, const U: usize>(
-        y: &mut [f32],
+        y: SharedOut,
         x: &[f32],
         w: &[T],
         k: usize,
@@ -623,7 +640,7 @@ mod gemv_avx2 {
             for q in p..k {
                 s += *xp.add(mi * k + q) * (*wp.add(q)).to_f32();
             }
-            *y.get_unchecked_mut((i0 + mi) * n + j) = s + b;
+            *y.get().add((i0 + mi) * n + j) = s + b;
         }
     }
 }

@@ -133,6 +133,36 @@ fn splits_on_pools_of_one_to_five_threads() {
     }
 }
 
+/// Many f16 prefills at once on one pool, as concurrent sessions make them: a thread that
+/// waits inside one call's parallel sections runs others, which once found the thread's
+/// panel buffer still borrowed and panicked.
+#[test]
+fn concurrent_f16_calls_on_one_pool_nest_safely() {
+    let (m, k, n) = (200, 512, 2048);
+    let mut rng = Rng(5);
+    let x = rng.vec(m * k);
+    let w: Vec<f16> = rng.vec(n * k).iter().map(|&v| f16::from_f32(v)).collect();
+    let mut want = vec![0.0; m * n];
+    linear_scalar(&mut want, &x, Weights::F16(&w), None, m, k, n).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .expect("a thread pool");
+    pool.install(|| {
+        use rayon::prelude::*;
+        (0..64).into_par_iter().for_each(|_| {
+            let mut y = vec![0.0; m * n];
+            linear(&mut y, &x, Weights::F16(&w), None, m, k, n).unwrap();
+            let worst = y
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst < 1e-3, "max difference {worst}");
+        });
+    });
+}
+
 #[test]
 fn bad_shapes_are_errors() {
     let x = vec![0.0; 6];
