@@ -60,6 +60,10 @@ impl Model {
     /// [`Error::InFile`] around [`Error::MissingTensor`], [`Error::TensorShape`],
     /// [`Error::UnsupportedDType`] or [`Error::Config`] for weights or hyper-parameters that
     /// do not fit.
+    ///
+    /// The weights are memory-mapped and read in place, so the files must not be truncated
+    /// or rewritten in place while the model lives (see [`map_file`](crate::weights::map_file));
+    /// replacing them by a rename is safe.
     pub fn load(path: &Path, options: &ModelOptions) -> Result<Model> {
         let meta = std::fs::metadata(path).map_err(|source| Error::Io {
             path: path.to_owned(),

@@ -61,14 +61,19 @@ impl std::str::FromStr for FloatType {
 }
 
 /// Maps a whole file read-only, with errors that name it.
+///
+/// The file must not change while the map lives: tensors read it in place, so a file that
+/// another process truncates makes reads fault (SIGBUS), and one rewritten in place changes
+/// the weights under the model. Replace model files by renaming a new file over the old
+/// path (as `decode convert` does), which leaves existing maps on the old contents.
 pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
     let file = File::open(path).map_err(|source| Error::Io {
         path: path.to_owned(),
         source,
     })?;
-    // SAFETY: the map is read-only. qkv never writes to it; a file truncated or rewritten by
-    // another process while mapped is outside what any mmap-based reader can defend against,
-    // and the README says so.
+    // SAFETY: the map is read-only and qkv never writes to it. A file truncated or rewritten
+    // in place by another process while mapped is outside what any mmap-based reader can
+    // defend against; this function's docs, `Model::load`'s and the README say so.
     let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
         path: path.to_owned(),
         source,
