@@ -264,12 +264,17 @@ impl Sampler {
         self.ids.clear();
         self.ids.extend(0..work.len() as u32);
         let by_logit = |a: &u32, b: &u32| work[*b as usize].total_cmp(&work[*a as usize]);
+        // Without top-k, the softmax that top-p reads spans the whole vocabulary.
+        let mut whole_vocab_lse = None;
         if c.top_k > 0 && c.top_k < self.ids.len() {
             self.ids.select_nth_unstable_by(c.top_k - 1, by_logit);
             self.ids.truncate(c.top_k);
         } else if c.min_p > 0.0 && c.min_p <= 1.0 {
             // min-p in logit space prunes most of the vocabulary before the sort:
-            // p_i ≥ min_p · p_max  ⇔  z_i ≥ z_max + ln(min_p).
+            // p_i ≥ min_p · p_max  ⇔  z_i ≥ z_max + ln(min_p). Top-p still comes first:
+            // the pruned tokens are the least likely, so they would have come last in its
+            // running sum, which must still divide by the whole vocabulary's total.
+            whole_vocab_lse = Some(log_sum_exp(work));
             let max = work.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let floor = max + c.min_p.ln();
             self.ids.retain(|&i| work[i as usize] >= floor);
@@ -278,7 +283,10 @@ impl Sampler {
         self.probs.clear();
         self.probs
             .extend(self.ids.iter().map(|&i| work[i as usize]));
-        softmax_inplace(&mut self.probs);
+        match whole_vocab_lse {
+            Some(lse) => self.probs.iter_mut().for_each(|z| *z = (*z - lse).exp()),
+            None => softmax_inplace(&mut self.probs),
+        }
         let keep = filtered_len(&self.probs, c.top_p, c.min_p);
         let total: f32 = self.probs[..keep].iter().sum();
         let mut target = self.rng.next_f32() * total;
@@ -495,6 +503,35 @@ mod tests {
         );
         assert_eq!(c[2] + c[3], 0, "{c:?}");
         assert!(c[1] > 0);
+    }
+
+    #[test]
+    fn top_p_sums_the_whole_vocabulary_before_min_p() {
+        // 0.5, 0.3 and twenty tokens of 0.01. Top-p 0.6 keeps 0.5 and 0.3 (0.5 alone falls
+        // short); min-p 0.05 then drops the 0.01s. Pruning by min-p first and renormalising
+        // would make 0.5 into 0.625 and let top-p keep it alone.
+        let mut logits = vec![(0.01f32).ln(); 22];
+        logits[0] = (0.5f32).ln();
+        logits[1] = (0.3f32).ln();
+        let config = SamplerConfig {
+            top_p: 0.6,
+            min_p: 0.05,
+            ..free(9)
+        };
+        let c = counts(config, &logits, 2000);
+        assert!(c[0] > 0 && c[1] > 0, "{c:?}");
+        assert_eq!(c[2..].iter().sum::<usize>(), 0, "{c:?}");
+        // With top-k on, top-p reads the top-k survivors renormalised, as documented.
+        let c = counts(
+            SamplerConfig {
+                top_k: 2,
+                top_p: 0.6,
+                ..free(9)
+            },
+            &logits,
+            2000,
+        );
+        assert!(c[0] > 0 && c[1] == 0, "{c:?}");
     }
 
     #[test]
