@@ -447,7 +447,8 @@ pub fn attention_scalar(
 /// calls (one query row) of that shape allocate nothing, whichever thread runs them; without
 /// it each thread sizes its buffers on first use. Prefill calls may still grow them once.
 ///
-/// The memory per thread does not grow with the number of threads. Errors (allocating
+/// The memory per thread grows with the number of threads only up to 16 (the split-decode
+/// partials follow the key splits, which stop at 64). Errors (allocating
 /// nothing) when a dimension is zero or `heads` is not a multiple of `kv_heads`, as
 /// [`attention`] would, and errors (rather than panicking or aborting) when the sizes
 /// overflow or cannot be allocated; threads sized before the failure keep their buffers.

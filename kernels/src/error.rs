@@ -19,7 +19,7 @@ pub enum KernelError {
     ZeroDim(&'static str),
     /// Two dimensions that must agree do not.
     Mismatch {
-        /// What the disagreement is about, e.g. `"heads % kv_heads"`.
+        /// What the disagreement is about, e.g. `"heads must be a multiple of kv_heads"`.
         what: &'static str,
         /// The left-hand value.
         left: usize,
@@ -55,7 +55,8 @@ impl std::error::Error for KernelError {}
 /// Result alias for the kernels.
 pub type Result<T> = std::result::Result<T, KernelError>;
 
-/// Checks that `slice_len` is at least `needed` (for strided views) or exactly it.
+/// Checks that a slice of `actual` elements holds exactly `needed` (strided views check that
+/// they are covered with `check_covers` instead).
 pub(crate) fn check_len(what: &'static str, needed: usize, actual: usize) -> Result<()> {
     if actual != needed {
         return Err(KernelError::Length {

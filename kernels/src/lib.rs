@@ -1,8 +1,8 @@
 //! # qkv-kernels
 //!
 //! The compute kernels of qkv: slices and shapes in, slices out. Nothing here knows what a
-//! model is. Every SIMD kernel has a plain scalar reference beside it (`*_scalar` or a
-//! `reference` module) that the tests compare it with.
+//! model is. Every SIMD kernel has a plain scalar reference beside it (`*_scalar`) that the
+//! tests compare it with.
 //!
 //! - [`matmul`]: `y = x·Wᵀ (+ b)` with `W` in the PyTorch `nn.Linear` layout, f32 or f16;
 //!   the gemm crate for many rows, our own streaming GEMV for few rows.

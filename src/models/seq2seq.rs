@@ -1,6 +1,6 @@
 //! The encoder–decoder Transformer of seed 004, made a usable seq2seq model.
 //!
-//! Reading top to bottom, as SPEC.md §2 puts it:
+//! The network, top to bottom:
 //! - `src_embedding` (token → `d_model`), then the sinusoidal positional encoding;
 //! - encoder layers, pre-norm: `h = x + attn(norm1(x))` with the source padding mask,
 //!   `out = h + FFN(norm2(h))`; no final norm;
@@ -873,7 +873,7 @@ impl Seq2Seq {
                         row[j]
                     )));
                 }
-                let next = crate::sample::argmax(row);
+                let next = qkv_kernels::activation::argmax(row) as u32;
                 tokens[i] = next;
                 if !done[i] {
                     if next == eos {

@@ -1,8 +1,8 @@
 //! Weights: files mapped with memmap2 and turned into named, typed tensor views.
 //!
 //! A [`Tensor`] in f32 or f16 whose bytes sit aligned in the mapped file borrows them:
-//! no copy is made. Other stored dtypes (bf16, quantized blocks) are converted once, at load,
-//! into an owned buffer of the compute dtype.
+//! no copy is made. Other stored dtypes are converted once, at load, into an owned buffer:
+//! of the compute dtype for GGUF (bf16, quantized blocks), of f32 for safetensors bf16.
 //!
 //! - [`safetensors`]: PyTorch / Hugging Face `.safetensors` files.
 //! - [`gguf`]: llama.cpp's GGUF (v2, v3).

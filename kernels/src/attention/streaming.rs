@@ -772,8 +772,11 @@ fn apply_masks(ctx: &Ctx<'_>, it: Item, jb: usize, nk: usize, tk: usize, s: &mut
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    //! AVX2 + FMA + F16C micro-kernels: 6×16 register tiles for Q·Kᵀ and P·V, an 8×8
-    //! transpose to pack Kᵀ, and a vector `exp` for the softmax.
+    //! AVX2 + FMA + F16C micro-kernels. Packed items (prefill) use 6×16 register tiles for
+    //! Q·Kᵀ and P·V and an 8×8 transpose to pack Kᵀ; in-place items (decode, ≤ 8 rows) score
+    //! 3 rows against 3 keys at a time and accumulate P·V in tiles of R rows × 8·C columns
+    //! (3×24 for SmolLM2's three query heads per KV head), reading the f16 or f32 cache
+    //! directly. The softmax uses a vector `exp`.
     use super::{process_item, Ctx, Item, Micro, ProcessItem, Scratch, KB};
     use crate::attention::{KvData, KvView};
     use crate::simd::avx2::{exp_nonpositive, hmax, hsum, Lane};
@@ -1211,8 +1214,9 @@ mod avx2 {
         }
     }
 
-    /// [`Micro::pv_in_place`] for one element type: 16 columns at a time, then 8, then the
-    /// columns past the last multiple of 8 in scalar code.
+    /// [`Micro::pv_in_place`] for one element type: tiles of R rows × 8·C columns chosen by
+    /// the row count (1×32 up to 6×16), then 16 columns, then 8, then the columns past the
+    /// last multiple of 8 in scalar code.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn pv_in_place_typed<T: Lane>(
