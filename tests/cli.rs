@@ -139,6 +139,65 @@ fn json_output_parses_and_says_paris() {
     assert!(stderr(&o).contains("tok/s"));
 }
 
+/// The texts of `--json`'s lines, joined.
+fn json_text(stdout: &[u8]) -> String {
+    String::from_utf8(stdout.to_vec())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|v| v["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn json_texts_join_to_what_text_mode_prints() {
+    // Twelve greedy tokens of this prompt end inside a katakana character: the bytes held
+    // back must reach both outputs (as U+FFFD, as Hugging Face decodes them).
+    let args = [
+        "--prompt",
+        "日本語の文章：東京は",
+        "-n",
+        "12",
+        "--temperature",
+        "0",
+    ];
+    let text = decode(&args, None);
+    assert_eq!(text.status.code(), Some(0), "{}", stderr(&text));
+    let json = decode(&[&args[..], &["--json"]].concat(), None);
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let printed = String::from_utf8(text.stdout).unwrap();
+    assert_eq!(json_text(&json.stdout), printed.strip_suffix('\n').unwrap());
+}
+
+#[test]
+fn text_mode_leaves_special_tokens_out() {
+    // Past the end of turn, the model starts another turn: `<|im_end|>`, then
+    // `<|im_start|>user`. JSON reports them; text shows neither marker.
+    let args = [
+        "--chat",
+        "--prompt",
+        "Say hi",
+        "-n",
+        "40",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+    ];
+    let json = decode(&[&args[..], &["--json"]].concat(), None);
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let all = json_text(&json.stdout);
+    assert!(all.contains("<|im_end|>"), "{all:?}");
+    let text = decode(&args, None);
+    let printed = String::from_utf8(text.stdout).unwrap();
+    assert!(!printed.contains("<|im_"), "{printed:?}");
+    assert_eq!(
+        printed.trim_end(),
+        all.replace("<|im_end|>", "")
+            .replace("<|im_start|>", "")
+            .trim_end()
+    );
+}
+
 #[test]
 fn a_full_context_ends_generation_with_the_stats() {
     // 5 prompt tokens in 16 positions: 11 tokens fit (the last one sampled, never fed back).

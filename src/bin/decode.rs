@@ -10,7 +10,9 @@
 //!
 //! Without `--model` it runs the default model (SmolLM2-135M-Instruct), fetched once into the
 //! cache directory (see `qkv::fetch`). Statistics go to stderr; with `--json`, one object per
-//! token and a final `{"stats": …}` object go to stdout. Errors print on stderr and exit 1.
+//! token (and, when generation stopped inside a character, a `{"text": …}` line with the rest)
+//! and a final `{"stats": …}` object go to stdout; text mode leaves special tokens (end of
+//! turn, role markers) out, JSON reports every token. Errors print on stderr and exit 1.
 //! Generation that fills the context stops there: the text so far and the statistics are
 //! printed, with a note on stderr, and the exit code is 0.
 
@@ -108,10 +110,12 @@ struct RunArgs {
     /// the threads' start), as `llama-bench`'s warm-up run does.
     #[arg(long)]
     warmup: bool,
-    /// Keep generating past the end-of-sequence token.
+    /// Keep generating past the end-of-sequence token (text mode still leaves it out, as it
+    /// does every special token; `--json` reports it).
     #[arg(long)]
     ignore_eos: bool,
-    /// One JSON object per token on stdout, then a stats object.
+    /// One JSON object per token on stdout (a last `{"text": …}` one for text held back at
+    /// the end, inside a character), then a stats object.
     #[arg(long)]
     json: bool,
 }
@@ -289,7 +293,6 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     session.prefill(&ids)?;
     let prompt_s = prompt_start.elapsed().as_secs_f64();
 
-    let eos = tokenizer.eos_id();
     let mut out = Out {
         stdout: std::io::stdout().lock(),
         closed: false,
@@ -320,7 +323,12 @@ fn run(args: &RunArgs) -> AnyResult<()> {
                 "{{\"id\":{},\"text\":{text},\"logprob\":{logprob}}}\n",
                 piece.id
             ))?;
-        } else if Some(piece.id) != eos || args.ignore_eos {
+        } else if tokenizer.is_special(piece.id) {
+            // Text shows what a reader should see: no end-of-turn or role markers. Bytes held
+            // back before one (an unfinished character) come out in its piece, and stay.
+            let own = tokenizer.decode(&[piece.id])?;
+            out.write(piece.text.strip_suffix(own.as_str()).unwrap_or(""))?;
+        } else {
             out.write(&piece.text)?;
         }
         if out.closed {
@@ -329,7 +337,13 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     }
     let rest = stream.finish();
     let gen_s = gen_start.elapsed().as_secs_f64();
-    if !args.json {
+    if args.json {
+        // Text held back at the end (generation stopped inside a character), so that the
+        // texts of all lines join to the whole output.
+        if !rest.is_empty() {
+            out.write(&format!("{{\"text\":{}}}\n", serde_json::to_string(&rest)?))?;
+        }
+    } else {
         out.write(&rest)?;
         out.write("\n")?;
     }

@@ -139,6 +139,8 @@ pub struct Tokenizer {
     byte_chars: [char; 256],
     /// Special tokens as (text, id), longest first.
     specials: Vec<(String, u32)>,
+    /// Per token: special (control, user-defined), as the model file marks it.
+    special_flags: Vec<bool>,
     /// Finds the special tokens in text: leftmost match first, the longest one there (the
     /// order a left-to-right scan trying the longest special first would give), in time
     /// linear in the text whatever the number and length of the specials. `None` without
@@ -373,6 +375,9 @@ impl Tokenizer {
             }
         }
         offsets.push(bytes.len());
+        let special_flags: Vec<bool> = (0..p.tokens.len())
+            .map(|i| p.special.get(i).copied().unwrap_or(false))
+            .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
         let special_scan = if specials.is_empty() {
             None
@@ -396,6 +401,7 @@ impl Tokenizer {
             byte_ids,
             byte_chars,
             specials,
+            special_flags,
             special_scan,
             pre: PreTokenizer::new(p.split_digits),
             bos: p.bos,
@@ -410,6 +416,16 @@ impl Tokenizer {
     /// Number of tokens in the vocabulary.
     pub fn vocab_size(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// True for the special tokens (control and user-defined: end of turn, role markers,
+    /// padding…), which [`encode`](Self::encode) matches whole in text and which a reader of
+    /// generated text usually does not want to see. False for ids outside the vocabulary.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_flags
+            .get(id as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// The beginning-of-sequence token, if the model has one.
@@ -469,11 +485,6 @@ impl Tokenizer {
             });
         }
         Ok(&self.bytes[self.offsets[i]..self.offsets[i + 1]])
-    }
-
-    /// True for tokens matched whole in text (control and user-defined tokens).
-    pub fn is_special(&self, id: u32) -> bool {
-        self.specials.iter().any(|&(_, s)| s == id)
     }
 
     /// Encodes `text` into token ids. Special tokens in the text are kept whole. The BOS token
