@@ -594,7 +594,7 @@ impl Tokenizer {
             None => {
                 return Err(Error::Unsupported(
                     "the model has no chat template, and its vocabulary has no ChatML markers \
-                     (`<|im_start|>`, `<|im_end|>`): run without --chat"
+                     (`<|im_start|>`, `<|im_end|>`): it has no chat format to follow"
                         .into(),
                 ))
             }
