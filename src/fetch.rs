@@ -17,7 +17,7 @@
 
 use crate::error::{Error, Result};
 use crate::weights::gguf;
-use crate::weights::FloatType;
+use crate::weights::{temp_sibling, FloatType};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -97,15 +97,6 @@ fn create_dir(dir: &Path) -> Result<()> {
         path: dir.to_owned(),
         source,
     })
-}
-
-/// A name for a private temporary sibling of `path`, unique per process and per call, so
-/// that threads of one process fetching at once do not share it either.
-fn temp_sibling(path: &Path) -> PathBuf {
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("tmp");
-    path.with_file_name(format!(".{name}.tmp-{}-{call}", std::process::id()))
 }
 
 fn manual_steps(cache: &Path) -> String {

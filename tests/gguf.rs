@@ -602,6 +602,54 @@ fn dequantization_matches_gguf_py() {
     }
 }
 
+/// Threads of one process writing the same file at once (two sessions fetching the default
+/// model into an empty cache, say) each write their own temporary file: every call succeeds
+/// and the file at the path is one writer's whole output. With one temporary name per
+/// process they truncated each other's, and a zero-holed file could be published.
+#[test]
+fn threads_writing_one_path_never_mix_their_files() {
+    let dir = temp_dir("threads");
+    let out = dir.join("same.gguf");
+    let n = 1 << 21; // 8 MB per tensor, so that the writes overlap in time
+    let datas: Vec<Vec<u8>> = (1..=4u32)
+        .map(|t| {
+            (0..n as u32)
+                .flat_map(|i| (t as f32 + i as f32 * 1e-6).to_le_bytes())
+                .collect()
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for data in &datas {
+            let out = &out;
+            scope.spawn(move || {
+                let meta = vec![(
+                    "general.architecture".to_owned(),
+                    MetaValue::String("x".into()),
+                )];
+                write_gguf(
+                    out,
+                    &meta,
+                    &[("w".to_owned(), vec![n], FloatType::F32, &data[..])],
+                )
+                .unwrap();
+            });
+        }
+    });
+    let got = GgufFile::open(&out)
+        .unwrap()
+        .tensor("w")
+        .unwrap()
+        .to_f32_vec();
+    let first = got[0].round() as usize;
+    assert!((1..=4).contains(&first), "{}", got[0]);
+    let want = &datas[first - 1];
+    let got_bytes: Vec<u8> = got.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert!(got_bytes == *want, "the file mixes writers' data");
+    // Nothing but the file itself is left.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn convert_real_model_to_f16() {
     let src_path = default_gguf();
@@ -669,7 +717,11 @@ fn convert_real_model_to_f16() {
 
     // A failed conversion leaves nothing behind.
     let bad = dir.join("missing-dir").join("x.gguf");
-    assert!(convert(&src_path, &bad, FloatType::F16).is_err());
+    match convert(&src_path, &bad, FloatType::F16) {
+        // The error names the output asked for, not the hidden temporary file.
+        Err(Error::Io { path, .. }) => assert_eq!(path, bad),
+        other => panic!("{other:?}"),
+    }
     assert!(convert(&dir.join("nope.gguf"), &dir.join("y.gguf"), FloatType::F16).is_err());
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
     std::fs::remove_dir_all(&dir).ok();

@@ -59,7 +59,6 @@ use half::f16;
 use memmap2::Mmap;
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -1284,17 +1283,22 @@ fn write_streaming(
         }
     }
 
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| Error::Config(format!("{} is not a file path", path.display())))?;
+    if path.file_name().is_none() {
+        return Err(Error::Config(format!(
+            "{} is not a file path",
+            path.display()
+        )));
+    }
     check_replaceable(path)?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
+    let tmp = super::temp_sibling(path);
 
     let result = (|| -> Result<()> {
-        let file = File::create(&tmp).map_err(io_err(&tmp))?;
+        // A fresh name (never another writer's), and errors name the output, not it.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io_err(path))?;
         let mut w = BufWriter::with_capacity(1 << 20, file);
         let mut pos = 0usize;
         let mut header = Vec::new();
@@ -1440,12 +1444,20 @@ fn write_tensor_bytes(tensor: &Tensor, w: &mut dyn Write, path: &Path) -> Result
 /// as `/dev/null`), FIFO, socket or symbolic link there gives [`Error::Io`] and is left alone.
 pub fn convert(input: &Path, output: &Path, dtype: FloatType) -> Result<()> {
     let src = GgufFile::open(input)?.with_compute_dtype(dtype);
+    // Faults of the input's tensors name the input (I/O errors name their own path).
+    let in_input = |e: Error| match e {
+        Error::Io { .. } | Error::InFile { .. } => e,
+        other => Error::InFile {
+            path: input.to_owned(),
+            source: Box::new(other),
+        },
+    };
     for info in src.tensor_infos() {
         if !info.ggml_type.is_loadable() {
-            return Err(Error::UnsupportedDType {
+            return Err(in_input(Error::UnsupportedDType {
                 name: info.name.clone(),
                 dtype: format!("GGUF {} (cannot convert it)", info.ggml_type),
-            });
+            }));
         }
     }
     let file_type = match dtype {
@@ -1485,7 +1497,7 @@ pub fn convert(input: &Path, output: &Path, dtype: FloatType) -> Result<()> {
     write_streaming(output, &metadata, &headers, |i, w| {
         let info = &src.tensor_infos()[i];
         let t = out_dtype(info);
-        let tensor = src.load(info, t)?.into_dtype(t);
+        let tensor = src.load(info, t).map_err(in_input)?.into_dtype(t);
         write_tensor_bytes(&tensor, w, output)
     })
 }

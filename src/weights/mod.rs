@@ -16,7 +16,7 @@ use half::f16;
 use memmap2::Mmap;
 use qkv_kernels::Weights;
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The dtypes qkv computes with.
@@ -58,6 +58,17 @@ impl std::str::FromStr for FloatType {
             ))),
         }
     }
+}
+
+/// A hidden name beside `path` for writing it before a rename into place. Unique per process
+/// and per call, so that threads (two sessions fetching the default model at once, say) and
+/// processes writing the same file never share one.
+pub(crate) fn temp_sibling(path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("tmp");
+    path.with_file_name(format!(".{name}.tmp-{}-{call}", std::process::id()))
 }
 
 /// Maps a whole file read-only, with errors that name it.
