@@ -435,3 +435,35 @@ fn overflowing_shapes_are_errors() {
     let err = pe.add_into(&mut [0.0; 4], 1, usize::MAX).unwrap_err();
     assert!(matches!(err, Error::ContextFull { .. }), "{err}");
 }
+
+#[test]
+fn a_stored_positional_table_is_added_as_it_is() {
+    use qkv::nn::PositionalEncoding;
+    let (d, max_len) = (4, 3);
+    let table: Vec<f32> = (0..d * max_len).map(|i| i as f32 * 0.5).collect();
+    let pe = PositionalEncoding::from_table(d, max_len, table.clone()).unwrap();
+    let mut x = vec![1.0; 2 * d];
+    pe.add_into(&mut x, 2, 1).unwrap();
+    let want: Vec<f32> = table[d..3 * d].iter().map(|v| v + 1.0).collect();
+    assert_eq!(x, want);
+    assert!(matches!(
+        pe.add_into(&mut [0.0; 4], 1, 3),
+        Err(Error::ContextFull { .. })
+    ));
+    assert!(matches!(
+        pe.add_into(&mut [0.0; 3], 1, 0),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        PositionalEncoding::from_table(d, max_len, vec![0.0; 11]),
+        Err(Error::Shape(_))
+    ));
+    // The computed encoding and a table of the same values agree exactly.
+    let computed = PositionalEncoding::new(d, max_len).unwrap();
+    let mut from_new = vec![0.0; max_len * d];
+    computed.add_into(&mut from_new, max_len, 0).unwrap();
+    let stored = PositionalEncoding::from_table(d, max_len, from_new.clone()).unwrap();
+    let mut from_table = vec![0.0; max_len * d];
+    stored.add_into(&mut from_table, max_len, 0).unwrap();
+    assert_eq!(from_new, from_table);
+}

@@ -240,6 +240,37 @@ fn hostile_sizes_and_broken_weights_are_errors() {
     }
 }
 
+/// PyTorch's `pe` buffer, when the checkpoint holds it, is what the model adds: its own table
+/// can differ from a recomputed one by an ulp of `exp` in a few columns.
+#[test]
+fn the_checkpoints_positional_table_is_the_one_used() {
+    struct Shifted<'a>(&'a dyn TensorSource);
+    impl TensorSource for Shifted<'_> {
+        fn tensor(&self, name: &str) -> qkv::Result<Tensor> {
+            let t = self.0.tensor(name)?;
+            if name != "Encoder.pos_embedding.pe" {
+                return Ok(t);
+            }
+            let data = t.to_f32_vec().iter().map(|v| v + 0.25).collect();
+            Tensor::from_f32(name, t.shape().to_vec(), data)
+        }
+        fn contains(&self, name: &str) -> bool {
+            self.0.contains(name)
+        }
+        fn names(&self) -> Vec<String> {
+            self.0.names()
+        }
+    }
+    let c = Case::open("seq2seq");
+    let plain = model(&c);
+    let shifted = Seq2Seq::load(&Shifted(&c.weights), config(&c)).unwrap();
+    let lens = [3];
+    let src = TokenBatch::new(&[3, 4, 5], 1, 3, &lens).unwrap();
+    let a = plain.encode(&src).unwrap();
+    let b = shifted.encode(&src).unwrap();
+    assert_ne!(a.output().data(), b.output().data());
+}
+
 #[test]
 fn errors_are_typed() {
     let c = Case::open("seq2seq");

@@ -14,7 +14,8 @@
 # row whose keys are all blocked: PyTorch returns NaN (-inf fill) or mean(V) (-1e9 fill)
 # there, qkv returns zeros (tested on its own in tests/modules.rs).
 # f16 / bf16 variants store the weights in that dtype; their expected outputs are computed
-# in f32 from the rounded weights.
+# in f32 from the rounded weights and buffers (the positional table too), which is what
+# PyTorch runs after loading such a checkpoint into an f32 module.
 
 import math
 import os
@@ -44,9 +45,12 @@ def save(case, module, io, meta, dtype=torch.float32):
 
 
 def round_params(module, dtype):
-    """Rounds a module's parameters through `dtype` in place (for f16/bf16 variants)."""
-    for p in module.parameters():
-        p.copy_(p.to(dtype).to(torch.float32))
+    """Rounds a module's floating tensors through `dtype` in place (for f16/bf16 variants):
+    its parameters and its buffers, such as the positional table, as loading the `dtype`
+    checkpoint back into the f32 module would."""
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.is_floating_point():
+            t.copy_(t.to(dtype).to(torch.float32))
     return module
 
 

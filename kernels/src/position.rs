@@ -9,9 +9,13 @@
 //! We follow the same order with the same roundings: the factor `−ln(10000)/d` rounded to
 //! f32, the product `f32(2i) · factor` rounded to f32, its `exp` evaluated in f64 and rounded
 //! to f32, the angle `f32(pos) · div_term` rounded to f32, and finally `sin`/`cos` of that f32
-//! angle evaluated in f64 and rounded once. The result agrees with PyTorch to about 1e-7
-//! even at position 500, where an f64 angle would differ by ~1e-5 (as long as PyTorch's f32
-//! `exp` returns the correctly rounded `div_term`, which it does for the usual sizes).
+//! angle evaluated in f64 and rounded once. Where PyTorch's f32 `exp` returns the correctly
+//! rounded `div_term`, the two tables agree to about 1e-7 even at position 500, where an f64
+//! angle would differ by ~1e-5. Its vectorised `exp` is one ulp off for a few column pairs
+//! at common sizes, though (one pair at d = 64, two at d = 512, as PyTorch 2.15 computes it
+//! on x86-64), and those columns then drift with the position: at d = 512, up to 2e-6 below
+//! position 64 and 2e-4 below 5000. A model that stores its table (the seed's `pe` buffer)
+//! should add that instead, as `qkv::nn::PositionalEncoding::from_table` does.
 //!
 //! # Odd `d`
 //!

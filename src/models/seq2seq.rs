@@ -425,12 +425,20 @@ impl Seq2Seq {
         let root = Scope::new(source);
         let d = cfg.d_model;
         let eps = cfg.norm_eps;
-        for (side, max_len) in [("Encoder", cfg.max_src_len), ("Decoder", cfg.max_tgt_len)] {
+        // The checkpoint's own `pe` buffers when it has them: PyTorch's table, to the bit.
+        let positions = |side: &str, max_len: usize| -> Result<PositionalEncoding> {
             let pe = root.pp(side).pp("pos_embedding");
             if pe.contains("pe") {
-                pe.tensor_shaped("pe", &[1, max_len, d])?;
+                let table = pe.tensor_shaped("pe", &[1, max_len, d])?.to_f32_vec();
+                PositionalEncoding::from_table(d, max_len, table)
+            } else {
+                PositionalEncoding::new(d, max_len)
             }
-        }
+        };
+        let (src_pe, tgt_pe) = (
+            positions("Encoder", cfg.max_src_len)?,
+            positions("Decoder", cfg.max_tgt_len)?,
+        );
         let enc = root.pp("Encoder").pp("Layers");
         let encoder = (0..cfg.encoder_layers)
             .map(|i| {
@@ -461,8 +469,8 @@ impl Seq2Seq {
             id: super::next_model_id(),
             src_embedding: Embedding::load(&root, "src_embedding", cfg.src_vocab, d)?,
             tgt_embedding: Embedding::load(&root, "tgt_embedding", cfg.tgt_vocab, d)?,
-            src_pe: PositionalEncoding::new(d, cfg.max_src_len)?,
-            tgt_pe: PositionalEncoding::new(d, cfg.max_tgt_len)?,
+            src_pe,
+            tgt_pe,
             generator: Linear::load(&root, "generator", d, cfg.tgt_vocab)?,
             encoder,
             decoder,

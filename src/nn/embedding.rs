@@ -73,12 +73,19 @@ impl Embedding {
 }
 
 /// Seed 004's sinusoidal positional encoding, `pe[pos, 2i] = sin(pos / 10000^(2i/d))`,
-/// `pe[pos, 2i+1] = cos(…)`, added to the input; computed as PyTorch computes it in f32.
-/// Dropout is the identity at inference.
-#[derive(Debug, Clone, Copy)]
+/// `pe[pos, 2i+1] = cos(…)`, added to the input. Dropout is the identity at inference.
+///
+/// [`new`](Self::new) computes the table as PyTorch's code does in f32 (see
+/// [`qkv_kernels::position`]), which matches PyTorch's own table except where its vectorised
+/// `exp` is one ulp off (a few column pairs, an error growing with the position);
+/// [`from_table`](Self::from_table) adds a stored table (the seed's `pe` buffer), which a
+/// checkpoint saved from PyTorch holds exactly.
+#[derive(Debug, Clone)]
 pub struct PositionalEncoding {
     dim: usize,
     max_len: usize,
+    /// `[max_len, dim]`, when the encoding is a stored table.
+    table: Option<Vec<f32>>,
 }
 
 impl PositionalEncoding {
@@ -89,7 +96,28 @@ impl PositionalEncoding {
                 "positional encoding: dim {dim} and max_len {max_len} must be non-zero"
             )));
         }
-        Ok(PositionalEncoding { dim, max_len })
+        Ok(PositionalEncoding {
+            dim,
+            max_len,
+            table: None,
+        })
+    }
+
+    /// An encoding that adds the stored `table` (`[max_len, dim]`, row `pos` for position
+    /// `pos`) instead of computing it. [`Error::Config`] for a zero size,
+    /// [`Error::Shape`] when `table` is not `max_len · dim` long.
+    pub fn from_table(dim: usize, max_len: usize, table: Vec<f32>) -> Result<Self> {
+        let pe = Self::new(dim, max_len)?;
+        if Some(table.len()) != dim.checked_mul(max_len) {
+            return Err(Error::Shape(format!(
+                "positional encoding: a table of {} values for [{max_len}, {dim}]",
+                table.len()
+            )));
+        }
+        Ok(PositionalEncoding {
+            table: Some(table),
+            ..pe
+        })
     }
 
     /// Largest number of positions.
@@ -107,7 +135,22 @@ impl PositionalEncoding {
                 capacity: self.max_len,
             });
         }
-        qkv_kernels::position::add_sinusoidal_inplace(x, rows, self.dim, pos0)?;
+        match &self.table {
+            Some(table) => {
+                let d = self.dim;
+                if x.len() != rows * d {
+                    return Err(Error::Shape(format!(
+                        "positional encoding: {} values for {rows} rows of {d}",
+                        x.len()
+                    )));
+                }
+                let rows_pe = &table[pos0 * d..(pos0 + rows) * d];
+                for (v, p) in x.iter_mut().zip(rows_pe) {
+                    *v += p;
+                }
+            }
+            None => qkv_kernels::position::add_sinusoidal_inplace(x, rows, self.dim, pos0)?,
+        }
         Ok(())
     }
 
