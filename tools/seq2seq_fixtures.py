@@ -4,8 +4,9 @@
 #   pip install torch safetensors numpy
 #   python3 tools/seq2seq_fixtures.py        # rewrites tests/fixtures/seq2seq/
 #
-# For each case it builds the PyTorch module of a seed (shared/seeds/000..004; their typos
-# fixed, their semantics kept) with a fixed seed, and writes two files:
+# For each case it builds the PyTorch module of a seed (the project's seed posts 000..004;
+# their typos fixed, their semantics kept except in two places) with a fixed seed, and
+# writes two files:
 #   <case>.safetensors     the module's state_dict, by its PyTorch names (what qkv loads)
 #   <case>.io.safetensors  inputs, masks in qkv's convention (1.0 = visible), expected
 #                          outputs, all f32; sizes in the header metadata
@@ -13,6 +14,10 @@
 # 0 = blocked in 002/003) and converted here to qkv's (true = visible). No case has a query
 # row whose keys are all blocked: PyTorch returns NaN (-inf fill) or mean(V) (-1e9 fill)
 # there, qkv returns zeros (tested on its own in tests/modules.rs).
+# The two changes of meaning, both fixes of the seeds' bugs: seed 001's `causal=True`
+# replaced the caller's mask (here both apply, as in qkv), and seeds 002/003 applied a
+# [B, Tq, Tk] mask to [B, h, Tq, Tk] scores without a heads axis, which broadcasts the
+# batch onto the heads (here `mask[:, None]`, one mask per sequence for every head).
 # f16 / bf16 variants store the weights in that dtype; their expected outputs are computed
 # in f32 from the rounded weights and buffers (the positional table too), which is what
 # PyTorch runs after loading such a checkpoint into an f32 module.

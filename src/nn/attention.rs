@@ -604,6 +604,10 @@ impl Attention {
 
     /// `forward(query, key, value, mask, causal)`: `causal` adds top-left causal masking to
     /// `mask` (the seed's `True` = blocked mask becomes `false` here).
+    ///
+    /// One deliberate difference from the seed's code: there, `causal=True` replaces the
+    /// caller's mask with the causal one, so padding passed alongside was silently dropped.
+    /// Here both apply, as `tools/seq2seq_fixtures.py` does for its reference.
     pub fn forward(
         &self,
         query: Seq<'_>,
