@@ -273,6 +273,31 @@ fn seed002_returns_probabilities() {
 }
 
 #[test]
+fn seed002_per_sequence_masks_over_more_than_one_key_block() {
+    let c = Case::open("mha002_wide");
+    let (b, l) = (2, 100);
+    let m = MultiHeadAttentionWithProbs::load(&scope(&c), 16, 4).unwrap();
+    let x = c.get("x");
+    let dense = DenseMask::per_batch(c.flags("keep"), b, l, l).unwrap();
+    let (y, a) = m
+        .forward(seq(&x, &c.shape("x")), &Mask::none().with_dense(&dense))
+        .unwrap();
+    assert_close(y.data(), &c.get("out"), F32_TOL, "mha002_wide out");
+    assert_eq!(c.shape("probs"), [b, 4, l, l]);
+    assert_close(&a, &c.get("probs"), F32_TOL, "mha002_wide probs");
+}
+
+#[test]
+fn seed001_causal_with_more_queries_than_keys() {
+    let c = Case::open("attn001_tall");
+    let m = Attention::load(&scope(&c), 16, 2).unwrap();
+    let (q, kv) = (c.get("q"), c.get("kv"));
+    let (q, kv) = (seq(&q, &c.shape("q")), seq(&kv, &c.shape("kv")));
+    let y = m.forward(q, kv, kv, &Mask::none(), true).unwrap();
+    assert_close(y.data(), &c.get("causal_tall"), F32_TOL, "causal, Tq > Tk");
+}
+
+#[test]
 fn seed003_multi_head_cross_attention_8_heads() {
     let c = Case::open("cross003");
     let m = MultiHeadCrossAttention::load(&scope(&c), 16, 8).unwrap();

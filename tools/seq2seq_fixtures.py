@@ -406,6 +406,30 @@ def case_mha002():
     save("mha002", m, io, {"d_model": 16, "h": 4})
 
 
+def case_mha002_wide():
+    # A mask of its own per sequence (seed 002's interface, [B, L, L]) over more keys than
+    # one of qkv's 64-key blocks, every row keeping at least one key.
+    torch.manual_seed(8)
+    m = perturb(MultiHeadAttention002(16, 4))
+    b, l = 2, 100
+    x = torch.randn(b, l, 16)
+    keep = (torch.rand(b, l, l) < 0.3).float()
+    keep[:, torch.arange(l), torch.randint(0, l, (l,))] = 1.0
+    out, a = m(x, keep)
+    io = {"x": x, "keep": keep, "out": out, "probs": a}
+    save("mha002_wide", m, io, {"d_model": 16, "h": 4, "len": l})
+
+
+def case_attn001_tall():
+    # Causal with more queries than keys (rows past the last key see every key).
+    torch.manual_seed(9)
+    m = perturb(Attention001(16, 2))
+    q = torch.randn(2, 9, 16)
+    kv = torch.randn(2, 5, 16)
+    io = {"q": q, "kv": kv, "causal_tall": m(q, kv, kv, causal=True)}
+    save("attn001_tall", m, io, {"dim": 16, "heads": 2})
+
+
 def case_cross003():
     torch.manual_seed(5)
     m = perturb(CrossAttention003(16, 8))
@@ -482,6 +506,8 @@ def main():
     case_attn001()
     case_attn001(torch.bfloat16, "attn001_bf16")
     case_mha002()
+    case_mha002_wide()
+    case_attn001_tall()
     case_cross003()
     case_mha004()
     case_seq2seq()
