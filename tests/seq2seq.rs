@@ -17,6 +17,27 @@ fn model(c: &Case) -> Seq2Seq {
     Seq2Seq::load(&c.weights, config(c)).unwrap()
 }
 
+/// `source` with the values of one tensor changed by an edit.
+struct Edited<'a>(&'a dyn TensorSource, &'static str, fn(&mut [f32]));
+
+impl TensorSource for Edited<'_> {
+    fn tensor(&self, name: &str) -> qkv::Result<Tensor> {
+        let t = self.0.tensor(name)?;
+        if name != self.1 {
+            return Ok(t);
+        }
+        let mut data = t.to_f32_vec();
+        (self.2)(&mut data);
+        Tensor::from_f32(name, t.shape().to_vec(), data)
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains(name)
+    }
+    fn names(&self) -> Vec<String> {
+        self.0.names()
+    }
+}
+
 const B: usize = 3;
 const S: usize = 7;
 const T: usize = 6;
@@ -212,26 +233,9 @@ fn hostile_sizes_and_broken_weights_are_errors() {
         ));
     }
     // NaN in the output projection: greedy decoding says so instead of emitting token 0.
-    struct Poisoned<'a>(&'a dyn TensorSource);
-    impl TensorSource for Poisoned<'_> {
-        fn tensor(&self, name: &str) -> qkv::Result<Tensor> {
-            let t = self.0.tensor(name)?;
-            if name != "generator.bias" {
-                return Ok(t);
-            }
-            let mut data = t.to_f32_vec();
-            data[7] = f32::NAN;
-            Tensor::from_f32(name, t.shape().to_vec(), data)
-        }
-        fn contains(&self, name: &str) -> bool {
-            self.0.contains(name)
-        }
-        fn names(&self) -> Vec<String> {
-            self.0.names()
-        }
-    }
     assert!(c.weights.contains("generator.bias"));
-    let m = Seq2Seq::load(&Poisoned(&c.weights), cfg).unwrap();
+    let poisoned = Edited(&c.weights, "generator.bias", |v| v[7] = f32::NAN);
+    let m = Seq2Seq::load(&poisoned, cfg).unwrap();
     let lens = [2];
     let src = TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap();
     match m.greedy(&src, 1, 2, 5) {
@@ -244,26 +248,11 @@ fn hostile_sizes_and_broken_weights_are_errors() {
 /// can differ from a recomputed one by an ulp of `exp` in a few columns.
 #[test]
 fn the_checkpoints_positional_table_is_the_one_used() {
-    struct Shifted<'a>(&'a dyn TensorSource);
-    impl TensorSource for Shifted<'_> {
-        fn tensor(&self, name: &str) -> qkv::Result<Tensor> {
-            let t = self.0.tensor(name)?;
-            if name != "Encoder.pos_embedding.pe" {
-                return Ok(t);
-            }
-            let data = t.to_f32_vec().iter().map(|v| v + 0.25).collect();
-            Tensor::from_f32(name, t.shape().to_vec(), data)
-        }
-        fn contains(&self, name: &str) -> bool {
-            self.0.contains(name)
-        }
-        fn names(&self) -> Vec<String> {
-            self.0.names()
-        }
-    }
     let c = Case::open("seq2seq");
     let plain = model(&c);
-    let shifted = Seq2Seq::load(&Shifted(&c.weights), config(&c)).unwrap();
+    let shift = |v: &mut [f32]| v.iter_mut().for_each(|x| *x += 0.25);
+    let shifted = Edited(&c.weights, "Encoder.pos_embedding.pe", shift);
+    let shifted = Seq2Seq::load(&shifted, config(&c)).unwrap();
     let lens = [3];
     let src = TokenBatch::new(&[3, 4, 5], 1, 3, &lens).unwrap();
     let a = plain.encode(&src).unwrap();

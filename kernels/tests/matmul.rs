@@ -112,6 +112,13 @@ fn gemm_shapes() {
     check(512, 64, 300, true, false, &mut rng);
 }
 
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool")
+}
+
 /// The splits depend on the pool: the column split of the gemm path runs for 2–4 threads
 /// only, and the GEMV's row ranges change with the thread count. The default pool has as many
 /// threads as the machine has cores, so the cases above may miss them; here every split runs
@@ -120,11 +127,7 @@ fn gemm_shapes() {
 fn splits_on_pools_of_one_to_five_threads() {
     let mut rng = Rng(4);
     for threads in 1..=5 {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("a thread pool");
-        pool.install(|| {
+        pool(threads).install(|| {
             check(512, 64, 300, true, false, &mut rng);
             check(96, 576, 191, false, true, &mut rng);
             check(1, 576, 1537, true, true, &mut rng);
@@ -144,11 +147,7 @@ fn concurrent_f16_calls_on_one_pool_nest_safely() {
     let w: Vec<f16> = rng.vec(n * k).iter().map(|&v| f16::from_f32(v)).collect();
     let mut want = vec![0.0; m * n];
     linear_scalar(&mut want, &x, Weights::F16(&w), None, m, k, n).unwrap();
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(4)
-        .build()
-        .expect("a thread pool");
-    pool.install(|| {
+    pool(4).install(|| {
         use rayon::prelude::*;
         (0..64).into_par_iter().for_each(|_| {
             let mut y = vec![0.0; m * n];

@@ -22,6 +22,7 @@
 //! The per-sequence state — the KV cache and every scratch buffer — is a [`LlamaState`],
 //! sized once; a forward pass allocates nothing.
 
+use super::zeroed;
 use crate::error::{Error, Result};
 use crate::weights::{FloatType, Tensor, TensorSource};
 use half::f16;
@@ -611,40 +612,9 @@ impl Llama {
     }
 }
 
-/// Element types for which all-zero bits are a valid value (0).
-///
-/// # Safety
-/// Implement only for types where every all-zero bit pattern is a valid value.
-unsafe trait ZeroBits: Copy {}
-// SAFETY: all-zero bits are +0.0 in both formats.
-unsafe impl ZeroBits for f32 {}
-unsafe impl ZeroBits for f16 {}
-
-/// `len` zeros, or [`Error::Config`] naming the cache of `capacity` positions when the
-/// allocator refuses, instead of the abort of `vec![0; len]`. The pages come zeroed from the
-/// OS as with `vec!`, so a large cache costs memory only as positions fill.
-fn zeroed<T: ZeroBits>(len: usize, capacity: usize) -> Result<Vec<T>> {
-    let refused = || {
-        Error::Config(format!(
-            "a KV cache of {capacity} positions needs {} bytes, more than this machine gives; \
-             ask for a shorter context",
-            len.saturating_mul(std::mem::size_of::<T>())
-        ))
-    };
-    let layout = std::alloc::Layout::array::<T>(len).map_err(|_| refused())?;
-    if layout.size() == 0 {
-        return Ok(Vec::new());
-    }
-    // SAFETY: the layout has a non-zero size. If the allocation succeeds, the pointer holds
-    // `len` elements of `T` with `T`'s alignment (the layout `Vec<T>` itself would use), all
-    // zero bits, which `ZeroBits` makes valid zeros; capacity and length are both `len`.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout).cast::<T>();
-        if ptr.is_null() {
-            return Err(refused());
-        }
-        Ok(Vec::from_raw_parts(ptr, len, len))
-    }
+/// What a KV cache of `capacity` positions is called in allocation errors.
+fn kv_cache(capacity: usize) -> String {
+    format!("a KV cache of {capacity} positions")
 }
 
 /// One cache tensor (all keys or all values), head-major within each layer:
@@ -677,8 +647,8 @@ impl KvStore {
         dim: usize,
     ) -> Result<Self> {
         let data = match dtype {
-            FloatType::F32 => KvBuf::F32(zeroed(len, capacity)?),
-            FloatType::F16 => KvBuf::F16(zeroed(len, capacity)?),
+            FloatType::F32 => KvBuf::F32(zeroed(len, || kv_cache(capacity))?),
+            FloatType::F16 => KvBuf::F16(zeroed(len, || kv_cache(capacity))?),
         };
         Ok(KvStore {
             data,
@@ -885,12 +855,12 @@ mod tests {
 
     #[test]
     fn a_cache_the_allocator_refuses_is_a_config_error() {
-        assert_eq!(zeroed::<f16>(5, 1).unwrap(), [f16::ZERO; 5]);
-        assert!(zeroed::<f32>(0, 1).unwrap().is_empty());
+        assert_eq!(zeroed::<f16>(5, || kv_cache(1)).unwrap(), [f16::ZERO; 5]);
+        assert!(zeroed::<f32>(0, || kv_cache(1)).unwrap().is_empty());
         // Past the address space: the layout itself overflows, or the allocator says no.
         // (black_box: an allocation nobody reads may be optimised away, failure included.)
         for len in [usize::MAX / 2, 1 << 60] {
-            match std::hint::black_box(zeroed::<f32>(len, 12345)) {
+            match std::hint::black_box(zeroed::<f32>(len, || kv_cache(12345))) {
                 Err(Error::Config(msg)) => assert!(msg.contains("12345 positions"), "{msg}"),
                 other => panic!("{len} elements: {:?}", other.map(|v| v.len())),
             }

@@ -695,19 +695,10 @@ impl Seq2Seq {
                     "seq2seq: a cache of {b} × {max_len} × {d} values overflows"
                 ))
             })?;
-        let zeros = |n: usize| -> Result<Vec<f32>> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|_| {
-                Error::Config(format!(
-                    "seq2seq: no memory for a decode cache of {b} × {max_len} positions"
-                ))
-            })?;
-            v.resize(n, 0.0);
-            Ok(v)
-        };
+        let what = || format!("seq2seq: a decode cache of {b} × {max_len} positions");
         let caches = || {
             (0..layers)
-                .map(|_| zeros(cache))
+                .map(|_| super::zeroed(cache, what))
                 .collect::<Result<Vec<_>>>()
         };
         Ok(DecodeState {
