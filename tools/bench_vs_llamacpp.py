@@ -96,12 +96,16 @@ def cache_dir():
 # ---------------------------------------------------------------- llama.cpp
 
 
+# The llama.cpp tools the side-by-sides and the quality table use.
+LLAMA_TOOLS = ("llama-bench", "llama-quantize", "llama-perplexity")
+
+
 def ensure_llamacpp(lc: Path):
-    """Returns (llama-bench, llama-quantize), building them once."""
+    """Returns (llama-bench, llama-quantize), building LLAMA_TOOLS once."""
     src = lc / f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}" / "vendor" / "llama.cpp"
     build = src / "build"
     bench, quant = build / "bin" / "llama-bench", build / "bin" / "llama-quantize"
-    if bench.is_file() and quant.is_file():
+    if all((build / "bin" / t).is_file() for t in LLAMA_TOOLS):
         log(f"llama.cpp already built: {build / 'bin'}")
         return bench, quant
     lc.mkdir(parents=True, exist_ok=True)
@@ -120,13 +124,12 @@ def ensure_llamacpp(lc: Path):
         log("cmake not found: pip install cmake")
         run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "cmake"])
         cmake = shutil.which("cmake") or "cmake"
-    log("building llama.cpp (Release, GGML_NATIVE=ON, llama-bench + llama-quantize, -j2); "
+    log(f"building llama.cpp (Release, GGML_NATIVE=ON, {', '.join(LLAMA_TOOLS)}, -j2); "
         "this takes several minutes on 2 cores")
     run([cmake, "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
          "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
          "-DLLAMA_BUILD_SERVER=OFF"])
-    run([cmake, "--build", build, "--config", "Release", "-j2", "--target", "llama-bench",
-         "llama-quantize"])
+    run([cmake, "--build", build, "--config", "Release", "-j2", "--target", *LLAMA_TOOLS])
     return bench, quant
 
 

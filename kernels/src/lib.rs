@@ -4,8 +4,9 @@
 //! model is. Every SIMD kernel has a plain scalar reference beside it (`*_scalar`) that the
 //! tests compare it with.
 //!
-//! - [`matmul`]: `y = x·Wᵀ (+ b)` with `W` in the PyTorch `nn.Linear` layout, f32 or f16;
-//!   the gemm crate for many rows, our own streaming GEMV for few rows.
+//! - [`matmul`]: `y = x·Wᵀ (+ b)` with `W` in the PyTorch `nn.Linear` layout, stored f32,
+//!   f16 or in a GGUF quantized format ([`quant`]); the gemm crate for many rows, our own
+//!   streaming GEMV for few rows.
 //! - [`mod@attention`]: one streaming-softmax attention kernel with fused causal, padding and
 //!   dense masks, for self-, cross- and causal attention, MHA/GQA/MQA, prefill and decode.
 //! - [`norm`], [`activation`], [`rope`], [`position`], [`convert`]: the rest of a
@@ -28,6 +29,7 @@ pub mod matmul;
 pub mod norm;
 pub mod position;
 pub mod probe;
+pub mod quant;
 pub mod rope;
 pub mod simd;
 
@@ -35,6 +37,7 @@ pub use attention::{attention, attention_with_probs, AttentionMask, KvData, KvVi
 pub use error::{KernelError, Result};
 pub use half::f16;
 pub use matmul::{linear, linear_many, Projection, Weights};
+pub use quant::QuantFormat;
 pub use norm::{layer_norm, rms_norm};
 pub use rope::{RopeStyle, RopeTable};
 

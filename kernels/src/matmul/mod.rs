@@ -19,8 +19,12 @@
 //! assert_eq!(y, [1.5, 2.5, 3.5]);
 //! ```
 
+mod gemv;
+
 use crate::error::{check_len, check_nonzero, KernelError, Result};
+use crate::quant::QuantFormat;
 use crate::SharedOut;
+use gemv::{gemv, gemv_parts, GemvPart};
 use half::f16;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -28,21 +32,26 @@ use std::cell::RefCell;
 /// Up to this many rows of `x`, [`linear`] takes the streaming GEMV instead of gemm.
 pub const GEMV_MAX_ROWS: usize = 8;
 
-/// A weight matrix `[n, k]` (row-major, one row per output feature) in a compute dtype.
+/// A weight matrix `[n, k]` (row-major, one row per output feature) as it is stored:
+/// f32, f16, or whole blocks of a GGUF quantized format. Activations are always f32.
 #[derive(Clone, Copy, Debug)]
 pub enum Weights<'a> {
     /// 32-bit floats.
     F32(&'a [f32]),
     /// IEEE half floats, widened to f32 inside the kernels.
     F16(&'a [f16]),
+    /// Blocks of a quantized format, row after row (each row `k / block` whole blocks),
+    /// decoded inside the kernels.
+    Quant(QuantFormat, &'a [u8]),
 }
 
 impl Weights<'_> {
-    /// Number of elements.
+    /// Number of elements (for [`Weights::Quant`], those its whole blocks hold).
     pub fn len(&self) -> usize {
         match self {
             Weights::F32(w) => w.len(),
             Weights::F16(w) => w.len(),
+            Weights::Quant(f, b) => b.len() / f.block_bytes() * f.block_elems(),
         }
     }
 
@@ -51,34 +60,66 @@ impl Weights<'_> {
         self.len() == 0
     }
 
-    /// Bytes one element takes.
-    pub fn elem_bytes(&self) -> usize {
+    /// Bytes the matrix takes: what a pass over it reads from memory.
+    pub fn bytes(&self) -> usize {
         match self {
-            Weights::F32(_) => 4,
-            Weights::F16(_) => 2,
+            Weights::F32(w) => std::mem::size_of_val(*w),
+            Weights::F16(w) => std::mem::size_of_val(*w),
+            Weights::Quant(_, b) => b.len(),
         }
     }
 
-    /// Element `i` as f32.
-    ///
-    /// # Panics
-    /// If `i ≥ self.len()`, like slice indexing. It is meant for loops whose bounds were
-    /// validated (the scalar references); use [`try_get`](Self::try_get) for an index that
-    /// may be out of range.
-    #[inline]
-    pub fn get(&self, i: usize) -> f32 {
+    /// The storage format, by its GGUF name (`"F32"`, `"F16"`, `"Q4_K"`, …).
+    pub fn format_name(&self) -> &'static str {
         match self {
-            Weights::F32(w) => w[i],
-            Weights::F16(w) => w[i].to_f32(),
+            Weights::F32(_) => "F32",
+            Weights::F16(_) => "F16",
+            Weights::Quant(f, _) => f.name(),
         }
     }
 
-    /// Element `i` as f32, or `None` when `i ≥ self.len()`.
-    #[inline]
-    pub fn try_get(&self, i: usize) -> Option<f32> {
+    /// Checks that the matrix is exactly `n` rows of `k` (for quantized formats, `k` whole
+    /// blocks per row).
+    pub fn check_shape(&self, n: usize, k: usize) -> Result<()> {
         match self {
-            Weights::F32(w) => w.get(i).copied(),
-            Weights::F16(w) => w.get(i).map(|v| v.to_f32()),
+            Weights::Quant(f, b) => check_len("weights (bytes)", product("n·row bytes", n, f.row_bytes(k)?)?, b.len()),
+            _ => check_len("weights", product("n·k", n, k)?, self.len()),
+        }
+    }
+
+    /// Rows `j0..j0 + rows` of the `[n, k]` matrix widened to f32 into `dst` (`rows·k`
+    /// values): exact, so it serves as the reference, the embedding lookup and the panels
+    /// of the prefill path. Errors when the rows or `dst` do not fit the matrix.
+    pub fn rows_to_f32(&self, j0: usize, rows: usize, k: usize, dst: &mut [f32]) -> Result<()> {
+        let end = j0.checked_add(rows).ok_or_else(|| KernelError::Invalid("rows overflow".into()))?;
+        check_len("dst", product("rows·k", rows, k)?, dst.len())?;
+        match self {
+            Weights::F32(w) => {
+                let src = w.get(j0 * k..end * k).ok_or(KernelError::Length {
+                    what: "weights",
+                    expected: end * k,
+                    actual: w.len(),
+                })?;
+                dst.copy_from_slice(src);
+                Ok(())
+            }
+            Weights::F16(w) => {
+                let src = w.get(j0 * k..end * k).ok_or(KernelError::Length {
+                    what: "weights",
+                    expected: end * k,
+                    actual: w.len(),
+                })?;
+                crate::convert::f16_to_f32(src, dst)
+            }
+            Weights::Quant(f, b) => {
+                let rb = f.row_bytes(k)?;
+                let src = b.get(j0 * rb..end * rb).ok_or(KernelError::Length {
+                    what: "weights (bytes)",
+                    expected: end * rb,
+                    actual: b.len(),
+                })?;
+                f.dequantize(src, dst)
+            }
         }
     }
 }
@@ -104,7 +145,7 @@ fn validate(
     check_nonzero("n", n)?;
     // Checked: a wrapped product could match a short slice and let the kernels run off it.
     check_len("x", product("m·k", m, k)?, x.len())?;
-    check_len("weights", product("n·k", n, k)?, w.len())?;
+    w.check_shape(n, k)?;
     check_len("y", product("m·n", m, n)?, y.len())?;
     if let Some(b) = bias {
         check_len("bias", n, b.len())?;
@@ -132,13 +173,14 @@ pub fn linear(
     } else {
         match w {
             Weights::F32(w) => gemm_f32(y, x, w, bias, m, k, n),
-            Weights::F16(w) => gemm_f16_panels(y, x, w, bias, m, k, n),
+            _ => gemm_panels(y, x, w, bias, m, k, n),
         }
     }
     Ok(())
 }
 
-/// The plain reference for [`linear`]: one dot product per output, f32 accumulation.
+/// The plain reference for [`linear`]: one dot product per output, f32 accumulation over
+/// the weights widened exactly to f32 (quantized ones by [`QuantFormat::dequantize`]).
 pub fn linear_scalar(
     y: &mut [f32],
     x: &[f32],
@@ -149,11 +191,13 @@ pub fn linear_scalar(
     n: usize,
 ) -> Result<()> {
     validate(y, x, w, bias, m, k, n)?;
-    for i in 0..m {
-        for j in 0..n {
+    let mut row = vec![0.0f32; k];
+    for j in 0..n {
+        w.rows_to_f32(j, 1, k, &mut row)?;
+        for i in 0..m {
             let mut acc = 0.0f32;
-            for p in 0..k {
-                acc += x[i * k + p] * w.get(j * k + p);
+            for (xv, wv) in x[i * k..(i + 1) * k].iter().zip(&row) {
+                acc += xv * wv;
             }
             y[i * n + j] = acc + bias.map_or(0.0, |b| b[j]);
         }
@@ -372,23 +416,31 @@ fn panel_rows(k: usize, n: usize) -> usize {
     rows.min(n)
 }
 
-/// Widens a panel on every thread: the conversion is memory-bound and would otherwise leave
-/// the other threads idle between gemm calls.
-fn widen_panel(src: &[f16], dst: &mut [f32]) {
+/// Widens rows `j0..j0 + rows` of `w` into `dst` on every thread: the conversion is
+/// memory-bound (f16) or decode-bound (quantized) and would otherwise leave the other
+/// threads idle between gemm calls. Pieces are whole rows, so the result is the one pass's.
+fn widen_panel(w: Weights<'_>, j0: usize, rows: usize, k: usize, dst: &mut [f32]) {
     const CHUNK: usize = 1 << 16;
-    if src.len() <= CHUNK || rayon::current_num_threads() == 1 {
-        crate::convert::f16_to_f32(src, dst).expect("panel lengths agree by construction");
+    let per = (CHUNK / k).max(1);
+    let widen = |r0: usize, d: &mut [f32]| {
+        w.rows_to_f32(j0 + r0, d.len() / k, k, d)
+            .expect("panel rows lie inside the validated matrix")
+    };
+    if rows <= per || rayon::current_num_threads() == 1 {
+        widen(0, dst);
         return;
     }
-    dst.par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
-        .for_each(|(d, s)| crate::convert::f16_to_f32(s, d).expect("chunk lengths agree"));
+    dst.par_chunks_mut(per * k)
+        .enumerate()
+        .for_each(|(c, d)| widen(c * per, d));
 }
 
-fn gemm_f16_panels(
+/// gemm over `W` widened to f32 one panel of rows at a time (f16 and quantized weights).
+#[allow(clippy::too_many_arguments)]
+fn gemm_panels(
     y: &mut [f32],
     x: &[f32],
-    w: &[f16],
+    w: Weights<'_>,
     bias: Option<&[f32]>,
     m: usize,
     k: usize,
@@ -408,7 +460,7 @@ fn gemm_f16_panels(
     while j0 < n {
         let nr = rows.min(n - j0);
         let dst = &mut panel[..nr * k];
-        widen_panel(&w[j0 * k..(j0 + nr) * k], dst);
+        widen_panel(w, j0, nr, k, dst);
         gemm_raw(&mut y[j0..], n, x, dst, m, k, nr, accumulate);
         j0 += nr;
     }
@@ -418,229 +470,4 @@ fn gemm_f16_panels(
             *kept = panel;
         }
     });
-}
-
-/// Minimum `n·k` below which the GEMV stays on one thread: smaller matrices finish before a
-/// hand-off to another thread would pay for itself.
-const GEMV_PAR_MIN_ELEMS: usize = 1 << 15;
-
-/// Ranges of W rows per thread in the parallel GEMV.
-const GEMV_CHUNKS_PER_THREAD: usize = 4;
-
-/// One matrix of a GEMV group: its weights, bias, rows and output.
-#[derive(Clone, Copy)]
-struct GemvPart<'a> {
-    w: Weights<'a>,
-    bias: Option<&'a [f32]>,
-    n: usize,
-    y: SharedOut,
-}
-
-impl GemvPart<'_> {
-    /// A part with no rows, to fill unused slots of a group.
-    const EMPTY: GemvPart<'static> = GemvPart {
-        w: Weights::F32(&[]),
-        bias: None,
-        n: 0,
-        y: SharedOut(std::ptr::null_mut()),
-    };
-}
-
-fn gemv(
-    y: &mut [f32],
-    x: &[f32],
-    w: Weights<'_>,
-    bias: Option<&[f32]>,
-    m: usize,
-    k: usize,
-    n: usize,
-) {
-    let part = GemvPart {
-        w,
-        bias,
-        n,
-        y: SharedOut(y.as_mut_ptr()),
-    };
-    gemv_parts(std::slice::from_ref(&part), x, m, k);
-}
-
-/// The GEMV over a group of matrices sharing `x`: their rows, end to end, are one range split
-/// across the threads. Each part's `y` must be `m·n` long (validated by the callers).
-fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
-    // Each part's n·k fits (validated); the sums of up to MAX_GROUP of them saturate rather
-    // than wrap (they only steer the split, and cannot reach usize::MAX for real slices).
-    let total = parts.iter().fold(0usize, |t, p| t.saturating_add(p.n));
-    let total_elems = total.saturating_mul(k);
-    // Rows j0..j1 of the concatenation, dispatched to the parts they cover.
-    let run = |j0: usize, j1: usize| {
-        let mut base = 0;
-        for p in parts {
-            let (a, b) = (j0.max(base), j1.min(base + p.n));
-            if a < b {
-                // SAFETY: `p.y` points to m·n floats (validated by the caller) that live for
-                // this call; this task writes columns a−base..b−base of every row, which no
-                // other task touches while it runs. The tasks' columns interleave within each
-                // row, so each gets the raw pointer rather than a `&mut` over the whole.
-                unsafe { gemv_columns(p.y, x, p.w, p.bias, m, k, p.n, a - base, b - base) };
-            }
-            base += p.n;
-        }
-    };
-    let threads = rayon::current_num_threads();
-    if threads <= 1 || total_elems < GEMV_PAR_MIN_ELEMS {
-        run(0, total);
-        return;
-    }
-    // Contiguous ranges of W rows, each streamed front to back exactly once. A few ranges per
-    // thread (not one) let rayon's work stealing absorb a thread that the OS delays.
-    let chunks = (threads * GEMV_CHUNKS_PER_THREAD)
-        .min(total_elems / GEMV_PAR_MIN_ELEMS)
-        .max(threads);
-    let per = total.div_ceil(chunks);
-    (0..chunks).into_par_iter().for_each(|t| {
-        let j0 = (t * per).min(total);
-        let j1 = ((t + 1) * per).min(total);
-        if j0 < j1 {
-            run(j0, j1);
-        }
-    });
-}
-
-/// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.
-///
-/// # Safety
-/// `y` must point to `m·n` writable floats, of which no one else reads or writes columns
-/// `j0..j1` during the call; `x` is m·k, `w` n·k, `j1 ≤ n`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemv_columns(
-    y: SharedOut,
-    x: &[f32],
-    w: Weights<'_>,
-    bias: Option<&[f32]>,
-    m: usize,
-    k: usize,
-    n: usize,
-    j0: usize,
-    j1: usize,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
-        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); the bounds and the
-        // exclusive columns are this function's contract.
-        unsafe {
-            match w {
-                Weights::F32(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
-                Weights::F16(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
-            }
-        }
-        return;
-    }
-    for j in j0..j1 {
-        for i in 0..m {
-            let xr = &x[i * k..(i + 1) * k];
-            let mut acc = 0.0f32;
-            for (p, &xv) in xr.iter().enumerate() {
-                acc += xv * w.get(j * k + p);
-            }
-            // SAFETY: i < m and j < j1 ≤ n: inside y, in this call's own columns.
-            unsafe { *y.get().add(i * n + j) = acc + bias.map_or(0.0, |b| b[j]) };
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod gemv_avx2 {
-    use crate::simd::avx2::{hsum, Lane};
-    use crate::SharedOut;
-    use core::arch::x86_64::*;
-
-    /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.
-    ///
-    /// W is read one row at a time, front to back: a single sequential stream is what the
-    /// hardware prefetcher follows best (interleaving four rows measured 2.5× slower here).
-    /// Each row meets up to 4 rows of `x` per pass; for m > 4 the next pass re-reads the
-    /// row from L1, so W still comes from memory exactly once.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C must be available; `y` points to m·n floats whose columns
-    /// `j0..j1` only this call touches, `x` is m·k, `w` n·k, `j1 ≤ n`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn columns<T: Lane>(
-        y: SharedOut,
-        x: &[f32],
-        w: &[T],
-        bias: Option<&[f32]>,
-        m: usize,
-        k: usize,
-        n: usize,
-        j0: usize,
-        j1: usize,
-    ) {
-        debug_assert!(x.len() == m * k && w.len() == n * k && j1 <= n);
-        for j in j0..j1 {
-            let b = bias.map_or(0.0, |b| b[j]);
-            let mut i = 0;
-            while i < m {
-                let mr = (m - i).min(4);
-                // Accumulators: rows × k-unroll ≤ 8: enough independent FMA chains, and for
-                // m = 1 a deep unroll keeps many loads of the stream in flight.
-                match mr {
-                    1 => row::<T, 1, 8>(y, x, w, k, n, i, j, b),
-                    2 => row::<T, 2, 4>(y, x, w, k, n, i, j, b),
-                    3 => row::<T, 3, 2>(y, x, w, k, n, i, j, b),
-                    _ => row::<T, 4, 2>(y, x, w, k, n, i, j, b),
-                }
-                i += mr;
-            }
-        }
-    }
-
-    /// `y[i, j] = x[i, :]·W[j, :] + b` for `i` in `i0..i0+M`, with `U` accumulators per row.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn row<T: Lane, const M: usize, const U: usize>(
-        y: SharedOut,
-        x: &[f32],
-        w: &[T],
-        k: usize,
-        n: usize,
-        i0: usize,
-        j: usize,
-        b: f32,
-    ) {
-        let wp = w.as_ptr().add(j * k);
-        let xp = x.as_ptr().add(i0 * k);
-        let mut acc = [[_mm256_setzero_ps(); U]; M];
-        let step = 8 * U;
-        let mut p = 0;
-        while p + step <= k {
-            for u in 0..U {
-                // SAFETY: p + 8·U ≤ k, inside row j of W and rows i0.. of x.
-                let wv = T::load8(wp.add(p + 8 * u));
-                for (mi, a) in acc.iter_mut().enumerate() {
-                    a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p + 8 * u)), wv, a[u]);
-                }
-            }
-            p += step;
-        }
-        while p + 8 <= k {
-            let wv = T::load8(wp.add(p));
-            for (mi, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p)), wv, a[0]);
-            }
-            p += 8;
-        }
-        for (mi, a) in acc.iter().enumerate() {
-            let mut v = a[0];
-            for au in &a[1..] {
-                v = _mm256_add_ps(v, *au);
-            }
-            let mut s = hsum(v);
-            for q in p..k {
-                s += *xp.add(mi * k + q) * (*wp.add(q)).to_f32();
-            }
-            *y.get().add((i0 + mi) * n + j) = s + b;
-        }
-    }
 }

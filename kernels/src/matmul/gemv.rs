@@ -1,0 +1,286 @@
+//! The decode GEMV (`m ≤` [`GEMV_MAX_ROWS`](super::GEMV_MAX_ROWS)): every weight byte is
+//! read once per call, the rows of `W` split across the pool's threads.
+//!
+//! f32 and f16 rows are streamed with f32 FMAs (f16 widened in registers). Quantized rows
+//! go to [`crate::quant::gemv`], which first quantizes `x` to 16-bit integers per block of
+//! 32 (once per call, before the split) and then takes integer dot products per block.
+
+use super::Weights;
+use crate::quant::act::QuantizedActs;
+use crate::SharedOut;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Minimum `n·k` below which the GEMV stays on one thread: smaller matrices finish before a
+/// hand-off to another thread would pay for itself.
+const GEMV_PAR_MIN_ELEMS: usize = 1 << 15;
+
+/// Ranges of W rows per thread in the parallel GEMV.
+const GEMV_CHUNKS_PER_THREAD: usize = 4;
+
+/// One matrix of a GEMV group: its weights, bias, rows and output.
+#[derive(Clone, Copy)]
+pub(super) struct GemvPart<'a> {
+    pub(super) w: Weights<'a>,
+    pub(super) bias: Option<&'a [f32]>,
+    pub(super) n: usize,
+    pub(super) y: SharedOut,
+}
+
+impl GemvPart<'_> {
+    /// A part with no rows, to fill unused slots of a group.
+    pub(super) const EMPTY: GemvPart<'static> = GemvPart {
+        w: Weights::F32(&[]),
+        bias: None,
+        n: 0,
+        y: SharedOut(std::ptr::null_mut()),
+    };
+}
+
+pub(super) fn gemv(
+    y: &mut [f32],
+    x: &[f32],
+    w: Weights<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    let part = GemvPart {
+        w,
+        bias,
+        n,
+        y: SharedOut(y.as_mut_ptr()),
+    };
+    gemv_parts(std::slice::from_ref(&part), x, m, k);
+}
+
+thread_local! {
+    /// The quantized activations of the calling thread's current GEMV.
+    static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
+}
+
+/// The GEMV over a group of matrices sharing `x`: their rows, end to end, are one range split
+/// across the threads. Each part's `y` must be `m·n` long (validated by the callers).
+pub(super) fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
+    // Quantized parts read x as 16-bit integers: quantized once here, before the split.
+    // Taken out of the thread-local (not borrowed) for the reason `gemm_panels` gives.
+    let quantized = parts.iter().any(|p| matches!(p.w, Weights::Quant(..)));
+    let mut acts = if quantized {
+        let mut a = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
+        a.quantize(x, m, k);
+        Some(a)
+    } else {
+        None
+    };
+    gemv_parts_with(parts, x, acts.as_ref(), m, k);
+    if let Some(a) = acts.take() {
+        ACTS.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            if kept.q.capacity() < a.q.capacity() {
+                *kept = a;
+            }
+        });
+    }
+}
+
+fn gemv_parts_with(
+    parts: &[GemvPart<'_>],
+    x: &[f32],
+    acts: Option<&QuantizedActs>,
+    m: usize,
+    k: usize,
+) {
+    // Each part's n·k fits (validated); the sums of up to MAX_GROUP of them saturate rather
+    // than wrap (they only steer the split, and cannot reach usize::MAX for real slices).
+    let total = parts.iter().fold(0usize, |t, p| t.saturating_add(p.n));
+    let total_elems = total.saturating_mul(k);
+    // Rows j0..j1 of the concatenation, dispatched to the parts they cover.
+    let run = |j0: usize, j1: usize| {
+        let mut base = 0;
+        for p in parts {
+            let (a, b) = (j0.max(base), j1.min(base + p.n));
+            if a < b {
+                // SAFETY: `p.y` points to m·n floats (validated by the caller) that live for
+                // this call; this task writes columns a−base..b−base of every row, which no
+                // other task touches while it runs. The tasks' columns interleave within each
+                // row, so each gets the raw pointer rather than a `&mut` over the whole.
+                unsafe {
+                    gemv_columns(p.y, x, acts, p.w, p.bias, m, k, p.n, a - base, b - base)
+                };
+            }
+            base += p.n;
+        }
+    };
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || total_elems < GEMV_PAR_MIN_ELEMS {
+        run(0, total);
+        return;
+    }
+    // Contiguous ranges of W rows, each streamed front to back exactly once. A few ranges per
+    // thread (not one) let rayon's work stealing absorb a thread that the OS delays.
+    let chunks = (threads * GEMV_CHUNKS_PER_THREAD)
+        .min(total_elems / GEMV_PAR_MIN_ELEMS)
+        .max(threads);
+    let per = total.div_ceil(chunks);
+    (0..chunks).into_par_iter().for_each(|t| {
+        let j0 = (t * per).min(total);
+        let j1 = ((t + 1) * per).min(total);
+        if j0 < j1 {
+            run(j0, j1);
+        }
+    });
+}
+
+/// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.
+///
+/// # Safety
+/// `y` must point to `m·n` writable floats, of which no one else reads or writes columns
+/// `j0..j1` during the call; `x` is m·k, `w` n·k, `j1 ≤ n`; `acts` is `x` quantized when
+/// `w` is quantized.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemv_columns(
+    y: SharedOut,
+    x: &[f32],
+    acts: Option<&QuantizedActs>,
+    w: Weights<'_>,
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+    j0: usize,
+    j1: usize,
+) {
+    if let Weights::Quant(format, bytes) = w {
+        let acts = acts.expect("gemv_parts quantizes x for quantized parts");
+        // SAFETY: this function's contract, and `bytes` holds n rows of k (validated).
+        unsafe { crate::quant::gemv::columns(y, acts, format, bytes, bias, n, j0, j1) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); the bounds and the
+        // exclusive columns are this function's contract.
+        unsafe {
+            match w {
+                Weights::F32(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
+                Weights::F16(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
+                Weights::Quant(..) => unreachable!("handled above"),
+            }
+        }
+        return;
+    }
+    let get = |i: usize| match w {
+        Weights::F32(w) => w[i],
+        Weights::F16(w) => w[i].to_f32(),
+        Weights::Quant(..) => unreachable!("handled above"),
+    };
+    for j in j0..j1 {
+        for i in 0..m {
+            let xr = &x[i * k..(i + 1) * k];
+            let mut acc = 0.0f32;
+            for (p, &xv) in xr.iter().enumerate() {
+                acc += xv * get(j * k + p);
+            }
+            // SAFETY: i < m and j < j1 ≤ n: inside y, in this call's own columns.
+            unsafe { *y.get().add(i * n + j) = acc + bias.map_or(0.0, |b| b[j]) };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod gemv_avx2 {
+    use crate::simd::avx2::{hsum, Lane};
+    use crate::SharedOut;
+    use core::arch::x86_64::*;
+
+    /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.
+    ///
+    /// W is read one row at a time, front to back: a single sequential stream is what the
+    /// hardware prefetcher follows best (interleaving four rows measured 2.5× slower here).
+    /// Each row meets up to 4 rows of `x` per pass; for m > 4 the next pass re-reads the
+    /// row from L1, so W still comes from memory exactly once.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be available; `y` points to m·n floats whose columns
+    /// `j0..j1` only this call touches, `x` is m·k, `w` n·k, `j1 ≤ n`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn columns<T: Lane>(
+        y: SharedOut,
+        x: &[f32],
+        w: &[T],
+        bias: Option<&[f32]>,
+        m: usize,
+        k: usize,
+        n: usize,
+        j0: usize,
+        j1: usize,
+    ) {
+        debug_assert!(x.len() == m * k && w.len() == n * k && j1 <= n);
+        for j in j0..j1 {
+            let b = bias.map_or(0.0, |b| b[j]);
+            let mut i = 0;
+            while i < m {
+                let mr = (m - i).min(4);
+                // Accumulators: rows × k-unroll ≤ 8: enough independent FMA chains, and for
+                // m = 1 a deep unroll keeps many loads of the stream in flight.
+                match mr {
+                    1 => row::<T, 1, 8>(y, x, w, k, n, i, j, b),
+                    2 => row::<T, 2, 4>(y, x, w, k, n, i, j, b),
+                    3 => row::<T, 3, 2>(y, x, w, k, n, i, j, b),
+                    _ => row::<T, 4, 2>(y, x, w, k, n, i, j, b),
+                }
+                i += mr;
+            }
+        }
+    }
+
+    /// `y[i, j] = x[i, :]·W[j, :] + b` for `i` in `i0..i0+M`, with `U` accumulators per row.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn row<T: Lane, const M: usize, const U: usize>(
+        y: SharedOut,
+        x: &[f32],
+        w: &[T],
+        k: usize,
+        n: usize,
+        i0: usize,
+        j: usize,
+        b: f32,
+    ) {
+        let wp = w.as_ptr().add(j * k);
+        let xp = x.as_ptr().add(i0 * k);
+        let mut acc = [[_mm256_setzero_ps(); U]; M];
+        let step = 8 * U;
+        let mut p = 0;
+        while p + step <= k {
+            for u in 0..U {
+                // SAFETY: p + 8·U ≤ k, inside row j of W and rows i0.. of x.
+                let wv = T::load8(wp.add(p + 8 * u));
+                for (mi, a) in acc.iter_mut().enumerate() {
+                    a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p + 8 * u)), wv, a[u]);
+                }
+            }
+            p += step;
+        }
+        while p + 8 <= k {
+            let wv = T::load8(wp.add(p));
+            for (mi, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p)), wv, a[0]);
+            }
+            p += 8;
+        }
+        for (mi, a) in acc.iter().enumerate() {
+            let mut v = a[0];
+            for au in &a[1..] {
+                v = _mm256_add_ps(v, *au);
+            }
+            let mut s = hsum(v);
+            for q in p..k {
+                s += *xp.add(mi * k + q) * (*wp.add(q)).to_f32();
+            }
+            *y.get().add((i0 + mi) * n + j) = s + b;
+        }
+    }
+}

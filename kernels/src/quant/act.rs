@@ -1,0 +1,262 @@
+//! Activations quantized to 16-bit integers, per block of 32, for the quantized GEMV.
+//!
+//! The quantized GEMV multiplies the weights' small integers by integer activations and
+//! applies both scales once per block. ggml quantizes activations to 8 bits for this, which
+//! adds an error of up to 1/254 of each block's largest value; qkv uses 16 bits, so the error
+//! (at most 1/65534 of the block's largest value per element) stays far below the weights'
+//! own quantization error and the integer products still fit `madd`'s 32-bit sums.
+//!
+//! Block `b` of row `i` holds `x[i, 32b..32b+32]` as `q = round(x · 32767 / amax)` with
+//! `amax = max |x|` over the block, its scale `amax / 32767` (0 for an all-zero block), and
+//! the exact f32 sum of the block's values (the Q4_1/Q5_1/K-formats' minimum terms use it).
+
+/// Elements per activation block.
+pub const ACT_BLOCK: usize = 32;
+
+/// Largest magnitude of a quantized activation.
+const ACT_MAX: f32 = 32767.0;
+
+/// `x[m, k]` quantized per block of [`ACT_BLOCK`]: reused across calls, so a decode step
+/// allocates nothing once it has grown.
+#[derive(Clone, Debug, Default)]
+pub struct QuantizedActs {
+    /// The integers, `m·k`, row-major like `x`.
+    pub q: Vec<i16>,
+    /// One scale per block (`m·k / 32`): a value is `q · scale`.
+    pub scale: Vec<f32>,
+    /// The f32 sum of each block's original values (`m·k / 32`).
+    pub sum: Vec<f32>,
+    /// Rows.
+    pub m: usize,
+    /// Elements per row (a multiple of 32).
+    pub k: usize,
+}
+
+impl QuantizedActs {
+    /// Blocks per row.
+    pub fn blocks_per_row(&self) -> usize {
+        self.k / ACT_BLOCK
+    }
+
+    /// Quantizes `x[m, k]` into `self`, growing its buffers when needed. `k` must be a
+    /// multiple of 32 and `x.len() == m·k` (the callers validate both).
+    ///
+    /// Non-finite values make their block's scale non-finite, so that the GEMV's result is
+    /// NaN or infinite as an f32 product would be: nothing is hidden.
+    pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
+        debug_assert!(k.is_multiple_of(ACT_BLOCK) && x.len() == m * k);
+        let blocks = m * k / ACT_BLOCK;
+        self.q.resize(m * k, 0);
+        self.scale.resize(blocks, 0.0);
+        self.sum.resize(blocks, 0.0);
+        self.m = m;
+        self.k = k;
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::has_avx2_fma_f16c() {
+            // SAFETY: AVX2 and FMA are present (checked just above); the buffers were sized
+            // to hold `blocks` blocks of x.
+            unsafe { avx2::quantize(x, &mut self.q, &mut self.scale, &mut self.sum) };
+            return;
+        }
+        quantize_scalar(x, &mut self.q, &mut self.scale, &mut self.sum);
+    }
+}
+
+/// The scale and its inverse for a block whose largest magnitude is `amax`.
+#[inline(always)]
+fn scales(amax: f32) -> (f32, f32) {
+    if !amax.is_finite() {
+        // A NaN or infinity in the block: the scale carries it into the result.
+        (amax, 0.0)
+    } else if ACT_MAX / amax < f32::INFINITY {
+        (amax / ACT_MAX, ACT_MAX / amax)
+    } else {
+        // Zero, or so small (below 1e-34) that 32767 / amax overflows: a block of values
+        // whose products with any weight are lost in f32 rounding anyway.
+        (0.0, 0.0)
+    }
+}
+
+/// The plain reference for [`QuantizedActs::quantize`]: round half away from zero.
+pub fn quantize_scalar(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32]) {
+    for (b, (xb, qb)) in x
+        .chunks_exact(ACT_BLOCK)
+        .zip(q.chunks_exact_mut(ACT_BLOCK))
+        .enumerate()
+    {
+        // `f32::max` skips NaN; keep it visible instead.
+        let amax = xb.iter().fold(0.0f32, |a, v| {
+            if v.is_nan() || a.is_nan() {
+                f32::NAN
+            } else {
+                a.max(v.abs())
+            }
+        });
+        let (s, inv) = scales(amax);
+        scale[b] = s;
+        sum[b] = sum8(xb);
+        for (o, &v) in qb.iter_mut().zip(xb) {
+            let t = v * inv;
+            *o = (t + 0.5f32.copysign(t)) as i16;
+        }
+    }
+}
+
+/// The sum of 32 values in the order the AVX2 path adds them: 8 lanes of 4 values each,
+/// then the lanes pairwise (so both paths give the same bits).
+#[inline(always)]
+fn sum8(xb: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    for chunk in xb.chunks_exact(8) {
+        for (l, v) in lanes.iter_mut().zip(chunk) {
+            *l += v;
+        }
+    }
+    let quads = [
+        lanes[0] + lanes[4],
+        lanes[1] + lanes[5],
+        lanes[2] + lanes[6],
+        lanes[3] + lanes[7],
+    ];
+    let pairs = [quads[0] + quads[2], quads[1] + quads[3]];
+    pairs[0] + pairs[1]
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{scales, ACT_BLOCK};
+    use core::arch::x86_64::*;
+
+    /// [`super::quantize_scalar`] with 256-bit vectors; the same bits.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `q` holds as many values as `x`, `scale` and `sum` one per
+    /// block of 32.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn quantize(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32]) {
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
+        let half = _mm256_set1_ps(0.5);
+        for (b, (xb, qb)) in x
+            .chunks_exact(ACT_BLOCK)
+            .zip(q.chunks_exact_mut(ACT_BLOCK))
+            .enumerate()
+        {
+            let p = xb.as_ptr();
+            // SAFETY: each chunk holds 32 floats: four loads of 8.
+            let v = unsafe {
+                [
+                    _mm256_loadu_ps(p),
+                    _mm256_loadu_ps(p.add(8)),
+                    _mm256_loadu_ps(p.add(16)),
+                    _mm256_loadu_ps(p.add(24)),
+                ]
+            };
+            // Largest magnitude, NaN-propagating: a NaN compares unordered with itself.
+            let mut amax = _mm256_setzero_ps();
+            let mut nan = _mm256_setzero_ps();
+            for vi in v {
+                amax = _mm256_max_ps(amax, _mm256_and_ps(vi, abs_mask));
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(vi, vi));
+            }
+            let mut lanes = [0.0f32; 8];
+            // SAFETY: 8 floats fit `lanes`.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), amax) };
+            let mut a = lanes.iter().fold(0.0f32, |m, &l| m.max(l));
+            if _mm256_movemask_ps(nan) != 0 {
+                a = f32::NAN;
+            }
+            let (s, inv) = scales(a);
+            scale[b] = s;
+            // Same order as the scalar `sum8`: lanes over the 4 vectors, then halves.
+            let s4 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), v[2]), v[3]);
+            let quad = _mm_add_ps(_mm256_castps256_ps128(s4), _mm256_extractf128_ps::<1>(s4));
+            let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+            let one = _mm_add_ss(pair, _mm_shuffle_ps::<0b01>(pair, pair));
+            sum[b] = _mm_cvtss_f32(one);
+            let invv = _mm256_set1_ps(inv);
+            let mut ints = [_mm256_setzero_si256(); 4];
+            for (o, vi) in ints.iter_mut().zip(v) {
+                let t = _mm256_mul_ps(vi, invv);
+                let r = _mm256_add_ps(t, _mm256_or_ps(half, _mm256_and_ps(t, sign_mask)));
+                *o = _mm256_cvttps_epi32(r);
+            }
+            // Pack to i16 (saturating; values are within ±32767) and undo the lane interleave.
+            let lo = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[0], ints[1]));
+            let hi = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[2], ints[3]));
+            // SAFETY: each chunk of q holds 32 i16: two stores of 16.
+            unsafe {
+                _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, lo);
+                _mm256_storeu_si256(qb.as_mut_ptr().add(16) as *mut __m256i, hi);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|i| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                let v = (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0;
+                // Blocks of very different magnitudes, and one all-zero block.
+                if (i / 32) % 7 == 3 {
+                    0.0
+                } else {
+                    v * 10f32.powi((i / 32 % 5) as i32 - 2)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn error_is_within_half_a_step() {
+        let x = values(32 * 40, 7);
+        let mut acts = QuantizedActs::default();
+        acts.quantize(&x, 2, 32 * 20);
+        for (b, xb) in x.chunks_exact(32).enumerate() {
+            let s = acts.scale[b];
+            for (j, &v) in xb.iter().enumerate() {
+                let back = f32::from(acts.q[32 * b + j]) * s;
+                assert!((back - v).abs() <= 0.5 * s * 1.0001, "block {b} elem {j}");
+            }
+            let exact: f64 = xb.iter().map(|&v| f64::from(v)).sum();
+            assert!((f64::from(acts.sum[b]) - exact).abs() <= 1e-6 * (1.0 + exact.abs()));
+        }
+    }
+
+    #[test]
+    fn simd_and_scalar_agree_bitwise() {
+        let x = values(32 * 64, 11);
+        let mut acts = QuantizedActs::default();
+        acts.quantize(&x, 4, 32 * 16);
+        let mut q = vec![0i16; x.len()];
+        let (mut scale, mut sum) = (vec![0.0; 64], vec![0.0; 64]);
+        quantize_scalar(&x, &mut q, &mut scale, &mut sum);
+        assert_eq!(acts.q, q);
+        assert_eq!(
+            acts.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            acts.sum.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            sum.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn nan_and_inf_stay_visible() {
+        let mut x = vec![1.0f32; 96];
+        x[5] = f32::NAN;
+        x[40] = f32::INFINITY;
+        let mut acts = QuantizedActs::default();
+        acts.quantize(&x, 1, 96);
+        assert!(acts.scale[0].is_nan());
+        assert!(acts.scale[1].is_infinite());
+        assert_eq!(acts.scale[2], 1.0 / 32767.0);
+    }
+}

@@ -1,0 +1,252 @@
+//! GGUF's block-quantized weight formats, read in place.
+//!
+//! A quantized matrix `[n, k]` is `n` rows of `k / block` blocks each; a block holds its own
+//! scale(s) and packed integers. qkv never widens such a matrix as a whole: the GEMV reads
+//! each block once per step, and prefill widens cache-sized panels of rows
+//! ([`crate::matmul`]).
+//!
+//! | format | block | bytes | layout (little endian)                                        |
+//! |--------|-------|-------|---------------------------------------------------------------|
+//! | Q8_0   | 32    | 34    | f16 `d`, 32 × i8 `q`; value `q·d`                             |
+//! | Q4_0   | 32    | 18    | f16 `d`, 16 bytes of nibbles; `(q − 8)·d`                     |
+//! | Q4_1   | 32    | 20    | f16 `d`, f16 `m`, 16 bytes of nibbles; `q·d + m`              |
+//! | Q5_0   | 32    | 22    | f16 `d`, u32 high bits, 16 bytes of nibbles; `(q − 16)·d`     |
+//! | Q5_1   | 32    | 24    | f16 `d`, f16 `m`, u32 high bits, nibbles; `q·d + m`           |
+//! | Q4_K   | 256   | 144   | f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles; `(d·sc)·q − dmin·mn` per 32 |
+//! | Q5_K   | 256   | 176   | as Q4_K, plus 32 bytes of fifth bits before the nibbles        |
+//! | Q6_K   | 256   | 210   | 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 i8 scales, f16 `d`; `(d·sc)·(q − 32)` per 16 |
+//!
+//! In the 32-element formats byte `j` holds element `j` in its low nibble and element `j + 16`
+//! in its high nibble, and bit `j` of the high-bit word is element `j`'s fifth bit. The
+//! K-formats' layouts are spelled out in [`blocks`].
+//!
+//! [`QuantFormat::dequantize`] is the scalar reference: it computes exactly what gguf-py's
+//! numpy dequantizers (and ggml's `dequantize_row_*`) compute, bit for bit — scales widened
+//! from f16, each value one f32 multiply (and one add or subtract), never a fused
+//! multiply-add.
+
+pub mod act;
+pub mod blocks;
+pub mod gemv;
+
+use crate::error::{KernelError, Result};
+
+/// A GGUF block-quantized storage format that qkv runs in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum QuantFormat {
+    /// 8-bit, one f16 scale per 32.
+    Q8_0,
+    /// 4-bit symmetric, one f16 scale per 32.
+    Q4_0,
+    /// 4-bit with an f16 scale and minimum per 32.
+    Q4_1,
+    /// 5-bit symmetric, one f16 scale per 32.
+    Q5_0,
+    /// 5-bit with an f16 scale and minimum per 32.
+    Q5_1,
+    /// 4-bit k-quant: super-blocks of 256, 6-bit scales and mins per 32.
+    Q4_K,
+    /// 5-bit k-quant: super-blocks of 256, 6-bit scales and mins per 32.
+    Q5_K,
+    /// 6-bit k-quant: super-blocks of 256, 8-bit scales per 16.
+    Q6_K,
+}
+
+impl QuantFormat {
+    /// Every format, in GGUF code order.
+    pub const ALL: [QuantFormat; 8] = [
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q5_0,
+        QuantFormat::Q5_1,
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
+        QuantFormat::Q6_K,
+    ];
+
+    /// Elements per block (32, or 256 for the K-formats).
+    pub const fn block_elems(self) -> usize {
+        match self {
+            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => 256,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            QuantFormat::Q8_0 => 34,
+            QuantFormat::Q4_0 => 18,
+            QuantFormat::Q4_1 => 20,
+            QuantFormat::Q5_0 => 22,
+            QuantFormat::Q5_1 => 24,
+            QuantFormat::Q4_K => 144,
+            QuantFormat::Q5_K => 176,
+            QuantFormat::Q6_K => 210,
+        }
+    }
+
+    /// GGUF's name for it (`"Q4_K"`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            QuantFormat::Q8_0 => "Q8_0",
+            QuantFormat::Q4_0 => "Q4_0",
+            QuantFormat::Q4_1 => "Q4_1",
+            QuantFormat::Q5_0 => "Q5_0",
+            QuantFormat::Q5_1 => "Q5_1",
+            QuantFormat::Q4_K => "Q4_K",
+            QuantFormat::Q5_K => "Q5_K",
+            QuantFormat::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Bytes of one row of `k` elements, or an error when `k` is not a whole number of
+    /// blocks (or the byte count overflows).
+    pub fn row_bytes(self, k: usize) -> Result<usize> {
+        if !k.is_multiple_of(self.block_elems()) {
+            return Err(KernelError::Invalid(format!(
+                "{self}: a row of {k} elements is not a whole number of {}-element blocks",
+                self.block_elems()
+            )));
+        }
+        (k / self.block_elems())
+            .checked_mul(self.block_bytes())
+            .ok_or_else(|| KernelError::Invalid(format!("{self}: {k} elements overflow")))
+    }
+
+    /// Elements held by `bytes` bytes of whole blocks, or an error when `bytes` is not a
+    /// whole number of blocks.
+    pub fn elems_in(self, bytes: usize) -> Result<usize> {
+        if !bytes.is_multiple_of(self.block_bytes()) {
+            return Err(KernelError::Invalid(format!(
+                "{self}: {bytes} bytes are not a whole number of {}-byte blocks",
+                self.block_bytes()
+            )));
+        }
+        (bytes / self.block_bytes())
+            .checked_mul(self.block_elems())
+            .ok_or_else(|| KernelError::Invalid(format!("{self}: {bytes} bytes overflow")))
+    }
+
+    /// Dequantizes whole blocks `src` into `dst`, exactly as gguf-py does. Errors unless
+    /// `src` is exactly the blocks that hold `dst.len()` values.
+    ///
+    /// ```
+    /// use qkv_kernels::quant::QuantFormat;
+    /// // One Q8_0 block: scale 0.5 (f16 0x3800), then 32 signed bytes.
+    /// let mut block = vec![0x00, 0x38];
+    /// block.extend((0..32).map(|i| (i as i8 - 16) as u8));
+    /// let mut out = [0.0f32; 32];
+    /// QuantFormat::Q8_0.dequantize(&block, &mut out).unwrap();
+    /// assert_eq!(out[0], -8.0);
+    /// assert_eq!(out[31], 7.5);
+    /// ```
+    pub fn dequantize(self, src: &[u8], dst: &mut [f32]) -> Result<()> {
+        let elems = self.elems_in(src.len())?;
+        if elems != dst.len() {
+            return Err(KernelError::Length {
+                what: "dequantized values",
+                expected: elems,
+                actual: dst.len(),
+            });
+        }
+        let decode = blocks::decoder(self);
+        for (out, block) in dst
+            .chunks_exact_mut(self.block_elems())
+            .zip(src.chunks_exact(self.block_bytes()))
+        {
+            decode(block, out);
+        }
+        Ok(())
+    }
+
+    /// Byte offsets of the f16 scale fields in every block: the places where a NaN or an
+    /// infinity would poison the block's values (for load-time checks).
+    pub fn scale_offsets(self) -> &'static [usize] {
+        match self {
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => &[0],
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4_K | QuantFormat::Q5_K => {
+                &[0, 2]
+            }
+            QuantFormat::Q6_K => &[208],
+        }
+    }
+
+    /// The first block of `src` (whole blocks of this format) whose f16 scale or minimum is
+    /// NaN or infinite, with the field's byte offset in the block: such a block would
+    /// dequantize to non-finite values. `None` when every scale is finite.
+    pub fn first_nonfinite_scale(self, src: &[u8]) -> Option<(usize, usize)> {
+        let offsets = self.scale_offsets();
+        src.chunks_exact(self.block_bytes())
+            .enumerate()
+            .find_map(|(b, block)| {
+                offsets.iter().copied().find_map(|o| {
+                    // Exponent bits all ones: infinity or NaN.
+                    let bits = u16::from_le_bytes([block[o], block[o + 1]]);
+                    (bits & 0x7C00 == 0x7C00).then_some((b, o))
+                })
+            })
+    }
+}
+
+impl std::fmt::Display for QuantFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_match_ggml() {
+        // ggml's type_traits: blck_size / type_size.
+        let expected = [
+            (QuantFormat::Q4_0, 32, 18),
+            (QuantFormat::Q4_1, 32, 20),
+            (QuantFormat::Q5_0, 32, 22),
+            (QuantFormat::Q5_1, 32, 24),
+            (QuantFormat::Q8_0, 32, 34),
+            (QuantFormat::Q4_K, 256, 144),
+            (QuantFormat::Q5_K, 256, 176),
+            (QuantFormat::Q6_K, 256, 210),
+        ];
+        for (f, elems, bytes) in expected {
+            assert_eq!((f.block_elems(), f.block_bytes()), (elems, bytes), "{f}");
+        }
+    }
+
+    #[test]
+    fn row_bytes_refuses_partial_blocks() {
+        assert_eq!(QuantFormat::Q4_1.row_bytes(576).unwrap(), 18 * 20);
+        assert!(QuantFormat::Q4_K.row_bytes(576).is_err());
+        assert_eq!(QuantFormat::Q6_K.row_bytes(1536).unwrap(), 6 * 210);
+        assert!(QuantFormat::Q8_0.elems_in(35).is_err());
+    }
+
+    #[test]
+    fn dequantize_checks_lengths() {
+        let mut out = [0.0f32; 31];
+        assert!(QuantFormat::Q4_1.dequantize(&[0u8; 20], &mut out).is_err());
+        assert!(QuantFormat::Q4_1.dequantize(&[0u8; 19], &mut [0.0; 32]).is_err());
+    }
+
+    #[test]
+    fn nonfinite_scales_are_found() {
+        let mut blocks = vec![0u8; 3 * 20];
+        assert_eq!(QuantFormat::Q4_1.first_nonfinite_scale(&blocks), None);
+        // Block 2's minimum is +inf (0x7C00).
+        blocks[2 * 20 + 2] = 0x00;
+        blocks[2 * 20 + 3] = 0x7C;
+        assert_eq!(
+            QuantFormat::Q4_1.first_nonfinite_scale(&blocks),
+            Some((2, 2))
+        );
+        let mut q6 = vec![0u8; 210];
+        q6[209] = 0x7E; // NaN in d
+        assert_eq!(QuantFormat::Q6_K.first_nonfinite_scale(&q6), Some((0, 208)));
+    }
+}
