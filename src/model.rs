@@ -20,19 +20,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// How to load a model.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ModelOptions {
-    /// The dtype weight matrices are computed in. Quantized weights are dequantized into it;
-    /// f32/f16 weights already in it stay mapped without a copy. Default f16.
-    pub dtype: FloatType,
-}
-
-impl Default for ModelOptions {
-    fn default() -> Self {
-        ModelOptions {
-            dtype: FloatType::F16,
-        }
-    }
+    /// `None` (the default): every weight matrix runs as it is stored — f32, f16 or
+    /// quantized blocks, mapped without a copy. `Some(dtype)`: matrices are widened (or
+    /// rounded) to `dtype` at load, as `decode --dtype` asks; those already in it stay
+    /// mapped.
+    pub dtype: Option<FloatType>,
 }
 
 /// A loaded decoder-only language model and its tokenizer.
@@ -77,7 +71,7 @@ impl Model {
     }
 
     fn load_gguf(path: &Path, options: &ModelOptions) -> Result<Model> {
-        let file = GgufFile::open(path)?.with_compute_dtype(options.dtype);
+        let file = GgufFile::open(path)?;
         let arch = file.get_str("general.architecture")?;
         if arch != "llama" {
             return Err(Error::Unsupported(format!(

@@ -142,7 +142,7 @@ impl Session {
     pub fn new(model: Arc<Model>, options: SessionOptions) -> Result<Session> {
         let config = model.config();
         let capacity = options.context.unwrap_or(config.context);
-        let kv_dtype = options.kv_dtype.unwrap_or(model.llama().dtype());
+        let kv_dtype = options.kv_dtype.unwrap_or(model.llama().kv_dtype());
         let chunk = options.prefill_chunk.unwrap_or(DEFAULT_PREFILL_CHUNK);
         let state = model.llama().new_state(capacity, kv_dtype, chunk)?;
         // The attention kernel keeps per-thread buffers; size them on every pool thread now

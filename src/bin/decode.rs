@@ -94,9 +94,10 @@ struct RunArgs {
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// Compute dtype of the weights.
-    #[arg(long, default_value = "f16")]
-    dtype: FloatType,
+    /// Widen every weight matrix to this dtype at load (f16 or f32); by default each runs
+    /// as stored in the file, quantized blocks included.
+    #[arg(long)]
+    dtype: Option<FloatType>,
     /// KV cache capacity in tokens (default: the model's context length).
     #[arg(long)]
     ctx: Option<usize>,
@@ -370,11 +371,29 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     note(format_args!(
         "decode: {} ({}, {} threads): load {load_ms:.0} ms | prompt {} tokens, {prompt_tps:.1} tok/s | generated {generated} tokens, {gen_tps:.1} tok/s",
         path.display(),
-        args.dtype,
+        weights_label(&model, args.dtype),
         rayon::current_num_threads(),
         ids.len(),
     ));
     Ok(())
+}
+
+/// What the weights run as, for the stats line: the widened dtype, or the stored formats
+/// with the bytes a step reads (e.g. "Q4_1+Q8_0, 98 MB").
+fn weights_label(model: &Model, widened: Option<FloatType>) -> String {
+    let (formats, bytes) = model.llama().weight_formats();
+    let mut names: Vec<String> = Vec::new();
+    for (_, f) in &formats {
+        let f = f.to_string();
+        if !names.contains(&f) {
+            names.push(f);
+        }
+    }
+    let stored = format!("{}, {:.0} MB", names.join("+"), bytes as f64 / 1e6);
+    match widened {
+        Some(d) => format!("widened to {d}: {stored}"),
+        None => stored,
+    }
 }
 
 fn round2(x: f64) -> f64 {

@@ -24,14 +24,14 @@
 
 use super::zeroed;
 use crate::error::{Error, Result};
-use crate::weights::{FloatType, Tensor, TensorSource};
+use crate::weights::{FloatType, Tensor, TensorSource, WeightFormat};
 use half::f16;
 use qkv_kernels::activation::{add_inplace, swiglu};
-use qkv_kernels::convert::{f16_to_f32, f32_to_f16};
+use qkv_kernels::convert::f32_to_f16;
 use qkv_kernels::norm::rms_norm;
 use qkv_kernels::rope::{RopeStyle, RopeTable};
 use qkv_kernels::{
-    attention, linear, linear_many, AttentionMask, KvData, KvView, Projection, QueryView, Weights,
+    attention, linear, linear_many, AttentionMask, KvData, KvView, Projection, QueryView,
 };
 
 /// Where a Llama's tensors come from, which fixes their names and their RoPE layout.
@@ -209,7 +209,8 @@ pub struct Llama {
     /// Unique per model ([`super::next_model_id`]): a state made by another is refused.
     id: u64,
     config: LlamaConfig,
-    dtype: FloatType,
+    /// The KV cache's default dtype: f32 for a model whose matrices are f32, else f16.
+    kv_dtype: FloatType,
     embedding: Tensor,
     blocks: Vec<Block>,
     final_norm: Vec<f32>,
@@ -222,30 +223,38 @@ impl std::fmt::Debug for Llama {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Llama")
             .field("config", &self.config)
-            .field("dtype", &self.dtype)
+            .field("kv_dtype", &self.kv_dtype)
             .field("tied_output", &self.output.is_none())
             .finish()
     }
 }
 
 impl Llama {
-    /// Loads the weights named by `config.layout` from `source`, in compute dtype `dtype`
-    /// (1-D norm weights are always widened to f32). F32/F16 tensors already in `dtype` stay
-    /// mapped, without a copy. The output head is tied to the embedding when the source has
+    /// Loads the weights named by `config.layout` from `source`. With `widen: None` every
+    /// matrix stays as stored — f32, f16 or quantized blocks, mapped without a copy; with
+    /// `Some(dtype)` each is widened (or rounded) to `dtype` at load. 1-D norm weights are
+    /// always widened to f32. The output head is tied to the embedding when the source has
     /// no separate one.
-    pub fn load(config: LlamaConfig, source: &dyn TensorSource, dtype: FloatType) -> Result<Llama> {
+    pub fn load(
+        config: LlamaConfig,
+        source: &dyn TensorSource,
+        widen: Option<FloatType>,
+    ) -> Result<Llama> {
         config.validate()?;
         let c = &config;
         let layout = c.layout;
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<Tensor> {
             let t = source.tensor(name)?;
             t.expect_shape(&[rows, cols])?;
-            Ok(t.into_dtype(dtype))
+            match widen {
+                Some(dtype) => t.into_dtype(dtype),
+                None => Ok(t),
+            }
         };
         let vector = |name: &str, len: usize| -> Result<Vec<f32>> {
             let t = source.tensor(name)?;
             t.expect_shape(&[len])?;
-            Ok(t.to_f32_vec())
+            t.to_f32_vec()
         };
         let kv_dim = c.kv_dim();
         // Not `with_capacity(c.layers)`: the count comes from the file, the blocks from its tensors.
@@ -272,10 +281,15 @@ impl Llama {
         };
         let final_norm = vector(layout.final_norm(), c.dim)?;
         let rope = RopeTable::new(c.head_dim, c.rope_base, c.context)?;
+        let kv_dtype = match widen {
+            Some(dtype) => dtype,
+            None if blocks[0].wq.format() == WeightFormat::F32 => FloatType::F32,
+            None => FloatType::F16,
+        };
         Ok(Llama {
             id: super::next_model_id(),
             config,
-            dtype,
+            kv_dtype,
             embedding,
             blocks,
             final_norm,
@@ -300,7 +314,7 @@ impl Llama {
         let mut matrix = |name: String, rows: usize, cols: usize| -> Result<Tensor> {
             let scale = 1.0 / (cols as f32).sqrt();
             let data = (0..rows * cols).map(|_| uniform() * scale).collect();
-            Ok(Tensor::from_f32(&name, vec![rows, cols], data)?.into_dtype(dtype))
+            Tensor::from_f32(&name, vec![rows, cols], data)?.into_dtype(dtype)
         };
         let c = &config;
         let layout = c.layout;
@@ -326,7 +340,7 @@ impl Llama {
             id: super::next_model_id(),
             final_norm: vec![1.0; c.dim],
             config,
-            dtype,
+            kv_dtype: dtype,
             embedding,
             blocks,
             output: None,
@@ -339,9 +353,25 @@ impl Llama {
         &self.config
     }
 
-    /// The dtype of the weight matrices.
-    pub fn dtype(&self) -> FloatType {
-        self.dtype
+    /// The KV cache's default dtype: f32 when the matrices are f32 (as stored or widened),
+    /// else f16.
+    pub fn kv_dtype(&self) -> FloatType {
+        self.kv_dtype
+    }
+
+    /// The storage format of each weight matrix, and how many bytes of matrices a decode
+    /// step reads (the output head, or the tied embedding, once).
+    pub fn weight_formats(&self) -> (Vec<(String, WeightFormat)>, usize) {
+        let head = self.output.as_ref().unwrap_or(&self.embedding);
+        let mut all = vec![head];
+        for b in &self.blocks {
+            all.extend([&b.wq, &b.wk, &b.wv, &b.wo, &b.w_gate, &b.w_up, &b.w_down]);
+        }
+        let bytes = all.iter().map(|t| t.bytes()).sum();
+        (
+            all.iter().map(|t| (t.name().to_owned(), t.format())).collect(),
+            bytes,
+        )
     }
 
     /// True when the output head shares the embedding matrix.
@@ -600,13 +630,8 @@ impl Llama {
     /// Looks up the embedding rows of `tokens` (already validated) into `out`.
     fn embed(&self, tokens: &[u32], out: &mut [f32]) -> Result<()> {
         let d = self.config.dim;
-        let table = self.embedding.weights();
         for (&id, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
-            let at = id as usize * d..(id as usize + 1) * d;
-            match table {
-                Weights::F32(w) => row.copy_from_slice(&w[at]),
-                Weights::F16(w) => f16_to_f32(&w[at], row)?,
-            }
+            self.embedding.rows_to_f32(id as usize, row)?;
         }
         Ok(())
     }

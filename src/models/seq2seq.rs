@@ -429,7 +429,7 @@ impl Seq2Seq {
         let positions = |side: &str, max_len: usize| -> Result<PositionalEncoding> {
             let pe = root.pp(side).pp("pos_embedding");
             if pe.contains("pe") {
-                let table = pe.tensor_shaped("pe", &[1, max_len, d])?.to_f32_vec();
+                let table = pe.tensor_shaped("pe", &[1, max_len, d])?.to_f32_vec()?;
                 PositionalEncoding::from_table(d, max_len, table)
             } else {
                 PositionalEncoding::new(d, max_len)

@@ -3,7 +3,6 @@
 use super::{Scope, SeqBuf};
 use crate::error::{Error, Result};
 use crate::weights::Tensor;
-use qkv_kernels::Weights;
 
 /// `nn.Embedding`: a `[vocab, dim]` table (f32 or f16) whose row `id` is token `id`'s vector.
 #[derive(Debug)]
@@ -49,11 +48,7 @@ impl Embedding {
                     vocab: self.vocab,
                 });
             }
-            let src = i * self.dim..(i + 1) * self.dim;
-            match self.table.weights() {
-                Weights::F32(t) => row.copy_from_slice(&t[src]),
-                Weights::F16(t) => qkv_kernels::convert::f16_to_f32(&t[src], row)?,
-            }
+            self.table.rows_to_f32(i, row)?;
         }
         Ok(())
     }

@@ -24,7 +24,7 @@ impl Linear {
         let s = scope.pp(name);
         let weight = s.tensor_shaped("weight", &[out_dim, in_dim])?;
         let bias = if s.contains("bias") {
-            Some(s.tensor_shaped("bias", &[out_dim])?.to_f32_vec())
+            Some(s.tensor_shaped("bias", &[out_dim])?.to_f32_vec()?)
         } else {
             None
         };

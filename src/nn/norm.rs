@@ -16,9 +16,9 @@ impl LayerNorm {
     /// Loads `name.weight` `[dim]` and, when present, `name.bias` `[dim]`.
     pub fn load(scope: &Scope<'_>, name: &str, dim: usize, eps: f32) -> Result<Self> {
         let s = scope.pp(name);
-        let weight = s.tensor_shaped("weight", &[dim])?.to_f32_vec();
+        let weight = s.tensor_shaped("weight", &[dim])?.to_f32_vec()?;
         let bias = if s.contains("bias") {
-            Some(s.tensor_shaped("bias", &[dim])?.to_f32_vec())
+            Some(s.tensor_shaped("bias", &[dim])?.to_f32_vec()?)
         } else {
             None
         };

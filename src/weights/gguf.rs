@@ -14,10 +14,10 @@
 //! parsed value costs a [`MetaValue`] (32 bytes) however few bytes it takes on disk, so this
 //! bounds the metadata's memory whatever the file claims.
 //!
-//! As a [`TensorSource`], F32 and F16 tensors are zero-copy views of the map; BF16, Q8_0, Q4_0
-//! and Q4_1 are dequantized once, at load, into the compute dtype (f16 unless
-//! [`GgufFile::with_compute_dtype`] says otherwise); other types give
-//! [`Error::UnsupportedDType`].
+//! As a [`TensorSource`], F32 and F16 tensors are zero-copy views of the map, and so are the
+//! quantized formats qkv's kernels run in place (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+//! Q6_K: [`qkv_kernels::QuantFormat`]); BF16 is widened once, at load, to f32; other types
+//! (IQ*, Q2_K, Q3_K, …) give [`Error::UnsupportedDType`] naming the tensor and its type.
 //!
 //! [`write_gguf`] writes version 3 files with f32/f16 tensors, and [`convert`] turns any
 //! readable GGUF into such a file (what `decode convert` runs).
@@ -52,10 +52,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use super::dequant;
-use super::{map_file, FloatType, Tensor, TensorSource};
+use super::{map_file, FloatType, Tensor, TensorSource, WeightFormat};
+use qkv_kernels::QuantFormat;
 use crate::error::{Error, Result};
-use half::f16;
 use memmap2::Mmap;
 use std::collections::HashMap;
 use std::fmt;
@@ -477,17 +476,26 @@ impl GgmlType {
         }
     }
 
-    /// True for the types qkv can load (F32 and F16 mapped; BF16, Q8_0, Q4_0, Q4_1 converted).
+    /// True for the types qkv can load (F32, F16 and the quantized formats mapped; BF16
+    /// converted).
     pub fn is_loadable(self) -> bool {
-        matches!(
-            self,
-            GgmlType::F32
-                | GgmlType::F16
-                | GgmlType::BF16
-                | GgmlType::Q8_0
-                | GgmlType::Q4_0
-                | GgmlType::Q4_1
-        )
+        matches!(self, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+            || self.quant_format().is_some()
+    }
+
+    /// The kernels' format for the quantized types qkv runs in place.
+    pub fn quant_format(self) -> Option<QuantFormat> {
+        Some(match self {
+            GgmlType::Q8_0 => QuantFormat::Q8_0,
+            GgmlType::Q4_0 => QuantFormat::Q4_0,
+            GgmlType::Q4_1 => QuantFormat::Q4_1,
+            GgmlType::Q5_0 => QuantFormat::Q5_0,
+            GgmlType::Q5_1 => QuantFormat::Q5_1,
+            GgmlType::Q4_K => QuantFormat::Q4_K,
+            GgmlType::Q5_K => QuantFormat::Q5_K,
+            GgmlType::Q6_K => QuantFormat::Q6_K,
+            _ => return None,
+        })
     }
 }
 
@@ -497,11 +505,21 @@ impl fmt::Display for GgmlType {
     }
 }
 
-impl From<FloatType> for GgmlType {
-    fn from(t: FloatType) -> GgmlType {
+impl From<WeightFormat> for GgmlType {
+    fn from(t: WeightFormat) -> GgmlType {
         match t {
-            FloatType::F32 => GgmlType::F32,
-            FloatType::F16 => GgmlType::F16,
+            WeightFormat::F32 => GgmlType::F32,
+            WeightFormat::F16 => GgmlType::F16,
+            WeightFormat::Quant(q) => match q {
+                QuantFormat::Q8_0 => GgmlType::Q8_0,
+                QuantFormat::Q4_0 => GgmlType::Q4_0,
+                QuantFormat::Q4_1 => GgmlType::Q4_1,
+                QuantFormat::Q5_0 => GgmlType::Q5_0,
+                QuantFormat::Q5_1 => GgmlType::Q5_1,
+                QuantFormat::Q4_K => GgmlType::Q4_K,
+                QuantFormat::Q5_K => GgmlType::Q5_K,
+                QuantFormat::Q6_K => GgmlType::Q6_K,
+            },
         }
     }
 }
@@ -540,7 +558,6 @@ pub struct GgufFile {
     meta_index: HashMap<String, usize>,
     tensors: Vec<GgufTensorInfo>,
     tensor_index: HashMap<String, usize>,
-    compute_dtype: FloatType,
 }
 
 impl fmt::Debug for GgufFile {
@@ -550,7 +567,6 @@ impl fmt::Debug for GgufFile {
             .field("version", &self.version)
             .field("metadata", &self.metadata.len())
             .field("tensors", &self.tensors.len())
-            .field("compute_dtype", &self.compute_dtype)
             .finish()
     }
 }
@@ -902,20 +918,7 @@ impl GgufFile {
             meta_index,
             tensors,
             tensor_index,
-            compute_dtype: FloatType::F16,
         })
-    }
-
-    /// Sets the dtype that BF16 and quantized tensors are converted to at load (default f16).
-    /// F32 and F16 tensors are always returned as stored.
-    pub fn with_compute_dtype(mut self, dtype: FloatType) -> Self {
-        self.compute_dtype = dtype;
-        self
-    }
-
-    /// The dtype BF16 and quantized tensors are converted to.
-    pub fn compute_dtype(&self) -> FloatType {
-        self.compute_dtype
     }
 
     /// The GGUF version (2 or 3).
@@ -1047,54 +1050,35 @@ impl GgufFile {
         })
     }
 
-    fn load(&self, info: &GgufTensorInfo, compute_dtype: FloatType) -> Result<Tensor> {
+    fn load(&self, info: &GgufTensorInfo) -> Result<Tensor> {
         let shape = info.shape.clone();
         let name = info.name.as_str();
-        let stored = match info.ggml_type {
-            GgmlType::F32 => Some(FloatType::F32),
-            GgmlType::F16 => Some(FloatType::F16),
-            _ => None,
-        };
-        if let Some(dtype) = stored {
-            return Tensor::from_mapped(name, shape, self.map.clone(), info.offset, dtype);
-        }
-        let dequantize: fn(&[u8], &mut [f32]) = match info.ggml_type {
-            GgmlType::BF16 => dequant::dequantize_bf16,
-            GgmlType::Q8_0 => dequant::dequantize_q8_0,
-            GgmlType::Q4_0 => dequant::dequantize_q4_0,
-            GgmlType::Q4_1 => dequant::dequantize_q4_1,
-            other => {
-                return Err(Error::UnsupportedDType {
-                    name: name.to_owned(),
-                    dtype: format!("GGUF {other} (qkv loads F32, F16, BF16, Q8_0, Q4_0 and Q4_1)"),
-                })
+        match info.ggml_type {
+            GgmlType::F32 => {
+                Tensor::from_mapped(name, shape, self.map.clone(), info.offset, FloatType::F32)
             }
-        };
-        let src = &self.map[info.offset..info.offset + info.n_bytes];
-        let numel = info.numel();
-        match compute_dtype {
-            FloatType::F32 => {
-                let mut out = vec![0.0f32; numel];
-                dequantize(src, &mut out);
+            GgmlType::F16 => {
+                Tensor::from_mapped(name, shape, self.map.clone(), info.offset, FloatType::F16)
+            }
+            GgmlType::BF16 => {
+                let src = &self.map[info.offset..info.offset + info.n_bytes];
+                let mut out = crate::models::zeroed(info.numel(), || format!("tensor `{name}` in f32"))?;
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+                }
                 Tensor::from_f32(name, shape, out)
             }
-            FloatType::F16 => {
-                // Dequantize a chunk of whole blocks at a time, then round to f16, so that no
-                // full-size f32 copy is ever held.
-                let (block, block_bytes) = info.ggml_type.block_layout();
-                let chunk_blocks = 4096 / block;
-                let mut scratch = vec![0.0f32; chunk_blocks * block];
-                let mut out = vec![f16::ZERO; numel];
-                for (dst, bytes) in out
-                    .chunks_mut(chunk_blocks * block)
-                    .zip(src.chunks(chunk_blocks * block_bytes))
-                {
-                    let tmp = &mut scratch[..dst.len()];
-                    dequantize(bytes, tmp);
-                    qkv_kernels::convert::f32_to_f16(tmp, dst)?;
+            other => match other.quant_format() {
+                Some(format) => {
+                    Tensor::from_mapped_quant(name, shape, self.map.clone(), info.offset, format)
                 }
-                Tensor::from_f16(name, shape, out)
-            }
+                None => Err(Error::UnsupportedDType {
+                    name: name.to_owned(),
+                    dtype: format!(
+                        "GGUF {other} (qkv runs F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K)"
+                    ),
+                }),
+            },
         }
     }
 }
@@ -1115,7 +1099,7 @@ impl TensorSource for GgufFile {
         let info = self.tensor_info(name).ok_or_else(|| Error::MissingTensor {
             name: name.to_owned(),
         })?;
-        self.load(info, self.compute_dtype)
+        self.load(info)
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -1134,7 +1118,7 @@ impl TensorSource for GgufFile {
 struct TensorHeader<'a> {
     name: &'a str,
     shape: &'a [usize],
-    dtype: FloatType,
+    format: WeightFormat,
     n_bytes: usize,
 }
 
@@ -1318,7 +1302,7 @@ fn write_streaming(
             for &d in t.shape.iter().rev() {
                 header.extend_from_slice(&(d as u64).to_le_bytes());
             }
-            header.extend_from_slice(&GgmlType::from(t.dtype).code().to_le_bytes());
+            header.extend_from_slice(&GgmlType::from(t.format).code().to_le_bytes());
             header.extend_from_slice(&(rel as u64).to_le_bytes());
             rel = align_up(rel + t.n_bytes, alignment).expect("sizes were checked");
         }
@@ -1373,7 +1357,8 @@ impl<W: Write> Write for CountingWriter<'_, W> {
 
 /// Writes a GGUF v3 file (little endian, alignment 32 unless `metadata` sets
 /// `general.alignment`) holding `metadata` in the order given and `tensors` as
-/// `(name, shape in qkv order, dtype, little-endian bytes)`.
+/// `(name, shape in qkv order, format, little-endian bytes)`; quantized tensors are whole
+/// blocks per row, as GGUF stores them.
 ///
 /// The file is written under a temporary name beside `path` and renamed into place when
 /// complete. Errors with [`Error::Config`] on duplicate names, arrays whose elements disagree
@@ -1383,24 +1368,29 @@ impl<W: Write> Write for CountingWriter<'_, W> {
 pub fn write_gguf(
     path: &Path,
     metadata: &[(String, MetaValue)],
-    tensors: &[(String, Vec<usize>, FloatType, &[u8])],
+    tensors: &[(String, Vec<usize>, WeightFormat, &[u8])],
 ) -> Result<()> {
     let mut headers = Vec::with_capacity(tensors.len());
-    for (name, shape, dtype, data) in tensors {
-        let n_bytes = shape
-            .iter()
-            .try_fold(dtype.size(), |a, &d| a.checked_mul(d))
-            .ok_or_else(|| Error::Config(format!("tensor `{name}`: shape {shape:?} overflows")))?;
+    for (name, shape, format, data) in tensors {
+        let row = shape.last().copied().unwrap_or(1);
+        let n_bytes = format
+            .bytes_for(row)
+            .and_then(|b| shape.iter().rev().skip(1).try_fold(b, |a, &d| a.checked_mul(d)))
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "tensor `{name}`: shape {shape:?} overflows or is not whole {format} blocks"
+                ))
+            })?;
         if n_bytes != data.len() {
             return Err(Error::Config(format!(
-                "tensor `{name}`: shape {shape:?} in {dtype} needs {n_bytes} bytes, got {}",
+                "tensor `{name}`: shape {shape:?} in {format} needs {n_bytes} bytes, got {}",
                 data.len()
             )));
         }
         headers.push(TensorHeader {
             name,
             shape,
-            dtype: *dtype,
+            format: *format,
             n_bytes,
         });
     }
@@ -1427,6 +1417,7 @@ fn write_tensor_bytes(tensor: &Tensor, w: &mut dyn Write, path: &Path) -> Result
                 w.write_all(&buf).map_err(io_err(path))?;
             }
         }
+        qkv_kernels::Weights::Quant(_, bytes) => w.write_all(bytes).map_err(io_err(path))?,
     }
     Ok(())
 }
@@ -1443,7 +1434,7 @@ fn write_tensor_bytes(tensor: &Tensor, w: &mut dyn Write, path: &Path) -> Result
 /// An existing `output` is replaced only if it is a regular file: a directory, device (such
 /// as `/dev/null`), FIFO, socket or symbolic link there gives [`Error::Io`] and is left alone.
 pub fn convert(input: &Path, output: &Path, dtype: FloatType) -> Result<()> {
-    let src = GgufFile::open(input)?.with_compute_dtype(dtype);
+    let src = GgufFile::open(input)?;
     // Faults of the input's tensors name the input (I/O errors name their own path).
     let in_input = |e: Error| match e {
         Error::Io { .. } | Error::InFile { .. } => e,
@@ -1489,15 +1480,17 @@ pub fn convert(input: &Path, output: &Path, dtype: FloatType) -> Result<()> {
             TensorHeader {
                 name: &info.name,
                 shape: &info.shape,
-                dtype: t,
+                format: WeightFormat::float(t),
                 n_bytes: info.numel() * t.size(),
             }
         })
         .collect();
     write_streaming(output, &metadata, &headers, |i, w| {
         let info = &src.tensor_infos()[i];
-        let t = out_dtype(info);
-        let tensor = src.load(info, t).map_err(in_input)?.into_dtype(t);
+        let tensor = src
+            .load(info)
+            .and_then(|t| t.into_dtype(out_dtype(info)))
+            .map_err(in_input)?;
         write_tensor_bytes(&tensor, w, output)
     })
 }

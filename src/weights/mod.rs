@@ -1,20 +1,22 @@
 //! Weights: files mapped with memmap2 and turned into named, typed tensor views.
 //!
-//! A [`Tensor`] in f32 or f16 whose bytes sit aligned in the mapped file borrows them:
-//! no copy is made. Other stored dtypes are converted once, at load, into an owned buffer:
-//! of the compute dtype for GGUF (bf16, quantized blocks), of f32 for safetensors bf16.
+//! A [`Tensor`] knows how it is stored ([`WeightFormat`]: f32, f16 or a GGUF quantized
+//! format) apart from what qkv computes in ([`FloatType`]: activations are f32, the KV cache
+//! f16 or f32). Its bytes stay in the mapped file whenever the kernels can read them there:
+//! f32 and f16 when aligned, quantized blocks always. Nothing is widened at load unless asked
+//! ([`Tensor::into_dtype`], `--dtype`); bf16, which no kernel reads, is converted once at load
+//! into an owned buffer.
 //!
 //! - [`safetensors`]: PyTorch / Hugging Face `.safetensors` files.
 //! - [`gguf`]: llama.cpp's GGUF (v2, v3).
 
-pub mod dequant;
 pub mod gguf;
 pub mod safetensors;
 
 use crate::error::{Error, Result};
 use half::f16;
 use memmap2::Mmap;
-use qkv_kernels::Weights;
+use qkv_kernels::{QuantFormat, Weights};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -60,6 +62,57 @@ impl std::str::FromStr for FloatType {
     }
 }
 
+/// How a weight tensor is stored: what its bytes are, as opposed to the [`FloatType`] qkv
+/// computes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightFormat {
+    /// 32-bit IEEE floats.
+    F32,
+    /// 16-bit IEEE floats.
+    F16,
+    /// Blocks of a GGUF quantized format, read in place by the kernels.
+    Quant(QuantFormat),
+}
+
+impl WeightFormat {
+    /// The format of a compute dtype.
+    pub fn float(dtype: FloatType) -> WeightFormat {
+        match dtype {
+            FloatType::F32 => WeightFormat::F32,
+            FloatType::F16 => WeightFormat::F16,
+        }
+    }
+
+    /// The float dtype when this is one, `None` for a quantized format.
+    pub fn as_float(self) -> Option<FloatType> {
+        match self {
+            WeightFormat::F32 => Some(FloatType::F32),
+            WeightFormat::F16 => Some(FloatType::F16),
+            WeightFormat::Quant(_) => None,
+        }
+    }
+
+    /// Bytes `count` elements take, or `None` when `count` is not a whole number of blocks
+    /// (or the size overflows).
+    pub fn bytes_for(self, count: usize) -> Option<usize> {
+        match self {
+            WeightFormat::F32 => count.checked_mul(4),
+            WeightFormat::F16 => count.checked_mul(2),
+            WeightFormat::Quant(f) => f.row_bytes(count).ok(),
+        }
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightFormat::F32 => f.write_str("F32"),
+            WeightFormat::F16 => f.write_str("F16"),
+            WeightFormat::Quant(q) => f.write_str(q.name()),
+        }
+    }
+}
+
 /// A hidden name beside `path` for writing it before a rename into place. Unique per process
 /// and per call, so that threads (two sessions fetching the default model at once, say) and
 /// processes writing the same file never share one.
@@ -99,11 +152,18 @@ enum Storage {
         offset: usize,
         dtype: FloatType,
     },
+    /// Quantized blocks borrowed from a mapped file: `len` bytes at byte `offset`.
+    Quant {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+        format: QuantFormat,
+    },
     F32(Vec<f32>),
     F16(Vec<f16>),
 }
 
-/// A named tensor in a compute dtype, either borrowed from a mapped file or owned.
+/// A named tensor, f32, f16 or quantized, either borrowed from a mapped file or owned.
 pub struct Tensor {
     name: String,
     shape: Vec<usize>,
@@ -115,7 +175,7 @@ impl std::fmt::Debug for Tensor {
         f.debug_struct("Tensor")
             .field("name", &self.name)
             .field("shape", &self.shape)
-            .field("dtype", &self.dtype())
+            .field("format", &self.format())
             .field("mapped", &self.is_mapped())
             .finish()
     }
@@ -175,6 +235,50 @@ impl Tensor {
         })
     }
 
+    /// A view of quantized blocks of `format` at byte `offset` of `map`, holding `shape`
+    /// (outermost first; its innermost dimension, the row, must be whole blocks). Never
+    /// copies. Errors name the tensor: a row that is not whole blocks, a range past the end
+    /// of the map, or a block whose f16 scale is NaN or infinite (it would turn its values
+    /// into NaN or infinity at every use).
+    pub fn from_mapped_quant(
+        name: &str,
+        shape: Vec<usize>,
+        map: Arc<Mmap>,
+        offset: usize,
+        format: QuantFormat,
+    ) -> Result<Tensor> {
+        let count = numel_of(name, &shape)?;
+        let row = shape.last().copied().unwrap_or(1);
+        if !row.is_multiple_of(format.block_elems()) {
+            return Err(Error::Config(format!(
+                "tensor `{name}` ({format}, shape {shape:?}): a row of {row} elements is not a whole number of {}-element blocks",
+                format.block_elems()
+            )));
+        }
+        let len = count / format.block_elems() * format.block_bytes();
+        let end = offset.checked_add(len).filter(|&end| end <= map.len()).ok_or_else(|| {
+            Error::Config(format!(
+                "tensor `{name}` ({format}, shape {shape:?}) at byte {offset} runs past the end of its file ({} bytes)",
+                map.len()
+            ))
+        })?;
+        if let Some((block, field)) = format.first_nonfinite_scale(&map[offset..end]) {
+            return Err(Error::Config(format!(
+                "tensor `{name}` ({format}): block {block} has a NaN or infinite scale (the f16 at byte {field} of the block)"
+            )));
+        }
+        Ok(Tensor {
+            name: name.to_owned(),
+            shape,
+            storage: Storage::Quant {
+                map,
+                offset,
+                len,
+                format,
+            },
+        })
+    }
+
     /// An owned f32 tensor. Errors if `data` does not hold `shape`'s element count.
     pub fn from_f32(name: &str, shape: Vec<usize>, data: Vec<f32>) -> Result<Tensor> {
         Self::check_owned(name, &shape, data.len())?;
@@ -220,18 +324,24 @@ impl Tensor {
         self.shape.iter().product()
     }
 
-    /// The dtype of its elements.
-    pub fn dtype(&self) -> FloatType {
+    /// How its elements are stored.
+    pub fn format(&self) -> WeightFormat {
         match &self.storage {
-            Storage::Mapped { dtype, .. } => *dtype,
-            Storage::F32(_) => FloatType::F32,
-            Storage::F16(_) => FloatType::F16,
+            Storage::Mapped { dtype, .. } => WeightFormat::float(*dtype),
+            Storage::Quant { format, .. } => WeightFormat::Quant(*format),
+            Storage::F32(_) => WeightFormat::F32,
+            Storage::F16(_) => WeightFormat::F16,
         }
     }
 
     /// True when the data is borrowed from a mapped file (no copy was made).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.storage, Storage::Mapped { .. })
+        matches!(self.storage, Storage::Mapped { .. } | Storage::Quant { .. })
+    }
+
+    /// Bytes its data takes (mapped or owned).
+    pub fn bytes(&self) -> usize {
+        self.weights().bytes()
     }
 
     /// The data as a kernel operand.
@@ -252,54 +362,75 @@ impl Tensor {
                     }
                 }
             }
+            Storage::Quant {
+                map,
+                offset,
+                len,
+                format,
+            } => Weights::Quant(*format, &map[*offset..*offset + *len]),
             Storage::F32(v) => Weights::F32(v),
             Storage::F16(v) => Weights::F16(v),
         }
     }
 
-    /// The data as f32 slice, when that is its dtype.
+    /// The data as f32 slice, when that is its format.
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self.weights() {
             Weights::F32(v) => Some(v),
-            Weights::F16(_) => None,
+            _ => None,
         }
+    }
+
+    /// Elements per row: the innermost dimension (1 for a scalar).
+    fn row_len(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1).max(1)
+    }
+
+    /// Rows `r0..r0 + out.len() / row` widened exactly to f32 into `out`, where a row is the
+    /// innermost dimension (an embedding lookup, or a panel of a matrix).
+    pub fn rows_to_f32(&self, r0: usize, out: &mut [f32]) -> Result<()> {
+        let k = self.row_len();
+        self.weights()
+            .rows_to_f32(r0, out.len() / k, k, out)
+            .map_err(|e| Error::Shape(format!("tensor `{}`: {e}", self.name)))
     }
 
     /// The data widened to an owned f32 vector (biases, norms, embeddings).
-    pub fn to_f32_vec(&self) -> Vec<f32> {
-        match self.weights() {
-            Weights::F32(v) => v.to_vec(),
-            Weights::F16(v) => {
-                let mut out = vec![0.0; v.len()];
-                qkv_kernels::convert::f16_to_f32(v, &mut out).expect("lengths agree");
-                out
-            }
-        }
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        let mut out = crate::models::zeroed(self.numel(), || format!("tensor `{}` in f32", self.name))?;
+        self.rows_to_f32(0, &mut out)?;
+        Ok(out)
     }
 
-    /// This tensor in `dtype`: itself when it already is, else a converted owned copy.
-    pub fn into_dtype(self, dtype: FloatType) -> Tensor {
-        if self.dtype() == dtype {
-            return self;
+    /// This tensor in `dtype`: itself when it already is, else an owned copy, widened exactly
+    /// (f16, quantized blocks) or rounded to nearest (f32 to f16). A quantized tensor is
+    /// widened a chunk of rows at a time, so no f32 copy of the whole is held on the way to
+    /// f16.
+    pub fn into_dtype(self, dtype: FloatType) -> Result<Tensor> {
+        if self.format() == WeightFormat::float(dtype) {
+            return Ok(self);
         }
-        let storage = match (self.weights(), dtype) {
-            (Weights::F16(v), FloatType::F32) => {
-                let mut out = vec![0.0; v.len()];
-                qkv_kernels::convert::f16_to_f32(v, &mut out).expect("lengths agree");
-                Storage::F32(out)
-            }
-            (Weights::F32(v), FloatType::F16) => {
-                let mut out = vec![f16::ZERO; v.len()];
-                qkv_kernels::convert::f32_to_f16(v, &mut out).expect("lengths agree");
+        let what = || format!("tensor `{}` in {dtype}", self.name);
+        let storage = match dtype {
+            FloatType::F32 => Storage::F32(self.to_f32_vec()?),
+            FloatType::F16 => {
+                let mut out = crate::models::zeroed(self.numel(), what)?;
+                let k = self.row_len();
+                let rows_per = (1usize << 14).div_ceil(k);
+                let mut scratch = vec![0.0f32; rows_per * k];
+                for (i, dst) in out.chunks_mut(rows_per * k).enumerate() {
+                    let tmp = &mut scratch[..dst.len()];
+                    self.rows_to_f32(i * rows_per, tmp)?;
+                    qkv_kernels::convert::f32_to_f16(tmp, dst)?;
+                }
                 Storage::F16(out)
             }
-            _ => unreachable!("dtype differs, so the pair is one of the two above"),
         };
-        Tensor {
+        Ok(Tensor {
             name: self.name,
             shape: self.shape,
             storage,
-        }
+        })
     }
 
     /// Errors with [`Error::TensorShape`] unless the shape is `expected`.
@@ -317,8 +448,9 @@ impl Tensor {
 
 /// Anything that hands out tensors by name: a safetensors file, a GGUF file, a directory.
 pub trait TensorSource: Send + Sync {
-    /// The tensor called `name`, in the dtype it is stored in when that is f32 or f16, else
-    /// converted to the source's compute dtype. [`Error::MissingTensor`] when absent.
+    /// The tensor called `name`, as it is stored when the kernels can read that (f32, f16,
+    /// the quantized formats of [`QuantFormat`]), else converted once (bf16).
+    /// [`Error::MissingTensor`] when absent.
     fn tensor(&self, name: &str) -> Result<Tensor>;
     /// True when the source has a tensor of that name.
     fn contains(&self, name: &str) -> bool;
