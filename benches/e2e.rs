@@ -45,12 +45,12 @@ fn session(model: &Arc<Model>, context: usize) -> Session {
 
 fn bench(c: &mut Criterion) {
     let f16 = qkv::fetch::default_model().expect("default model");
-    let q4 = qkv::fetch::source_model().expect("source model");
+    let q4 = qkv::fetch::default_model().expect("source model");
     let mut group = c.benchmark_group("e2e");
     group.sample_size(10).warm_up_time(Duration::from_secs(2));
 
     for (name, path, dtype) in [("f16", &f16, FloatType::F16), ("f32", &q4, FloatType::F32)] {
-        let model = Arc::new(Model::load(path, &ModelOptions { dtype }).unwrap());
+        let model = Arc::new(Model::load(path, &ModelOptions { dtype: Some(dtype) }).unwrap());
         let mut s = session(&model, 2048 + 512 + 1);
         let p512 = tokens(512, 0);
         group.throughput(criterion::Throughput::Elements(512));
@@ -136,7 +136,7 @@ fn ttft_child(path: &Path) {
         Model::load(
             path,
             &ModelOptions {
-                dtype: FloatType::F16,
+                dtype: Some(FloatType::F16),
             },
         )
         .unwrap(),

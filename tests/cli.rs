@@ -358,7 +358,6 @@ fn without_pip_the_fetch_error_names_the_manual_step() {
 /// A small GGUF with llama metadata (d 8, 2 heads, 1 layer, vocab 4) and the given tensors.
 fn tiny_gguf(name: &str, arch: &str, tensors: &[(&str, Vec<usize>)]) -> PathBuf {
     use qkv::weights::gguf::{write_gguf, MetaValue};
-    use qkv::weights::FloatType;
     let u = |v: u32| MetaValue::U32(v);
     let metadata: Vec<(String, MetaValue)> = vec![
         (
@@ -380,10 +379,17 @@ fn tiny_gguf(name: &str, arch: &str, tensors: &[(&str, Vec<usize>)]) -> PathBuf 
         .iter()
         .map(|(_, shape)| vec![0u8; shape.iter().product::<usize>() * 4])
         .collect();
-    let entries: Vec<(String, Vec<usize>, FloatType, &[u8])> = tensors
+    let entries: Vec<(String, Vec<usize>, qkv::weights::WeightFormat, &[u8])> = tensors
         .iter()
         .zip(&data)
-        .map(|((n, s), d)| (n.to_string(), s.clone(), FloatType::F32, &d[..]))
+        .map(|((n, s), d)| {
+            (
+                n.to_string(),
+                s.clone(),
+                qkv::weights::WeightFormat::F32,
+                &d[..],
+            )
+        })
         .collect();
     let path = temp_file(name, b"");
     write_gguf(&path, &metadata, &entries).unwrap();

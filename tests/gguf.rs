@@ -1,7 +1,7 @@
 //! GGUF reader, writer and converter: the real default model, hand-built and hostile files.
 
 use qkv::weights::gguf::{convert, write_gguf, GgmlType, GgufFile, MetaValue, MetaValueType};
-use qkv::weights::{FloatType, TensorSource};
+use qkv::weights::{FloatType, TensorSource, WeightFormat};
 use qkv::Error;
 use std::path::{Path, PathBuf};
 
@@ -84,19 +84,26 @@ fn real_model_tensors_load() {
     let f = GgufFile::open(&default_gguf()).unwrap();
     let norm = f.tensor("blk.0.attn_norm.weight").unwrap();
     assert!(norm.is_mapped());
-    assert_eq!(norm.dtype(), FloatType::F32);
+    assert_eq!(norm.format(), WeightFormat::F32);
+    // Quantized blocks stay in the file, as they are stored.
     let q = f.tensor("blk.0.attn_q.weight").unwrap();
-    assert!(!q.is_mapped());
-    assert_eq!(q.dtype(), FloatType::F16);
+    assert!(q.is_mapped());
+    assert_eq!(
+        q.format(),
+        WeightFormat::Quant(qkv_kernels::QuantFormat::Q4_1)
+    );
     assert_eq!(q.shape(), &[576, 576]);
-    let f32f = GgufFile::open(&default_gguf())
-        .unwrap()
-        .with_compute_dtype(FloatType::F32);
-    let q32 = f32f.tensor("blk.0.attn_q.weight").unwrap();
-    assert_eq!(q32.dtype(), FloatType::F32);
-    // f16 load is the f32 load rounded.
-    let a = q.to_f32_vec();
-    let b = q32.to_f32_vec();
+    assert_eq!(q.bytes(), 576 * 576 / 32 * 20);
+    // Widened on request: to f32 exactly, to f16 by rounding that.
+    let b = q.to_f32_vec().unwrap();
+    let q32 = f.tensor("blk.0.attn_q.weight").unwrap();
+    let q32 = q32.into_dtype(FloatType::F32).unwrap();
+    assert_eq!(q32.format(), WeightFormat::F32);
+    assert_eq!(q32.as_f32().unwrap(), &b[..]);
+    let q16 = q.into_dtype(FloatType::F16).unwrap();
+    assert_eq!(q16.format(), WeightFormat::F16);
+    assert!(!q16.is_mapped());
+    let a = q16.to_f32_vec().unwrap();
     for (x, y) in a.iter().zip(&b) {
         assert_eq!(*x, half::f16::from_f32(*y).to_f32());
     }
@@ -164,11 +171,16 @@ fn write_small(path: &Path) -> (Vec<f32>, Vec<half::f16>) {
         path,
         &every_kind_of_metadata(),
         &[
-            ("a".into(), vec![2, 3], FloatType::F32, &f32_bytes(&a)[..]),
+            (
+                "a".into(),
+                vec![2, 3],
+                WeightFormat::F32,
+                &f32_bytes(&a)[..],
+            ),
             (
                 "b.weight".into(),
                 vec![4, 2, 4],
-                FloatType::F16,
+                WeightFormat::F16,
                 &b_bytes[..],
             ),
         ],
@@ -242,14 +254,18 @@ fn writer_rejects_bad_input() {
     let dir = temp_dir("badwrite");
     let p = dir.join("x.gguf");
     let one = f32_bytes(&[1.0]);
-    let bad_len = write_gguf(&p, &[], &[("t".into(), vec![2], FloatType::F32, &one[..])]);
+    let bad_len = write_gguf(
+        &p,
+        &[],
+        &[("t".into(), vec![2], WeightFormat::F32, &one[..])],
+    );
     assert!(bad_len.is_err());
     let dup = write_gguf(
         &p,
         &[],
         &[
-            ("t".into(), vec![1], FloatType::F32, &one[..]),
-            ("t".into(), vec![1], FloatType::F32, &one[..]),
+            ("t".into(), vec![1], WeightFormat::F32, &one[..]),
+            ("t".into(), vec![1], WeightFormat::F32, &one[..]),
         ],
     );
     assert!(dup.is_err());
@@ -546,17 +562,40 @@ fn hostile_files_are_errors_not_panics() {
         "appears twice",
     );
     // A tensor of a type qkv parses but cannot load is a typed error at load, naming it.
-    let q6 = Raw::header(3, 1, 0)
-        .tensor("q6", &[256], 14, 0)
-        .pad_and_data(224);
-    let f = open_bytes("q6k", &q6).unwrap();
-    match f.tensor("q6") {
-        Err(Error::UnsupportedDType { name, dtype }) => {
-            assert_eq!(name, "q6");
-            assert!(dtype.contains("Q6_K"), "{dtype}");
+    for (code, ty, bytes) in [
+        (10u32, "Q2_K", 84usize),
+        (20, "IQ4_NL", 18),
+        (23, "IQ4_XS", 136),
+    ] {
+        let block = if ty == "IQ4_NL" { 32 } else { 256 };
+        let raw = Raw::header(3, 1, 0)
+            .tensor("w", &[block], code, 0)
+            .pad_and_data(bytes.next_multiple_of(32));
+        let f = open_bytes("unsupported", &raw).unwrap();
+        match f.tensor("w") {
+            Err(Error::UnsupportedDType { name, dtype }) => {
+                assert_eq!(name, "w");
+                assert!(dtype.contains(ty), "{dtype}");
+            }
+            other => panic!("{ty}: {other:?}"),
         }
-        other => panic!("{other:?}"),
     }
+    // Quantized rows must be whole blocks.
+    expect_format_error(
+        "partial block",
+        &Raw::header(3, 1, 0)
+            .tensor("w", &[48, 2], 8, 0)
+            .pad_and_data(128),
+        "block size",
+    );
+    // Blocks past the end of the file.
+    expect_format_error(
+        "blocks past the end",
+        &Raw::header(3, 1, 0)
+            .tensor("w", &[256, 4], 14, 0)
+            .pad_and_data(210),
+        "past the end",
+    );
     // Not a file at all.
     assert!(matches!(
         GgufFile::open(Path::new("/nonexistent/x.gguf")),
@@ -572,9 +611,7 @@ fn dequantization_matches_gguf_py() {
     );
     let fx: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let f = GgufFile::open(&default_gguf())
-        .unwrap()
-        .with_compute_dtype(FloatType::F32);
+    let f = GgufFile::open(&default_gguf()).unwrap();
     let mut types = std::collections::HashSet::new();
     for slice in fx["slices"].as_array().unwrap() {
         let name = slice["name"].as_str().unwrap();
@@ -586,7 +623,7 @@ fn dequantization_matches_gguf_py() {
             .map(|v| v.as_f64().unwrap() as f32)
             .collect();
         let t = f.tensor(name).unwrap();
-        let got = t.to_f32_vec();
+        let got = t.to_f32_vec().unwrap();
         for (i, (g, w)) in got[start..start + want.len()].iter().zip(&want).enumerate() {
             assert_eq!(
                 g.to_bits(),
@@ -629,7 +666,7 @@ fn threads_writing_one_path_never_mix_their_files() {
                 write_gguf(
                     out,
                     &meta,
-                    &[("w".to_owned(), vec![n], FloatType::F32, &data[..])],
+                    &[("w".to_owned(), vec![n], WeightFormat::F32, &data[..])],
                 )
                 .unwrap();
             });
@@ -639,7 +676,8 @@ fn threads_writing_one_path_never_mix_their_files() {
         .unwrap()
         .tensor("w")
         .unwrap()
-        .to_f32_vec();
+        .to_f32_vec()
+        .unwrap();
     let first = got[0].round() as usize;
     assert!((1..=4).contains(&first), "{}", got[0]);
     let want = &datas[first - 1];
@@ -689,8 +727,14 @@ fn convert_real_model_to_f16() {
         "blk.3.ffn_up.weight",
         "output_norm.weight",
     ] {
-        let a = src.tensor(name).unwrap().to_f32_vec();
-        let b = dst.tensor(name).unwrap().to_f32_vec();
+        let t = src.tensor(name).unwrap();
+        let t = if t.shape().len() == 1 {
+            t
+        } else {
+            t.into_dtype(FloatType::F16).unwrap()
+        };
+        let a = t.to_f32_vec().unwrap();
+        let b = dst.tensor(name).unwrap().to_f32_vec().unwrap();
         assert_eq!(a, b, "{name}");
     }
 
@@ -912,5 +956,64 @@ fn convert_refuses_non_regular_output() {
         .filter(|n| n.ends_with(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Quantized blocks go through qkv's writer unchanged, load mapped, and dequantize exactly;
+/// a block whose f16 scale is NaN or infinite is refused at load, naming the tensor and block.
+#[test]
+fn quantized_tensors_round_trip_and_bad_scales_are_refused() {
+    use qkv_kernels::QuantFormat;
+    let dir = temp_dir("quant");
+    for format in QuantFormat::ALL {
+        let k = format.block_elems() * 2;
+        let rows = 3;
+        let mut data = vec![0u8; rows * format.row_bytes(k).unwrap()];
+        let mut state = 0x1234_5678u32 ^ format.block_bytes() as u32;
+        for b in data.iter_mut() {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            *b = (state >> 24) as u8;
+        }
+        // Finite scales: 0.5 (f16 0x3800) in every scale field.
+        for block in data.chunks_exact_mut(format.block_bytes()) {
+            for &o in format.scale_offsets() {
+                block[o..o + 2].copy_from_slice(&[0x00, 0x38]);
+            }
+        }
+        let path = dir.join(format!("{format}.gguf"));
+        let fmt = WeightFormat::Quant(format);
+        write_gguf(&path, &[], &[("w".into(), vec![rows, k], fmt, &data[..])]).unwrap();
+        let f = GgufFile::open(&path).unwrap();
+        let t = f.tensor("w").unwrap();
+        assert!(t.is_mapped(), "{format}");
+        assert_eq!((t.format(), t.bytes()), (fmt, data.len()), "{format}");
+        let mut want = vec![0.0f32; rows * k];
+        format.dequantize(&data, &mut want).unwrap();
+        assert_eq!(t.to_f32_vec().unwrap(), want, "{format}");
+
+        // The second block of the last row gets an infinite scale (f16 0x7C00), then a NaN.
+        for bits in [[0x00u8, 0x7C], [0x01, 0x7E]] {
+            let mut bad = data.clone();
+            let at = (rows * k / format.block_elems() - 1) * format.block_bytes()
+                + format.scale_offsets()[0];
+            bad[at..at + 2].copy_from_slice(&bits);
+            write_gguf(&path, &[], &[("w".into(), vec![rows, k], fmt, &bad[..])]).unwrap();
+            let f = GgufFile::open(&path).unwrap();
+            match f.tensor("w") {
+                Err(Error::Config(msg)) => {
+                    assert!(
+                        msg.contains("`w`")
+                            && msg.contains("NaN or infinite")
+                            && msg.contains(&format!("block {}", rows * 2 - 1)),
+                        "{format}: {msg}"
+                    );
+                }
+                other => panic!("{format}: {other:?}"),
+            }
+        }
+        // The writer refuses bytes that are not whole blocks of the shape.
+        let short = write_gguf(&path, &[], &[("w".into(), vec![rows, k], fmt, &data[1..])]);
+        assert!(matches!(short, Err(Error::Config(_))), "{format}");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -55,10 +55,21 @@ impl Drop for TempDir {
     }
 }
 
+/// The default model converted to an f16 GGUF (by `decode convert`'s code) into the cache
+/// directory, once: the HF directory is written from its f16 matrices.
 fn gguf_path() -> PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
-        qkv::fetch::default_model().unwrap_or_else(|e| panic!("the default model is needed: {e}"))
+        let q4 = qkv::fetch::default_model()
+            .unwrap_or_else(|e| panic!("the default model is needed: {e}"));
+        let out = qkv::fetch::cache_dir()
+            .unwrap()
+            .join("SmolLM2-135M-Instruct.f16.gguf");
+        if !out.is_file() {
+            // Written under a temporary name and renamed: concurrent runs are safe.
+            qkv::weights::gguf::convert(&q4, &out, FloatType::F16).unwrap();
+        }
+        out
     })
     .clone()
 }
@@ -314,7 +325,7 @@ fn export_hf(gguf: &Path, dir: &Path) {
 
 fn f32_options() -> ModelOptions {
     ModelOptions {
-        dtype: FloatType::F32,
+        dtype: Some(FloatType::F32),
     }
 }
 

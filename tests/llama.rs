@@ -9,7 +9,7 @@ use qkv::fetch;
 use qkv::model::{Model, ModelOptions};
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};
-use qkv::weights::FloatType;
+use qkv::weights::{FloatType, WeightFormat};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -34,15 +34,10 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// The f16 default model (what `decode` runs) and the Q4_1 file it was converted from.
-fn model_paths() -> (PathBuf, PathBuf) {
-    static PATHS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    PATHS
-        .get_or_init(|| {
-            let f16 = fetch::default_model().expect("default model");
-            let q4 = fetch::cache_dir().unwrap().join(fetch::WHEEL_GGUF);
-            (f16, q4)
-        })
+/// The default model: the published Q4_1 file (what `decode` runs).
+fn model_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| fetch::default_model().expect("default model"))
         .clone()
 }
 
@@ -51,17 +46,29 @@ fn model_f32() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
     M.get_or_init(|| {
         let options = ModelOptions {
-            dtype: FloatType::F32,
+            dtype: Some(FloatType::F32),
         };
-        Arc::new(Model::load(&model_paths().1, &options).unwrap())
+        Arc::new(Model::load(&model_path(), &options).unwrap())
     })
     .clone()
 }
 
-/// The converted f16 GGUF, mapped (the CLI default).
+/// The Q4_1 source widened to f16 at load (`decode --dtype f16`).
 fn model_f16() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
-    M.get_or_init(|| Arc::new(Model::load(&model_paths().0, &ModelOptions::default()).unwrap()))
+    M.get_or_init(|| {
+        let options = ModelOptions {
+            dtype: Some(FloatType::F16),
+        };
+        Arc::new(Model::load(&model_path(), &options).unwrap())
+    })
+    .clone()
+}
+
+/// The Q4_1 file run on its own blocks (the CLI default).
+fn model_quant() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| Arc::new(Model::load(&model_path(), &ModelOptions::default()).unwrap()))
         .clone()
 }
 
@@ -148,9 +155,60 @@ fn last_position_logits_match_the_reference_in_f32() {
     assert!(checked >= 3);
 }
 
+/// The quantized path (the default) multiplies the same blocks as the f32 reference but with
+/// activations rounded to 16-bit integers per 32 values: logits within 1e-3 of their range.
+#[test]
+fn quantized_path_logits_match_the_f32_reference() {
+    let r = reference();
+    let vocab = r["vocab"].as_u64().unwrap() as usize;
+    let blob = std::fs::read(fixture_dir().join("logits.bin")).unwrap();
+    let model = model_quant();
+    let (formats, bytes) = model.llama().weight_formats();
+    assert!(formats
+        .iter()
+        .all(|(_, f)| matches!(f, WeightFormat::Quant(_))));
+    assert!(
+        bytes < 100_000_000,
+        "a step reads {bytes} bytes: the blocks, not a widened copy"
+    );
+    let mut checked = 0;
+    for case in r["cases"].as_array().unwrap() {
+        let Some(meta) = case.get("logits") else {
+            continue;
+        };
+        let offset = meta["offset"].as_u64().unwrap() as usize * vocab * 2;
+        let (lo, hi) = (meta["min"].as_f64().unwrap(), meta["max"].as_f64().unwrap());
+        let want: Vec<f64> = blob[offset..offset + vocab * 2]
+            .chunks_exact(2)
+            .map(|b| lo + u16::from_le_bytes([b[0], b[1]]) as f64 * (hi - lo) / 65535.0)
+            .collect();
+        let mut s = session(&model);
+        let got = s.prefill(&ids(&case["prompt_ids"])).unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0.0, f64::max);
+        let tol = 1e-3 * (hi - lo);
+        assert!(
+            worst <= tol,
+            "{:?}: max |Δlogit| {worst} > {tol} (range {})",
+            case["prompt"],
+            hi - lo
+        );
+        checked += 1;
+    }
+    assert!(checked >= 3);
+}
+
+#[test]
+fn greedy_continuations_match_the_reference_quantized() {
+    check_greedy(&model_quant(), "Q4_1");
+}
+
 #[test]
 fn the_capital_of_france_is_paris() {
-    for model in [model_f16(), model_f32()] {
+    for model in [model_f16(), model_f32(), model_quant()] {
         let tok = model.tokenizer().unwrap();
         let prompt = tok.encode("The capital of France is").unwrap();
         let out = greedy(&model, &prompt, 2);
@@ -214,7 +272,7 @@ fn model_reports_the_smollm_configuration() {
     );
     assert_eq!(c.rope_base, 100000.0);
     assert!(model.llama().tied_output());
-    assert_eq!(model.llama().dtype(), FloatType::F16);
+    assert_eq!(model.llama().kv_dtype(), FloatType::F16);
 }
 
 /// The Hugging Face layout (config.json + safetensors + tokenizer.json, split-half RoPE):

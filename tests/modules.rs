@@ -7,7 +7,7 @@ use qkv::nn::{
     TransformerAttention,
 };
 use qkv::weights::safetensors::SafeTensorsFile;
-use qkv::weights::{FloatType, TensorSource};
+use qkv::weights::{TensorSource, WeightFormat};
 use qkv::Error;
 
 mod common;
@@ -27,7 +27,7 @@ fn safetensors_f32_views_are_mapped_and_named_as_pytorch() {
     let c = Case::open("self000");
     let w = c.weights.tensor("q.weight").unwrap();
     assert_eq!(w.shape(), &[8, 12]);
-    assert_eq!(w.dtype(), FloatType::F32);
+    assert_eq!(w.format(), WeightFormat::F32);
     assert!(w.is_mapped());
     let mut names = c.weights.names();
     names.sort();
@@ -41,11 +41,11 @@ fn safetensors_f32_views_are_mapped_and_named_as_pytorch() {
 fn safetensors_f16_is_mapped_and_bf16_is_widened() {
     let c = Case::open("mha000_f16");
     let w = c.weights.tensor("out.weight").unwrap();
-    assert_eq!(w.dtype(), FloatType::F16);
+    assert_eq!(w.format(), WeightFormat::F16);
     assert!(w.is_mapped());
     let c = Case::open("attn001_bf16");
     let w = c.weights.tensor("query.weight").unwrap();
-    assert_eq!(w.dtype(), FloatType::F32);
+    assert_eq!(w.format(), WeightFormat::F32);
     assert!(!w.is_mapped());
 }
 

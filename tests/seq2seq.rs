@@ -26,7 +26,7 @@ impl TensorSource for Edited<'_> {
         if name != self.1 {
             return Ok(t);
         }
-        let mut data = t.to_f32_vec();
+        let mut data = t.to_f32_vec()?;
         (self.2)(&mut data);
         Tensor::from_f32(name, t.shape().to_vec(), data)
     }

@@ -37,8 +37,8 @@ pub use attention::{attention, attention_with_probs, AttentionMask, KvData, KvVi
 pub use error::{KernelError, Result};
 pub use half::f16;
 pub use matmul::{linear, linear_many, Projection, Weights};
-pub use quant::QuantFormat;
 pub use norm::{layer_norm, rms_norm};
+pub use quant::QuantFormat;
 pub use rope::{RopeStyle, RopeTable};
 
 /// Number of threads the kernels split work across (rayon's current pool).

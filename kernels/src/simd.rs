@@ -19,6 +19,48 @@ pub fn has_avx2_fma_f16c() -> bool {
     })
 }
 
+/// True when the CPU also has AVX-512 F, BW and VL (besides the AVX2 level of
+/// [`has_avx2_fma_f16c`]), the level of the 512-bit kernels. False under
+/// `QKV_FORCE_SCALAR=1`, and under `QKV_NO_AVX512=1`, which turns off only the 512-bit paths
+/// (so the AVX2 kernels can be tested and measured on an AVX-512 machine).
+pub fn has_avx512() -> bool {
+    static CACHE: OnceLock<bool> = OnceLock::new();
+    *CACHE.get_or_init(|| {
+        if std::env::var_os("QKV_NO_AVX512").is_some_and(|v| v != "0") {
+            return false;
+        }
+        has_avx2_fma_f16c() && detect_avx512()
+    })
+}
+
+/// True when [`has_avx512`] holds and the CPU has AVX-512 VNNI (`vpdpwssd`) as well.
+pub fn has_avx512_vnni() -> bool {
+    static CACHE: OnceLock<bool> = OnceLock::new();
+    *CACHE.get_or_init(|| has_avx512() && detect_vnni())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_avx512() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_vnni() -> bool {
+    is_x86_feature_detected!("avx512vnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_avx512() -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_vnni() -> bool {
+    false
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect() -> bool {
     is_x86_feature_detected!("avx2")

@@ -369,7 +369,9 @@ impl Llama {
         }
         let bytes = all.iter().map(|t| t.bytes()).sum();
         (
-            all.iter().map(|t| (t.name().to_owned(), t.format())).collect(),
+            all.iter()
+                .map(|t| (t.name().to_owned(), t.format()))
+                .collect(),
             bytes,
         )
     }
@@ -874,7 +876,7 @@ mod tests {
 
     #[test]
     fn an_absurd_block_count_is_a_missing_tensor_not_an_allocation() {
-        let err = Llama::load(tiny(u32::MAX as usize), &Empty, FloatType::F32).unwrap_err();
+        let err = Llama::load(tiny(u32::MAX as usize), &Empty, Some(FloatType::F32)).unwrap_err();
         assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
     }
 

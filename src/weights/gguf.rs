@@ -27,7 +27,7 @@
 //!
 //! ```
 //! use qkv::weights::gguf::{write_gguf, GgufFile, MetaValue};
-//! use qkv::weights::{FloatType, TensorSource};
+//! use qkv::weights::{TensorSource, WeightFormat};
 //!
 //! let dir = std::env::temp_dir().join(format!("qkv-gguf-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir)?;
@@ -39,7 +39,7 @@
 //! write_gguf(
 //!     &path,
 //!     &[("general.architecture".to_string(), MetaValue::String("llama".into()))],
-//!     &[("w".to_string(), vec![2, 3], FloatType::F32, &data[..])],
+//!     &[("w".to_string(), vec![2, 3], WeightFormat::F32, &data[..])],
 //! )?;
 //!
 //! let file = GgufFile::open(&path)?;
@@ -53,9 +53,9 @@
 //! ```
 
 use super::{map_file, FloatType, Tensor, TensorSource, WeightFormat};
-use qkv_kernels::QuantFormat;
 use crate::error::{Error, Result};
 use memmap2::Mmap;
+use qkv_kernels::QuantFormat;
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{BufWriter, Write};
@@ -1375,7 +1375,13 @@ pub fn write_gguf(
         let row = shape.last().copied().unwrap_or(1);
         let n_bytes = format
             .bytes_for(row)
-            .and_then(|b| shape.iter().rev().skip(1).try_fold(b, |a, &d| a.checked_mul(d)))
+            .and_then(|b| {
+                shape
+                    .iter()
+                    .rev()
+                    .skip(1)
+                    .try_fold(b, |a, &d| a.checked_mul(d))
+            })
             .ok_or_else(|| {
                 Error::Config(format!(
                     "tensor `{name}`: shape {shape:?} overflows or is not whole {format} blocks"

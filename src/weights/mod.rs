@@ -397,7 +397,8 @@ impl Tensor {
 
     /// The data widened to an owned f32 vector (biases, norms, embeddings).
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
-        let mut out = crate::models::zeroed(self.numel(), || format!("tensor `{}` in f32", self.name))?;
+        let mut out =
+            crate::models::zeroed(self.numel(), || format!("tensor `{}` in f32", self.name))?;
         self.rows_to_f32(0, &mut out)?;
         Ok(out)
     }

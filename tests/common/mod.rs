@@ -37,7 +37,7 @@ impl Case {
         }
     }
     pub fn get(&self, name: &str) -> Vec<f32> {
-        self.io.tensor(name).unwrap().to_f32_vec()
+        self.io.tensor(name).unwrap().to_f32_vec().unwrap()
     }
     pub fn shape(&self, name: &str) -> Vec<usize> {
         self.io.shape(name).unwrap().to_vec()
@@ -76,7 +76,7 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     );
 }
 
-/// The default model's source GGUF (Q4_1): `QKV_TEST_GGUF`, else `qkv::fetch::source_model()`,
+/// The default model's source GGUF (Q4_1): `QKV_TEST_GGUF`, else `qkv::fetch::default_model()`,
 /// which fetches it once. Fails loudly when it cannot: these tests need the real model.
 pub fn default_gguf() -> PathBuf {
     if let Ok(p) = std::env::var("QKV_TEST_GGUF") {
@@ -85,7 +85,7 @@ pub fn default_gguf() -> PathBuf {
         return p;
     }
     // The published Q4_1 file, fetched into the cache like the CLI's default model.
-    qkv::fetch::source_model().unwrap_or_else(|e| panic!("the default model is needed: {e}"))
+    qkv::fetch::default_model().unwrap_or_else(|e| panic!("the default model is needed: {e}"))
 }
 
 /// A GGUF's vocabulary as Hugging Face `tokenizer.json` pieces: the BPE model's `vocab`

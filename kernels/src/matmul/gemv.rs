@@ -105,9 +105,7 @@ fn gemv_parts_with(
                 // this call; this task writes columns a−base..b−base of every row, which no
                 // other task touches while it runs. The tasks' columns interleave within each
                 // row, so each gets the raw pointer rather than a `&mut` over the whole.
-                unsafe {
-                    gemv_columns(p.y, x, acts, p.w, p.bias, m, k, p.n, a - base, b - base)
-                };
+                unsafe { gemv_columns(p.y, x, acts, p.w, p.bias, m, k, p.n, a - base, b - base) };
             }
             base += p.n;
         }

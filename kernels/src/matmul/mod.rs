@@ -82,7 +82,11 @@ impl Weights<'_> {
     /// blocks per row).
     pub fn check_shape(&self, n: usize, k: usize) -> Result<()> {
         match self {
-            Weights::Quant(f, b) => check_len("weights (bytes)", product("n·row bytes", n, f.row_bytes(k)?)?, b.len()),
+            Weights::Quant(f, b) => check_len(
+                "weights (bytes)",
+                product("n·row bytes", n, f.row_bytes(k)?)?,
+                b.len(),
+            ),
             _ => check_len("weights", product("n·k", n, k)?, self.len()),
         }
     }
@@ -91,7 +95,9 @@ impl Weights<'_> {
     /// values): exact, so it serves as the reference, the embedding lookup and the panels
     /// of the prefill path. Errors when the rows or `dst` do not fit the matrix.
     pub fn rows_to_f32(&self, j0: usize, rows: usize, k: usize, dst: &mut [f32]) -> Result<()> {
-        let end = j0.checked_add(rows).ok_or_else(|| KernelError::Invalid("rows overflow".into()))?;
+        let end = j0
+            .checked_add(rows)
+            .ok_or_else(|| KernelError::Invalid("rows overflow".into()))?;
         check_len("dst", product("rows·k", rows, k)?, dst.len())?;
         match self {
             Weights::F32(w) => {

@@ -182,8 +182,10 @@ mod avx2 {
                 *o = _mm256_cvttps_epi32(r);
             }
             // Pack to i16 (saturating; values are within ±32767) and undo the lane interleave.
-            let lo = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[0], ints[1]));
-            let hi = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[2], ints[3]));
+            let lo =
+                _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[0], ints[1]));
+            let hi =
+                _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[2], ints[3]));
             // SAFETY: each chunk of q holds 32 i16: two stores of 16.
             unsafe {
                 _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, lo);

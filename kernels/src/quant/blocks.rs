@@ -141,8 +141,15 @@ pub fn q5_k(block: &[u8], out: &mut [f32]) {
 /// The signed 6-bit value (−32..31) of element `e` (0..128) of half `h` of a Q6_K block.
 #[inline(always)]
 pub fn q6_k_value(block: &[u8], h: usize, e: usize) -> i8 {
-    let (ql, qh) = (&block[64 * h..64 * h + 64], &block[128 + 32 * h..160 + 32 * h]);
-    let low = if e < 64 { ql[e] & 0x0F } else { ql[e - 64] >> 4 };
+    let (ql, qh) = (
+        &block[64 * h..64 * h + 64],
+        &block[128 + 32 * h..160 + 32 * h],
+    );
+    let low = if e < 64 {
+        ql[e] & 0x0F
+    } else {
+        ql[e - 64] >> 4
+    };
     let high = (qh[e % 32] >> (2 * (e / 32))) & 3;
     (low | (high << 4)) as i8 - 32
 }

@@ -231,7 +231,9 @@ mod tests {
     fn dequantize_checks_lengths() {
         let mut out = [0.0f32; 31];
         assert!(QuantFormat::Q4_1.dequantize(&[0u8; 20], &mut out).is_err());
-        assert!(QuantFormat::Q4_1.dequantize(&[0u8; 19], &mut [0.0; 32]).is_err());
+        assert!(QuantFormat::Q4_1
+            .dequantize(&[0u8; 19], &mut [0.0; 32])
+            .is_err());
     }
 
     #[test]

@@ -1,0 +1,665 @@
+//! The quantized GEMV with 256-bit vectors (AVX2, FMA, F16C), and the frame every SIMD
+//! kernel of [`super`] shares.
+//!
+//! A row of `W` is taken in chunks of up to [`CHUNK`] groups of 32. Per chunk:
+//!
+//! 1. **Scales.** The blocks' f16 scales (and minimums) are gathered into small arrays and
+//!    widened 8 at a time with F16C ([`Format::scales`]); then, per row `i` of `x`, the
+//!    products `S = xs·a` of the activation and weight scales are formed 8 at a time, and the
+//!    constant terms `Σ c·Σx` summed with vector FMAs. This touches only a few bytes of each
+//!    block, which the next step reads from L1 anyway.
+//! 2. **Integers.** Each group's weights are unpacked once into 16-bit integers
+//!    ([`Unpack`]) and multiplied with up to 4 rows of `xq` (`madd`: 32 products summed in
+//!    pairs into i32 lanes, never across groups), the lanes converted to f32 and fused into
+//!    the row's f32 accumulator with the group's scale `S` broadcast from the array. Groups
+//!    alternate between two accumulators per row so that consecutive FMAs do not wait on
+//!    each other.
+//!
+//! The instruction-set-specific parts are the [`Isa`] (how a group meets a row of `xq`) and
+//! the [`Unpack`] implementations; [`columns_with`] is the frame, inlined into each ISA's
+//! `#[target_feature]` entry point.
+
+use crate::quant::act::{QuantizedActs, ACT_BLOCK};
+use crate::SharedOut;
+use core::arch::x86_64::*;
+
+/// Groups of 32 weights per chunk of scales: 2048 elements, 8 K-format super-blocks.
+pub(super) const CHUNK: usize = 64;
+
+/// Rows of `x` that share one unpacking of a weight group.
+const ROWS: usize = 4;
+
+/// Per-chunk scratch: weight scales, their products with the activation scales, and the
+/// f16 bits they are widened from.
+pub(super) struct Chunk {
+    /// Weight scale per group (per half-group of 16 for Q6_K).
+    a: [f32; 2 * CHUNK],
+    /// Additive constant per group.
+    c: [f32; CHUNK],
+    /// f16 bits of the scales and minimums of the 32-element formats.
+    bits_a: [u16; CHUNK],
+    bits_c: [u16; CHUNK],
+    /// `xs·a` per row of the pass and group (half-group for Q6_K).
+    s: [[f32; 2 * CHUNK]; ROWS],
+}
+
+impl Chunk {
+    fn new() -> Self {
+        Chunk {
+            a: [0.0; 2 * CHUNK],
+            c: [0.0; CHUNK],
+            bits_a: [0; CHUNK],
+            bits_c: [0; CHUNK],
+            s: [[0.0; 2 * CHUNK]; ROWS],
+        }
+    }
+}
+
+/// A block format's layout facts and its scale decoding.
+pub(super) trait Format {
+    /// Elements per block.
+    const BE: usize;
+    /// Bytes per block.
+    const BB: usize;
+    /// Two scales per group (one per 16): Q6_K.
+    const HALVES: bool = false;
+    /// A nonzero additive constant per group (Q4_1, Q5_1, Q4_K, Q5_K).
+    const MIN: bool;
+
+    /// Decodes the scales of the `nb` blocks at `p` into `ch.a` and (if [`Self::MIN`])
+    /// `ch.c`, in group order.
+    ///
+    /// # Safety
+    /// `p` points to `nb` whole blocks, `nb·BE ≤ 32·CHUNK`; the CPU has AVX2 and F16C.
+    unsafe fn scales(p: *const u8, nb: usize, ch: &mut Chunk);
+}
+
+/// How a format's block is unpacked into groups of 32 16-bit integers of type `W`.
+pub(super) trait Unpack<W>: Format {
+    /// Calls `f(group, odd, w)` for every group of the block at `p`, in order, where `odd`
+    /// picks one of two accumulators (a constant at each call site, so it costs nothing).
+    ///
+    /// # Safety
+    /// `p` points to one whole block; the CPU has the features of `W`'s [`Isa`].
+    unsafe fn block(p: *const u8, f: impl FnMut(usize, bool, W));
+}
+
+/// The instruction-set-specific step: one unpacked group against one row of `xq`.
+pub(super) trait Isa {
+    /// One group's 32 integers, unpacked.
+    type W: Copy;
+    /// A row's f32 accumulator.
+    type Acc: Copy;
+    /// A zero accumulator.
+    ///
+    /// # Safety
+    /// The CPU has this ISA's features.
+    unsafe fn zero() -> Self::Acc;
+    /// `acc + Σ_e w[e]·x[e]·s[e / 16]` (`s[0]` only unless `halves`).
+    ///
+    /// # Safety
+    /// `x` points to 32 readable i16, `s` to 1 (2 with `halves`) f32; the CPU has this ISA.
+    unsafe fn group(acc: Self::Acc, w: Self::W, x: *const i16, s: *const f32, halves: bool)
+        -> Self::Acc;
+    /// The sum of all lanes of `a + b`.
+    ///
+    /// # Safety
+    /// The CPU has this ISA.
+    unsafe fn hsum2(a: Self::Acc, b: Self::Acc) -> f32;
+}
+
+/// Columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` for format `F` with instruction set `I`.
+///
+/// # Safety
+/// The CPU has `I`'s features (and AVX2, FMA, F16C); the rest as
+/// [`super::columns_scalar`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn columns_with<I: Isa, F: Unpack<I::W>>(
+    y: SharedOut,
+    acts: &QuantizedActs,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+    j0: usize,
+    j1: usize,
+) {
+    let m = acts.m;
+    let row_bytes = acts.k / F::BE * F::BB;
+    debug_assert!(j1 <= n && w.len() >= n * row_bytes && m <= crate::matmul::GEMV_MAX_ROWS);
+    let mut ch = Chunk::new();
+    for j in j0..j1 {
+        // SAFETY: j < n, so the row lies inside w (the caller's contract).
+        let row = unsafe { w.as_ptr().add(j * row_bytes) };
+        let b = bias.map_or(0.0, |b| b[j]);
+        let mut i0 = 0;
+        while i0 < m {
+            let mr = (m - i0).min(ROWS);
+            // SAFETY: rows i0..i0+mr of x exist; the rest is this function's contract.
+            unsafe {
+                match mr {
+                    1 => pass::<I, F, 1>(y, acts, row, &mut ch, n, j, i0, b),
+                    2 => pass::<I, F, 2>(y, acts, row, &mut ch, n, j, i0, b),
+                    3 => pass::<I, F, 3>(y, acts, row, &mut ch, n, j, i0, b),
+                    _ => pass::<I, F, 4>(y, acts, row, &mut ch, n, j, i0, b),
+                }
+            }
+            i0 += mr;
+        }
+    }
+}
+
+/// `y[i, j]` for the `M` rows `i0..i0 + M` of `x` and one row `row` of `W`.
+///
+/// # Safety
+/// As [`columns_with`]; `row` is row `j` of `W`, `i0 + M ≤ m`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
+    y: SharedOut,
+    acts: &QuantizedActs,
+    row: *const u8,
+    ch: &mut Chunk,
+    n: usize,
+    j: usize,
+    i0: usize,
+    b: f32,
+) {
+    let k = acts.k;
+    let bpr = acts.blocks_per_row();
+    let nblocks = k / F::BE;
+    let gpb = F::BE / ACT_BLOCK;
+    let per_chunk = CHUNK / gpb;
+    let mut acc0 = [I::zero(); M];
+    let mut acc1 = [I::zero(); M];
+    let mut cv = [_mm256_setzero_ps(); M];
+    let mut cs = [0.0f32; M];
+    let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
+    let mut b0 = 0;
+    while b0 < nblocks {
+        let nb = per_chunk.min(nblocks - b0);
+        let (g0, ng) = (b0 * gpb, nb * gpb);
+        let p = row.add(b0 * F::BB);
+        F::scales(p, nb, ch);
+        for r in 0..M {
+            let at = (i0 + r) * bpr + g0;
+            combine::<F>(xs.add(at), ch, r, ng);
+            if F::MIN {
+                constants(xsum.add(at), &ch.c, ng, &mut cv[r], &mut cs[r]);
+            }
+        }
+        let s = &ch.s;
+        let step = if F::HALVES { 2 } else { 1 };
+        let mut group = |g: usize, odd: bool, w: I::W| {
+            let acc = if odd { &mut acc1 } else { &mut acc0 };
+            for (r, a) in acc.iter_mut().enumerate() {
+                let x = xq.add((i0 + r) * k + (g0 + g) * ACT_BLOCK);
+                *a = I::group(*a, w, x, s[r].as_ptr().add(step * g), F::HALVES);
+            }
+        };
+        if gpb == 1 {
+            // One group per block: alternate the accumulators by block.
+            let mut bi = 0;
+            while bi + 2 <= nb {
+                F::block(p.add(bi * F::BB), |_, _, w| group(bi, false, w));
+                F::block(p.add((bi + 1) * F::BB), |_, _, w| group(bi + 1, true, w));
+                bi += 2;
+            }
+            if bi < nb {
+                F::block(p.add(bi * F::BB), |_, _, w| group(bi, false, w));
+            }
+        } else {
+            for bi in 0..nb {
+                F::block(p.add(bi * F::BB), |g, odd, w| group(bi * gpb + g, odd, w));
+            }
+        }
+        b0 += nb;
+    }
+    for r in 0..M {
+        let v = I::hsum2(acc0[r], acc1[r]) + (crate::simd::avx2::hsum(cv[r]) + cs[r]);
+        // SAFETY: i0 + r < m and j < n: inside y, in this call's own column j.
+        *y.get().add((i0 + r) * n + j) = v + b;
+    }
+}
+
+/// `ch.s[r][..] = xs·a` for the chunk's `ng` groups (`2·ng` half-groups for Q6_K).
+///
+/// # Safety
+/// `xs` points to `ng` activation scales; AVX2.
+#[inline(always)]
+unsafe fn combine<F: Format>(xs: *const f32, ch: &mut Chunk, r: usize, ng: usize) {
+    let a = ch.a.as_ptr();
+    let s = ch.s[r].as_mut_ptr();
+    let mut t = 0;
+    if F::HALVES {
+        // ng is a multiple of 8 (whole super-blocks); each xs serves two half-groups.
+        let dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        while t + 4 <= ng {
+            let x4 = _mm256_castps128_ps256(_mm_loadu_ps(xs.add(t)));
+            let x8 = _mm256_permutevar8x32_ps(x4, dup);
+            _mm256_storeu_ps(s.add(2 * t), _mm256_mul_ps(x8, _mm256_loadu_ps(a.add(2 * t))));
+            t += 4;
+        }
+        debug_assert_eq!(t, ng);
+        return;
+    }
+    while t + 8 <= ng {
+        let v = _mm256_mul_ps(_mm256_loadu_ps(xs.add(t)), _mm256_loadu_ps(a.add(t)));
+        _mm256_storeu_ps(s.add(t), v);
+        t += 8;
+    }
+    while t < ng {
+        *s.add(t) = *xs.add(t) * *a.add(t);
+        t += 1;
+    }
+}
+
+/// Adds `Σ c·Σx` over the chunk's `ng` groups to `cv` (8 lanes) and `cs`.
+///
+/// # Safety
+/// `sum` points to `ng` activation sums; AVX2 and FMA.
+#[inline(always)]
+unsafe fn constants(sum: *const f32, c: &[f32; CHUNK], ng: usize, cv: &mut __m256, cs: &mut f32) {
+    let mut t = 0;
+    while t + 8 <= ng {
+        *cv = _mm256_fmadd_ps(_mm256_loadu_ps(c.as_ptr().add(t)), _mm256_loadu_ps(sum.add(t)), *cv);
+        t += 8;
+    }
+    while t < ng {
+        *cs += c[t] * *sum.add(t);
+        t += 1;
+    }
+}
+
+/// The little-endian u16 at `p`.
+#[inline(always)]
+unsafe fn u16_at(p: *const u8) -> u16 {
+    u16::from_le((p as *const u16).read_unaligned())
+}
+
+/// The little-endian u32 at `p`.
+#[inline(always)]
+pub(super) unsafe fn u32_at(p: *const u8) -> u32 {
+    u32::from_le((p as *const u32).read_unaligned())
+}
+
+/// Scales of the 32-element formats: the f16 `d` at offset 0 of each block and, with `min`,
+/// the f16 `m` at offset 2, gathered and widened 8 at a time.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK` blocks of `bb` bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales32(p: *const u8, nb: usize, bb: usize, min: bool, ch: &mut Chunk) {
+    for b in 0..nb {
+        ch.bits_a[b] = u16_at(p.add(b * bb));
+        if min {
+            ch.bits_c[b] = u16_at(p.add(b * bb + 2));
+        }
+    }
+    // Whole vectors of 8: t + 8 ≤ CHUNK, entries past nb are stale and never used.
+    let mut t = 0;
+    while t < nb {
+        let d = _mm_loadu_si128(ch.bits_a.as_ptr().add(t) as *const __m128i);
+        _mm256_storeu_ps(ch.a.as_mut_ptr().add(t), _mm256_cvtph_ps(d));
+        if min {
+            let m = _mm_loadu_si128(ch.bits_c.as_ptr().add(t) as *const __m128i);
+            _mm256_storeu_ps(ch.c.as_mut_ptr().add(t), _mm256_cvtph_ps(m));
+        }
+        t += 8;
+    }
+}
+
+/// Scales of Q4_K and Q5_K: `a = d·sc` and `c = −dmin·mn` for the 8 sub-blocks of each of
+/// the `nb` super-blocks, the 6-bit fields unpacked 4 at a time in 32-bit words.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK / 8` blocks of `bb` bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales_k45(p: *const u8, nb: usize, bb: usize, ch: &mut Chunk) {
+    for b in 0..nb {
+        let q = p.add(b * bb);
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(q) as i32));
+        let d = _mm256_broadcastss_ps(dm);
+        let neg_dmin = _mm256_broadcastss_ps(_mm_sub_ps(_mm_setzero_ps(), _mm_movehdup_ps(dm)));
+        let (w0, w1, w2) = (u32_at(q.add(4)), u32_at(q.add(8)), u32_at(q.add(12)));
+        // Bytes 0–3: low 6 bits of sub-blocks 0–3; sub-blocks 4–7 take their low 4 bits
+        // from bytes 8–11 and their top 2 from the top bits of bytes 0–3 (scales) or 4–7
+        // (minimums). Shifting whole words moves no bit across the masked fields.
+        let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
+        let mn_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
+        let sc = u64::from(w0 & 0x3F3F_3F3F) | (u64::from(sc_hi) << 32);
+        let mn = u64::from(w1 & 0x3F3F_3F3F) | (u64::from(mn_hi) << 32);
+        let scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)));
+        let mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)));
+        _mm256_storeu_ps(ch.a.as_mut_ptr().add(8 * b), _mm256_mul_ps(d, scf));
+        _mm256_storeu_ps(ch.c.as_mut_ptr().add(8 * b), _mm256_mul_ps(neg_dmin, mnf));
+    }
+}
+
+/// Scales of Q6_K: `d·sc` for the 16 half-groups of each of the `nb` super-blocks.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK / 8` blocks of 210 bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales_q6k(p: *const u8, nb: usize, ch: &mut Chunk) {
+    for b in 0..nb {
+        let q = p.add(b * 210);
+        let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16_at(
+            q.add(208),
+        )))));
+        for h in 0..2 {
+            let sc = _mm_loadl_epi64(q.add(192 + 8 * h) as *const __m128i);
+            let scf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b + 8 * h), _mm256_mul_ps(d, scf));
+        }
+    }
+}
+
+macro_rules! format {
+    ($name:ident, $be:expr, $bb:expr, min = $min:expr, halves = $halves:expr, |$p:ident, $nb:ident, $ch:ident| $scales:expr) => {
+        #[doc = concat!("The ", stringify!($name), " layout.")]
+        pub(super) struct $name;
+        impl Format for $name {
+            const BE: usize = $be;
+            const BB: usize = $bb;
+            const MIN: bool = $min;
+            const HALVES: bool = $halves;
+            #[inline(always)]
+            unsafe fn scales($p: *const u8, $nb: usize, $ch: &mut Chunk) {
+                $scales
+            }
+        }
+    };
+}
+
+format!(Q8_0, 32, 34, min = false, halves = false, |p, nb, ch| scales32(p, nb, 34, false, ch));
+format!(Q4_0, 32, 18, min = false, halves = false, |p, nb, ch| scales32(p, nb, 18, false, ch));
+format!(Q4_1, 32, 20, min = true, halves = false, |p, nb, ch| scales32(p, nb, 20, true, ch));
+format!(Q5_0, 32, 22, min = false, halves = false, |p, nb, ch| scales32(p, nb, 22, false, ch));
+format!(Q5_1, 32, 24, min = true, halves = false, |p, nb, ch| scales32(p, nb, 24, true, ch));
+format!(Q4_K, 256, 144, min = true, halves = false, |p, nb, ch| scales_k45(p, nb, 144, ch));
+format!(Q5_K, 256, 176, min = true, halves = false, |p, nb, ch| scales_k45(p, nb, 176, ch));
+format!(Q6_K, 256, 210, min = false, halves = true, |p, nb, ch| scales_q6k(p, nb, ch));
+
+// ---------------------------------------------------------------------------------------
+// 256-bit unpacking: a group is two vectors of 16 i16, elements 0–15 and 16–31.
+
+/// A group as two vectors of 16 i16: elements 0–15 and 16–31.
+pub(super) type W2 = (__m256i, __m256i);
+
+/// `set1_epi8` of a byte given as `u8`.
+#[inline(always)]
+pub(super) unsafe fn bytes(v: u8) -> __m256i {
+    _mm256_set1_epi8(v as i8)
+}
+
+/// The 16 bytes at `p` as 16 i16 of their low nibbles and 16 of their high nibbles.
+#[inline(always)]
+unsafe fn nibbles16(p: *const u8) -> W2 {
+    let t = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+    (_mm256_and_si256(t, _mm256_set1_epi16(0x0F)), _mm256_srli_epi16::<4>(t))
+}
+
+/// Lanes `e` (0–15) of the result are 16 where bit `e` of `h` is set, else 0 (`set` true);
+/// or the other way round (`set` false).
+#[inline(always)]
+unsafe fn fifth16(h: u32, set: bool) -> __m256i {
+    let bits = _mm256_setr_epi16(
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+        128,
+        256,
+        512,
+        1024,
+        2048,
+        4096,
+        8192,
+        16384,
+        i16::MIN,
+    );
+    let eq = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(h as u16 as i16), bits), bits);
+    if set {
+        _mm256_and_si256(eq, _mm256_set1_epi16(16))
+    } else {
+        _mm256_andnot_si256(eq, _mm256_set1_epi16(16))
+    }
+}
+
+/// 32 bytes of unsigned values as two vectors of 16 i16.
+#[inline(always)]
+unsafe fn widen_u8(v: __m256i) -> W2 {
+    (
+        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
+        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v)),
+    )
+}
+
+/// 32 bytes of signed values as two vectors of 16 i16.
+#[inline(always)]
+unsafe fn widen_i8(v: __m256i) -> W2 {
+    (
+        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(v)),
+    )
+}
+
+/// Bit `s` of every byte of `qh`, moved to bit 4 (the fifth bit of a Q5_K value).
+#[inline(always)]
+pub(super) unsafe fn k_fifth(qh: __m256i, s: usize) -> __m256i {
+    // 16-bit shifts: the masked bit 4 of each byte comes from bit s of the same byte.
+    let moved = match s {
+        0 => _mm256_slli_epi16::<4>(qh),
+        1 => _mm256_slli_epi16::<3>(qh),
+        2 => _mm256_slli_epi16::<2>(qh),
+        3 => _mm256_slli_epi16::<1>(qh),
+        4 => qh,
+        5 => _mm256_srli_epi16::<1>(qh),
+        6 => _mm256_srli_epi16::<2>(qh),
+        _ => _mm256_srli_epi16::<3>(qh),
+    };
+    _mm256_and_si256(moved, bytes(0x10))
+}
+
+/// The 32 unsigned values (0–15, or 0–31 with `qh`) of sub-blocks `2c` (low nibbles) and
+/// `2c + 1` (high nibbles) of a Q4_K/Q5_K block, as bytes.
+#[inline(always)]
+pub(super) unsafe fn k_pair(qs: *const u8, qh: Option<__m256i>, c: usize) -> (__m256i, __m256i) {
+    let v = _mm256_loadu_si256(qs.add(32 * c) as *const __m256i);
+    let mut lo = _mm256_and_si256(v, bytes(0x0F));
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), bytes(0x0F));
+    if let Some(qh) = qh {
+        lo = _mm256_or_si256(lo, k_fifth(qh, 2 * c));
+        hi = _mm256_or_si256(hi, k_fifth(qh, 2 * c + 1));
+    }
+    (lo, hi)
+}
+
+/// The signed values (−32..31) of the four groups of half `h` of a Q6_K block, as bytes.
+#[inline(always)]
+pub(super) unsafe fn q6k_half(p: *const u8, h: usize) -> [__m256i; 4] {
+    let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+    let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+    let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+    let (low, top) = (bytes(0x0F), bytes(0x30));
+    // Group g takes bits 2g, 2g+1 of qh as bits 4–5; every shift's masked bits come from
+    // the same byte.
+    let g = [
+        _mm256_or_si256(
+            _mm256_and_si256(ql0, low),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, low),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low),
+            _mm256_and_si256(qh, top),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), top),
+        ),
+    ];
+    g.map(|v| _mm256_sub_epi8(v, bytes(32)))
+}
+
+impl Unpack<W2> for Q8_0 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+        let lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(2) as *const __m128i));
+        let hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(18) as *const __m128i));
+        f(0, false, (lo, hi));
+    }
+}
+
+impl Unpack<W2> for Q4_0 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+        let (lo, hi) = nibbles16(p.add(2));
+        let eight = _mm256_set1_epi16(8);
+        f(0, false, (_mm256_sub_epi16(lo, eight), _mm256_sub_epi16(hi, eight)));
+    }
+}
+
+impl Unpack<W2> for Q4_1 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+        f(0, false, nibbles16(p.add(4)));
+    }
+}
+
+impl Unpack<W2> for Q5_0 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+        let qh = u32_at(p.add(2));
+        let (lo, hi) = nibbles16(p.add(6));
+        // q − 16 = nibble − 16·(1 − fifth bit).
+        let lo = _mm256_sub_epi16(lo, fifth16(qh, false));
+        let hi = _mm256_sub_epi16(hi, fifth16(qh >> 16, false));
+        f(0, false, (lo, hi));
+    }
+}
+
+impl Unpack<W2> for Q5_1 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+        let qh = u32_at(p.add(4));
+        let (lo, hi) = nibbles16(p.add(8));
+        let lo = _mm256_or_si256(lo, fifth16(qh, true));
+        let hi = _mm256_or_si256(hi, fifth16(qh >> 16, true));
+        f(0, false, (lo, hi));
+    }
+}
+
+impl Unpack<W2> for Q4_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+        for c in 0..4 {
+            let (lo, hi) = k_pair(p.add(16), None, c);
+            f(2 * c, false, widen_u8(lo));
+            f(2 * c + 1, true, widen_u8(hi));
+        }
+    }
+}
+
+impl Unpack<W2> for Q5_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+        for c in 0..4 {
+            let (lo, hi) = k_pair(p.add(48), Some(qh), c);
+            f(2 * c, false, widen_u8(lo));
+            f(2 * c + 1, true, widen_u8(hi));
+        }
+    }
+}
+
+impl Unpack<W2> for Q6_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+        for h in 0..2 {
+            let [g0, g1, g2, g3] = q6k_half(p, h);
+            f(4 * h, false, widen_i8(g0));
+            f(4 * h + 1, true, widen_i8(g1));
+            f(4 * h + 2, false, widen_i8(g2));
+            f(4 * h + 3, true, widen_i8(g3));
+        }
+    }
+}
+
+/// AVX2: `madd` of each half, the halves' i32 lanes added (same scale) or scaled apart.
+pub(super) struct Avx2;
+
+impl Isa for Avx2 {
+    type W = W2;
+    type Acc = __m256;
+
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+
+    #[inline(always)]
+    unsafe fn group(acc: __m256, w: W2, x: *const i16, s: *const f32, halves: bool) -> __m256 {
+        let p0 = _mm256_madd_epi16(w.0, _mm256_loadu_si256(x as *const __m256i));
+        let p1 = _mm256_madd_epi16(w.1, _mm256_loadu_si256(x.add(16) as *const __m256i));
+        if halves {
+            let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcast_ss(&*s), acc);
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&*s.add(1)), acc)
+        } else {
+            // |q| ≤ 128 and |xq| ≤ 32767: 32 products sum well inside i32.
+            let p = _mm256_add_epi32(p0, p1);
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&*s), acc)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum2(a: __m256, b: __m256) -> f32 {
+        crate::simd::avx2::hsum(_mm256_add_ps(a, b))
+    }
+}
+
+/// Dispatches on the format to [`columns_with`] for ISA `I`, whose `W` every format unpacks.
+macro_rules! dispatch {
+    ($isa:ty, $format:expr, $y:expr, $acts:expr, $w:expr, $bias:expr, $n:expr, $j0:expr, $j1:expr) => {{
+        use $crate::quant::gemv::avx2 as frame;
+        use $crate::quant::QuantFormat as Qf;
+        match $format {
+            Qf::Q8_0 => frame::columns_with::<$isa, frame::Q8_0>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q4_0 => frame::columns_with::<$isa, frame::Q4_0>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q4_1 => frame::columns_with::<$isa, frame::Q4_1>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q5_0 => frame::columns_with::<$isa, frame::Q5_0>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q5_1 => frame::columns_with::<$isa, frame::Q5_1>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q4_K => frame::columns_with::<$isa, frame::Q4_K>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q5_K => frame::columns_with::<$isa, frame::Q5_K>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q6_K => frame::columns_with::<$isa, frame::Q6_K>($y, $acts, $w, $bias, $n, $j0, $j1),
+        }
+    }};
+}
+pub(super) use dispatch;
+
+/// Columns `j0..j1` of `y = x·Wᵀ (+ b)` with 256-bit vectors.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; the rest as [`super::columns_scalar`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn columns(
+    y: SharedOut,
+    acts: &QuantizedActs,
+    format: crate::quant::QuantFormat,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+    j0: usize,
+    j1: usize,
+) {
+    // SAFETY: the features are enabled on this function; the rest is the caller's contract.
+    unsafe { dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1) }
+}
