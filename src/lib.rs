@@ -22,6 +22,7 @@ pub mod fetch;
 pub mod model;
 pub mod models;
 pub mod nn;
+pub mod perplexity;
 pub mod sample;
 pub mod session;
 pub mod tokenizer;

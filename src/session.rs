@@ -210,6 +210,26 @@ impl Session {
         Ok(&self.core.logits)
     }
 
+    /// As [`prefill`](Self::prefill), but writes the logits after every one of `tokens` into
+    /// `logits` (`tokens.len()·vocab`, row `i` predicting the token after `tokens[i]`): what
+    /// perplexity and KL-divergence scoring read. [`Error::Shape`] when `logits` has another
+    /// length; nothing changes on error.
+    pub fn prefill_all(&mut self, tokens: &[u32], logits: &mut [f32]) -> Result<()> {
+        let core = &mut self.core;
+        let pos = core.tokens.len();
+        let model = &self.model;
+        rayon::scope(|_| {
+            model
+                .llama()
+                .forward_all(&mut core.state, tokens, pos, logits)
+        })?;
+        core.tokens.extend_from_slice(tokens);
+        let vocab = model.vocab_size();
+        core.logits.copy_from_slice(&logits[logits.len() - vocab..]);
+        core.logits_at = Some(core.tokens.len());
+        Ok(())
+    }
+
     /// Appends one token and returns the logits of the next position. Allocates nothing.
     /// Same errors as [`prefill`](Self::prefill).
     pub fn step(&mut self, token: u32) -> Result<&[f32]> {

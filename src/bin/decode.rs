@@ -6,6 +6,8 @@
 //!        [--seed S] [--threads N] [--dtype f16|f32] [--ctx N] [--depth N] [--warmup]
 //!        [--ignore-eos] [--json]
 //! decode convert IN OUT --dtype f16|f32
+//! decode perplexity --file TEXT [--model PATH] [--ctx N] [--kl-base FILE] [--dtype f16|f32]
+//!        [--threads N]
 //! ```
 //!
 //! Without `--model` it runs the default model (SmolLM2-135M-Instruct), fetched once into the
@@ -54,6 +56,32 @@ enum Command {
         #[arg(long, default_value = "f16")]
         dtype: FloatType,
     },
+    /// Perplexity of a text over non-overlapping windows, as `llama-perplexity` computes it;
+    /// with --kl-base, also the KL divergence from (and top-token agreement with) a base run.
+    Perplexity(PerplexityArgs),
+}
+
+#[derive(Args, Debug)]
+struct PerplexityArgs {
+    /// A GGUF file or a Hugging Face directory; default: SmolLM2-135M-Instruct, fetched once.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The text to score (UTF-8).
+    #[arg(long)]
+    file: PathBuf,
+    /// Tokens per window; the second half of each is scored.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Base log-probabilities: written by this run when FILE does not exist (run the
+    /// reference, e.g. --dtype f32, first), compared with when it does.
+    #[arg(long = "kl-base", value_name = "FILE")]
+    kl_base: Option<PathBuf>,
+    /// Widen every weight matrix to this dtype at load; by default each runs as stored.
+    #[arg(long)]
+    dtype: Option<FloatType>,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -138,6 +166,7 @@ fn main() -> ExitCode {
             output,
             dtype,
         }) => convert(&input, &output, dtype),
+        Some(Command::Perplexity(args)) => perplexity(&args),
         None => run(&cli.run),
     };
     match result {
@@ -157,6 +186,66 @@ fn convert(input: &std::path::Path, output: &std::path::Path, dtype: FloatType) 
         output.display(),
         start.elapsed().as_secs_f64()
     ));
+    Ok(())
+}
+
+fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
+    use qkv::perplexity::{evaluate, Scoring};
+    set_threads(args.threads)?;
+    let text = std::fs::read_to_string(&args.file)
+        .map_err(|e| format!("reading {}: {e}", args.file.display()))?;
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => qkv::fetch::default_model()?,
+    };
+    let start = Instant::now();
+    let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
+    let tokenizer = model.tokenizer().ok_or("the model has no tokenizer")?;
+    let tokens = tokenizer.encode(&text)?;
+    let scoring = match &args.kl_base {
+        None => Scoring::Perplexity,
+        Some(p) if p.exists() => Scoring::CompareBase(p),
+        Some(p) => Scoring::SaveBase(p),
+    };
+    note(format_args!(
+        "decode perplexity: {} ({}), {} tokens, windows of {}",
+        path.display(),
+        weights_label(&model, args.dtype),
+        tokens.len(),
+        args.ctx
+    ));
+    let report = evaluate(&model, &tokens, args.ctx, scoring, |w, ppl| {
+        note(format_args!("[{w}] {ppl:.4}"));
+    })?;
+    note(format_args!(
+        "decode perplexity: PPL = {:.4} ± {:.4} over {} tokens in {:.1} s",
+        report.ppl,
+        report.ppl_err,
+        report.scored,
+        start.elapsed().as_secs_f64()
+    ));
+    if let (Some((k, ke)), Some((t, te))) = (report.kld, report.same_top) {
+        note(format_args!(
+            "decode perplexity: mean KLD = {k:.6} ± {ke:.6}, same top token {:.3} ± {:.3} %",
+            100.0 * t,
+            100.0 * te
+        ));
+    }
+    println!("{}", report.to_json());
+    Ok(())
+}
+
+/// Sets the global pool's size from `--threads`, refusing absurd counts.
+fn set_threads(threads: Option<usize>) -> AnyResult<()> {
+    if let Some(n) = threads {
+        if !(1..=MAX_THREADS).contains(&n) {
+            return Err(format!("--threads {n}: must be between 1 and {MAX_THREADS}").into());
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .map_err(|e| format!("--threads {n}: {e}"))?;
+    }
     Ok(())
 }
 
@@ -209,15 +298,7 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         seed: args.seed,
     };
     config.validate()?;
-    if let Some(n) = args.threads {
-        if !(1..=MAX_THREADS).contains(&n) {
-            return Err(format!("--threads {n}: must be between 1 and {MAX_THREADS}").into());
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .map_err(|e| format!("--threads {n}: {e}"))?;
-    }
+    set_threads(args.threads)?;
     let prompt = match &args.prompt {
         Some(p) => p.clone(),
         None => {

@@ -33,6 +33,7 @@ use qkv_kernels::rope::{RopeStyle, RopeTable};
 use qkv_kernels::{
     attention, linear, linear_many, AttentionMask, KvData, KvView, Projection, QueryView,
 };
+use std::ops::Range;
 
 /// Where a Llama's tensors come from, which fixes their names and their RoPE layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -468,6 +469,33 @@ impl Llama {
         pos0: usize,
         logits: Option<&mut [f32]>,
     ) -> Result<()> {
+        match logits {
+            Some(l) => self.run(state, tokens, pos0, Logits::Last(l)),
+            None => self.run(state, tokens, pos0, Logits::None),
+        }
+    }
+
+    /// As [`forward`](Self::forward), but writes the logits of every token:
+    /// `logits[i·vocab..(i+1)·vocab]` are those after `tokens[i]` (what perplexity scores).
+    /// The output head then runs as one matrix product per chunk. Errors as `forward` does,
+    /// and with [`Error::Shape`] when `logits` is not `tokens.len()·vocab` long.
+    pub fn forward_all(
+        &self,
+        state: &mut LlamaState,
+        tokens: &[u32],
+        pos0: usize,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        self.run(state, tokens, pos0, Logits::All(logits))
+    }
+
+    fn run(
+        &self,
+        state: &mut LlamaState,
+        tokens: &[u32],
+        pos0: usize,
+        mut logits: Logits<'_>,
+    ) -> Result<()> {
         let c = &self.config;
         if tokens.is_empty() {
             return Err(Error::Shape("llama forward: no tokens".into()));
@@ -482,14 +510,21 @@ impl Llama {
                 capacity: state.capacity,
             });
         }
-        if let Some(l) = &logits {
-            if l.len() != c.vocab {
-                return Err(Error::Shape(format!(
-                    "logits buffer holds {}, the vocabulary is {}",
-                    l.len(),
-                    c.vocab
-                )));
-            }
+        let wanted = match &logits {
+            Logits::None => None,
+            Logits::Last(l) => Some((l.len(), c.vocab)),
+            Logits::All(l) => Some((l.len(), tokens.len().saturating_mul(c.vocab))),
+        };
+        if let Some((len, want)) = wanted.filter(|(len, want)| len != want) {
+            return Err(Error::Shape(format!(
+                "logits buffer holds {len}, {} tokens of a {}-token vocabulary need {want}",
+                if matches!(logits, Logits::All(_)) {
+                    tokens.len()
+                } else {
+                    1
+                },
+                c.vocab
+            )));
         }
         if state.model != self.id {
             return Err(Error::Shape(format!(
@@ -510,12 +545,20 @@ impl Llama {
         let mut pos = pos0;
         for chunk in tokens.chunks(state.chunk) {
             self.forward_chunk(state, chunk, pos)?;
+            if let Logits::All(all) = &mut logits {
+                let at = (pos - pos0) * c.vocab;
+                self.head(
+                    state,
+                    0..chunk.len(),
+                    &mut all[at..at + chunk.len() * c.vocab],
+                )?;
+            }
             pos += chunk.len();
             state.filled = pos;
         }
-        if let Some(logits) = logits {
+        if let Logits::Last(logits) = logits {
             let last = (tokens.len() - 1) % state.chunk;
-            self.head(state, last, logits)?;
+            self.head(state, last..last + 1, logits)?;
         }
         Ok(())
     }
@@ -617,15 +660,15 @@ impl Llama {
         Ok(())
     }
 
-    /// Final norm and output head for row `row` of `state.x`.
-    fn head(&self, s: &mut LlamaState, row: usize, logits: &mut [f32]) -> Result<()> {
+    /// Final norm and output head for `rows` of `state.x`, into `logits` (`rows.len()·vocab`).
+    fn head(&self, s: &mut LlamaState, rows: Range<usize>, logits: &mut [f32]) -> Result<()> {
         let c = &self.config;
-        let d = c.dim;
-        let x = &s.x[row * d..(row + 1) * d];
-        let xn = &mut s.xn[..d];
+        let (d, t) = (c.dim, rows.len());
+        let x = &s.x[rows.start * d..rows.end * d];
+        let xn = &mut s.xn[..t * d];
         rms_norm(xn, x, &self.final_norm, c.rms_eps, d)?;
         let w = self.output.as_ref().unwrap_or(&self.embedding);
-        linear(logits, xn, w.weights(), None, 1, d, c.vocab)?;
+        linear(logits, xn, w.weights(), None, t, d, c.vocab)?;
         Ok(())
     }
 
@@ -637,6 +680,15 @@ impl Llama {
         }
         Ok(())
     }
+}
+
+/// Which logits a forward pass writes.
+enum Logits<'a> {
+    None,
+    /// The last token's.
+    Last(&'a mut [f32]),
+    /// Every token's, one row each.
+    All(&'a mut [f32]),
 }
 
 /// What a KV cache of `capacity` positions is called in allocation errors.

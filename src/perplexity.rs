@@ -1,0 +1,358 @@
+//! Perplexity and KL divergence over a text, the way `llama-perplexity` measures them.
+//!
+//! The text's tokens are cut into non-overlapping windows of `ctx` tokens (a tail shorter
+//! than a window is dropped). Each window runs from an empty cache, and only its second half
+//! is scored: the logits after token `j` predict token `j + 1` for `j` in `ctx/2 .. ctx−1`,
+//! so every scored token sees at least `ctx/2` tokens of context. Perplexity is
+//! `exp(mean NLL)` over the scored tokens.
+//!
+//! With a base run saved ([`KlBase`]: every scored position's log-probabilities over the whole
+//! vocabulary, as f16), another run of the same tokens — a quantized file against the f32
+//! weights, say — reports the mean KL divergence `Σ p_base · (log p_base − log p)` and how
+//! often both runs agree on the most likely token ("same top p" in llama.cpp's words).
+//!
+//! ```no_run
+//! use qkv::model::{Model, ModelOptions};
+//! use qkv::perplexity::{evaluate, Scoring};
+//! use std::sync::Arc;
+//!
+//! let path = qkv::fetch::default_model()?;
+//! let model = Arc::new(Model::load(&path, &ModelOptions::default())?);
+//! let tokens = model.tokenizer().unwrap().encode("some long English text …")?;
+//! let report = evaluate(&model, &tokens, 512, Scoring::Perplexity, |_, _| {})?;
+//! println!("PPL = {:.4} ± {:.4}", report.ppl, report.ppl_err);
+//! # Ok::<(), qkv::Error>(())
+//! ```
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::session::{Session, SessionOptions};
+use half::f16;
+use rayon::prelude::*;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+/// The magic and version at the start of a [`KlBase`] file.
+const MAGIC: &[u8; 8] = b"QKVKLB01";
+
+/// What a run does besides perplexity.
+pub enum Scoring<'a> {
+    /// Perplexity only.
+    Perplexity,
+    /// Also write every scored position's log-probabilities to a base file.
+    SaveBase(&'a Path),
+    /// Also compare with a base file written by an earlier run of the same tokens.
+    CompareBase(&'a Path),
+}
+
+/// The figures of a run, each mean with its standard error.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// Windows evaluated.
+    pub windows: usize,
+    /// Tokens per window.
+    pub ctx: usize,
+    /// Tokens scored.
+    pub scored: usize,
+    /// Perplexity, `exp(mean NLL)`.
+    pub ppl: f64,
+    /// Its standard error.
+    pub ppl_err: f64,
+    /// With a base: mean KL divergence from the base, in nats, and its standard error.
+    pub kld: Option<(f64, f64)>,
+    /// With a base: the share of scored positions whose most likely token is the base's, and
+    /// its standard error.
+    pub same_top: Option<(f64, f64)>,
+    /// With a base: the base run's perplexity.
+    pub base_ppl: Option<f64>,
+}
+
+impl Report {
+    /// One JSON object with every figure.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "windows": self.windows,
+            "ctx": self.ctx,
+            "scored": self.scored,
+            "ppl": self.ppl,
+            "ppl_err": self.ppl_err,
+            "kld": self.kld.map(|k| k.0),
+            "kld_err": self.kld.map(|k| k.1),
+            "same_top": self.same_top.map(|k| k.0),
+            "same_top_err": self.same_top.map(|k| k.1),
+            "base_ppl": self.base_ppl,
+        })
+    }
+}
+
+/// Running mean and standard error of a sample.
+#[derive(Default)]
+struct Moments {
+    n: usize,
+    sum: f64,
+    sum2: f64,
+}
+
+impl Moments {
+    fn add(&mut self, v: f64) {
+        self.n += 1;
+        self.sum += v;
+        self.sum2 += v * v;
+    }
+
+    fn mean_err(&self) -> (f64, f64) {
+        let n = self.n as f64;
+        let mean = self.sum / n;
+        let var = (self.sum2 / n - mean * mean).max(0.0);
+        (
+            mean,
+            if self.n > 1 {
+                (var / (n - 1.0)).sqrt()
+            } else {
+                0.0
+            },
+        )
+    }
+}
+
+/// `log_softmax(logits)` into `out` (f64 sums), returning nothing; errors on a non-finite
+/// logit, which would otherwise turn every figure into NaN without saying where.
+fn log_softmax(logits: &[f32], out: &mut [f64]) -> std::result::Result<(), usize> {
+    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+        return Err(i);
+    }
+    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let sum: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+    let log_z = max + sum.ln();
+    for (o, &v) in out.iter_mut().zip(logits) {
+        *o = v as f64 - log_z;
+    }
+    Ok(())
+}
+
+/// The index of the largest value (the first, on ties).
+fn argmax<T: PartialOrd + Copy>(v: &[T]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The start of a base file: magic, window size, window count, vocabulary (u32 each), then
+/// the tokens. `vocab` f16 log-probabilities per scored position follow it.
+fn base_header(ctx: usize, windows: usize, vocab: usize, tokens: &[u32]) -> Vec<u8> {
+    let mut h = MAGIC.to_vec();
+    for v in [ctx, windows, vocab] {
+        h.extend((v as u32).to_le_bytes());
+    }
+    h.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    h
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Runs `tokens` in windows of `ctx` and scores them (see the module docs). `progress` is
+/// called after each window with its number and the running perplexity.
+///
+/// Errors: [`Error::Config`] when there are fewer than `2·ctx` tokens, or `ctx` is below 8 or
+/// past the model's context; [`Error::Format`] when a base file is not one, or was made from
+/// other tokens, another context or another vocabulary; [`Error::Shape`] when a logit is not
+/// finite (naming the window and position); the session's errors otherwise.
+pub fn evaluate(
+    model: &Arc<Model>,
+    tokens: &[u32],
+    ctx: usize,
+    scoring: Scoring<'_>,
+    mut progress: impl FnMut(usize, f64),
+) -> Result<Report> {
+    if ctx < 8 || ctx > model.config().context {
+        return Err(Error::Config(format!(
+            "perplexity context {ctx} must be at least 8 and at most the model's {}",
+            model.config().context
+        )));
+    }
+    let windows = tokens.len() / ctx;
+    if windows < 2 {
+        return Err(Error::Config(format!(
+            "perplexity over windows of {ctx} needs at least {} tokens, the text has {}",
+            2 * ctx,
+            tokens.len()
+        )));
+    }
+    let vocab = model.vocab_size();
+    let used = &tokens[..windows * ctx];
+    let header = base_header(ctx, windows, vocab, used);
+    let mut writer = None;
+    let mut reader = None;
+    match scoring {
+        Scoring::Perplexity => {}
+        Scoring::SaveBase(path) => {
+            let file = std::fs::File::create(path).map_err(io_err(path))?;
+            let mut w = BufWriter::with_capacity(1 << 20, file);
+            w.write_all(&header).map_err(io_err(path))?;
+            writer = Some((w, path));
+        }
+        Scoring::CompareBase(path) => {
+            let file = std::fs::File::open(path).map_err(io_err(path))?;
+            let mut r = BufReader::with_capacity(1 << 20, file);
+            let mut got = vec![0u8; header.len()];
+            r.read_exact(&mut got).map_err(|_| Error::Format {
+                path: path.to_owned(),
+                msg: "too short for a KL base of this text".into(),
+            })?;
+            if got[..8] != MAGIC[..] {
+                return Err(Error::Format {
+                    path: path.to_owned(),
+                    msg: "not a qkv KL base file (written by `decode perplexity --kl-base`)".into(),
+                });
+            }
+            if got != header {
+                let num =
+                    |i: usize| u32::from_le_bytes([got[i], got[i + 1], got[i + 2], got[i + 3]]);
+                return Err(Error::Format {
+                    path: path.to_owned(),
+                    msg: format!(
+                        "made from other tokens: ctx {}, {} windows, vocab {} (this run: ctx {ctx}, {windows} windows, vocab {vocab}), or another text or tokenizer",
+                        num(8),
+                        num(12),
+                        num(16)
+                    ),
+                });
+            }
+            reader = Some((r, path));
+        }
+    }
+
+    let options = SessionOptions {
+        context: Some(ctx),
+        kv_dtype: None,
+        prefill_chunk: Some(ctx),
+    };
+    let mut session = Session::new(model.clone(), options)?;
+    let first = ctx / 2;
+    let n_scored = ctx - 1 - first;
+    let mut logits = vec![0.0f32; ctx * vocab];
+    let mut base_bytes = vec![0u8; n_scored * vocab * 2];
+    let mut nll = Moments::default();
+    let mut base_nll = Moments::default();
+    let mut kld = Moments::default();
+    let mut same = Moments::default();
+    for w in 0..windows {
+        let window = &used[w * ctx..(w + 1) * ctx];
+        session.reset();
+        session.prefill_all(window, &mut logits)?;
+        if let Some((r, path)) = reader.as_mut() {
+            r.read_exact(&mut base_bytes).map_err(|_| Error::Format {
+                path: path.to_path_buf(),
+                msg: format!("ends inside window {w}"),
+            })?;
+        }
+        // Per scored position: (nll, base nll, kld, same top), computed in parallel.
+        let compare = reader.is_some();
+        let save = writer.is_some();
+        let rows: Vec<std::result::Result<(f64, f64, f64, bool, Vec<u8>), usize>> = (0..n_scored)
+            .into_par_iter()
+            .map(|s| {
+                let j = first + s;
+                let row = &logits[j * vocab..(j + 1) * vocab];
+                let mut lp = vec![0.0f64; vocab];
+                log_softmax(row, &mut lp).map_err(|_| j)?;
+                let target = window[j + 1] as usize;
+                let mut out = (-lp[target], 0.0, 0.0, false, Vec::new());
+                if compare {
+                    let bytes = &base_bytes[s * vocab * 2..(s + 1) * vocab * 2];
+                    let mut k = 0.0f64;
+                    let mut best_base = (f32::NEG_INFINITY, 0usize);
+                    for (v, b) in bytes.chunks_exact(2).enumerate() {
+                        let lb = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                        if lb > best_base.0 {
+                            best_base = (lb, v);
+                        }
+                        let lbf = lb as f64;
+                        k += lbf.exp() * (lbf - lp[v]);
+                    }
+                    let tb = &bytes[target * 2..target * 2 + 2];
+                    out.1 = -(f16::from_le_bytes([tb[0], tb[1]]).to_f32() as f64);
+                    out.2 = k;
+                    out.3 = best_base.1 == argmax(row);
+                }
+                if save {
+                    out.4 = lp
+                        .iter()
+                        .flat_map(|&v| f16::from_f64(v).to_le_bytes())
+                        .collect();
+                }
+                Ok(out)
+            })
+            .collect();
+        for r in rows {
+            let (n, nb, k, top, bytes) = r.map_err(|pos| {
+                Error::Shape(format!(
+                    "perplexity: a logit after position {pos} of window {w} is not finite"
+                ))
+            })?;
+            nll.add(n);
+            if compare {
+                base_nll.add(nb);
+                kld.add(k);
+                same.add(if top { 1.0 } else { 0.0 });
+            }
+            if let Some((wr, path)) = writer.as_mut() {
+                wr.write_all(&bytes).map_err(io_err(path))?;
+            }
+        }
+        progress(w + 1, nll.mean_err().0.exp());
+    }
+    if let Some((mut wr, path)) = writer {
+        wr.flush().map_err(io_err(path))?;
+    }
+    let (mean, err) = nll.mean_err();
+    let ppl = mean.exp();
+    let compared = reader.is_some();
+    Ok(Report {
+        windows,
+        ctx,
+        scored: nll.n,
+        ppl,
+        ppl_err: ppl * err,
+        kld: compared.then(|| kld.mean_err()),
+        same_top: compared.then(|| same.mean_err()),
+        base_ppl: compared.then(|| base_nll.mean_err().0.exp()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_softmax_normalises_and_flags_non_finite() {
+        let mut out = [0.0f64; 3];
+        log_softmax(&[1.0, 2.0, 3.0], &mut out).unwrap();
+        let total: f64 = out.iter().map(|v| v.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-12);
+        assert!((out[2] - out[1] - 1.0).abs() < 1e-12);
+        assert_eq!(log_softmax(&[1.0, f32::NAN, 0.0], &mut out), Err(1));
+    }
+
+    #[test]
+    fn moments_give_mean_and_standard_error() {
+        let mut m = Moments::default();
+        for v in [1.0, 2.0, 3.0, 4.0] {
+            m.add(v);
+        }
+        let (mean, err) = m.mean_err();
+        assert_eq!(mean, 2.5);
+        // Sample variance 1.25·4/3; the standard error divides by n.
+        assert!((err - (1.25f64 / 3.0).sqrt()).abs() < 1e-12);
+    }
+}
