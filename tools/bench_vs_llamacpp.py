@@ -133,21 +133,35 @@ def ensure_llamacpp(lc: Path):
     return bench, quant
 
 
-def ensure_models(lc: Path, cache: Path, quant: Path, qkv: Path):
+# The default model's quantized variants that `.ci/run` makes and the tests run: llama-quantize
+# from the F32 file (itself the published Q4_1 file dequantized), so every row and test reads
+# the same weights. SmolLM2's width (576) is not a multiple of 256, so the K-mixes hold Q5_0,
+# Q5_1 or Q8_0 tensors beside their K ones.
+QUANT_TYPES = ("Q8_0", "Q4_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K")
+
+
+def ensure_models(lc: Path, cache: Path, quant: Path, qkv: Path | None, kinds=("F16", "F32")):
+    """Returns {kind.lower(): path} for "q4_1" (the published file) and every kind asked:
+    F16/F32 (converted with llama-quantize --allow-requantize) and QUANT_TYPES (from F32)."""
     source = cache / SOURCE_GGUF
     if not source.is_file():
+        if qkv is None:
+            sys.exit(f"{source} missing: run `cargo run --release --bin decode -- --prompt Hi -n 1` once")
         log(f"{source} missing: letting qkv fetch the default model once")
         run([qkv, "--prompt", "Hi", "-n", "1"], stdout=subprocess.DEVNULL)
-    out = {}
+    out = {"q4_1": source}
     models = lc / "models"
     models.mkdir(parents=True, exist_ok=True)
-    for ty in ("F16", "F32"):
+    order = [k for k in ("F16", "F32") if k in kinds or any(q in kinds for q in QUANT_TYPES)]
+    order += [k for k in kinds if k not in ("F16", "F32")]
+    for ty in order:
         target = models / f"{MODEL_STEM}.{ty}.gguf"
         if not target.is_file():
-            log(f"converting {source.name} -> {target.name}")
+            src = source if ty in ("F16", "F32") else models / f"{MODEL_STEM}.F32.gguf"
+            log(f"quantizing {src.name} -> {target.name}")
             tmp = target.with_suffix(".tmp")
             with open(lc / f"quantize-{ty}.log", "w") as quant_log:
-                run([quant, "--allow-requantize", source, tmp, ty], stdout=quant_log,
+                run([quant, "--allow-requantize", src, tmp, ty], stdout=quant_log,
                     stderr=subprocess.STDOUT)
             tmp.rename(target)
         out[ty.lower()] = target

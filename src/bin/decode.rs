@@ -434,14 +434,19 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     let prompt_tps = per_s(ids.len(), prompt_s);
     let gen_tps = per_s(generated, gen_s);
     if args.json {
-        out.write(&format!(
-            "{{\"stats\":{{\"load_ms\":{},\"depth\":{},\"prompt_tokens\":{},\"prompt_tokens_per_s\":{},\"generated_tokens\":{generated},\"generated_tokens_per_s\":{}}}}}\n",
-            round2(load_ms),
-            args.depth,
-            ids.len(),
-            round2(prompt_tps),
-            round2(gen_tps),
-        ))?;
+        let (_, weight_bytes) = model.llama().weight_formats();
+        let stats = serde_json::json!({"stats": {
+            "load_ms": round2(load_ms),
+            "depth": args.depth,
+            "prompt_tokens": ids.len(),
+            "prompt_tokens_per_s": round2(prompt_tps),
+            "generated_tokens": generated,
+            "generated_tokens_per_s": round2(gen_tps),
+            "weight_bytes": weight_bytes,
+            "kv_cache_bytes": session.cache_bytes(),
+            "peak_rss_bytes": peak_rss_bytes(),
+        }});
+        out.write(&format!("{stats}\n"))?;
     }
     if let Some(capacity) = full {
         note(format_args!(
@@ -475,6 +480,14 @@ fn weights_label(model: &Model, widened: Option<FloatType>) -> String {
         Some(d) => format!("widened to {d}: {stored}"),
         None => stored,
     }
+}
+
+/// The process's peak resident memory (`VmHWM` in /proc/self/status), where Linux tells it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 fn round2(x: f64) -> f64 {

@@ -1,0 +1,186 @@
+//! Real quantized files: the default model in every format `.ci/run` makes with llama.cpp's
+//! `llama-quantize` (`tools/quantized_models.py`): Q8_0, Q4_0, Q5_1, Q4_K_M, Q5_K_M and Q6_K,
+//! beside the published Q4_1. The K-mixes hold Q5_0, Q5_1, Q8_0 and Q6_K tensors beside their
+//! Q4_K or Q5_K ones, since SmolLM2's width (576) is not a multiple of 256.
+//!
+//! Each file runs on its own blocks and is checked against the same file widened to f32 at
+//! load (exact dequantization, the f32 kernels): last-position logits within 1e-3 of their
+//! range, the same greedy tokens, and `decode` end to end with its peak memory within the
+//! file plus the KV cache plus 64 MB.
+//!
+//! The files live in `$QKV_QUANT_MODELS`, else `<cache>/llamacpp/models`. Without them these
+//! tests print why and pass, unless `QKV_REQUIRE_QUANT_MODELS=1` (set by `.ci/run`, which
+//! makes them) turns a missing file into a failure.
+
+use qkv::model::{Model, ModelOptions};
+use qkv::sample::argmax;
+use qkv::session::{Session, SessionOptions};
+use qkv::weights::{FloatType, WeightFormat};
+use qkv_kernels::QuantFormat;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+/// Each file, with the formats its matrices must hold.
+const FILES: [(&str, &[QuantFormat]); 7] = [
+    ("Q4_1", &[QuantFormat::Q4_1, QuantFormat::Q8_0]),
+    ("Q8_0", &[QuantFormat::Q8_0]),
+    ("Q4_0", &[QuantFormat::Q4_0, QuantFormat::Q8_0]),
+    ("Q5_1", &[QuantFormat::Q5_1, QuantFormat::Q8_0]),
+    (
+        "Q4_K_M",
+        &[
+            QuantFormat::Q4_K,
+            QuantFormat::Q5_0,
+            QuantFormat::Q6_K,
+            QuantFormat::Q8_0,
+        ],
+    ),
+    (
+        "Q5_K_M",
+        &[
+            QuantFormat::Q5_K,
+            QuantFormat::Q5_1,
+            QuantFormat::Q6_K,
+            QuantFormat::Q8_0,
+        ],
+    ),
+    ("Q6_K", &[QuantFormat::Q6_K, QuantFormat::Q8_0]),
+];
+
+fn path_of(kind: &str) -> Option<PathBuf> {
+    let path = if kind == "Q4_1" {
+        qkv::fetch::default_model().ok()?
+    } else {
+        let dir = std::env::var_os("QKV_QUANT_MODELS")
+            .map(PathBuf::from)
+            .or_else(|| Some(qkv::fetch::cache_dir().ok()?.join("llamacpp/models")))?;
+        dir.join(format!("SmolLM2-135M-Instruct.{kind}.gguf"))
+    };
+    if path.is_file() {
+        return Some(path);
+    }
+    let why = format!(
+        "{} is missing (make it with `python3 tools/quantized_models.py`)",
+        path.display()
+    );
+    if std::env::var_os("QKV_REQUIRE_QUANT_MODELS").is_some_and(|v| v == "1") {
+        panic!("{why}");
+    }
+    eprintln!("skipped {kind}: {why}");
+    None
+}
+
+fn session(model: &Arc<Model>) -> Session {
+    let options = SessionOptions {
+        context: Some(128),
+        ..SessionOptions::default()
+    };
+    Session::new(model.clone(), options).unwrap()
+}
+
+#[test]
+fn every_format_matches_its_own_weights_widened_to_f32() {
+    for (kind, formats) in FILES {
+        let Some(path) = path_of(kind) else { continue };
+        let quant = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
+        let (found, _) = quant.llama().weight_formats();
+        let mut seen: Vec<QuantFormat> = Vec::new();
+        for (name, f) in &found {
+            match f {
+                WeightFormat::Quant(q) if formats.contains(q) => seen.push(*q),
+                other => panic!("{kind}: {name} is {other}, expected one of {formats:?}"),
+            }
+        }
+        for f in formats {
+            assert!(seen.contains(f), "{kind}: no {f} matrix");
+        }
+        let exact = Arc::new(
+            Model::load(
+                &path,
+                &ModelOptions {
+                    dtype: Some(FloatType::F32),
+                },
+            )
+            .unwrap(),
+        );
+        let tok = quant.tokenizer().unwrap();
+        for prompt in [
+            "The capital of France is",
+            "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"",
+        ] {
+            let ids = tok.encode(prompt).unwrap();
+            let (mut a, mut b) = (session(&quant), session(&exact));
+            let la = a.prefill(&ids).unwrap().to_vec();
+            let lb = b.prefill(&ids).unwrap().to_vec();
+            let range = lb.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+                - lb.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+            let worst = la
+                .iter()
+                .zip(&lb)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= 1e-3 * range,
+                "{kind} {prompt:?}: max |Δlogit| {worst} > 1e-3 × range {range}"
+            );
+            // Greedy continuations: the same tokens.
+            let (mut ta, mut tb) = (argmax(&la), argmax(&lb));
+            for step in 0..16 {
+                assert_eq!(ta, tb, "{kind} {prompt:?}: greedy token {step} differs");
+                ta = argmax(a.step(ta).unwrap());
+                tb = argmax(b.step(tb).unwrap());
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_runs_every_format_within_its_memory_bound() {
+    for (kind, _) in FILES {
+        let Some(path) = path_of(kind) else { continue };
+        let out = Command::new(env!("CARGO_BIN_EXE_decode"))
+            .args(["--model", path.to_str().unwrap()])
+            .args(["--prompt", "The capital of France is", "-n", "24"])
+            .args([
+                "--temperature",
+                "0",
+                "--ctx",
+                "256",
+                "--json",
+                "--ignore-eos",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let stats = &last["stats"];
+        assert_eq!(stats["generated_tokens"], 24, "{kind}: {stats}");
+        let file = std::fs::metadata(&path).unwrap().len();
+        let kv = stats["kv_cache_bytes"].as_u64().unwrap();
+        let weights = stats["weight_bytes"].as_u64().unwrap();
+        // The matrices a step reads are the file's blocks, not a widened copy.
+        assert!(
+            weights <= file,
+            "{kind}: {weights} bytes of matrices > file {file}"
+        );
+        if let Some(rss) = stats["peak_rss_bytes"].as_u64() {
+            let bound = file + kv + 64 * 1024 * 1024;
+            assert!(
+                rss <= bound,
+                "{kind}: peak RSS {rss} > file {file} + KV {kv} + 64 MiB"
+            );
+            eprintln!(
+                "{kind}: peak RSS {:.1} MB (file {:.1} MB, KV {:.1} MB)",
+                rss as f64 / 1e6,
+                file as f64 / 1e6,
+                kv as f64 / 1e6
+            );
+        }
+    }
+}
