@@ -32,7 +32,10 @@ Ceilings (SmolLM2-135M: 30 layers, 9 query and 3 KV heads of 64, FFN 1536, vocab
 - prefill rows: FMA peak / FLOPs per token = 2 x 106.2 M multiply-adds of the layers' matmuls
   plus 4 x 64 x 9 x 30 FLOPs per visible key (the LM head runs for the last position only).
 
-Rows and what each engine measures:
+Rows and what each engine measures (the quantized rows, `*_q4_1` for the published file and
+`*_q8_0`, `*_q4_k_m` for files made by `llama-quantize` from the F32 one, run tg128, pp512 and
+tg64 @ d2048 as the f16 rows do, on the file's own blocks in both engines; their decode
+ceiling counts the file's matrix bytes instead of the f16 weights, and an f16 KV cache):
 
 - tg128_f16, tg128_f32: llama-bench `-p 0 -n 128`; qkv: a 4-token prompt, `-n 128`,
   generated_tokens_per_s (greedy, sampling + detokenisation included: ~1 step per token).
@@ -200,11 +203,13 @@ def ensure_qkv(lc: Path):
     return snap, rev
 
 
-def qkv_decode(qkv: Path, model: Path, dtype: str, threads: int, prompt_file: Path, n: int,
-               ctx: int, depth: int = 0):
+def qkv_decode(qkv: Path, model: Path, dtype: str | None, threads: int, prompt_file: Path,
+               n: int, ctx: int, depth: int = 0):
+    """One `decode` run; dtype None runs the file as stored (quantized blocks in place)."""
     # --warmup: one untimed pass over the prompt first, as llama-bench's own warm-up run.
-    cmd = [qkv, "--model", model, "--dtype", dtype, "--threads", threads, "--ctx", ctx,
-           "--temperature", "0", "--ignore-eos", "--json", "--warmup", "-n", n]
+    cmd = [qkv, "--model", model] + (["--dtype", dtype] if dtype else []) + [
+        "--threads", threads, "--ctx", ctx,
+        "--temperature", "0", "--ignore-eos", "--json", "--warmup", "-n", n]
     if depth:
         cmd += ["--depth", depth]
     with open(prompt_file) as f:
@@ -281,13 +286,27 @@ MATMUL_FLOPS_PER_TOKEN = 2 * 30 * (576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 *
 ATTN_FLOPS_PER_KEY = 4 * 64 * 9 * 30
 
 
-def decode_ceiling(elem_bytes: int, mean_context: float):
-    """tokens/s if a step did nothing but read its weights and KV cache at read_gbs."""
+def decode_ceiling(elem_bytes: int, mean_context: float, matrix_bytes: int | None = None):
+    """tokens/s if a step did nothing but read its weights and KV cache at read_gbs. The
+    weights are the probe's f16 matrices scaled to elem_bytes, or matrix_bytes when given (a
+    quantized file's blocks); the KV cache is f16 (elem_bytes 2) or f32 (4)."""
     def f(r):
-        per_token = r["weight_bytes"] * elem_bytes / 2 + \
-            KV_BYTES_PER_POS_F16 * elem_bytes / 2 * mean_context
+        weights = matrix_bytes if matrix_bytes is not None else r["weight_bytes"] * elem_bytes / 2
+        kv_elem = 2 if matrix_bytes is not None else elem_bytes
+        per_token = weights + KV_BYTES_PER_POS_F16 * kv_elem / 2 * mean_context
         return r["read_gbs"] * 1e9 / per_token, f"read {r['read_gbs']:.1f} GB/s"
     return f
+
+
+def matrix_bytes(model: Path) -> int:
+    """Bytes of a GGUF's 2-D tensors (what one decode step reads: the tied embedding doubles
+    as the output head and is read once), with gguf-py; the file size without it."""
+    try:
+        import gguf
+    except ImportError:
+        return model.stat().st_size
+    r = gguf.GGUFReader(str(model))
+    return sum(int(t.n_bytes) for t in r.tensors if len(t.shape) == 2)
 
 
 def prefill_ceiling(mean_keys: float):
@@ -334,7 +353,8 @@ def main():
     ap.add_argument("--bench-reps", type=int, default=3, help="llama-bench -r per invocation")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="all",
-                    help="comma list of: tg128_f16,tg128_f32,tg64_d2048_f16,pp512_f16,pp512_d2048_f16")
+                    help="comma list of: tg128_f16,tg128_f32,tg64_d2048_f16,pp512_f16,pp512_d2048_f16, "
+                         "and tg128_K, pp512_K, tg64_d2048_K for K in q4_1, q8_0, q4_k_m")
     ap.add_argument("--pp-depth", choices=["decode", "bench"], default="decode",
                     help="how qkv's pp512 @ d2048 is measured (see above)")
     ap.add_argument("--json-out", type=Path, help="write all samples here")
@@ -345,7 +365,7 @@ def main():
     log(f"cache: {lc}")
     bench, quant = ensure_llamacpp(lc)
     qkv, rev = ensure_qkv(lc)
-    models = ensure_models(lc, cache, quant, qkv)
+    models = ensure_models(lc, cache, quant, qkv, ("F16", "F32", "Q8_0", "Q4_K_M"))
     e2e = ensure_e2e_bench(lc) if args.pp_depth == "bench" else None
     probe = ensure_roofline(lc)
     t = args.threads
@@ -372,9 +392,9 @@ def main():
             return checked(s, prompt_tokens, n)["generated_tokens_per_s"], cmd
         return f
 
-    def qkv_prompt(model, prompt, ctx, depth=0):
+    def qkv_prompt(model, prompt, ctx, depth=0, dtype="f16"):
         def f():
-            s, cmd = qkv_decode(qkv, model, "f16", t, prompt, 0, ctx, depth)
+            s, cmd = qkv_decode(qkv, model, dtype, t, prompt, 0, ctx, depth)
             return checked(s, 512, 0)["prompt_tokens_per_s"], cmd
         return f
 
@@ -409,6 +429,23 @@ def main():
          qkv_pp_at_depth_bench if args.pp_depth == "bench"
          else qkv_prompt(models["f16"], p512, 2048 + 512, 2048), prefill_ceiling(2048 + 256.5)),
     ]
+    # The quantized files, each run on its own blocks by both engines.
+    for kind, label, tg_target in (("q4_1", "Q4_1", "≥ 1.5×"), ("q8_0", "Q8_0", "≥ 1.5×"),
+                                   ("q4_k_m", "Q4_K_M", "≥ 1.3×")):
+        m = models[kind]
+        mb = matrix_bytes(m)
+        rows += [
+            (f"tg128_{kind}", f"decode tg128, {label}", tg_target,
+             [("llama.cpp", lc_run(m, 0, 128))],
+             qkv_gen(m, None, short, 128, 256), decode_ceiling(2, 64, mb)),
+            (f"pp512_{kind}", f"prefill pp512, {label}", "≥ 1.3×",
+             [("llama.cpp", lc_run(m, 512, 0))],
+             qkv_prompt(m, p512, 512, dtype=None), prefill_ceiling(256.5)),
+            (f"tg64_d2048_{kind}", f"decode tg64 @ d2048, {label}", "—",
+             [("llama.cpp fa off", lc_run(m, 0, 64, 2048, "off")),
+              ("llama.cpp fa on", lc_run(m, 0, 64, 2048, "on"))],
+             qkv_gen(m, None, p2048, 64, 2048 + 64, 2048), decode_ceiling(2, 2048 + 32, mb)),
+        ]
     wanted = None if args.rows == "all" else set(args.rows.split(","))
     unknown = (wanted or set()) - {r[0] for r in rows}
     if unknown:
