@@ -6,8 +6,9 @@
 //! so every scored token sees at least `ctx/2` tokens of context. Perplexity is
 //! `exp(mean NLL)` over the scored tokens.
 //!
-//! With a base run saved ([`KlBase`]: every scored position's log-probabilities over the whole
-//! vocabulary, as f16), another run of the same tokens — a quantized file against the f32
+//! With a base run saved ([`Scoring::SaveBase`]: a header naming the window size, window
+//! count and vocabulary, the tokens, then every scored position's log-probabilities over the
+//! whole vocabulary as f16), another run of the same tokens — a quantized file against the f32
 //! weights, say — reports the mean KL divergence `Σ p_base · (log p_base − log p)` and how
 //! often both runs agree on the most likely token ("same top p" in llama.cpp's words).
 //!
@@ -129,6 +130,55 @@ fn log_softmax(logits: &[f32], out: &mut [f64]) -> std::result::Result<(), usize
         *o = v as f64 - log_z;
     }
     Ok(())
+}
+
+/// What one scored position gives.
+struct Scored {
+    /// −log p(target).
+    nll: f64,
+    /// Against a base: the base's −log p(target), the KL divergence, and whether both put the
+    /// same token first.
+    vs_base: Option<(f64, f64, bool)>,
+    /// When saving a base: the log-probabilities as little-endian f16.
+    log_probs: Vec<u8>,
+}
+
+/// Scores one position's `logits` for `target`, against `base` (f16 log-probabilities) when
+/// given; `Err` when a logit is not finite.
+fn score(
+    logits: &[f32],
+    target: usize,
+    base: Option<&[u8]>,
+    save: bool,
+) -> std::result::Result<Scored, usize> {
+    let mut lp = vec![0.0f64; logits.len()];
+    log_softmax(logits, &mut lp)?;
+    let vs_base = base.map(|bytes| {
+        let mut kld = 0.0f64;
+        let mut best = (f32::NEG_INFINITY, 0usize);
+        for (v, b) in bytes.chunks_exact(2).enumerate() {
+            let lb = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            if lb > best.0 {
+                best = (lb, v);
+            }
+            kld += f64::from(lb).exp() * (f64::from(lb) - lp[v]);
+        }
+        let tb = [bytes[2 * target], bytes[2 * target + 1]];
+        let base_nll = -f64::from(f16::from_le_bytes(tb).to_f32());
+        (base_nll, kld, best.1 == argmax(logits))
+    });
+    let log_probs = if save {
+        lp.iter()
+            .flat_map(|&v| f16::from_f64(v).to_le_bytes())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Scored {
+        nll: -lp[target],
+        vs_base,
+        log_probs,
+    })
 }
 
 /// The index of the largest value (the first, on ties).
@@ -256,58 +306,32 @@ pub fn evaluate(
                 msg: format!("ends inside window {w}"),
             })?;
         }
-        // Per scored position: (nll, base nll, kld, same top), computed in parallel.
-        let compare = reader.is_some();
+        // The scored positions, in parallel; each gives its figures or the bad position.
+        let base = reader.as_ref().map(|_| &base_bytes[..]);
         let save = writer.is_some();
-        let rows: Vec<std::result::Result<(f64, f64, f64, bool, Vec<u8>), usize>> = (0..n_scored)
+        let rows: Vec<std::result::Result<Scored, usize>> = (0..n_scored)
             .into_par_iter()
             .map(|s| {
                 let j = first + s;
                 let row = &logits[j * vocab..(j + 1) * vocab];
-                let mut lp = vec![0.0f64; vocab];
-                log_softmax(row, &mut lp).map_err(|_| j)?;
-                let target = window[j + 1] as usize;
-                let mut out = (-lp[target], 0.0, 0.0, false, Vec::new());
-                if compare {
-                    let bytes = &base_bytes[s * vocab * 2..(s + 1) * vocab * 2];
-                    let mut k = 0.0f64;
-                    let mut best_base = (f32::NEG_INFINITY, 0usize);
-                    for (v, b) in bytes.chunks_exact(2).enumerate() {
-                        let lb = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                        if lb > best_base.0 {
-                            best_base = (lb, v);
-                        }
-                        let lbf = lb as f64;
-                        k += lbf.exp() * (lbf - lp[v]);
-                    }
-                    let tb = &bytes[target * 2..target * 2 + 2];
-                    out.1 = -(f16::from_le_bytes([tb[0], tb[1]]).to_f32() as f64);
-                    out.2 = k;
-                    out.3 = best_base.1 == argmax(row);
-                }
-                if save {
-                    out.4 = lp
-                        .iter()
-                        .flat_map(|&v| f16::from_f64(v).to_le_bytes())
-                        .collect();
-                }
-                Ok(out)
+                let base = base.map(|b| &b[s * vocab * 2..(s + 1) * vocab * 2]);
+                score(row, window[j + 1] as usize, base, save).map_err(|_| j)
             })
             .collect();
         for r in rows {
-            let (n, nb, k, top, bytes) = r.map_err(|pos| {
+            let scored = r.map_err(|pos| {
                 Error::Shape(format!(
                     "perplexity: a logit after position {pos} of window {w} is not finite"
                 ))
             })?;
-            nll.add(n);
-            if compare {
-                base_nll.add(nb);
+            nll.add(scored.nll);
+            if let Some((b_nll, k, top)) = scored.vs_base {
+                base_nll.add(b_nll);
                 kld.add(k);
                 same.add(if top { 1.0 } else { 0.0 });
             }
             if let Some((wr, path)) = writer.as_mut() {
-                wr.write_all(&bytes).map_err(io_err(path))?;
+                wr.write_all(&scored.log_probs).map_err(io_err(path))?;
             }
         }
         progress(w + 1, nll.mean_err().0.exp());
