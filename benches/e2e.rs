@@ -1,19 +1,21 @@
 //! End-to-end Llama benches on the default model (SmolLM2-135M-Instruct, fetched into
 //! `$QKV_CACHE` on first use), in the `llama-bench` spirit:
 //!
-//! - `e2e/{f16,f32}/pp512`: prefill of a 512-token prompt from an empty cache;
-//! - `e2e/f16/pp512_d2048`: prefill of 512 tokens on top of 2048 cached ones (the cache is
-//!   filled once and truncated back to 2048 before every iteration);
-//! - `e2e/f16/tg_d{0,512,2048}`, `e2e/f32/tg_d0`: one decode step at context 0, 512 and 2048
-//!   (filled once; each step is undone with `truncate`, so every step sees the same context);
-//! - `e2e/f16/ttft_cold16`: time to first token from a cold process start: this bench binary
+//! - `e2e/{q4_1,f16,f32}/pp512`: prefill of a 512-token prompt from an empty cache;
+//! - `e2e/{q4_1,f16}/pp512_d2048`: prefill of 512 tokens on top of 2048 cached ones (the cache
+//!   is filled once and truncated back to 2048 before every iteration);
+//! - `e2e/{q4_1,f16}/tg_d{0,512,2048}`, `e2e/f32/tg_d0`: one decode step at context 0, 512 and
+//!   2048 (filled once; each step is undone with `truncate`, so every step sees the same
+//!   context);
+//! - `e2e/q4_1/ttft_cold16`: time to first token from a cold process start: this bench binary
 //!   re-runs itself as a child that maps the model, makes a session, prefills a 16-token prompt
 //!   and picks the first token, timed until the child prints that token (process start, mmap
 //!   load and page-ins of the weights included, the child's exit not; the file itself stays in
 //!   the OS page cache, as it would for a second `decode` run).
 //!
-//! Tokens per second = 512 / pp512 time, 1 / tg time. f16 is the converted f16 GGUF (mapped);
-//! f32 is the Q4_1 source dequantized to f32. Run: `cargo bench --bench e2e [-- FILTER]`.
+//! Tokens per second = 512 / pp512 time, 1 / tg time. q4_1 is the published file run on its
+//! own blocks (what `decode` runs); f16 and f32 are the same file widened at load
+//! (`--dtype f16`, `--dtype f32`). Run: `cargo bench --bench e2e [-- FILTER]`.
 
 use criterion::{criterion_group, Criterion};
 use qkv::model::{Model, ModelOptions};
@@ -44,13 +46,17 @@ fn session(model: &Arc<Model>, context: usize) -> Session {
 }
 
 fn bench(c: &mut Criterion) {
-    let f16 = qkv::fetch::default_model().expect("default model");
-    let q4 = qkv::fetch::default_model().expect("source model");
+    let q4 = qkv::fetch::default_model().expect("default model");
     let mut group = c.benchmark_group("e2e");
     group.sample_size(10).warm_up_time(Duration::from_secs(2));
 
-    for (name, path, dtype) in [("f16", &f16, FloatType::F16), ("f32", &q4, FloatType::F32)] {
-        let model = Arc::new(Model::load(path, &ModelOptions { dtype: Some(dtype) }).unwrap());
+    let runs = [
+        ("q4_1", None),
+        ("f16", Some(FloatType::F16)),
+        ("f32", Some(FloatType::F32)),
+    ];
+    for (name, dtype) in runs {
+        let model = Arc::new(Model::load(&q4, &ModelOptions { dtype }).unwrap());
         let mut s = session(&model, 2048 + 512 + 1);
         let p512 = tokens(512, 0);
         group.throughput(criterion::Throughput::Elements(512));
@@ -60,7 +66,7 @@ fn bench(c: &mut Criterion) {
                 s.prefill(&p512).unwrap();
             })
         });
-        if dtype == FloatType::F16 {
+        if dtype != Some(FloatType::F32) {
             // Setup on the closure's first call (criterion calls it once per sample, and not
             // at all when the filter does not match it).
             let mut ready = false;
@@ -77,7 +83,7 @@ fn bench(c: &mut Criterion) {
             });
         }
         group.throughput(criterion::Throughput::Elements(1));
-        let depths: &[usize] = if dtype == FloatType::F16 {
+        let depths: &[usize] = if dtype != Some(FloatType::F32) {
             &[0, 512, 2048]
         } else {
             &[0]
@@ -103,13 +109,13 @@ fn bench(c: &mut Criterion) {
 
     group.throughput(criterion::Throughput::Elements(1));
     let exe = std::env::current_exe().unwrap();
-    group.bench_function("f16/ttft_cold16", |b| {
+    group.bench_function("q4_1/ttft_cold16", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let start = Instant::now();
                 let mut child = Command::new(&exe)
-                    .env(CHILD_ENV, &f16)
+                    .env(CHILD_ENV, &q4)
                     .stdout(Stdio::piped())
                     .spawn()
                     .expect("spawning the ttft child");
@@ -132,15 +138,7 @@ fn bench(c: &mut Criterion) {
 /// The child of `ttft_cold16`: load, prefill 16 tokens, pick the first token, print its id
 /// (the parent's clock stops on that line), exit.
 fn ttft_child(path: &Path) {
-    let model = Arc::new(
-        Model::load(
-            path,
-            &ModelOptions {
-                dtype: Some(FloatType::F16),
-            },
-        )
-        .unwrap(),
-    );
+    let model = Arc::new(Model::load(path, &ModelOptions::default()).unwrap());
     let mut s = session(&model, 64);
     let logits = s.prefill(&tokens(16, 3)).unwrap();
     let first = logits
