@@ -10,14 +10,19 @@
 //!   (what splitting the step into hand-offs costs by itself);
 //! - `step_gbs`: the step's GEMVs themselves (`linear_many`/`linear` on those matrices, back
 //!   to back, nothing else);
-//! - `fma_gflops`: the FMA peak of all pool threads ([`qkv_kernels::probe::fma_spin`]).
+//! - `fma_gflops`: the FMA peak of all pool threads with the widest vectors the CPU has
+//!   ([`qkv_kernels::probe::fma_spin`]);
+//! - `fma_isa`: which those are, `"avx512"` or `"avx2"` (`"none"` without AVX2: then both
+//!   FMA figures are 0); `QKV_NO_AVX512=1` measures AVX2 only;
+//! - `fma_avx2_gflops`: the AVX2 peak (the same measurement as `fma_gflops` when that is
+//!   AVX2's), to compare the two widths.
 //!
-//! Each figure is the median of `REPS` rounds; within a round the four run back to back, so
+//! Each figure is the median of `REPS` rounds; within a round they run back to back, so
 //! a noisy minute moves them together.
 //!
 //! `cargo run --release -p qkv-kernels --example roofline [REPS]`
 
-use qkv_kernels::probe::{fma_spin, read_sum};
+use qkv_kernels::probe::{fma_spin_with, read_sum, FmaIsa};
 use qkv_kernels::{f16, linear, linear_many, Projection, Weights};
 use std::time::Instant;
 
@@ -118,8 +123,11 @@ fn main() {
     };
     const FMA_ROUNDS: usize = 1 << 19;
 
-    let mut t = [(); 4].map(|_| Vec::with_capacity(reps));
-    let mut flops = 0.0;
+    let isa = FmaIsa::widest();
+    // The AVX2 peak is timed on its own only when it is not the widest.
+    let avx2_apart = isa.is_some_and(|i| i != FmaIsa::Avx2);
+    let mut t = [(); 5].map(|_| Vec::with_capacity(reps));
+    let (mut flops, mut flops_avx2) = (0.0, 0.0);
     // Inside the pool, as a session runs its steps; one untimed round first.
     rayon::scope(|_| {
         for round in 0..=reps {
@@ -137,18 +145,35 @@ fn main() {
                 std::hint::black_box(regions());
             });
             time(2, &mut || step(&mut out, &mut logits));
-            time(3, &mut || flops = fma_spin(FMA_ROUNDS).unwrap_or(0.0));
+            time(3, &mut || {
+                flops = isa
+                    .and_then(|i| fma_spin_with(i, FMA_ROUNDS))
+                    .unwrap_or(0.0)
+            });
+            if avx2_apart {
+                time(4, &mut || {
+                    flops_avx2 = fma_spin_with(FmaIsa::Avx2, FMA_ROUNDS).unwrap_or(0.0)
+                });
+            }
         }
     });
-    let [read, reg, stp, fma] = t.map(median);
+    let [read, reg, stp, fma, fma_avx2] = t.map(|v| if v.is_empty() { 0.0 } else { median(v) });
+    let gflops = flops / fma / 1e9;
+    let gflops_avx2 = match isa {
+        Some(FmaIsa::Avx2) => gflops,
+        Some(_) => flops_avx2 / fma_avx2 / 1e9,
+        None => 0.0,
+    };
     let bytes = (total * 2) as f64;
     println!(
-        "{{\"threads\":{},\"weight_bytes\":{},\"read_gbs\":{:.2},\"regions_gbs\":{:.2},\"step_gbs\":{:.2},\"fma_gflops\":{:.1}}}",
+        "{{\"threads\":{},\"weight_bytes\":{},\"read_gbs\":{:.2},\"regions_gbs\":{:.2},\"step_gbs\":{:.2},\"fma_gflops\":{:.1},\"fma_isa\":\"{}\",\"fma_avx2_gflops\":{:.1}}}",
         rayon::current_num_threads(),
         total * 2,
         bytes / read / 1e9,
         bytes / reg / 1e9,
         bytes / stp / 1e9,
-        flops / fma / 1e9
+        gflops,
+        isa.map_or("none", FmaIsa::name),
+        gflops_avx2
     );
 }

@@ -1,6 +1,7 @@
 //! Probes of the machine's two ceilings, so that kernels can be quoted against them: the
 //! memory read bandwidth (what a decode step, which reads every weight once, cannot beat) and
-//! the FMA peak (what a prefill, which is matmul-bound, cannot beat). The benchmarks and
+//! the FMA peak (what a prefill, which is matmul-bound, cannot beat) with the widest vectors
+//! the CPU has ([`FmaIsa`]: AVX-512 where present, else AVX2). The benchmarks and
 //! `examples/roofline.rs` use them; measure in the same sitting as what they are compared
 //! with, because on a shared host both move by tens of percent from minute to minute.
 //!
@@ -37,23 +38,96 @@ pub fn read_sum(words: &[u64], piece: usize) -> u64 {
 }
 
 /// Independent FMA chains per thread in [`fma_spin`]: more than latency × pipes (4 × 2 on
-/// the CPUs qkv targets), so the chains never wait on each other.
+/// the CPUs qkv targets), so the chains never wait on each other; the same count for 256-
+/// and 512-bit registers (a CPU retires at most two FMAs of either width per cycle).
 pub const FMA_CHAINS: usize = 12;
 
-/// Runs `rounds` rounds of [`FMA_CHAINS`] independent 8-lane f32 FMAs on every thread of the
-/// current pool at once (no memory traffic) and returns the floating-point operations done
-/// (2 per lane per FMA), or `None` on a CPU without AVX2 and FMA. Time the call to get the
-/// FMA peak in FLOP/s.
-pub fn fma_spin(rounds: usize) -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
-        // SAFETY: AVX2 and FMA were detected just above; every pool thread runs on this CPU.
-        let sinks = rayon::broadcast(|_| unsafe { avx2::spin(rounds) });
-        std::hint::black_box(sinks);
-        return Some((rayon::current_num_threads() * rounds * FMA_CHAINS * 8 * 2) as f64);
+/// The vector instruction set an FMA peak is measured with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FmaIsa {
+    /// `vfmadd` on 256-bit registers (8 f32 lanes): AVX2 + FMA.
+    Avx2,
+    /// `vfmadd` on 512-bit registers (16 f32 lanes): AVX-512F (used where the kernels'
+    /// AVX-512 level, [`crate::simd::has_avx512`], is on).
+    Avx512,
+}
+
+impl FmaIsa {
+    /// The name the roofline JSON reports (`"avx2"`, `"avx512"`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            FmaIsa::Avx2 => "avx2",
+            FmaIsa::Avx512 => "avx512",
+        }
     }
-    let _ = rounds;
-    None
+
+    /// f32 lanes per register.
+    pub const fn lanes(self) -> usize {
+        match self {
+            FmaIsa::Avx2 => 8,
+            FmaIsa::Avx512 => 16,
+        }
+    }
+
+    /// Whether this CPU runs it, as the kernels decide: AVX2 per
+    /// [`crate::simd::has_avx2_fma_f16c`], AVX-512 per [`crate::simd::has_avx512`] (so
+    /// neither under `QKV_FORCE_SCALAR=1`, and not AVX-512 under `QKV_NO_AVX512=1`).
+    pub fn available(self) -> bool {
+        match self {
+            FmaIsa::Avx2 => crate::simd::has_avx2_fma_f16c(),
+            FmaIsa::Avx512 => crate::simd::has_avx512(),
+        }
+    }
+
+    /// The widest one this CPU runs, or `None` without AVX2 and FMA.
+    pub fn widest() -> Option<FmaIsa> {
+        [FmaIsa::Avx512, FmaIsa::Avx2]
+            .into_iter()
+            .find(|isa| isa.available())
+    }
+}
+
+/// Runs `rounds` rounds of [`FMA_CHAINS`] independent f32 FMAs with the widest registers
+/// the CPU has ([`FmaIsa::widest`]) on every thread of the current pool at once (no memory
+/// traffic) and returns the floating-point operations done (2 per lane per FMA), or `None`
+/// on a CPU without AVX2 and FMA. Time the call to get the FMA peak in FLOP/s.
+pub fn fma_spin(rounds: usize) -> Option<f64> {
+    fma_spin_with(FmaIsa::widest()?, rounds)
+}
+
+/// [`fma_spin`] with the registers of `isa`, or `None` when the CPU does not run it
+/// ([`FmaIsa::available`]).
+pub fn fma_spin_with(isa: FmaIsa, rounds: usize) -> Option<f64> {
+    if !isa.available() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let sinks = match isa {
+            // SAFETY: AVX2 and FMA were detected (`available`); every pool thread runs on
+            // this CPU.
+            FmaIsa::Avx2 => rayon::broadcast(|_| unsafe { avx2::spin(rounds) }),
+            // SAFETY: AVX-512F was detected (`available`); every pool thread runs on this
+            // CPU.
+            FmaIsa::Avx512 => rayon::broadcast(|_| unsafe { avx512::spin(rounds) }),
+        };
+        std::hint::black_box(sinks);
+        let fmas = rayon::current_num_threads() * rounds * FMA_CHAINS * isa.lanes();
+        Some(2.0 * fmas as f64)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = rounds;
+        None
+    }
+}
+
+/// One timed [`fma_spin_with`]: the FMA peak of all pool threads with `isa`, in GFLOP/s, or
+/// `None` when the CPU does not run it. One sample; the roofline example takes a median.
+pub fn fma_gflops(isa: FmaIsa, rounds: usize) -> Option<f64> {
+    let start = std::time::Instant::now();
+    let flops = fma_spin_with(isa, rounds)?;
+    Some(flops / start.elapsed().as_secs_f64() / 1e9)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -61,6 +135,9 @@ mod avx2 {
     use super::FMA_CHAINS;
     use core::arch::x86_64::*;
 
+    /// [`FMA_CHAINS`] chains of `rounds` dependent 8-lane FMAs; returns a sum of the lanes
+    /// so the work cannot be dropped.
+    ///
     /// # Safety
     /// AVX2 and FMA must be available.
     #[target_feature(enable = "avx2,fma")]
@@ -82,9 +159,65 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::FMA_CHAINS;
+    use core::arch::x86_64::*;
+
+    /// [`FMA_CHAINS`] chains of `rounds` dependent 16-lane FMAs (`_mm512_fmadd_ps` on
+    /// independent zmm accumulators); returns a sum of the lanes so the work cannot be
+    /// dropped.
+    ///
+    /// # Safety
+    /// AVX-512F must be available.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn spin(rounds: usize) -> f32 {
+        let m = _mm512_set1_ps(0.999_999);
+        let a = _mm512_set1_ps(1e-7);
+        let mut acc = [_mm512_set1_ps(1.0); FMA_CHAINS];
+        for _ in 0..rounds {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, m, a);
+            }
+        }
+        let total = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x));
+        _mm512_reduce_add_ps(total)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fma_peaks_are_positive_and_finite_where_the_isa_is_present() {
+        for isa in [FmaIsa::Avx2, FmaIsa::Avx512] {
+            let Some(flops) = fma_spin_with(isa, 1000) else {
+                assert!(!isa.available(), "{isa:?}");
+                continue;
+            };
+            let per_fma = (rayon::current_num_threads() * 1000 * FMA_CHAINS) as f64;
+            assert_eq!(flops, per_fma * 2.0 * isa.lanes() as f64, "{isa:?}");
+            let gflops = fma_gflops(isa, 1 << 14).expect("available");
+            assert!(gflops.is_finite() && gflops > 0.0, "{isa:?}: {gflops}");
+        }
+        // The default is the widest available.
+        match FmaIsa::widest() {
+            Some(isa) => {
+                assert!(isa.available());
+                if FmaIsa::Avx512.available() {
+                    assert_eq!(isa, FmaIsa::Avx512);
+                }
+                assert_eq!(fma_spin(10), fma_spin_with(isa, 10));
+            }
+            None => assert_eq!(fma_spin(10), None),
+        }
+        if std::env::var_os("QKV_FORCE_SCALAR").is_some_and(|v| v != "0") {
+            assert_eq!(FmaIsa::widest(), None);
+        }
+    }
 
     #[test]
     fn read_sum_counts_every_word_whatever_the_piece() {

@@ -287,13 +287,26 @@ fn overflowing_shapes_are_errors() {
     is_invalid_naming(linear_many(&[], 4, 1 << 62, &mut projections), "m·k");
 }
 
-/// `Weights::try_get` is the checked form of `get`.
+/// `Weights::rows_to_f32` widens whole rows exactly and refuses rows past the matrix.
 #[test]
-fn weights_try_get_is_checked() {
-    let w = [1.0f32, 2.0];
-    let h = [f16::from_f32(3.0)];
-    assert_eq!(Weights::F32(&w).try_get(1), Some(2.0));
-    assert_eq!(Weights::F32(&w).try_get(2), None);
-    assert_eq!(Weights::F16(&h).try_get(0), Some(3.0));
-    assert_eq!(Weights::F16(&h).try_get(usize::MAX), None);
+fn weights_rows_to_f32_is_checked() {
+    let w = [1.0f32, 2.0, 3.0, 4.0];
+    let h = [f16::from_f32(3.0), f16::from_f32(-0.5)];
+    let mut out = [0.0f32; 2];
+    Weights::F32(&w).rows_to_f32(1, 1, 2, &mut out).unwrap();
+    assert_eq!(out, [3.0, 4.0]);
+    Weights::F16(&h).rows_to_f32(0, 1, 2, &mut out).unwrap();
+    assert_eq!(out, [3.0, -0.5]);
+    assert!(Weights::F32(&w).rows_to_f32(2, 1, 2, &mut out).is_err());
+    assert!(Weights::F16(&h).rows_to_f32(usize::MAX, 1, 2, &mut out).is_err());
+    assert!(Weights::F32(&w).rows_to_f32(0, 1, 3, &mut out).is_err());
+    // One Q8_0 row of 32: scale 2 (f16 0x4000), q = 0..32.
+    let mut block = vec![0x00u8, 0x40];
+    block.extend(0..32u8);
+    let mut row = [0.0f32; 32];
+    let q = Weights::Quant(qkv_kernels::QuantFormat::Q8_0, &block);
+    q.rows_to_f32(0, 1, 32, &mut row).unwrap();
+    assert_eq!(row[31], 62.0);
+    assert!(q.rows_to_f32(1, 1, 32, &mut row).is_err());
+    assert!(q.check_shape(1, 48).is_err(), "a row of 48 is not whole blocks");
 }

@@ -95,36 +95,30 @@ impl Weights<'_> {
     /// values): exact, so it serves as the reference, the embedding lookup and the panels
     /// of the prefill path. Errors when the rows or `dst` do not fit the matrix.
     pub fn rows_to_f32(&self, j0: usize, rows: usize, k: usize, dst: &mut [f32]) -> Result<()> {
-        let end = j0
-            .checked_add(rows)
-            .ok_or_else(|| KernelError::Invalid("rows overflow".into()))?;
         check_len("dst", product("rows·k", rows, k)?, dst.len())?;
+        // The element (or byte) range of the rows, checked: a wrapped product could land
+        // inside the slice.
+        let span = |per_row: usize, len: usize, what: &'static str| {
+            let start = j0.checked_mul(per_row);
+            let end = j0
+                .checked_add(rows)
+                .and_then(|e| e.checked_mul(per_row))
+                .filter(|&e| e <= len);
+            match (start, end) {
+                (Some(s), Some(e)) => Ok(s..e),
+                _ => Err(KernelError::Invalid(format!(
+                    "{what}: rows {j0}..{j0}+{rows} of {per_row} lie outside the {len} there are"
+                ))),
+            }
+        };
         match self {
             Weights::F32(w) => {
-                let src = w.get(j0 * k..end * k).ok_or(KernelError::Length {
-                    what: "weights",
-                    expected: end * k,
-                    actual: w.len(),
-                })?;
-                dst.copy_from_slice(src);
+                dst.copy_from_slice(&w[span(k, w.len(), "weights")?]);
                 Ok(())
             }
-            Weights::F16(w) => {
-                let src = w.get(j0 * k..end * k).ok_or(KernelError::Length {
-                    what: "weights",
-                    expected: end * k,
-                    actual: w.len(),
-                })?;
-                crate::convert::f16_to_f32(src, dst)
-            }
+            Weights::F16(w) => crate::convert::f16_to_f32(&w[span(k, w.len(), "weights")?], dst),
             Weights::Quant(f, b) => {
-                let rb = f.row_bytes(k)?;
-                let src = b.get(j0 * rb..end * rb).ok_or(KernelError::Length {
-                    what: "weights (bytes)",
-                    expected: end * rb,
-                    actual: b.len(),
-                })?;
-                f.dequantize(src, dst)
+                f.dequantize(&b[span(f.row_bytes(k)?, b.len(), "weights (bytes)")?], dst)
             }
         }
     }

@@ -20,13 +20,16 @@
 //! in its high nibble, and bit `j` of the high-bit word is element `j`'s fifth bit. The
 //! K-formats' layouts are spelled out in [`blocks`].
 //!
-//! [`QuantFormat::dequantize`] is the scalar reference: it computes exactly what gguf-py's
-//! numpy dequantizers (and ggml's `dequantize_row_*`) compute, bit for bit — scales widened
-//! from f16, each value one f32 multiply (and one add or subtract), never a fused
-//! multiply-add.
+//! [`QuantFormat::dequantize_scalar`] is the scalar reference: it computes exactly what
+//! gguf-py's numpy dequantizers (and ggml's `dequantize_row_*`) compute, bit for bit — scales
+//! widened from f16, each value one f32 multiply (and one add or subtract), never a fused
+//! multiply-add. [`QuantFormat::dequantize`] writes the same bits with AVX2 where the CPU has
+//! it (`dequant_avx2`), else with the scalar decoders.
 
 pub mod act;
 pub mod blocks;
+#[cfg(target_arch = "x86_64")]
+mod dequant_avx2;
 pub mod gemv;
 
 use crate::error::{KernelError, Result};
@@ -130,8 +133,10 @@ impl QuantFormat {
             .ok_or_else(|| KernelError::Invalid(format!("{self}: {bytes} bytes overflow")))
     }
 
-    /// Dequantizes whole blocks `src` into `dst`, exactly as gguf-py does. Errors unless
-    /// `src` is exactly the blocks that hold `dst.len()` values.
+    /// Dequantizes whole blocks `src` into `dst`, exactly as gguf-py does: bit for bit what
+    /// [`QuantFormat::dequantize_scalar`] writes, with AVX2 where the CPU has it
+    /// ([`crate::simd::has_avx2_fma_f16c`]). Errors unless `src` is exactly the blocks that
+    /// hold `dst.len()` values.
     ///
     /// ```
     /// use qkv_kernels::quant::QuantFormat;
@@ -144,6 +149,29 @@ impl QuantFormat {
     /// assert_eq!(out[31], 7.5);
     /// ```
     pub fn dequantize(self, src: &[u8], dst: &mut [f32]) -> Result<()> {
+        self.check_dequantize(src, dst)?;
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::has_avx2_fma_f16c() {
+            // SAFETY: the lengths were checked just above and AVX2, FMA and F16C were
+            // detected.
+            unsafe { dequant_avx2::dequantize(self, src, dst) };
+            return Ok(());
+        }
+        self.decode_scalar(src, dst);
+        Ok(())
+    }
+
+    /// The scalar reference of [`QuantFormat::dequantize`], one block at a time with the
+    /// decoders of [`blocks`]: what the SIMD paths are tested against, and what runs on
+    /// every CPU (and under `QKV_FORCE_SCALAR=1`). Errors as `dequantize` does.
+    pub fn dequantize_scalar(self, src: &[u8], dst: &mut [f32]) -> Result<()> {
+        self.check_dequantize(src, dst)?;
+        self.decode_scalar(src, dst);
+        Ok(())
+    }
+
+    /// An error unless `src` is exactly the blocks that hold `dst.len()` values.
+    fn check_dequantize(self, src: &[u8], dst: &[f32]) -> Result<()> {
         let elems = self.elems_in(src.len())?;
         if elems != dst.len() {
             return Err(KernelError::Length {
@@ -152,6 +180,11 @@ impl QuantFormat {
                 actual: dst.len(),
             });
         }
+        Ok(())
+    }
+
+    /// Decodes whole blocks with the scalar decoders; the lengths are already checked.
+    fn decode_scalar(self, src: &[u8], dst: &mut [f32]) {
         let decode = blocks::decoder(self);
         for (out, block) in dst
             .chunks_exact_mut(self.block_elems())
@@ -159,7 +192,6 @@ impl QuantFormat {
         {
             decode(block, out);
         }
-        Ok(())
     }
 
     /// Byte offsets of the f16 scale fields in every block: the places where a NaN or an
