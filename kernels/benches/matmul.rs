@@ -3,12 +3,17 @@
 //! measures this machine's bandwidth in the same run; `fma_peak` measures its FMA ceiling and
 //! `handoff` the fixed cost each parallel GEMV pays to split.
 //!
+//! `linear_quant_m1` runs the quantized decode GEMV (m = 1) for every GGUF block format on
+//! the LM head (k = 576, n = 49152) and the FFN shapes (576 → 1536, 1536 → 576); the
+//! K-formats, whose rows are whole 256-element super-blocks, take k = 768 where the model
+//! has 576. Its throughput is in bytes of weights read (`GB/s`).
+//!
 //! Throughput is reported per second as *elements*: for m = 1 the element is a byte of
 //! weights read (so `Gelem/s` reads as GB/s); for m ≥ 32 it is a floating-point operation
 //! (`Gelem/s` reads as GFLOP/s).
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use qkv_kernels::{f16, linear, Weights};
+use qkv_kernels::{f16, linear, QuantFormat, Weights};
 use rayon::prelude::*;
 use std::time::Duration;
 
@@ -92,7 +97,7 @@ fn matmul(c: &mut Criterion) {
             let shape = format!("{k}x{n}");
             for (dtype, w) in [("f32", Weights::F32(&w32)), ("f16", Weights::F16(&w16))] {
                 let units = if m == 1 {
-                    (n * k * w.elem_bytes()) as u64
+                    w.bytes() as u64
                 } else {
                     (2 * m * n * k) as u64
                 };
@@ -148,6 +153,71 @@ fn matmul(c: &mut Criterion) {
     }
 }
 
+/// `n` rows of `k` elements of `format`: random integers with scales that dequantize to
+/// values of the order of `filled`'s (any bytes are valid blocks once the f16 scale fields
+/// are finite).
+fn quantized(format: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let bytes = n * format.row_bytes(k).unwrap();
+    let mut w: Vec<u8> = (0..bytes).map(|_| next() as u8).collect();
+    let h = |v: f32| f16::from_f32(v).to_le_bytes();
+    for block in w.chunks_exact_mut(format.block_bytes()) {
+        let d = 0.02 + (next() % 1000) as f32 * 1e-5;
+        match format {
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => {
+                block[..2].copy_from_slice(&h(d))
+            }
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
+                block[..2].copy_from_slice(&h(d));
+                block[2..4].copy_from_slice(&h(-8.0 * d));
+            }
+            QuantFormat::Q4_K | QuantFormat::Q5_K => {
+                block[..2].copy_from_slice(&h(d / 32.0));
+                block[2..4].copy_from_slice(&h(d / 8.0));
+            }
+            QuantFormat::Q6_K => block[208..210].copy_from_slice(&h(d / 64.0)),
+        }
+    }
+    w
+}
+
+/// The quantized decode GEMV (m = 1), in bytes of weights read per second.
+fn linear_quant(c: &mut Criterion) {
+    let mut g = c.benchmark_group("linear_quant_m1");
+    g.sample_size(30);
+    for format in QuantFormat::ALL {
+        // The K-formats need k to be a multiple of 256: 768 stands in for 576.
+        let k_model = if format.block_elems() == 256 {
+            768
+        } else {
+            576
+        };
+        for (k, n) in [(k_model, 49152), (k_model, 1536), (1536, 576)] {
+            let w = quantized(format, n, k, 0x5EED ^ (n * k) as u64);
+            let w = Weights::Quant(format, &w);
+            let x = filled(k, 2);
+            let mut y = vec![0.0f32; n];
+            g.throughput(Throughput::Elements(w.bytes() as u64));
+            g.bench_with_input(
+                BenchmarkId::new(format.name(), format!("{k}x{n}")),
+                &(),
+                |b, _| {
+                    rayon::scope(|_| {
+                        b.iter(|| linear(&mut y, black_box(&x), w, None, 1, k, n).unwrap())
+                    })
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
 /// What one parallel GEMV pays to hand its row ranges to the pool and join them: the split a
 /// decode step makes ~150 times per token (4 GEMV groups and one attention call per layer,
 /// then the LM head), run from inside a pool worker as `Session` runs its passes.
@@ -194,6 +264,6 @@ fn fma_peak(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = memory_read, fma_peak, matmul, handoff
+    targets = memory_read, fma_peak, matmul, linear_quant, handoff
 }
 criterion_main!(benches);

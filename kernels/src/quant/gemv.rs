@@ -7,8 +7,16 @@
 //! With `x ≈ xs·xq` over the same 32 elements, a group contributes
 //! `xs·a·Σ q·xq + c·Σ x`: an integer dot product, two multiplies and one add.
 //!
-//! [`columns`] dispatches to the widest kernel the CPU has; [`columns_scalar`] is the plain
-//! reference that the SIMD kernels are tested against.
+//! [`columns`] dispatches to the widest kernel the CPU has (AVX-512, else AVX2, else the
+//! scalar loop); [`columns_scalar`] is the plain reference that the SIMD kernels are tested
+//! against. The SIMD kernels (`avx2`, `avx512`) compute the same integer dot products and
+//! differ from it only in the order of their f32 additions and in applying `xs·a` as one
+//! product.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 use super::act::{QuantizedActs, ACT_BLOCK};
 use super::blocks::{f16_at, k_scale_min, q6_k_value};
@@ -170,6 +178,218 @@ pub(crate) unsafe fn columns(
     j0: usize,
     j1: usize,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::simd::has_avx512() {
+            // SAFETY: AVX-512 F/BW/VL, AVX2, FMA and F16C were detected; the rest is the
+            // caller's contract.
+            unsafe { avx512::columns(y, acts, format, w, bias, n, j0, j1) };
+            return;
+        }
+        if crate::simd::has_avx2_fma_f16c() {
+            // SAFETY: AVX2, FMA and F16C were detected; the rest is the caller's contract.
+            unsafe { avx2::columns(y, acts, format, w, bias, n, j0, j1) };
+            return;
+        }
+    }
     // SAFETY: the caller's contract.
     unsafe { columns_scalar(y, acts, format, w, bias, n, j0, j1) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn uniform(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+
+    /// `n` rows of `k` elements of random but valid blocks: random integers, finite scales.
+    fn random_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+        let bytes = n * format.row_bytes(k).unwrap();
+        let mut w: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
+        let put = |block: &mut [u8], at: usize, v: f32| {
+            block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes())
+        };
+        for block in w.chunks_exact_mut(format.block_bytes()) {
+            let d = 0.01 + 0.05 * rng.uniform().abs();
+            let m = 0.5 * rng.uniform();
+            match format {
+                QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => put(block, 0, d),
+                QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
+                    put(block, 0, d);
+                    put(block, 2, m);
+                }
+                QuantFormat::Q4_K | QuantFormat::Q5_K => {
+                    put(block, 0, d / 16.0);
+                    put(block, 2, m.abs() / 16.0);
+                }
+                QuantFormat::Q6_K => put(block, 208, d / 64.0),
+            }
+        }
+        w
+    }
+
+    /// Σ over groups of |xs·a·q·xq| + |c·Σx|: the magnitude the f32 roundings scale with.
+    fn magnitude(acts: &QuantizedActs, format: QuantFormat, w: &[u8], i: usize, j: usize) -> f64 {
+        let (k, be, bb) = (acts.k, format.block_elems(), format.block_bytes());
+        let row = &w[j * (k / be * bb)..(j + 1) * (k / be * bb)];
+        let mut mag = 0.0f64;
+        for (b, block) in row.chunks_exact(bb).enumerate() {
+            for g in 0..be / ACT_BLOCK {
+                let grp = group(format, block, g);
+                let at = i * acts.blocks_per_row() + b * be / ACT_BLOCK + g;
+                for e in 0..32 {
+                    let prod = f64::from(grp.q[e]) * f64::from(acts.q[at * 32 + e]);
+                    mag += (f64::from(acts.scale[at]) * f64::from(grp.a[e / 16]) * prod).abs();
+                }
+                mag += f64::from(grp.c * acts.sum[at]).abs();
+            }
+        }
+        mag
+    }
+
+    type Kernel = unsafe fn(
+        SharedOut,
+        &QuantizedActs,
+        QuantFormat,
+        &[u8],
+        Option<&[f32]>,
+        usize,
+        usize,
+        usize,
+    );
+
+    /// The SIMD kernels this CPU runs, by name, whatever the environment says.
+    fn kernels() -> Vec<(&'static str, Kernel)> {
+        let mut out: Vec<(&'static str, Kernel)> = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
+                out.push(("avx2", avx2::columns));
+                if std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("avx512bw")
+                    && std::is_x86_feature_detected!("avx512vl")
+                {
+                    out.push(("avx512", avx512::columns));
+                }
+            }
+        }
+        out.push(("dispatch", columns));
+        out
+    }
+
+    /// Every SIMD kernel against the scalar reference on the same integers: only the order
+    /// of the f32 additions differs, so the tolerance is a few f32 roundings of the terms'
+    /// magnitude. Column ranges are split unevenly to check the edges.
+    #[test]
+    fn simd_matches_scalar_reference() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut worst = 0.0f64;
+        for format in QuantFormat::ALL {
+            for k in [32usize, 96, 576, 256, 768, 1536, 2560] {
+                if !k.is_multiple_of(format.block_elems()) {
+                    continue;
+                }
+                for (m, n) in [(1usize, 1usize), (2, 7), (3, 33), (4, 9), (5, 4), (8, 17)] {
+                    let w = random_blocks(format, n, k, &mut rng);
+                    let x: Vec<f32> = (0..m * k)
+                        .map(|i| rng.uniform() * if i % 97 == 0 { 30.0 } else { 1.0 })
+                        .collect();
+                    let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
+                    let mut acts = QuantizedActs::default();
+                    acts.quantize(&x, m, k);
+                    let mut want = vec![f32::NAN; m * n];
+                    // SAFETY: want is m·n, w holds n rows of k, all columns are ours.
+                    unsafe {
+                        columns_scalar(
+                            SharedOut(want.as_mut_ptr()),
+                            &acts,
+                            format,
+                            &w,
+                            Some(&bias),
+                            n,
+                            0,
+                            n,
+                        )
+                    };
+                    for (name, kernel) in kernels() {
+                        let mut got = vec![f32::NAN; m * n];
+                        let cut = n / 3;
+                        for (j0, j1) in [(0, cut), (cut, n)] {
+                            // SAFETY: as above; the two ranges are disjoint and run in turn.
+                            // `kernels` lists only what this CPU runs.
+                            unsafe {
+                                kernel(
+                                    SharedOut(got.as_mut_ptr()),
+                                    &acts,
+                                    format,
+                                    &w,
+                                    Some(&bias),
+                                    n,
+                                    j0,
+                                    j1,
+                                )
+                            };
+                        }
+                        for i in 0..m {
+                            for j in 0..n {
+                                let mag = magnitude(&acts, format, &w, i, j) + 1.0;
+                                let (g, e) = (got[i * n + j], want[i * n + j]);
+                                let err = f64::from((g - e).abs()) / mag;
+                                worst = worst.max(err);
+                                assert!(
+                                    err <= 1e-6,
+                                    "{name} {format} m={m} k={k} n={n} ({i},{j}): {g} vs {e} \
+                                     (error {err:e} of the magnitude {mag})"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!("worst relative error against the scalar kernel: {worst:e}");
+    }
+
+    /// A NaN or infinity in `x` makes its row of `y` non-finite in every kernel.
+    #[test]
+    fn non_finite_x_stays_visible() {
+        let mut rng = Rng(77);
+        for format in QuantFormat::ALL {
+            let (m, n, k) = (3, 5, 512);
+            let w = random_blocks(format, n, k, &mut rng);
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut x: Vec<f32> = (0..m * k).map(|_| rng.uniform()).collect();
+                x[k + 300] = bad;
+                let mut acts = QuantizedActs::default();
+                acts.quantize(&x, m, k);
+                for (name, kernel) in kernels() {
+                    let mut y = vec![0.0f32; m * n];
+                    // SAFETY: y is m·n, w holds n rows of k; the CPU runs `kernel`.
+                    unsafe { kernel(SharedOut(y.as_mut_ptr()), &acts, format, &w, None, n, 0, n) };
+                    for j in 0..n {
+                        assert!(!y[n + j].is_finite(), "{name} {format} {bad}: y[1, {j}]");
+                        assert!(
+                            y[j].is_finite() && y[2 * n + j].is_finite(),
+                            "{name} {format}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

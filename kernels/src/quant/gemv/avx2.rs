@@ -74,14 +74,24 @@ pub(super) trait Format {
     unsafe fn scales(p: *const u8, nb: usize, ch: &mut Chunk);
 }
 
+/// Receives a block's unpacked groups (a trait rather than a closure so that it is always
+/// inlined into the `#[target_feature]` kernel).
+pub(super) trait Sink<W> {
+    /// Takes group `g` of the current block; `odd` picks one of two accumulators (a
+    /// constant at each call site, so the choice costs nothing).
+    ///
+    /// # Safety
+    /// As the kernel that calls it: the CPU has the features of `W`'s [`Isa`].
+    unsafe fn group(&mut self, g: usize, odd: bool, w: W);
+}
+
 /// How a format's block is unpacked into groups of 32 16-bit integers of type `W`.
 pub(super) trait Unpack<W>: Format {
-    /// Calls `f(group, odd, w)` for every group of the block at `p`, in order, where `odd`
-    /// picks one of two accumulators (a constant at each call site, so it costs nothing).
+    /// Hands every group of the block at `p` to `sink`, in order.
     ///
     /// # Safety
     /// `p` points to one whole block; the CPU has the features of `W`'s [`Isa`].
-    unsafe fn block(p: *const u8, f: impl FnMut(usize, bool, W));
+    unsafe fn block(p: *const u8, sink: &mut impl Sink<W>);
 }
 
 /// The instruction-set-specific step: one unpacked group against one row of `xq`.
@@ -99,8 +109,13 @@ pub(super) trait Isa {
     ///
     /// # Safety
     /// `x` points to 32 readable i16, `s` to 1 (2 with `halves`) f32; the CPU has this ISA.
-    unsafe fn group(acc: Self::Acc, w: Self::W, x: *const i16, s: *const f32, halves: bool)
-        -> Self::Acc;
+    unsafe fn group(
+        acc: Self::Acc,
+        w: Self::W,
+        x: *const i16,
+        s: *const f32,
+        halves: bool,
+    ) -> Self::Acc;
     /// The sum of all lanes of `a + b`.
     ///
     /// # Safety
@@ -188,37 +203,84 @@ unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
                 constants(xsum.add(at), &ch.c, ng, &mut cv[r], &mut cs[r]);
             }
         }
-        let s = &ch.s;
-        let step = if F::HALVES { 2 } else { 1 };
-        let mut group = |g: usize, odd: bool, w: I::W| {
-            let acc = if odd { &mut acc1 } else { &mut acc0 };
-            for (r, a) in acc.iter_mut().enumerate() {
-                let x = xq.add((i0 + r) * k + (g0 + g) * ACT_BLOCK);
-                *a = I::group(*a, w, x, s[r].as_ptr().add(step * g), F::HALVES);
-            }
+        let mut x = [xq; M];
+        for (r, xr) in x.iter_mut().enumerate() {
+            *xr = xq.add((i0 + r) * k + g0 * ACT_BLOCK);
+        }
+        let mut sink = Groups::<I, M> {
+            acc0,
+            acc1,
+            x,
+            s: &ch.s,
+            base: 0,
+            halves: F::HALVES,
         };
         if gpb == 1 {
             // One group per block: alternate the accumulators by block.
             let mut bi = 0;
             while bi + 2 <= nb {
-                F::block(p.add(bi * F::BB), |_, _, w| group(bi, false, w));
-                F::block(p.add((bi + 1) * F::BB), |_, _, w| group(bi + 1, true, w));
+                sink.base = bi;
+                F::block(p.add(bi * F::BB), &mut sink);
+                sink.base = bi + 1;
+                F::block(p.add((bi + 1) * F::BB), &mut Odd(&mut sink));
                 bi += 2;
             }
             if bi < nb {
-                F::block(p.add(bi * F::BB), |_, _, w| group(bi, false, w));
+                sink.base = bi;
+                F::block(p.add(bi * F::BB), &mut sink);
             }
         } else {
             for bi in 0..nb {
-                F::block(p.add(bi * F::BB), |g, odd, w| group(bi * gpb + g, odd, w));
+                sink.base = bi * gpb;
+                F::block(p.add(bi * F::BB), &mut sink);
             }
         }
+        (acc0, acc1) = (sink.acc0, sink.acc1);
         b0 += nb;
     }
     for r in 0..M {
-        let v = I::hsum2(acc0[r], acc1[r]) + (crate::simd::avx2::hsum(cv[r]) + cs[r]);
+        let mut v = I::hsum2(acc0[r], acc1[r]);
+        if F::MIN {
+            v += crate::simd::avx2::hsum(cv[r]) + cs[r];
+        }
         // SAFETY: i0 + r < m and j < n: inside y, in this call's own column j.
         *y.get().add((i0 + r) * n + j) = v + b;
+    }
+}
+
+/// The accumulators of a pass: groups of the chunk meet `M` rows of `xq`.
+struct Groups<'a, I: Isa, const M: usize> {
+    acc0: [I::Acc; M],
+    acc1: [I::Acc; M],
+    /// Row `r`'s quantized activations at the chunk's first group.
+    x: [*const i16; M],
+    /// `xs·a` per row, group (or half-group) of the chunk.
+    s: &'a [[f32; 2 * CHUNK]; ROWS],
+    /// The current block's first group within the chunk.
+    base: usize,
+    halves: bool,
+}
+
+impl<I: Isa, const M: usize> Sink<I::W> for Groups<'_, I, M> {
+    #[inline(always)]
+    unsafe fn group(&mut self, g: usize, odd: bool, w: I::W) {
+        let g = self.base + g;
+        let step = if self.halves { 2 } else { 1 };
+        let acc = if odd { &mut self.acc1 } else { &mut self.acc0 };
+        for (r, a) in acc.iter_mut().enumerate() {
+            let x = self.x[r].add(g * ACT_BLOCK);
+            *a = I::group(*a, w, x, self.s[r].as_ptr().add(step * g), self.halves);
+        }
+    }
+}
+
+/// A sink that sends every group to the second accumulator.
+struct Odd<'s, S>(&'s mut S);
+
+impl<W, S: Sink<W>> Sink<W> for Odd<'_, S> {
+    #[inline(always)]
+    unsafe fn group(&mut self, g: usize, _: bool, w: W) {
+        self.0.group(g, true, w);
     }
 }
 
@@ -237,7 +299,10 @@ unsafe fn combine<F: Format>(xs: *const f32, ch: &mut Chunk, r: usize, ng: usize
         while t + 4 <= ng {
             let x4 = _mm256_castps128_ps256(_mm_loadu_ps(xs.add(t)));
             let x8 = _mm256_permutevar8x32_ps(x4, dup);
-            _mm256_storeu_ps(s.add(2 * t), _mm256_mul_ps(x8, _mm256_loadu_ps(a.add(2 * t))));
+            _mm256_storeu_ps(
+                s.add(2 * t),
+                _mm256_mul_ps(x8, _mm256_loadu_ps(a.add(2 * t))),
+            );
             t += 4;
         }
         debug_assert_eq!(t, ng);
@@ -262,7 +327,11 @@ unsafe fn combine<F: Format>(xs: *const f32, ch: &mut Chunk, r: usize, ng: usize
 unsafe fn constants(sum: *const f32, c: &[f32; CHUNK], ng: usize, cv: &mut __m256, cs: &mut f32) {
     let mut t = 0;
     while t + 8 <= ng {
-        *cv = _mm256_fmadd_ps(_mm256_loadu_ps(c.as_ptr().add(t)), _mm256_loadu_ps(sum.add(t)), *cv);
+        *cv = _mm256_fmadd_ps(
+            _mm256_loadu_ps(c.as_ptr().add(t)),
+            _mm256_loadu_ps(sum.add(t)),
+            *cv,
+        );
         t += 8;
     }
     while t < ng {
@@ -355,9 +424,10 @@ unsafe fn scales_q6k(p: *const u8, nb: usize, ch: &mut Chunk) {
     }
 }
 
-macro_rules! format {
+macro_rules! layout {
     ($name:ident, $be:expr, $bb:expr, min = $min:expr, halves = $halves:expr, |$p:ident, $nb:ident, $ch:ident| $scales:expr) => {
         #[doc = concat!("The ", stringify!($name), " layout.")]
+        #[allow(non_camel_case_types)]
         pub(super) struct $name;
         impl Format for $name {
             const BE: usize = $be;
@@ -372,14 +442,30 @@ macro_rules! format {
     };
 }
 
-format!(Q8_0, 32, 34, min = false, halves = false, |p, nb, ch| scales32(p, nb, 34, false, ch));
-format!(Q4_0, 32, 18, min = false, halves = false, |p, nb, ch| scales32(p, nb, 18, false, ch));
-format!(Q4_1, 32, 20, min = true, halves = false, |p, nb, ch| scales32(p, nb, 20, true, ch));
-format!(Q5_0, 32, 22, min = false, halves = false, |p, nb, ch| scales32(p, nb, 22, false, ch));
-format!(Q5_1, 32, 24, min = true, halves = false, |p, nb, ch| scales32(p, nb, 24, true, ch));
-format!(Q4_K, 256, 144, min = true, halves = false, |p, nb, ch| scales_k45(p, nb, 144, ch));
-format!(Q5_K, 256, 176, min = true, halves = false, |p, nb, ch| scales_k45(p, nb, 176, ch));
-format!(Q6_K, 256, 210, min = false, halves = true, |p, nb, ch| scales_q6k(p, nb, ch));
+layout!(Q8_0, 32, 34, min = false, halves = false, |p, nb, ch| {
+    scales32(p, nb, 34, false, ch)
+});
+layout!(Q4_0, 32, 18, min = false, halves = false, |p, nb, ch| {
+    scales32(p, nb, 18, false, ch)
+});
+layout!(Q4_1, 32, 20, min = true, halves = false, |p, nb, ch| {
+    scales32(p, nb, 20, true, ch)
+});
+layout!(Q5_0, 32, 22, min = false, halves = false, |p, nb, ch| {
+    scales32(p, nb, 22, false, ch)
+});
+layout!(Q5_1, 32, 24, min = true, halves = false, |p, nb, ch| {
+    scales32(p, nb, 24, true, ch)
+});
+layout!(Q4_K, 256, 144, min = true, halves = false, |p, nb, ch| {
+    scales_k45(p, nb, 144, ch)
+});
+layout!(Q5_K, 256, 176, min = true, halves = false, |p, nb, ch| {
+    scales_k45(p, nb, 176, ch)
+});
+layout!(Q6_K, 256, 210, min = false, halves = true, |p, nb, ch| {
+    scales_q6k(p, nb, ch)
+});
 
 // ---------------------------------------------------------------------------------------
 // 256-bit unpacking: a group is two vectors of 16 i16, elements 0–15 and 16–31.
@@ -397,7 +483,10 @@ pub(super) unsafe fn bytes(v: u8) -> __m256i {
 #[inline(always)]
 unsafe fn nibbles16(p: *const u8) -> W2 {
     let t = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
-    (_mm256_and_si256(t, _mm256_set1_epi16(0x0F)), _mm256_srli_epi16::<4>(t))
+    (
+        _mm256_and_si256(t, _mm256_set1_epi16(0x0F)),
+        _mm256_srli_epi16::<4>(t),
+    )
 }
 
 /// Lanes `e` (0–15) of the result are 16 where bit `e` of `h` is set, else 0 (`set` true);
@@ -422,7 +511,10 @@ unsafe fn fifth16(h: u32, set: bool) -> __m256i {
         16384,
         i16::MIN,
     );
-    let eq = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(h as u16 as i16), bits), bits);
+    let eq = _mm256_cmpeq_epi16(
+        _mm256_and_si256(_mm256_set1_epi16(h as u16 as i16), bits),
+        bits,
+    );
     if set {
         _mm256_and_si256(eq, _mm256_set1_epi16(16))
     } else {
@@ -506,89 +598,99 @@ pub(super) unsafe fn q6k_half(p: *const u8, h: usize) -> [__m256i; 4] {
             _mm256_and_si256(_mm256_srli_epi16::<2>(qh), top),
         ),
     ];
-    g.map(|v| _mm256_sub_epi8(v, bytes(32)))
+    let off = bytes(32);
+    [
+        _mm256_sub_epi8(g[0], off),
+        _mm256_sub_epi8(g[1], off),
+        _mm256_sub_epi8(g[2], off),
+        _mm256_sub_epi8(g[3], off),
+    ]
 }
 
 impl Unpack<W2> for Q8_0 {
     #[inline(always)]
-    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
         let lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(2) as *const __m128i));
         let hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(18) as *const __m128i));
-        f(0, false, (lo, hi));
+        f.group(0, false, (lo, hi));
     }
 }
 
 impl Unpack<W2> for Q4_0 {
     #[inline(always)]
-    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
         let (lo, hi) = nibbles16(p.add(2));
         let eight = _mm256_set1_epi16(8);
-        f(0, false, (_mm256_sub_epi16(lo, eight), _mm256_sub_epi16(hi, eight)));
+        f.group(
+            0,
+            false,
+            (_mm256_sub_epi16(lo, eight), _mm256_sub_epi16(hi, eight)),
+        );
     }
 }
 
 impl Unpack<W2> for Q4_1 {
     #[inline(always)]
-    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
-        f(0, false, nibbles16(p.add(4)));
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        f.group(0, false, nibbles16(p.add(4)));
     }
 }
 
 impl Unpack<W2> for Q5_0 {
     #[inline(always)]
-    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
         let qh = u32_at(p.add(2));
         let (lo, hi) = nibbles16(p.add(6));
         // q − 16 = nibble − 16·(1 − fifth bit).
         let lo = _mm256_sub_epi16(lo, fifth16(qh, false));
         let hi = _mm256_sub_epi16(hi, fifth16(qh >> 16, false));
-        f(0, false, (lo, hi));
+        f.group(0, false, (lo, hi));
     }
 }
 
 impl Unpack<W2> for Q5_1 {
     #[inline(always)]
-    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
         let qh = u32_at(p.add(4));
         let (lo, hi) = nibbles16(p.add(8));
         let lo = _mm256_or_si256(lo, fifth16(qh, true));
         let hi = _mm256_or_si256(hi, fifth16(qh >> 16, true));
-        f(0, false, (lo, hi));
+        f.group(0, false, (lo, hi));
     }
 }
 
 impl Unpack<W2> for Q4_K {
     #[inline(always)]
-    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
         for c in 0..4 {
             let (lo, hi) = k_pair(p.add(16), None, c);
-            f(2 * c, false, widen_u8(lo));
-            f(2 * c + 1, true, widen_u8(hi));
+            f.group(2 * c, false, widen_u8(lo));
+            f.group(2 * c + 1, true, widen_u8(hi));
         }
     }
 }
 
 impl Unpack<W2> for Q5_K {
     #[inline(always)]
-    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
         let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
         for c in 0..4 {
             let (lo, hi) = k_pair(p.add(48), Some(qh), c);
-            f(2 * c, false, widen_u8(lo));
-            f(2 * c + 1, true, widen_u8(hi));
+            f.group(2 * c, false, widen_u8(lo));
+            f.group(2 * c + 1, true, widen_u8(hi));
         }
     }
 }
 
 impl Unpack<W2> for Q6_K {
     #[inline(always)]
-    unsafe fn block(p: *const u8, mut f: impl FnMut(usize, bool, W2)) {
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
         for h in 0..2 {
             let [g0, g1, g2, g3] = q6k_half(p, h);
-            f(4 * h, false, widen_i8(g0));
-            f(4 * h + 1, true, widen_i8(g1));
-            f(4 * h + 2, false, widen_i8(g2));
-            f(4 * h + 3, true, widen_i8(g3));
+            f.group(4 * h, false, widen_i8(g0));
+            f.group(4 * h + 1, true, widen_i8(g1));
+            f.group(4 * h + 2, false, widen_i8(g2));
+            f.group(4 * h + 3, true, widen_i8(g3));
         }
     }
 }
@@ -631,14 +733,30 @@ macro_rules! dispatch {
         use $crate::quant::gemv::avx2 as frame;
         use $crate::quant::QuantFormat as Qf;
         match $format {
-            Qf::Q8_0 => frame::columns_with::<$isa, frame::Q8_0>($y, $acts, $w, $bias, $n, $j0, $j1),
-            Qf::Q4_0 => frame::columns_with::<$isa, frame::Q4_0>($y, $acts, $w, $bias, $n, $j0, $j1),
-            Qf::Q4_1 => frame::columns_with::<$isa, frame::Q4_1>($y, $acts, $w, $bias, $n, $j0, $j1),
-            Qf::Q5_0 => frame::columns_with::<$isa, frame::Q5_0>($y, $acts, $w, $bias, $n, $j0, $j1),
-            Qf::Q5_1 => frame::columns_with::<$isa, frame::Q5_1>($y, $acts, $w, $bias, $n, $j0, $j1),
-            Qf::Q4_K => frame::columns_with::<$isa, frame::Q4_K>($y, $acts, $w, $bias, $n, $j0, $j1),
-            Qf::Q5_K => frame::columns_with::<$isa, frame::Q5_K>($y, $acts, $w, $bias, $n, $j0, $j1),
-            Qf::Q6_K => frame::columns_with::<$isa, frame::Q6_K>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q8_0 => {
+                frame::columns_with::<$isa, frame::Q8_0>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::Q4_0 => {
+                frame::columns_with::<$isa, frame::Q4_0>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::Q4_1 => {
+                frame::columns_with::<$isa, frame::Q4_1>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::Q5_0 => {
+                frame::columns_with::<$isa, frame::Q5_0>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::Q5_1 => {
+                frame::columns_with::<$isa, frame::Q5_1>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::Q4_K => {
+                frame::columns_with::<$isa, frame::Q4_K>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::Q5_K => {
+                frame::columns_with::<$isa, frame::Q5_K>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::Q6_K => {
+                frame::columns_with::<$isa, frame::Q6_K>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
         }
     }};
 }

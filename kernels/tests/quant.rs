@@ -1,0 +1,204 @@
+//! `linear` with quantized weights (the decode GEMV, m ≤ 8) against `linear_scalar`, which
+//! dequantizes exactly to f32: every format, awkward shapes, pools of 1–3 threads.
+//!
+//! The GEMV quantizes `x` to 16-bit integers per block of 32, so each element of `x` may be
+//! off by half a step of its block (`0.5·amax/32767`); the tolerance is that error carried
+//! through the weights, `Σ|w|·0.5·step`, plus f32 rounding. Runs whichever kernel the CPU
+//! and the environment select (`QKV_FORCE_SCALAR=1`, `QKV_NO_AVX512=1`).
+
+use qkv_kernels::matmul::linear_scalar;
+use qkv_kernels::{f16, linear, linear_many, Projection, QuantFormat, Weights};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// `n` rows of `k` elements of random but valid blocks: random integers (any bytes are a
+/// valid block) with finite f16 scales and minimums of sensible sizes.
+fn random_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let bytes = n * format.row_bytes(k).unwrap();
+    let mut w: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
+    let put = |block: &mut [u8], at: usize, v: f32| {
+        block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes())
+    };
+    for block in w.chunks_exact_mut(format.block_bytes()) {
+        let d = 0.01 + 0.05 * rng.uniform().abs();
+        let m = 0.5 * rng.uniform();
+        match format {
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => put(block, 0, d),
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
+                put(block, 0, d);
+                put(block, 2, m);
+            }
+            QuantFormat::Q4_K | QuantFormat::Q5_K => {
+                put(block, 0, d / 16.0);
+                put(block, 2, m.abs() / 16.0);
+            }
+            QuantFormat::Q6_K => put(block, 208, d / 64.0),
+        }
+    }
+    w
+}
+
+/// Activations with blocks of very different magnitudes, an all-zero block, and outliers.
+fn activations(len: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let block = i / 32;
+            if block % 11 == 5 {
+                0.0
+            } else {
+                let v = rng.uniform() * 10f32.powi((block % 4) as i32 - 2);
+                if i % 53 == 0 {
+                    v * 40.0
+                } else {
+                    v
+                }
+            }
+        })
+        .collect()
+}
+
+/// The bound on `|linear − exact|` for every output: `Σ_p |w[j, p]|·0.5·step(x[i], p)` (the
+/// activation rounding) plus f32 slack on `Σ|w·x|`.
+fn tolerance(x: &[f32], wf: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let steps: Vec<f64> = x
+        .chunks_exact(32)
+        .map(|b| f64::from(b.iter().fold(0.0f32, |a, v| a.max(v.abs()))) / 32767.0)
+        .collect();
+    let mut tol = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let (mut rounding, mut mag) = (0.0f64, 0.0f64);
+            for p in 0..k {
+                let w = f64::from(wf[j * k + p]).abs();
+                rounding += w * 0.5 * steps[(i * k + p) / 32];
+                mag += w * f64::from(x[i * k + p]).abs();
+            }
+            tol[i * n + j] = rounding * 1.001 + 2e-6 * mag + 1e-6;
+        }
+    }
+    tol
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn quantized_gemv_matches_exact_dequantization() {
+    let pools = [pool(1), pool(2), pool(3)];
+    let mut rng = Rng(0x0DDB_1A5E_5BAD_5EED);
+    let mut checked = 0;
+    for format in QuantFormat::ALL {
+        for k in [32usize, 96, 576, 256, 768, 1536] {
+            if !k.is_multiple_of(format.block_elems()) {
+                continue;
+            }
+            for n in [1usize, 7, 33, 300] {
+                let w = random_blocks(format, n, k, &mut rng);
+                let weights = Weights::Quant(format, &w);
+                let mut wf = vec![0.0f32; n * k];
+                format.dequantize(&w, &mut wf).unwrap();
+                let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
+                for m in [1usize, 2, 3, 4, 5, 8] {
+                    let x = activations(m * k, &mut rng);
+                    let b = (m % 2 == 1).then_some(&bias[..]);
+                    let mut want = vec![0.0f32; m * n];
+                    linear_scalar(&mut want, &x, weights, b, m, k, n).unwrap();
+                    let tol = tolerance(&x, &wf, m, k, n);
+                    for (t, p) in pools.iter().enumerate() {
+                        let mut got = vec![f32::NAN; m * n];
+                        p.install(|| linear(&mut got, &x, weights, b, m, k, n))
+                            .unwrap();
+                        for (e, ((g, w), tl)) in got.iter().zip(&want).zip(&tol).enumerate() {
+                            let err = f64::from((g - w).abs());
+                            assert!(
+                                err <= *tl,
+                                "{format} m={m} k={k} n={n} threads={} at ({}, {}): {g} vs \
+                                 {w} (error {err:e} > {tl:e})",
+                                t + 1,
+                                e / n,
+                                e % n
+                            );
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1000);
+}
+
+/// `linear_many` over quantized parts of different formats equals `linear` on each.
+#[test]
+fn quantized_groups_match_single_products() {
+    let mut rng = Rng(5);
+    let (m, k) = (3, 768);
+    let formats = [QuantFormat::Q4_K, QuantFormat::Q8_0, QuantFormat::Q6_K];
+    let ns = [40usize, 300, 17];
+    let ws: Vec<Vec<u8>> = formats
+        .iter()
+        .zip(ns)
+        .map(|(&f, n)| random_blocks(f, n, k, &mut rng))
+        .collect();
+    let x = activations(m * k, &mut rng);
+    let mut ys: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0.0; m * n]).collect();
+    pool(2).install(|| {
+        let mut parts: Vec<Projection<'_, '_>> = ys
+            .iter_mut()
+            .zip(&ws)
+            .zip(formats.iter().zip(ns))
+            .map(|((y, w), (&f, n))| Projection {
+                w: Weights::Quant(f, w),
+                bias: None,
+                n,
+                y,
+            })
+            .collect();
+        linear_many(&x, m, k, &mut parts).unwrap();
+    });
+    for ((y, w), (&f, n)) in ys.iter().zip(&ws).zip(formats.iter().zip(ns)) {
+        let mut one = vec![0.0; m * n];
+        linear(&mut one, &x, Weights::Quant(f, w), None, m, k, n).unwrap();
+        assert_eq!(y, &one, "{f}");
+    }
+}
+
+/// A NaN or infinity in `x` makes its row of `y` non-finite for every format (the GEMV
+/// never hides one), while the other rows stay finite.
+#[test]
+fn non_finite_activations_are_never_hidden() {
+    let mut rng = Rng(99);
+    let (m, k, n) = (3, 512, 40);
+    for format in QuantFormat::ALL {
+        let w = random_blocks(format, n, k, &mut rng);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 31, 200, k - 1] {
+                let mut x = activations(m * k, &mut rng);
+                x[k + at] = bad;
+                let mut y = vec![0.0f32; m * n];
+                pool(2)
+                    .install(|| linear(&mut y, &x, Weights::Quant(format, &w), None, m, k, n))
+                    .unwrap();
+                for j in 0..n {
+                    assert!(!y[n + j].is_finite(), "{format} x={bad} at {at}: y[1, {j}]");
+                    assert!(y[j].is_finite() && y[2 * n + j].is_finite(), "{format}");
+                }
+            }
+        }
+    }
+}
