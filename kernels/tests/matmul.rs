@@ -298,7 +298,9 @@ fn weights_rows_to_f32_is_checked() {
     Weights::F16(&h).rows_to_f32(0, 1, 2, &mut out).unwrap();
     assert_eq!(out, [3.0, -0.5]);
     assert!(Weights::F32(&w).rows_to_f32(2, 1, 2, &mut out).is_err());
-    assert!(Weights::F16(&h).rows_to_f32(usize::MAX, 1, 2, &mut out).is_err());
+    assert!(Weights::F16(&h)
+        .rows_to_f32(usize::MAX, 1, 2, &mut out)
+        .is_err());
     assert!(Weights::F32(&w).rows_to_f32(0, 1, 3, &mut out).is_err());
     // One Q8_0 row of 32: scale 2 (f16 0x4000), q = 0..32.
     let mut block = vec![0x00u8, 0x40];
@@ -308,5 +310,8 @@ fn weights_rows_to_f32_is_checked() {
     q.rows_to_f32(0, 1, 32, &mut row).unwrap();
     assert_eq!(row[31], 62.0);
     assert!(q.rows_to_f32(1, 1, 32, &mut row).is_err());
-    assert!(q.check_shape(1, 48).is_err(), "a row of 48 is not whole blocks");
+    assert!(
+        q.check_shape(1, 48).is_err(),
+        "a row of 48 is not whole blocks"
+    );
 }
