@@ -10,11 +10,10 @@
 //!    block, which the next step reads from L1 anyway.
 //! 2. **Integers.** Each group's weights are unpacked once into 16-bit integers
 //!    ([`Unpack`]) and multiplied with up to 4 rows of `xq` (`madd`: 32 products summed in
-//!    pairs into i32 lanes, never across groups). Every 8 groups, the 8 integer vectors of a
-//!    row are reduced with `hadd` into one vector whose lane `t` is group `t`'s sum, converted
-//!    to f32 once, multiplied by the 8 scales `S` (contiguous in the array) and added to the
-//!    row's accumulator. Q6_K, with a scale per 16, converts and fuses each group with its
-//!    two scales broadcast, alternating two accumulators per row.
+//!    pairs into i32 lanes, never across groups), the lanes converted to f32 and fused into
+//!    the row's f32 accumulator with the group's scale `S` broadcast from the array. Groups
+//!    alternate between two accumulators per row so that consecutive FMAs do not wait on
+//!    each other.
 //!
 //! The instruction-set-specific parts are the [`Isa`] (how a group meets a row of `xq`) and
 //! the [`Unpack`] implementations; [`columns_with`] is the frame, inlined into each ISA's
@@ -122,16 +121,6 @@ pub(super) trait Isa {
     /// # Safety
     /// The CPU has this ISA.
     unsafe fn hsum2(a: Self::Acc, b: Self::Acc) -> f32;
-    /// `Σ w[e]·x[e]` of one group, as 8 i32 lanes whose sum it is (no scale applied).
-    ///
-    /// # Safety
-    /// `x` points to 32 readable i16; the CPU has this ISA.
-    unsafe fn idot(w: Self::W, x: *const i16) -> __m256i;
-    /// `acc` plus the 8 lanes of `v` (an 8-lane f32 vector), in the accumulator's form.
-    ///
-    /// # Safety
-    /// The CPU has this ISA.
-    unsafe fn add8(acc: Self::Acc, v: __m256) -> Self::Acc;
 }
 
 /// Columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` for format `F` with instruction set `I`.
@@ -221,7 +210,6 @@ unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
         let mut sink = Groups::<I, M> {
             acc0,
             acc1,
-            pend: [[_mm256_setzero_si256(); 8]; M],
             x,
             s: &ch.s,
             base: 0,
@@ -247,9 +235,6 @@ unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
                 F::block(p.add(bi * F::BB), &mut sink);
             }
         }
-        if !F::HALVES && !ng.is_multiple_of(8) {
-            sink.flush(ng / 8 * 8);
-        }
         (acc0, acc1) = (sink.acc0, sink.acc1);
         b0 += nb;
     }
@@ -264,17 +249,9 @@ unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
 }
 
 /// The accumulators of a pass: groups of the chunk meet `M` rows of `xq`.
-///
-/// With one scale per group, a group's integer dot product stays an integer vector until 8
-/// consecutive groups are in ([`Groups::pend`]); then one reduction gives a vector whose
-/// lane `t` is group `t`'s sum, converted once and multiplied by the 8 groups' scales
-/// (contiguous in `s`), which saves a conversion, a broadcast and a dependent FMA per group.
-/// Q6_K's two scales per group take the per-group path instead.
 struct Groups<'a, I: Isa, const M: usize> {
     acc0: [I::Acc; M],
     acc1: [I::Acc; M],
-    /// The integer sums of the current run of 8 groups, per row.
-    pend: [[__m256i; 8]; M],
     /// Row `r`'s quantized activations at the chunk's first group.
     x: [*const i16; M],
     /// `xs·a` per row, group (or half-group) of the chunk.
@@ -288,49 +265,11 @@ impl<I: Isa, const M: usize> Sink<I::W> for Groups<'_, I, M> {
     #[inline(always)]
     unsafe fn group(&mut self, g: usize, odd: bool, w: I::W) {
         let g = self.base + g;
-        if self.halves {
-            let acc = if odd { &mut self.acc1 } else { &mut self.acc0 };
-            for (r, a) in acc.iter_mut().enumerate() {
-                let x = self.x[r].add(g * ACT_BLOCK);
-                *a = I::group(*a, w, x, self.s[r].as_ptr().add(2 * g), true);
-            }
-            return;
-        }
-        for r in 0..M {
-            self.pend[r][g % 8] = I::idot(w, self.x[r].add(g * ACT_BLOCK));
-        }
-        if g % 8 == 7 {
-            self.flush(g - 7);
-        }
-    }
-}
-
-impl<I: Isa, const M: usize> Groups<'_, I, M> {
-    /// Adds the pending sums of groups `g0..g0 + 8` times their scales to the accumulators.
-    /// Slots of groups past the chunk's end meet scales that `combine` set to 0.
-    ///
-    /// # Safety
-    /// AVX2 and the features of `I`; `g0 + 8 ≤ 2·CHUNK`.
-    #[inline(always)]
-    unsafe fn flush(&mut self, g0: usize) {
-        for r in 0..M {
-            let p = &self.pend[r];
-            let s01 = _mm256_hadd_epi32(p[0], p[1]);
-            let s23 = _mm256_hadd_epi32(p[2], p[3]);
-            let s45 = _mm256_hadd_epi32(p[4], p[5]);
-            let s67 = _mm256_hadd_epi32(p[6], p[7]);
-            // Per 128-bit half: lane t (0–3) is group t's (or t + 4's) sum over that half.
-            let lo = _mm256_hadd_epi32(s01, s23);
-            let hi = _mm256_hadd_epi32(s45, s67);
-            let halves = _mm256_add_epi32(
-                _mm256_permute2x128_si256::<0x20>(lo, hi),
-                _mm256_permute2x128_si256::<0x31>(lo, hi),
-            );
-            let v = _mm256_mul_ps(
-                _mm256_cvtepi32_ps(halves),
-                _mm256_loadu_ps(self.s[r].as_ptr().add(g0)),
-            );
-            self.acc0[r] = I::add8(self.acc0[r], v);
+        let step = if self.halves { 2 } else { 1 };
+        let acc = if odd { &mut self.acc1 } else { &mut self.acc0 };
+        for (r, a) in acc.iter_mut().enumerate() {
+            let x = self.x[r].add(g * ACT_BLOCK);
+            *a = I::group(*a, w, x, self.s[r].as_ptr().add(step * g), self.halves);
         }
     }
 }
@@ -376,11 +315,6 @@ unsafe fn combine<F: Format>(xs: *const f32, ch: &mut Chunk, r: usize, ng: usize
     }
     while t < ng {
         *s.add(t) = *xs.add(t) * *a.add(t);
-        t += 1;
-    }
-    // The last run of 8 groups may be partial: its unused slots get scale 0.
-    while !t.is_multiple_of(8) {
-        *s.add(t) = 0.0;
         t += 1;
     }
 }
@@ -790,19 +724,6 @@ impl Isa for Avx2 {
     #[inline(always)]
     unsafe fn hsum2(a: __m256, b: __m256) -> f32 {
         crate::simd::avx2::hsum(_mm256_add_ps(a, b))
-    }
-
-    #[inline(always)]
-    unsafe fn idot(w: W2, x: *const i16) -> __m256i {
-        let p0 = _mm256_madd_epi16(w.0, _mm256_loadu_si256(x as *const __m256i));
-        let p1 = _mm256_madd_epi16(w.1, _mm256_loadu_si256(x.add(16) as *const __m256i));
-        // |q| ≤ 128 and |xq| ≤ 32767: 32 products sum well inside i32.
-        _mm256_add_epi32(p0, p1)
-    }
-
-    #[inline(always)]
-    unsafe fn add8(acc: __m256, v: __m256) -> __m256 {
-        _mm256_add_ps(acc, v)
     }
 }
 

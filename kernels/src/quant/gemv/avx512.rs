@@ -128,17 +128,6 @@ impl Isa for Avx512 {
     unsafe fn hsum2(a: __m512, b: __m512) -> f32 {
         _mm512_reduce_add_ps(_mm512_add_ps(a, b))
     }
-
-    #[inline(always)]
-    unsafe fn idot(w: __m512i, x: *const i16) -> __m256i {
-        let p = _mm512_madd_epi16(w, _mm512_loadu_si512(x as *const __m512i));
-        _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p))
-    }
-
-    #[inline(always)]
-    unsafe fn add8(acc: __m512, v: __m256) -> __m512 {
-        _mm512_add_ps(acc, _mm512_zextps256_ps512(v))
-    }
 }
 
 /// Columns `j0..j1` of `y = x·Wᵀ (+ b)` with 512-bit vectors.
