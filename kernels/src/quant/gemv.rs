@@ -7,8 +7,12 @@
 //! With `x ≈ xs·xq` over the same 32 elements, a group contributes
 //! `xs·a·Σ q·xq + c·Σ x`: an integer dot product, two multiplies and one add.
 //!
-//! [`columns`] dispatches to the widest kernel the CPU has (AVX-512, else AVX2, else the
-//! scalar loop); [`columns_scalar`] is the plain reference that the SIMD kernels are tested
+//! [`columns`] dispatches to the fastest kernel for the CPU: AVX-512 (F, BW, VL) where
+//! 512-bit operations run at full width ([`crate::simd::prefer_avx512`]; not on Zen 4, which
+//! splits them and where the AVX2 kernel measured faster), else AVX2, else the scalar loop.
+//! AVX-512 VNNI's `vpdpwssd` would fuse a `madd` with the add after it, but a group of 32 is
+//! one 512-bit `madd` with no add to fuse (each group keeps its own scale), so it is not
+//! used. [`columns_scalar`] is the plain reference that the SIMD kernels are tested
 //! against. The SIMD kernels (`avx2`, `avx512`) compute the same integer dot products and
 //! differ from it only in the order of their f32 additions and in applying `xs·a` as one
 //! product.
@@ -163,7 +167,7 @@ pub(crate) unsafe fn columns_scalar(
     }
 }
 
-/// Columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` with the widest kernel this CPU runs.
+/// Columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` with the fastest kernel for this CPU.
 ///
 /// # Safety
 /// As [`columns_scalar`].
@@ -180,7 +184,7 @@ pub(crate) unsafe fn columns(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::simd::has_avx512() {
+        if crate::simd::prefer_avx512() {
             // SAFETY: AVX-512 F/BW/VL, AVX2, FMA and F16C were detected; the rest is the
             // caller's contract.
             unsafe { avx512::columns(y, acts, format, w, bias, n, j0, j1) };
