@@ -21,6 +21,8 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod row1;
 
 use super::act::{QuantizedActs, ACT_BLOCK};
 use super::blocks::{f16_at, k_scale_min, q6_k_value};

@@ -778,6 +778,19 @@ pub(super) unsafe fn columns(
     j0: usize,
     j1: usize,
 ) {
-    // SAFETY: the features are enabled on this function; the rest is the caller's contract.
-    unsafe { dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1) }
+    use super::row1::columns as one_row;
+    use crate::quant::QuantFormat as Qf;
+    // SAFETY (both arms): the features are enabled on this function; the rest is the
+    // caller's contract (and, for `one_row`, m = 1 with a 32-element format, as matched).
+    unsafe {
+        match format {
+            _ if acts.m != 1 => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
+            Qf::Q8_0 => one_row::<Q8_0>(y, acts, w, bias, n, j0, j1),
+            Qf::Q4_0 => one_row::<Q4_0>(y, acts, w, bias, n, j0, j1),
+            Qf::Q4_1 => one_row::<Q4_1>(y, acts, w, bias, n, j0, j1),
+            Qf::Q5_0 => one_row::<Q5_0>(y, acts, w, bias, n, j0, j1),
+            Qf::Q5_1 => one_row::<Q5_1>(y, acts, w, bias, n, j0, j1),
+            _ => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
+        }
+    }
 }
