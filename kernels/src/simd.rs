@@ -57,7 +57,11 @@ fn splits_512_bit_ops() -> bool {
     let (vendor, sig) = (__cpuid(0), __cpuid(1).eax);
     let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6E65, 0x444D_4163);
     let base = (sig >> 8) & 0xF;
-    let family = if base == 0xF { base + ((sig >> 20) & 0xFF) } else { base };
+    let family = if base == 0xF {
+        base + ((sig >> 20) & 0xFF)
+    } else {
+        base
+    };
     amd && family == 0x19
 }
 
@@ -77,7 +81,6 @@ fn detect_avx512() -> bool {
 fn detect_avx512() -> bool {
     false
 }
-
 
 #[cfg(target_arch = "x86_64")]
 fn detect() -> bool {
