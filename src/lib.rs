@@ -4,12 +4,14 @@
 //! the `qkv-kernels` crate (re-exported as [`kernels`]); this crate holds the rest, each layer
 //! depending only on those listed before it:
 //!
-//! - [`weights`]: GGUF and safetensors files mapped into named tensor views;
+//! - [`weights`]: GGUF and safetensors files mapped into named tensor views that know how
+//!   they are stored (f32, f16, or GGUF quantized blocks run in place);
 //! - [`nn`]: Linear, norms, FFN, embeddings, masks and the attention modules of the seeds;
 //! - [`models`]: the Llama family ([`models::llama`]) and the seed-004 seq2seq Transformer;
 //! - [`tokenizer`]: byte-level BPE and the chat template;
 //! - [`model`], [`session`], [`sample`]: a shared model, per-conversation sessions with their
 //!   KV caches, and sampling;
+//! - [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` scores;
 //! - [`fetch`]: the default model (SmolLM2-135M-Instruct), fetched once into a cache.
 //!
 //! Every fallible call returns [`Result`] with an [`Error`] that names the file, tensor,
