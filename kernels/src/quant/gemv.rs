@@ -7,12 +7,12 @@
 //! With `x ≈ xs·xq` over the same 32 elements, a group contributes
 //! `xs·a·Σ q·xq + c·Σ x`: an integer dot product, two multiplies and one add.
 //!
-//! [`columns`] dispatches to the fastest kernel for the CPU: AVX-512 (F, BW, VL) where
+//! `columns` dispatches to the fastest kernel for the CPU: AVX-512 (F, BW, VL) where
 //! 512-bit operations run at full width ([`crate::simd::prefer_avx512`]; not on Zen 4, which
 //! splits them and where the AVX2 kernel measured faster), else AVX2, else the scalar loop.
 //! AVX-512 VNNI's `vpdpwssd` would fuse a `madd` with the add after it, but a group of 32 is
 //! one 512-bit `madd` with no add to fuse (each group keeps its own scale), so it is not
-//! used. [`columns_scalar`] is the plain reference that the SIMD kernels are tested
+//! used. `columns_scalar` is the plain reference that the SIMD kernels are tested
 //! against. The SIMD kernels (`avx2`, `avx512`) compute the same integer dot products and
 //! differ from it only in the order of their f32 additions and in applying `xs·a` as one
 //! product.
