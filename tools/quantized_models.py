@@ -11,6 +11,7 @@ must be in the cache first (`cargo run --release --bin decode -- --prompt Hi -n 
 Prints the models directory on stdout.
 """
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -21,10 +22,12 @@ import bench_vs_llamacpp as b  # noqa: E402
 def main():
     cache = b.cache_dir()
     lc = cache / "llamacpp"
-    _, quant = b.ensure_llamacpp(lc)
-    models = b.ensure_models(lc, cache, quant, None, ("F16", "F32") + b.QUANT_TYPES)
-    for kind, path in models.items():
-        b.log(f"{kind}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    # The progress lines go to stderr: stdout carries only the directory, for `$(…)`.
+    with contextlib.redirect_stdout(sys.stderr):
+        _, quant = b.ensure_llamacpp(lc)
+        models = b.ensure_models(lc, cache, quant, None, ("F16", "F32") + b.QUANT_TYPES)
+        for kind, path in models.items():
+            b.log(f"{kind}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
     print(lc / "models")
 
 
