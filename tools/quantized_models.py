@@ -11,7 +11,7 @@ must be in the cache first (`cargo run --release --bin decode -- --prompt Hi -n 
 Prints the models directory on stdout.
 """
 
-import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -22,12 +22,19 @@ import bench_vs_llamacpp as b  # noqa: E402
 def main():
     cache = b.cache_dir()
     lc = cache / "llamacpp"
-    # The progress lines go to stderr: stdout carries only the directory, for `$(…)`.
-    with contextlib.redirect_stdout(sys.stderr):
+    # Everything but the directory goes to stderr, the child processes' output (pip, cmake)
+    # included, so that `$(…)` gets only the directory.
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
         _, quant = b.ensure_llamacpp(lc)
         models = b.ensure_models(lc, cache, quant, None, ("F16", "F32") + b.QUANT_TYPES)
         for kind, path in models.items():
             b.log(f"{kind}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+        sys.stdout.flush()
+    finally:
+        os.dup2(real_stdout, 1)
     print(lc / "models")
 
 
