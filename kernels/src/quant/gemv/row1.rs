@@ -37,6 +37,22 @@ impl Sink<W2> for Dot {
     }
 }
 
+/// The integer dot product of the block at `p` with the 32 activations at `x`, as 8 i32
+/// lanes whose sum it is.
+///
+/// # Safety
+/// `p` points to one block of `F`, `x` to 32 readable i16; AVX2.
+#[inline(always)]
+unsafe fn block_dot<F: Unpack<W2>>(p: *const u8, x: *const i16) -> __m256i {
+    let mut dot = Dot {
+        x,
+        out: _mm256_setzero_si256(),
+    };
+    // SAFETY: the caller's contract.
+    unsafe { F::block(p, &mut dot) };
+    dot.out
+}
+
 /// The f16 at byte `at` of each of the 8 blocks from `p` (stride `bb`), widened; blocks at
 /// or past `count` give 0.
 ///
@@ -94,36 +110,43 @@ pub(super) unsafe fn columns<F: Unpack<W2>>(
             let mut acc = _mm256_setzero_ps();
             let mut acc_min = _mm256_setzero_ps();
             let mut b = 0;
-            while b < nb {
-                let count = (nb - b).min(8);
+            // Whole runs of 8 (a constant trip count keeps the 8 sums in registers), then
+            // the tail.
+            while b + 8 <= nb {
                 let mut p = [_mm256_setzero_si256(); 8];
-                for (t, pt) in p.iter_mut().enumerate().take(count) {
-                    let mut dot = Dot {
-                        x: xq.add((b + t) * ACT_BLOCK),
-                        out: _mm256_setzero_si256(),
-                    };
-                    F::block(row.add((b + t) * F::BB), &mut dot);
-                    *pt = dot.out;
+                for (t, pt) in p.iter_mut().enumerate() {
+                    *pt = block_dot::<F>(row.add((b + t) * F::BB), xq.add((b + t) * ACT_BLOCK));
                 }
                 let first = row.add(b * F::BB);
-                // Lanes past `count` have d = 0, so they add nothing; the activation scales
-                // and sums are read as whole vectors only when 8 blocks remain.
-                let (x_scale, x_sum) = if count == 8 {
-                    (_mm256_loadu_ps(xs.add(b)), _mm256_loadu_ps(xsum.add(b)))
-                } else {
-                    let mut s = [0.0f32; 8];
-                    let mut m = [0.0f32; 8];
-                    s[..count].copy_from_slice(std::slice::from_raw_parts(xs.add(b), count));
-                    m[..count].copy_from_slice(std::slice::from_raw_parts(xsum.add(b), count));
-                    (_mm256_loadu_ps(s.as_ptr()), _mm256_loadu_ps(m.as_ptr()))
-                };
-                let d = halfs8(first, F::BB, 0, count);
                 let sums = _mm256_cvtepi32_ps(reduce8(&p));
-                acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, x_scale), acc);
+                let scale = _mm256_mul_ps(halfs8(first, F::BB, 0, 8), _mm256_loadu_ps(xs.add(b)));
+                acc = _mm256_fmadd_ps(sums, scale, acc);
                 if F::MIN {
+                    let x_sum = _mm256_loadu_ps(xsum.add(b));
+                    acc_min = _mm256_fmadd_ps(halfs8(first, F::BB, 2, 8), x_sum, acc_min);
+                }
+                b += 8;
+            }
+            if b < nb {
+                let count = nb - b;
+                let mut p = [_mm256_setzero_si256(); 8];
+                for (t, pt) in p.iter_mut().enumerate().take(count) {
+                    *pt = block_dot::<F>(row.add((b + t) * F::BB), xq.add((b + t) * ACT_BLOCK));
+                }
+                // Lanes past `count` have d = m = 0 and zero activation scales and sums.
+                let mut s = [0.0f32; 8];
+                let mut m = [0.0f32; 8];
+                s[..count].copy_from_slice(std::slice::from_raw_parts(xs.add(b), count));
+                m[..count].copy_from_slice(std::slice::from_raw_parts(xsum.add(b), count));
+                let first = row.add(b * F::BB);
+                let sums = _mm256_cvtepi32_ps(reduce8(&p));
+                let scale =
+                    _mm256_mul_ps(halfs8(first, F::BB, 0, count), _mm256_loadu_ps(s.as_ptr()));
+                acc = _mm256_fmadd_ps(sums, scale, acc);
+                if F::MIN {
+                    let x_sum = _mm256_loadu_ps(m.as_ptr());
                     acc_min = _mm256_fmadd_ps(halfs8(first, F::BB, 2, count), x_sum, acc_min);
                 }
-                b += count;
             }
             let v = crate::simd::avx2::hsum(_mm256_add_ps(acc, acc_min));
             *y.get().add(j) = v + bias.map_or(0.0, |b| b[j]);
