@@ -198,6 +198,16 @@ fn non_finite_activations_are_never_hidden() {
                     assert!(!y[n + j].is_finite(), "{format} x={bad} at {at}: y[1, {j}]");
                     assert!(y[j].is_finite() && y[2 * n + j].is_finite(), "{format}");
                 }
+                // One row, as a decode step runs it (the one-row kernels).
+                let x1 = &x[k..2 * k];
+                let mut y1 = vec![0.0f32; n];
+                pool(2)
+                    .install(|| linear(&mut y1, x1, Weights::Quant(format, &w), None, 1, k, n))
+                    .unwrap();
+                assert!(
+                    y1.iter().all(|v| !v.is_finite()),
+                    "{format} x={bad} at {at}, m = 1"
+                );
             }
         }
     }
