@@ -13,6 +13,7 @@
 //! (`Gelem/s` reads as GFLOP/s).
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use qkv_kernels::quant::testing::{weight_blocks, Rng};
 use qkv_kernels::{f16, linear, QuantFormat, Weights};
 use rayon::prelude::*;
 use std::time::Duration;
@@ -153,40 +154,6 @@ fn matmul(c: &mut Criterion) {
     }
 }
 
-/// `n` rows of `k` elements of `format`: random integers with scales that dequantize to
-/// values of the order of `filled`'s (any bytes are valid blocks once the f16 scale fields
-/// are finite).
-fn quantized(format: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        s
-    };
-    let bytes = n * format.row_bytes(k).unwrap();
-    let mut w: Vec<u8> = (0..bytes).map(|_| next() as u8).collect();
-    let h = |v: f32| f16::from_f32(v).to_le_bytes();
-    for block in w.chunks_exact_mut(format.block_bytes()) {
-        let d = 0.02 + (next() % 1000) as f32 * 1e-5;
-        match format {
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => {
-                block[..2].copy_from_slice(&h(d))
-            }
-            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
-                block[..2].copy_from_slice(&h(d));
-                block[2..4].copy_from_slice(&h(-8.0 * d));
-            }
-            QuantFormat::Q4_K | QuantFormat::Q5_K => {
-                block[..2].copy_from_slice(&h(d / 32.0));
-                block[2..4].copy_from_slice(&h(d / 8.0));
-            }
-            QuantFormat::Q6_K => block[208..210].copy_from_slice(&h(d / 64.0)),
-        }
-    }
-    w
-}
-
 /// The quantized decode GEMV (m = 1), in bytes of weights read per second.
 fn linear_quant(c: &mut Criterion) {
     let mut g = c.benchmark_group("linear_quant_m1");
@@ -199,7 +166,7 @@ fn linear_quant(c: &mut Criterion) {
             576
         };
         for (k, n) in [(k_model, 49152), (k_model, 1536), (1536, 576)] {
-            let w = quantized(format, n, k, 0x5EED ^ (n * k) as u64);
+            let w = weight_blocks(format, n, k, &mut Rng(0x5EED ^ (n * k) as u64));
             let w = Weights::Quant(format, &w);
             let x = filled(k, 2);
             let mut y = vec![0.0f32; n];

@@ -6,7 +6,7 @@
 //! `dequantize_speed` (ignored by default) prints both paths' speed:
 //! `cargo test --release -p qkv-kernels --test dequant_gguf_py -- --ignored --nocapture`.
 
-use qkv_kernels::f16;
+use qkv_kernels::quant::testing::{any_blocks, Rng};
 use qkv_kernels::quant::QuantFormat;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -74,51 +74,12 @@ fn every_format_matches_gguf_py_bit_for_bit() {
     }
 }
 
-/// xorshift64*.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-/// `n` random blocks of `format` with finite f16 scale fields; a quarter of the blocks get
-/// extreme scales (±0, subnormals, the smallest normal, ±65504).
-fn random_blocks(format: QuantFormat, n: usize, rng: &mut Rng) -> Vec<u8> {
-    const EXTREME: [u16; 10] = [
-        0x0000, 0x8000, 0x0001, 0x8001, 0x0155, 0x03FF, 0x83FF, 0x0400, 0x7BFF, 0xFBFF,
-    ];
-    let mut src: Vec<u8> = (0..n * format.block_bytes())
-        .map(|_| rng.next() as u8)
-        .collect();
-    for block in src.chunks_exact_mut(format.block_bytes()) {
-        let extreme = rng.next().is_multiple_of(4);
-        for &o in format.scale_offsets() {
-            let bits = if extreme {
-                EXTREME[(rng.next() % EXTREME.len() as u64) as usize]
-            } else {
-                loop {
-                    let b = rng.next() as u16;
-                    if f16::from_bits(b).is_finite() {
-                        break b;
-                    }
-                }
-            };
-            block[o..o + 2].copy_from_slice(&bits.to_le_bytes());
-        }
-    }
-    src
-}
-
 #[test]
 fn dequantize_matches_the_scalar_reference_on_random_blocks() {
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     for format in QuantFormat::ALL {
         for n in (1..=20).chain([31, 64, 257, 1000]) {
-            let src = random_blocks(format, n, &mut rng);
+            let src = any_blocks(format, n, &mut rng);
             let len = n * format.block_elems();
             let mut fast = vec![f32::NAN; len];
             let mut want = vec![f32::NAN; len];
@@ -127,7 +88,7 @@ fn dequantize_matches_the_scalar_reference_on_random_blocks() {
             assert_eq!(bits(&fast), bits(&want), "{format}, {n} blocks");
         }
         // Both refuse the same wrong lengths.
-        let src = random_blocks(format, 2, &mut rng);
+        let src = any_blocks(format, 2, &mut rng);
         let mut short = vec![0.0; 2 * format.block_elems() - 1];
         assert!(format.dequantize(&src, &mut short).is_err());
         assert!(format.dequantize_scalar(&src, &mut short).is_err());
@@ -145,7 +106,7 @@ fn dequantize_speed() {
     println!("format   scalar Gelem/s   dequantize Gelem/s   speed-up");
     for format in QuantFormat::ALL {
         let n = ELEMS / format.block_elems();
-        let src = random_blocks(format, n, &mut rng);
+        let src = any_blocks(format, n, &mut rng);
         let mut dst = vec![0.0f32; ELEMS];
         let mut rate = |f: &dyn Fn(&[u8], &mut [f32])| {
             let mut best = f64::INFINITY;

@@ -7,47 +7,8 @@
 //! and the environment select (`QKV_FORCE_SCALAR=1`, `QKV_NO_AVX512=1`).
 
 use qkv_kernels::matmul::linear_scalar;
-use qkv_kernels::{f16, linear, linear_many, Projection, QuantFormat, Weights};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn uniform(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
-
-/// `n` rows of `k` elements of random but valid blocks: random integers (any bytes are a
-/// valid block) with finite f16 scales and minimums of sensible sizes.
-fn random_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
-    let bytes = n * format.row_bytes(k).unwrap();
-    let mut w: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
-    let put = |block: &mut [u8], at: usize, v: f32| {
-        block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes())
-    };
-    for block in w.chunks_exact_mut(format.block_bytes()) {
-        let d = 0.01 + 0.05 * rng.uniform().abs();
-        let m = 0.5 * rng.uniform();
-        match format {
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => put(block, 0, d),
-            QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
-                put(block, 0, d);
-                put(block, 2, m);
-            }
-            QuantFormat::Q4_K | QuantFormat::Q5_K => {
-                put(block, 0, d / 16.0);
-                put(block, 2, m.abs() / 16.0);
-            }
-            QuantFormat::Q6_K => put(block, 208, d / 64.0),
-        }
-    }
-    w
-}
+use qkv_kernels::quant::testing::{weight_blocks as random_blocks, Rng};
+use qkv_kernels::{linear, linear_many, Projection, QuantFormat, Weights};
 
 /// Activations with blocks of very different magnitudes, an all-zero block, and outliers.
 fn activations(len: usize, rng: &mut Rng) -> Vec<f32> {

@@ -377,48 +377,10 @@ pub(crate) unsafe fn dequantize(format: QuantFormat, src: &[u8], dst: &mut [f32]
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{any_blocks, Rng};
     use super::super::QuantFormat;
-    use half::f16;
 
     /// xorshift64*.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-    }
-
-    /// Random blocks of `format` whose f16 fields are finite: random finite bit patterns,
-    /// with every seventh block's scales drawn from the extremes (largest finite, smallest
-    /// subnormals, zeros of both signs).
-    fn blocks(format: QuantFormat, n: usize, rng: &mut Rng) -> Vec<u8> {
-        const EXTREME: [u16; 8] = [
-            0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x03FF, 0x0000, 0x8000, 0x0400,
-        ];
-        let mut out: Vec<u8> = (0..n * format.block_bytes())
-            .map(|_| rng.next() as u8)
-            .collect();
-        for (b, block) in out.chunks_exact_mut(format.block_bytes()).enumerate() {
-            for &o in format.scale_offsets() {
-                let bits = if b % 7 == 3 {
-                    EXTREME[(rng.next() % 8) as usize]
-                } else {
-                    loop {
-                        let bits = rng.next() as u16;
-                        if f16::from_bits(bits).is_finite() {
-                            break bits;
-                        }
-                    }
-                };
-                block[o..o + 2].copy_from_slice(&bits.to_le_bytes());
-            }
-        }
-        out
-    }
-
     /// The AVX2 decoders match the scalar ones bit for bit (called directly, so this runs
     /// under `QKV_FORCE_SCALAR=1` too).
     #[test]
@@ -432,7 +394,7 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for format in QuantFormat::ALL {
             for n in [1, 2, 3, 5, 8, 13, 64, 100] {
-                let src = blocks(format, n, &mut rng);
+                let src = any_blocks(format, n, &mut rng);
                 let len = n * format.block_elems();
                 let mut want = vec![f32::NAN; len];
                 format.dequantize_scalar(&src, &mut want).unwrap();

@@ -205,46 +205,7 @@ pub(crate) unsafe fn columns(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use half::f16;
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn uniform(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        }
-    }
-
-    /// `n` rows of `k` elements of random but valid blocks: random integers, finite scales.
-    fn random_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
-        let bytes = n * format.row_bytes(k).unwrap();
-        let mut w: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
-        let put = |block: &mut [u8], at: usize, v: f32| {
-            block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes())
-        };
-        for block in w.chunks_exact_mut(format.block_bytes()) {
-            let d = 0.01 + 0.05 * rng.uniform().abs();
-            let m = 0.5 * rng.uniform();
-            match format {
-                QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => put(block, 0, d),
-                QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
-                    put(block, 0, d);
-                    put(block, 2, m);
-                }
-                QuantFormat::Q4_K | QuantFormat::Q5_K => {
-                    put(block, 0, d / 16.0);
-                    put(block, 2, m.abs() / 16.0);
-                }
-                QuantFormat::Q6_K => put(block, 208, d / 64.0),
-            }
-        }
-        w
-    }
+    use crate::quant::testing::{weight_blocks as random_blocks, Rng};
 
     /// Σ over groups of |xs·a·q·xq| + |c·Σx|: the magnitude the f32 roundings scale with.
     fn magnitude(acts: &QuantizedActs, format: QuantFormat, w: &[u8], i: usize, j: usize) -> f64 {

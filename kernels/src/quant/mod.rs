@@ -31,6 +31,8 @@ pub mod blocks;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;
 pub mod gemv;
+#[doc(hidden)]
+pub mod testing;
 
 use crate::error::{KernelError, Result};
 
