@@ -83,15 +83,6 @@ impl WeightFormat {
         }
     }
 
-    /// The float dtype when this is one, `None` for a quantized format.
-    pub fn as_float(self) -> Option<FloatType> {
-        match self {
-            WeightFormat::F32 => Some(FloatType::F32),
-            WeightFormat::F16 => Some(FloatType::F16),
-            WeightFormat::Quant(_) => None,
-        }
-    }
-
     /// Bytes `count` elements take, or `None` when `count` is not a whole number of blocks
     /// (or the size overflows).
     pub fn bytes_for(self, count: usize) -> Option<usize> {

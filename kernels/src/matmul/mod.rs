@@ -1,12 +1,14 @@
-//! `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias[n])`: the `nn.Linear` product, with `W` stored f32 or
-//! f16 in PyTorch's `[out_features, in_features]` layout and activations in f32.
+//! `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias[n])`: the `nn.Linear` product, with `W` stored f32,
+//! f16 or in GGUF quantized blocks ([`Weights`]) in PyTorch's `[out_features, in_features]`
+//! layout, and activations in f32.
 //!
-//! - Few rows (`m ≤` [`GEMV_MAX_ROWS`], decode): our own GEMV streams `W` once, converting
-//!   f16 to f32 in registers, split across threads by rows of `W`.
+//! - Few rows (`m ≤` [`GEMV_MAX_ROWS`], decode): our own GEMV streams `W` once, split across
+//!   threads by rows of `W`: f16 widened to f32 in registers, quantized blocks multiplied as
+//!   integers against `x` rounded to 16 bits per 32 values ([`crate::quant::gemv`]).
 //! - Many rows (prefill): the gemm crate in f32, parallel with rayon; the crate picks its
 //!   AVX-512 micro-kernels at run time where the CPU has them (its `x86-v4` feature), else
-//!   AVX2/FMA. f16 weights are converted to f32 one cache-sized panel of rows at a time
-//!   inside the call, never as a whole-matrix copy.
+//!   AVX2/FMA. f16 and quantized weights are widened to f32 one cache-sized panel of rows at
+//!   a time inside the call, never as a whole-matrix copy.
 //!
 //! ```
 //! use qkv_kernels::{linear, Weights};
@@ -66,15 +68,6 @@ impl Weights<'_> {
             Weights::F32(w) => std::mem::size_of_val(*w),
             Weights::F16(w) => std::mem::size_of_val(*w),
             Weights::Quant(_, b) => b.len(),
-        }
-    }
-
-    /// The storage format, by its GGUF name (`"F32"`, `"F16"`, `"Q4_K"`, …).
-    pub fn format_name(&self) -> &'static str {
-        match self {
-            Weights::F32(_) => "F32",
-            Weights::F16(_) => "F16",
-            Weights::Quant(f, _) => f.name(),
         }
     }
 
