@@ -185,6 +185,39 @@ fn linear_quant(c: &mut Criterion) {
     g.finish();
 }
 
+/// The quantized prefill product (m = 512), in FLOPs (2·m·n·k) per second: the integer
+/// GEMM where the CPU has AVX-512 VNNI, else f32 panels through gemm (`QKV_NO_AVX512=1`
+/// measures the latter on such a CPU).
+fn linear_quant_prefill(c: &mut Criterion) {
+    let mut g = c.benchmark_group("linear_quant_m512");
+    g.sample_size(10);
+    let m = 512;
+    for format in QuantFormat::ALL {
+        let k_model = if format.block_elems() == 256 {
+            768
+        } else {
+            576
+        };
+        for (k, n) in [(k_model, 1536), (1536, 576)] {
+            let w = weight_blocks(format, n, k, &mut Rng(0x5EED ^ (n * k) as u64));
+            let w = Weights::Quant(format, &w);
+            let x = filled(m * k, 2);
+            let mut y = vec![0.0f32; m * n];
+            g.throughput(Throughput::Elements((2 * m * n * k) as u64));
+            g.bench_with_input(
+                BenchmarkId::new(format.name(), format!("{k}x{n}")),
+                &(),
+                |b, _| {
+                    rayon::scope(|_| {
+                        b.iter(|| linear(&mut y, black_box(&x), w, None, m, k, n).unwrap())
+                    })
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
 /// What one parallel GEMV pays to hand its row ranges to the pool and join them: the split a
 /// decode step makes ~150 times per token (4 GEMV groups and one attention call per layer,
 /// then the LM head), run from inside a pool worker as `Session` runs its passes.
@@ -231,6 +264,6 @@ fn fma_peak(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    targets = memory_read, fma_peak, matmul, linear_quant, handoff
+    targets = memory_read, fma_peak, matmul, linear_quant, linear_quant_prefill, handoff
 }
 criterion_main!(benches);

@@ -33,6 +33,23 @@ pub fn has_avx512() -> bool {
     })
 }
 
+/// True when [`has_avx512`] holds and the CPU also has AVX-512 VNNI (`vpdpwssd`), which the
+/// quantized prefill product runs on. Off under the same variables as [`has_avx512`].
+pub fn has_avx512_vnni() -> bool {
+    static CACHE: OnceLock<bool> = OnceLock::new();
+    *CACHE.get_or_init(|| has_avx512() && detect_vnni())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect_vnni() -> bool {
+    is_x86_feature_detected!("avx512vnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_vnni() -> bool {
+    false
+}
+
 /// True when [`has_avx512`] holds and 512-bit vectors are worth taking over 256-bit ones for
 /// the integer-heavy kernels (the quantized GEMV): false on AMD's Zen 4 (family 0x19), which
 /// runs each 512-bit operation as two 256-bit halves. There the AVX-512 quantized GEMV

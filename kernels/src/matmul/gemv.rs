@@ -64,24 +64,32 @@ thread_local! {
 /// across the threads. Each part's `y` must be `m·n` long (validated by the callers).
 pub(super) fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
     // Quantized parts read x as 16-bit integers: quantized once here, before the split.
-    // Taken out of the thread-local (not borrowed) for the reason `gemm_panels` gives.
-    let quantized = parts.iter().any(|p| matches!(p.w, Weights::Quant(..)));
-    let mut acts = if quantized {
-        let mut a = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
-        a.quantize(x, m, k);
-        Some(a)
+    if parts.iter().any(|p| matches!(p.w, Weights::Quant(..))) {
+        with_quantized(x, m, k, |acts| gemv_parts_with(parts, x, Some(acts), m, k));
     } else {
-        None
-    };
-    gemv_parts_with(parts, x, acts.as_ref(), m, k);
-    if let Some(a) = acts.take() {
-        ACTS.with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.q.capacity() < a.q.capacity() {
-                *kept = a;
-            }
-        });
+        gemv_parts_with(parts, x, None, m, k);
     }
+}
+
+/// Runs `f` on `x[m, k]` quantized per block of 32, in the calling thread's reused buffers.
+/// They are taken out of the thread-local (not borrowed) for the reason `gemm_panels` gives,
+/// and put back afterwards unless a larger set was put back meanwhile.
+pub(super) fn with_quantized<R>(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    f: impl FnOnce(&QuantizedActs) -> R,
+) -> R {
+    let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    acts.quantize(x, m, k);
+    let out = f(&acts);
+    ACTS.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if kept.q.capacity() < acts.q.capacity() {
+            *kept = acts;
+        }
+    });
+    out
 }
 
 fn gemv_parts_with(

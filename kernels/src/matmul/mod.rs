@@ -24,7 +24,7 @@
 mod gemv;
 
 use crate::error::{check_len, check_nonzero, KernelError, Result};
-use crate::quant::QuantFormat;
+use crate::quant::{self, QuantFormat};
 use crate::SharedOut;
 use gemv::{gemv, gemv_parts, GemvPart};
 use half::f16;
@@ -166,6 +166,11 @@ pub fn linear(
     } else {
         match w {
             Weights::F32(w) => gemm_f32(y, x, w, bias, m, k, n),
+            Weights::Quant(format, blocks) if quant::gemm::available() => {
+                gemv::with_quantized(x, m, k, |acts| {
+                    quant::gemm::gemm(y, acts, format, blocks, bias, n)
+                });
+            }
             _ => gemm_panels(y, x, w, bias, m, k, n),
         }
     }

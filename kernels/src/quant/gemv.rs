@@ -18,7 +18,7 @@
 //! product.
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(in crate::quant) mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
@@ -145,15 +145,21 @@ pub(crate) unsafe fn columns_scalar(
     let (be, bb) = (format.block_elems(), format.block_bytes());
     let row_bytes = k / be * bb;
     let bpr = acts.blocks_per_row();
-    let mut acc = [0.0f32; crate::matmul::GEMV_MAX_ROWS];
-    for j in j0..j1 {
+    // Rows of x in runs of up to 8 (any m: this is also the prefill product's reference).
+    const RUN: usize = crate::matmul::GEMV_MAX_ROWS;
+    let mut acc = [0.0f32; RUN];
+    for (i0, j) in (0..m)
+        .step_by(RUN)
+        .flat_map(|i0| (j0..j1).map(move |j| (i0, j)))
+    {
+        let rows = RUN.min(m - i0);
         let row = &w[j * row_bytes..(j + 1) * row_bytes];
-        acc[..m].fill(0.0);
+        acc[..rows].fill(0.0);
         for (b, block) in row.chunks_exact(bb).enumerate() {
             for g in 0..be / ACT_BLOCK {
                 let grp = group(format, block, g);
                 let ab = (b * be) / ACT_BLOCK + g; // activation block within the row
-                for (i, a) in acc[..m].iter_mut().enumerate() {
+                for (i, a) in (i0..).zip(acc[..rows].iter_mut()) {
                     let at = i * bpr + ab;
                     let xq = &acts.q[at * ACT_BLOCK..(at + 1) * ACT_BLOCK];
                     let dot = grp.a[0] * idot16(&grp.q, xq, 0) as f32
@@ -162,7 +168,7 @@ pub(crate) unsafe fn columns_scalar(
                 }
             }
         }
-        for (i, a) in acc[..m].iter().enumerate() {
+        for (i, a) in (i0..).zip(&acc[..rows]) {
             // SAFETY: i < m and j < j1 ≤ n: inside y, in this call's own columns.
             unsafe { *y.get().add(i * n + j) = a + bias.map_or(0.0, |b| b[j]) };
         }
@@ -205,26 +211,7 @@ pub(crate) unsafe fn columns(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::testing::{weight_blocks as random_blocks, Rng};
-
-    /// Σ over groups of |xs·a·q·xq| + |c·Σx|: the magnitude the f32 roundings scale with.
-    fn magnitude(acts: &QuantizedActs, format: QuantFormat, w: &[u8], i: usize, j: usize) -> f64 {
-        let (k, be, bb) = (acts.k, format.block_elems(), format.block_bytes());
-        let row = &w[j * (k / be * bb)..(j + 1) * (k / be * bb)];
-        let mut mag = 0.0f64;
-        for (b, block) in row.chunks_exact(bb).enumerate() {
-            for g in 0..be / ACT_BLOCK {
-                let grp = group(format, block, g);
-                let at = i * acts.blocks_per_row() + b * be / ACT_BLOCK + g;
-                for e in 0..32 {
-                    let prod = f64::from(grp.q[e]) * f64::from(acts.q[at * 32 + e]);
-                    mag += (f64::from(acts.scale[at]) * f64::from(grp.a[e / 16]) * prod).abs();
-                }
-                mag += f64::from(grp.c * acts.sum[at]).abs();
-            }
-        }
-        mag
-    }
+    use crate::quant::testing::{magnitude, weight_blocks as random_blocks, Rng};
 
     type Kernel = unsafe fn(
         SharedOut,

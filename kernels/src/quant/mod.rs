@@ -30,6 +30,7 @@ pub mod act;
 pub mod blocks;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;
+pub mod gemm;
 pub mod gemv;
 #[doc(hidden)]
 pub mod testing;

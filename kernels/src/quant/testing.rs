@@ -4,6 +4,8 @@
 //! Any bytes are a valid block once its f16 scale fields are finite, so a block is random
 //! bytes with its scale fields overwritten.
 
+use super::act::{QuantizedActs, ACT_BLOCK};
+use super::gemv::group;
 use super::QuantFormat;
 use half::f16;
 
@@ -79,4 +81,24 @@ pub fn any_blocks(format: QuantFormat, n: usize, rng: &mut Rng) -> Vec<u8> {
         }
     }
     src
+}
+
+/// The size that f32 roundings in `y[i, j] = x·Wᵀ` scale with, for kernels on quantized
+/// activations: Σ over the groups of row `j` of `W` of `|xs·a·q·xq| + |c·Σx|`, in f64.
+pub fn magnitude(acts: &QuantizedActs, format: QuantFormat, w: &[u8], i: usize, j: usize) -> f64 {
+    let (k, be, bb) = (acts.k, format.block_elems(), format.block_bytes());
+    let row = &w[j * (k / be * bb)..(j + 1) * (k / be * bb)];
+    let mut mag = 0.0f64;
+    for (b, block) in row.chunks_exact(bb).enumerate() {
+        for g in 0..be / ACT_BLOCK {
+            let grp = group(format, block, g);
+            let at = i * acts.blocks_per_row() + b * be / ACT_BLOCK + g;
+            for e in 0..32 {
+                let prod = f64::from(grp.q[e]) * f64::from(acts.q[at * 32 + e]);
+                mag += (f64::from(acts.scale[at]) * f64::from(grp.a[e / 16]) * prod).abs();
+            }
+            mag += f64::from(grp.c * acts.sum[at]).abs();
+        }
+    }
+    mag
 }

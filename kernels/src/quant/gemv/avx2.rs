@@ -24,18 +24,18 @@ use crate::SharedOut;
 use core::arch::x86_64::*;
 
 /// Groups of 32 weights per chunk of scales: 2048 elements, 8 K-format super-blocks.
-pub(super) const CHUNK: usize = 64;
+pub(in crate::quant) const CHUNK: usize = 64;
 
 /// Rows of `x` that share one unpacking of a weight group.
 const ROWS: usize = 4;
 
 /// Per-chunk scratch: weight scales, their products with the activation scales, and the
 /// f16 bits they are widened from.
-pub(super) struct Chunk {
+pub(in crate::quant) struct Chunk {
     /// Weight scale per group (per half-group of 16 for Q6_K).
-    a: [f32; 2 * CHUNK],
+    pub(in crate::quant) a: [f32; 2 * CHUNK],
     /// Additive constant per group.
-    c: [f32; CHUNK],
+    pub(in crate::quant) c: [f32; CHUNK],
     /// f16 bits of the scales and minimums of the 32-element formats.
     bits_a: [u16; CHUNK],
     bits_c: [u16; CHUNK],
@@ -44,7 +44,7 @@ pub(super) struct Chunk {
 }
 
 impl Chunk {
-    fn new() -> Self {
+    pub(in crate::quant) fn new() -> Self {
         Chunk {
             a: [0.0; 2 * CHUNK],
             c: [0.0; CHUNK],
@@ -56,7 +56,7 @@ impl Chunk {
 }
 
 /// A block format's layout facts and its scale decoding.
-pub(super) trait Format {
+pub(in crate::quant) trait Format {
     /// Elements per block.
     const BE: usize;
     /// Bytes per block.
@@ -76,7 +76,7 @@ pub(super) trait Format {
 
 /// Receives a block's unpacked groups (a trait rather than a closure so that it is always
 /// inlined into the `#[target_feature]` kernel).
-pub(super) trait Sink<W> {
+pub(in crate::quant) trait Sink<W> {
     /// Takes group `g` of the current block; `odd` picks one of two accumulators (a
     /// constant at each call site, so the choice costs nothing).
     ///
@@ -86,7 +86,7 @@ pub(super) trait Sink<W> {
 }
 
 /// How a format's block is unpacked into groups of 32 16-bit integers of type `W`.
-pub(super) trait Unpack<W>: Format {
+pub(in crate::quant) trait Unpack<W>: Format {
     /// Hands every group of the block at `p` to `sink`, in order.
     ///
     /// # Safety
@@ -428,7 +428,7 @@ macro_rules! layout {
     ($name:ident, $be:expr, $bb:expr, min = $min:expr, halves = $halves:expr, |$p:ident, $nb:ident, $ch:ident| $scales:expr) => {
         #[doc = concat!("The ", stringify!($name), " layout.")]
         #[allow(non_camel_case_types)]
-        pub(super) struct $name;
+        pub(in crate::quant) struct $name;
         impl Format for $name {
             const BE: usize = $be;
             const BB: usize = $bb;

@@ -1,0 +1,158 @@
+//! The quantized product for many rows (prefill) on integer dot-product units:
+//! `y[m, n] = x[m, k]·Wᵀ (+ b)` with `W` in blocks of a [`QuantFormat`] and `x` quantized per
+//! 32 ([`QuantizedActs`], as the decode GEMV does).
+//!
+//! The math is the GEMV's (see [`super::gemv`]): per group of 32, `w = a·q + c`, so a group
+//! adds `xs·a·Σ q·xq + c·Σx`. What changes is the shape of the work. A GEMV reads each
+//! weight once for at most 8 rows; here every weight meets hundreds of rows, so the weights
+//! are first unpacked, a panel of [`NR`] rows of `W` at a time, into 16-bit integers laid out
+//! for the multiply (pairs of elements of one row of `W` side by side across the panel's
+//! rows), and the panel then sweeps over every row of `x`. AVX-512 VNNI's `vpdpwssd` takes a
+//! pair of 16-bit activations broadcast to all lanes and adds 32 products into 16 columns'
+//! i32 sums in one instruction: twice the multiply-adds of an f32 FMA, with no widening of
+//! the weights to f32 and no f32 panel to stream.
+//!
+//! Where the CPU lacks AVX-512 VNNI, prefill widens panels of `W` to f32 for the gemm crate
+//! instead ([`crate::matmul`]); on AVX2 alone, `madd` plus an add gives no more multiply-adds
+//! per instruction than an f32 FMA, so an integer path would not pay there. The scalar
+//! reference for this kernel is the GEMV's [`super::gemv::columns_scalar`], which computes
+//! the same integer dot products in one order.
+
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
+use super::act::QuantizedActs;
+use super::QuantFormat;
+
+/// Rows of `W` per packed panel: two 512-bit vectors of 16 i32 sums per row of `x`.
+pub const NR: usize = 32;
+
+/// True when [`gemm`] runs on this CPU: AVX-512 F, BW, VL and VNNI (off under
+/// `QKV_FORCE_SCALAR=1` and `QKV_NO_AVX512=1`).
+pub fn available() -> bool {
+    crate::simd::has_avx512_vnni()
+}
+
+/// `y[m, n] = x·Wᵀ (+ b)` for `x` quantized in `acts` (`m = acts.m`, `k = acts.k`) and `W`
+/// the `n` rows of `k` elements of `format` in `w`, split by panels of [`NR`] rows of `W`
+/// across rayon's current pool. Returns false, touching nothing, when [`available`] is
+/// false; the caller then takes another path.
+///
+/// The caller has validated the shapes: `y` holds `m·n` floats, `w` exactly `n` rows, `bias`
+/// (if any) `n` values, and `k` is a whole number of `format`'s blocks.
+pub fn gemm(
+    y: &mut [f32],
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        assert!(
+            y.len() == acts.m * n
+                && format
+                    .row_bytes(acts.k)
+                    .is_ok_and(|row| row.checked_mul(n) == Some(w.len()))
+                && bias.is_none_or(|b| b.len() == n),
+            "quantized gemm: shapes disagree"
+        );
+        vnni::gemm(y, acts, format, w, bias, n);
+        return true;
+    }
+    let _ = (y, acts, format, w, bias, n);
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::gemv::columns_scalar;
+    use crate::quant::testing::{magnitude, weight_blocks, Rng};
+    use crate::SharedOut;
+
+    /// The integer GEMM against the scalar GEMV on the same integers, on awkward shapes: `m`
+    /// not a multiple of the 4-row tile, `n` not a multiple of the 32-row panel (and below
+    /// it), `k` an odd number of blocks. Only the order of f32 additions differs, so the
+    /// results agree to a few roundings of the terms' magnitude.
+    #[test]
+    fn matches_the_scalar_reference() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI (or it is turned off)");
+            return;
+        }
+        let mut rng = Rng(0x5EED_1234_ABCD_0001);
+        for format in QuantFormat::ALL {
+            for k in [32usize, 96, 256, 576, 768] {
+                if !k.is_multiple_of(format.block_elems()) {
+                    continue;
+                }
+                for (m, n) in [(9usize, 1usize), (13, 31), (16, 32), (10, 33), (23, 70)] {
+                    let w = weight_blocks(format, n, k, &mut rng);
+                    let x: Vec<f32> = (0..m * k)
+                        .map(|i| rng.uniform() * if i % 89 == 0 { 25.0 } else { 1.0 })
+                        .collect();
+                    let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
+                    let mut acts = QuantizedActs::default();
+                    acts.quantize(&x, m, k);
+                    let mut want = vec![f32::NAN; m * n];
+                    // SAFETY: want is m·n, w holds n rows of k, all columns are ours.
+                    unsafe {
+                        columns_scalar(
+                            SharedOut(want.as_mut_ptr()),
+                            &acts,
+                            format,
+                            &w,
+                            Some(&bias),
+                            n,
+                            0,
+                            n,
+                        )
+                    };
+                    let mut got = vec![f32::NAN; m * n];
+                    assert!(gemm(&mut got, &acts, format, &w, Some(&bias), n));
+                    for i in 0..m {
+                        for j in 0..n {
+                            let (g, e) = (got[i * n + j], want[i * n + j]);
+                            let mag = magnitude(&acts, format, &w, i, j) + 1.0;
+                            assert!(
+                                f64::from((g - e).abs()) <= 1e-6 * mag,
+                                "{format} m={m} k={k} n={n} ({i},{j}): {g} vs {e} (magnitude \
+                                 {mag})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A NaN or infinity in `x` makes its row of `y` non-finite, and only its row.
+    #[test]
+    fn non_finite_x_stays_visible() {
+        if !available() {
+            return;
+        }
+        let mut rng = Rng(99);
+        for format in QuantFormat::ALL {
+            let (m, n, k) = (11, 40, 512);
+            let w = weight_blocks(format, n, k, &mut rng);
+            for bad in [f32::NAN, f32::INFINITY] {
+                let mut x: Vec<f32> = (0..m * k).map(|_| rng.uniform()).collect();
+                x[5 * k + 300] = bad;
+                let mut acts = QuantizedActs::default();
+                acts.quantize(&x, m, k);
+                let mut y = vec![0.0f32; m * n];
+                assert!(gemm(&mut y, &acts, format, &w, None, n));
+                for (i, row) in y.chunks_exact(n).enumerate() {
+                    assert_eq!(
+                        row.iter().all(|v| v.is_finite()),
+                        i != 5,
+                        "{format} {bad}: row {i}"
+                    );
+                }
+            }
+        }
+    }
+}
