@@ -76,6 +76,14 @@ pub enum Error {
     },
     /// Text could not be tokenized or a token could not be decoded.
     Tokenizer(String),
+    /// A chat template failed to compile or to render (a syntax error, an undefined value
+    /// used, or the template's own `raise_exception`, e.g. refusing a system message).
+    ChatTemplate {
+        /// Where the template came from (the model file and key).
+        template: String,
+        /// minijinja's message.
+        msg: String,
+    },
     /// A kernel rejected its arguments.
     Kernel(KernelError),
 }
@@ -109,6 +117,7 @@ impl fmt::Display for Error {
                 "context full: {needed} positions needed, the cache holds {capacity}"
             ),
             Error::Tokenizer(msg) => write!(f, "tokenizer: {msg}"),
+            Error::ChatTemplate { template, msg } => write!(f, "chat template {template}: {msg}"),
             Error::Kernel(e) => write!(f, "kernel: {e}"),
         }
     }

@@ -74,6 +74,9 @@
 
 mod bpe;
 mod hf;
+mod template;
+
+pub use template::{ChatOptions, ChatTemplate};
 
 use crate::error::{Error, Result};
 use crate::weights::gguf::GgufFile;
