@@ -13,13 +13,16 @@
 //! `tests/chat_templates.rs` renders every template in llama.cpp's `models/templates/` and
 //! compares each with transformers' output (`tools/template_fixtures.py`).
 
+mod clock;
+mod json;
+
 use crate::error::{Error, Result};
-use minijinja::value::{Kwargs, Value as JValue, ValueKind};
+use minijinja::value::{Value as JValue, ValueKind};
 use minijinja::{Environment, ErrorKind};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::fmt::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 /// What a chat template is rendered with besides the messages.
 #[derive(Clone, Debug, Default)]
@@ -227,7 +230,7 @@ fn environment(now: SystemTime) -> Environment<'static> {
     );
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_filter("tojson", tojson);
+    env.add_filter("tojson", json::tojson);
     // Jinja2's type tests ask Python's protocols: a string or a mapping has a length and
     // items, so it is a sequence; undefined iterates (as empty); a bool is a number. A
     // template writing `tools is iterable and tools | length > 0` relies on None failing.
@@ -254,7 +257,9 @@ fn environment(now: SystemTime) -> Environment<'static> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         },
     );
-    env.add_function("strftime_now", move |format: &str| strftime(now, format));
+    env.add_function("strftime_now", move |format: &str| {
+        clock::strftime(now, format)
+    });
     env
 }
 
@@ -289,363 +294,6 @@ pub(crate) fn to_value(v: &Value) -> JValue {
     }
 }
 
-// ------------------------------------------------------------------------------- tojson
-
-/// transformers' `tojson`: Python's `json.dumps(x, ensure_ascii=False, indent=None,
-/// separators=None, sort_keys=False)`, each overridable by keyword (`indent` also
-/// positionally).
-fn tojson(
-    value: &JValue,
-    indent: Option<JValue>,
-    kwargs: Kwargs,
-) -> std::result::Result<JValue, minijinja::Error> {
-    let indent = match indent {
-        Some(i) => Some(i),
-        None => kwargs.get::<Option<JValue>>("indent")?,
-    };
-    let indent: Option<String> = match indent {
-        None => None,
-        Some(v) if v.is_none() => None,
-        Some(v) => match v.as_str() {
-            Some(s) => Some(s.to_owned()),
-            None => Some(" ".repeat(i64::try_from(v)?.max(0) as usize)),
-        },
-    };
-    let separators: Option<JValue> = kwargs.get("separators")?;
-    let (item_sep, key_sep) = match separators {
-        Some(s) if !s.is_none() => {
-            let parts: Vec<JValue> = s.try_iter()?.collect();
-            match (
-                parts.first().and_then(JValue::as_str),
-                parts.get(1).and_then(JValue::as_str),
-            ) {
-                (Some(a), Some(b)) if parts.len() == 2 => (a.to_owned(), b.to_owned()),
-                _ => {
-                    return Err(minijinja::Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be two strings",
-                    ))
-                }
-            }
-        }
-        // Python's defaults: ", " without indent, "," with it (lines end there).
-        _ if indent.is_some() => (",".into(), ": ".into()),
-        _ => (", ".into(), ": ".into()),
-    };
-    let json = Json {
-        indent,
-        item_sep,
-        key_sep,
-        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
-        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
-    };
-    kwargs.assert_all_used()?;
-    let mut out = String::new();
-    json.write(&mut out, value, 0)?;
-    Ok(JValue::from_safe_string(out))
-}
-
-/// Python's `json.dumps` settings.
-struct Json {
-    indent: Option<String>,
-    item_sep: String,
-    key_sep: String,
-    sort_keys: bool,
-    ensure_ascii: bool,
-}
-
-fn not_serializable(v: &JValue) -> minijinja::Error {
-    minijinja::Error::new(
-        ErrorKind::InvalidOperation,
-        format!("tojson: a {} is not JSON serializable", v.kind()),
-    )
-}
-
-impl Json {
-    fn newline(&self, out: &mut String, depth: usize) {
-        if let Some(indent) = &self.indent {
-            out.push('\n');
-            for _ in 0..depth {
-                out.push_str(indent);
-            }
-        }
-    }
-
-    fn write(
-        &self,
-        out: &mut String,
-        v: &JValue,
-        depth: usize,
-    ) -> std::result::Result<(), minijinja::Error> {
-        match v.kind() {
-            ValueKind::None => out.push_str("null"),
-            ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-            ValueKind::Number => out.push_str(&number(v)),
-            ValueKind::String => self.string(out, v.as_str().unwrap_or_default()),
-            ValueKind::Seq | ValueKind::Iterable => {
-                let items: Vec<JValue> = v.try_iter()?.collect();
-                self.container(out, depth, '[', ']', &items, |out, item, d| {
-                    self.write(out, item, d)
-                })?;
-            }
-            ValueKind::Map => {
-                let obj = v.as_object().ok_or_else(|| not_serializable(v))?;
-                let mut pairs: Vec<(JValue, JValue)> = obj
-                    .try_iter_pairs()
-                    .ok_or_else(|| not_serializable(v))?
-                    .collect();
-                if self.sort_keys {
-                    pairs.sort_by(|a, b| a.0.cmp(&b.0));
-                }
-                self.container(out, depth, '{', '}', &pairs, |out, (k, val), d| {
-                    let key = match k.kind() {
-                        ValueKind::String => k.as_str().unwrap_or_default().to_owned(),
-                        ValueKind::None => "null".into(),
-                        ValueKind::Bool | ValueKind::Number => {
-                            let mut s = String::new();
-                            self.write(&mut s, k, 0)?;
-                            s
-                        }
-                        _ => {
-                            return Err(minijinja::Error::new(
-                                ErrorKind::InvalidOperation,
-                                format!("tojson: keys must be strings, not {}", k.kind()),
-                            ))
-                        }
-                    };
-                    self.string(out, &key);
-                    out.push_str(&self.key_sep);
-                    self.write(out, val, d)
-                })?;
-            }
-            _ => return Err(not_serializable(v)),
-        }
-        Ok(())
-    }
-
-    fn container<T>(
-        &self,
-        out: &mut String,
-        depth: usize,
-        open: char,
-        close: char,
-        items: &[T],
-        mut each: impl FnMut(&mut String, &T, usize) -> std::result::Result<(), minijinja::Error>,
-    ) -> std::result::Result<(), minijinja::Error> {
-        out.push(open);
-        if items.is_empty() {
-            out.push(close);
-            return Ok(());
-        }
-        for (i, item) in items.iter().enumerate() {
-            if i > 0 {
-                out.push_str(&self.item_sep);
-            }
-            self.newline(out, depth + 1);
-            each(out, item, depth + 1)?;
-        }
-        self.newline(out, depth);
-        out.push(close);
-        Ok(())
-    }
-
-    fn string(&self, out: &mut String, s: &str) {
-        out.push('"');
-        for c in s.chars() {
-            match c {
-                '"' => out.push_str("\\\""),
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\r' => out.push_str("\\r"),
-                '\t' => out.push_str("\\t"),
-                '\u{8}' => out.push_str("\\b"),
-                '\u{c}' => out.push_str("\\f"),
-                c if (c as u32) < 0x20 || (self.ensure_ascii && !c.is_ascii()) => {
-                    let mut units = [0u16; 2];
-                    for u in c.encode_utf16(&mut units) {
-                        let _ = write!(out, "\\u{u:04x}");
-                    }
-                }
-                c => out.push(c),
-            }
-        }
-        out.push('"');
-    }
-}
-
-/// A number as Python's `repr` (and so `json.dumps`) writes it: integers in full; floats in
-/// the shortest form that reads back the same, with `.0` on whole numbers and an exponent
-/// below 1e-4 or from 1e16 on.
-fn number(v: &JValue) -> String {
-    if v.is_integer() {
-        return v.to_string();
-    }
-    let Ok(x) = f64::try_from(v.clone()) else {
-        return v.to_string();
-    };
-    py_float(x)
-}
-
-fn py_float(x: f64) -> String {
-    if x.is_nan() {
-        return "NaN".into();
-    }
-    if x.is_infinite() {
-        return if x > 0.0 { "Infinity" } else { "-Infinity" }.into();
-    }
-    // Rust's `{:e}` gives the shortest round-tripping digits: "d.ddde±x".
-    let sci = format!("{x:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    if (-4..16).contains(&exp) {
-        let point = exp + 1; // digits before the decimal point
-        if point <= 0 {
-            format!("{sign}0.{}{digits}", "0".repeat((-point) as usize))
-        } else if point as usize >= digits.len() {
-            format!(
-                "{sign}{digits}{}.0",
-                "0".repeat(point as usize - digits.len())
-            )
-        } else {
-            let (int, frac) = digits.split_at(point as usize);
-            format!("{sign}{int}.{frac}")
-        }
-    } else {
-        let (first, rest) = digits.split_at(1);
-        let frac = if rest.is_empty() {
-            String::new()
-        } else {
-            format!(".{rest}")
-        };
-        format!(
-            "{sign}{first}{frac}e{}{:02}",
-            if exp < 0 { '-' } else { '+' },
-            exp.abs()
-        )
-    }
-}
-
-// ------------------------------------------------------------------------- strftime_now
-
-const MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
-const DAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
-
-/// Calendar fields of a UTC time.
-struct Civil {
-    year: i64,
-    month: u32, // 1..=12
-    day: u32,   // 1..=31
-    hour: u32,
-    minute: u32,
-    second: u32,
-    weekday: usize, // 0 = Monday
-    yday: u32,      // 1..=366
-}
-
-fn civil(t: SystemTime) -> Civil {
-    let secs = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs() as i64,
-        Err(e) => -(e.duration().as_secs() as i64) - 1,
-    };
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400) as u32;
-    // Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    const BEFORE: [u32; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = BEFORE[month as usize - 1] + day + u32::from(leap && month > 2);
-    Civil {
-        year,
-        month,
-        day,
-        hour: rem / 3600,
-        minute: rem / 60 % 60,
-        second: rem % 60,
-        weekday: (days + 3).rem_euclid(7) as usize, // 1970-01-01 was a Thursday
-        yday,
-    }
-}
-
-/// Python's `datetime.strftime` for the C directives that do not depend on the locale beyond
-/// English names; other `%x` pass through unchanged, as glibc leaves them.
-fn strftime(now: SystemTime, format: &str) -> String {
-    let c = civil(now);
-    let hour12 = match c.hour % 12 {
-        0 => 12,
-        h => h,
-    };
-    let mut out = String::with_capacity(format.len() + 16);
-    let mut chars = format.chars();
-    while let Some(ch) = chars.next() {
-        if ch != '%' {
-            out.push(ch);
-            continue;
-        }
-        let Some(d) = chars.next() else {
-            out.push('%');
-            break;
-        };
-        let _ = match d {
-            'Y' => write!(out, "{}", c.year),
-            'y' => write!(out, "{:02}", c.year.rem_euclid(100)),
-            'm' => write!(out, "{:02}", c.month),
-            'd' => write!(out, "{:02}", c.day),
-            'e' => write!(out, "{:2}", c.day),
-            'H' => write!(out, "{:02}", c.hour),
-            'I' => write!(out, "{hour12:02}"),
-            'M' => write!(out, "{:02}", c.minute),
-            'S' => write!(out, "{:02}", c.second),
-            'p' => write!(out, "{}", if c.hour < 12 { "AM" } else { "PM" }),
-            'j' => write!(out, "{:03}", c.yday),
-            'B' => write!(out, "{}", MONTHS[c.month as usize - 1]),
-            'b' | 'h' => write!(out, "{}", &MONTHS[c.month as usize - 1][..3]),
-            'A' => write!(out, "{}", DAYS[c.weekday]),
-            'a' => write!(out, "{}", &DAYS[c.weekday][..3]),
-            'u' => write!(out, "{}", c.weekday + 1),
-            'w' => write!(out, "{}", (c.weekday + 1) % 7),
-            'F' => write!(out, "{}-{:02}-{:02}", c.year, c.month, c.day),
-            'T' => write!(out, "{:02}:{:02}:{:02}", c.hour, c.minute, c.second),
-            '%' => write!(out, "%"),
-            other => write!(out, "%{other}"),
-        };
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -653,41 +301,6 @@ mod tests {
 
     fn render(src: &str, messages: &[Value]) -> Result<String> {
         ChatTemplate::new("t", src).render(messages, &ChatOptions::default())
-    }
-
-    #[test]
-    fn python_float_repr() {
-        for (x, s) in [
-            (1.0, "1.0"),
-            (18.5, "18.5"),
-            (0.1, "0.1"),
-            (1e16, "1e+16"),
-            (1.5e-5, "1.5e-05"),
-            (0.0001, "0.0001"),
-            (-2.5, "-2.5"),
-            (123456789012345.6, "123456789012345.6"),
-            (1e22, "1e+22"),
-        ] {
-            assert_eq!(py_float(x), s, "{x}");
-        }
-    }
-
-    #[test]
-    fn civil_dates() {
-        let at = |s: u64| UNIX_EPOCH + std::time::Duration::from_secs(s);
-        assert_eq!(
-            strftime(at(0), "%Y-%m-%d %H:%M:%S %a %j"),
-            "1970-01-01 00:00:00 Thu 001"
-        );
-        // 2024-02-29 12:34:56 UTC, a leap day (Thursday).
-        assert_eq!(
-            strftime(at(1_709_210_096), "%d %b %Y|%B %d, %Y|%A|%I %p|%j|%%"),
-            "29 Feb 2024|February 29, 2024|Thursday|12 PM|060|%"
-        );
-        assert_eq!(
-            strftime(at(1_738_919_103), "%d %b %Y %H:%M:%S"),
-            "07 Feb 2025 09:05:03"
-        );
     }
 
     #[test]
