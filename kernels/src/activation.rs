@@ -1,13 +1,14 @@
-//! Elementwise activations, the SwiGLU gate, the row softmax and the residual add.
+//! Elementwise activations, the SwiGLU and GeGLU gates, soft-capping, the row softmax and the
+//! residual add.
 //!
 //! Every kernel has a plain `*_scalar` reference beside it. The fast versions of the
 //! kernels that only need `+ · max` ([`relu_inplace`], [`add_inplace`]) are one generic body
 //! dispatched at run time through [`pulp::Arch`]; the ones that need a vector `exp` or `erf`
-//! ([`silu_inplace`], [`swiglu`], [`gelu_tanh_inplace`], [`gelu_erf_inplace`],
-//! [`softmax_inplace`]) are written for AVX2+FMA with
+//! ([`silu_inplace`], [`swiglu`], [`gelu_tanh_inplace`], [`geglu_tanh`], [`gelu_erf_inplace`],
+//! [`softcap_inplace`], [`softmax_inplace`]) are written for AVX2+FMA with
 //! [`simd::avx2::exp`](crate::simd) and fall back to scalar code on other CPUs (or with
-//! `QKV_FORCE_SCALAR=1`): their reference, except [`gelu_tanh_inplace`], whose fallback keeps
-//! the vector path's sigmoid form.
+//! `QKV_FORCE_SCALAR=1`): their reference, except [`gelu_tanh_inplace`] and [`geglu_tanh`],
+//! whose fallback keeps the vector path's sigmoid form.
 //!
 //! ```
 //! use qkv_kernels::activation::{softmax_inplace, swiglu};
@@ -243,7 +244,7 @@ fn swiglu_serial(out: &mut [f32], gate: &[f32], up: &[f32]) {
     if crate::simd::has_avx2_fma_f16c() {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above; the three
         // lengths are equal (the caller checked).
-        unsafe { avx2::swiglu(out, gate, up) };
+        unsafe { avx2::glu::<avx2::Silu>(out, gate, up) };
         return;
     }
     swiglu_plain(out, gate, up);
@@ -266,7 +267,7 @@ pub fn swiglu_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------
-// GELU
+// GELU / GeGLU
 // ---------------------------------------------------------------------------------------
 
 /// The tanh approximation of GELU in place,
@@ -299,6 +300,60 @@ pub fn gelu_tanh_inplace_scalar(x: &mut [f32]) {
     }
 }
 
+/// `out = gelu_tanh(gate) · up` elementwise: the gated FFN activation of Gemma's MLPs
+/// (`gelu_pytorch_tanh`), computed as [`gelu_tanh_inplace`] computes GELU. Errors unless
+/// `out`, `gate` and `up` have the same length.
+///
+/// ```
+/// use qkv_kernels::activation::geglu_tanh;
+/// let mut out = [0.0f32; 2];
+/// geglu_tanh(&mut out, &[0.0, 10.0], &[5.0, 2.0]).unwrap();
+/// assert_eq!(out[0], 0.0); // gelu(0) = 0
+/// assert!((out[1] - 20.0).abs() < 1e-5); // gelu(10) ≈ 10
+/// ```
+pub fn geglu_tanh(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
+    check_len("gate", out.len(), gate.len())?;
+    check_len("up", out.len(), up.len())?;
+    match crate::par_elems(out.len()) {
+        Some(piece) => out
+            .par_chunks_mut(piece)
+            .zip(gate.par_chunks(piece))
+            .zip(up.par_chunks(piece))
+            .for_each(|((o, g), u)| geglu_tanh_serial(o, g, u)),
+        None => geglu_tanh_serial(out, gate, up),
+    }
+    Ok(())
+}
+
+/// [`geglu_tanh`] on the calling thread; the three lengths are equal.
+fn geglu_tanh_serial(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above; the three
+        // lengths are equal (the caller checked).
+        unsafe { avx2::glu::<avx2::GeluTanh>(out, gate, up) };
+        return;
+    }
+    // Same sigmoid form as the vector path, one element at a time.
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let minus_2u = -2.0 * GELU_TANH_BETA * (g + GELU_TANH_KAPPA * g * g * g);
+        *o = g / (1.0 + minus_2u.exp()) * u;
+    }
+}
+
+/// Scalar reference for [`geglu_tanh`]: PyTorch's `gelu(gate, approximate="tanh")`
+/// literally, rounded to f32, then times `up`.
+pub fn geglu_tanh_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
+    check_len("gate", out.len(), gate.len())?;
+    check_len("up", out.len(), up.len())?;
+    out.copy_from_slice(gate);
+    gelu_tanh_inplace_scalar(out);
+    for (o, &u) in out.iter_mut().zip(up) {
+        *o *= u;
+    }
+    Ok(())
+}
+
 /// Exact GELU in place, `x·Φ(x) = 0.5·x·(1 + erf(x/√2))` (PyTorch's default `nn.GELU()`,
 /// BERT's `gelu`).
 ///
@@ -322,6 +377,42 @@ pub fn gelu_erf_inplace_scalar(x: &mut [f32]) {
     for v in x {
         let a = *v as f64;
         *v = (0.5 * a * erfc_f64(-a * std::f64::consts::FRAC_1_SQRT_2)) as f32;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// soft-capping
+// ---------------------------------------------------------------------------------------
+
+/// `x = cap · tanh(x / cap)` in place: Gemma 2's soft-capping of logits, which squashes them
+/// smoothly into `(−cap, cap)`. `cap` should be positive and finite (the caller checks). A
+/// NaN stays NaN.
+///
+/// The vector path evaluates `tanh(u)` as an odd Taylor polynomial for `|u| < 1/4` and as
+/// `(1 − e^(−2|u|)) / (1 + e^(−2|u|))` above; its relative error stays below 1e-6 (see the
+/// sweep in the tests), so the result is within `1e-6·|x|` of the scalar reference.
+///
+/// ```
+/// use qkv_kernels::activation::softcap_inplace;
+/// let mut x = [0.0f32, 1000.0, -1000.0];
+/// softcap_inplace(&mut x, 30.0);
+/// assert_eq!(x, [0.0, 30.0, -30.0]);
+/// ```
+pub fn softcap_inplace(x: &mut [f32], cap: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected at run time just above.
+        unsafe { avx2::softcap(x, cap) };
+        return;
+    }
+    softcap_inplace_scalar(x, cap);
+}
+
+/// Scalar reference for [`softcap_inplace`]: `cap · tanh(x / cap)` in f32, in PyTorch's order
+/// (divide, `tanh`, multiply).
+pub fn softcap_inplace_scalar(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = cap * (*v / cap).tanh();
     }
 }
 
@@ -426,10 +517,10 @@ pub fn argmax_scalar(x: &[f32]) -> usize {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     //! AVX2+FMA bodies. Every function here is `unsafe` with the one contract that the
     //! caller has checked [`crate::simd::has_avx2_fma_f16c`].
-    use crate::simd::avx2::{exp, hmax, hsum};
+    use crate::simd::avx2::{exp, exp_nonpositive, hmax, hsum};
     use core::arch::x86_64::*;
 
     /// An 8-lane elementwise function, inlined into the `#[target_feature]` loop.
@@ -579,9 +670,9 @@ mod avx2 {
         }
     }
 
-    /// `out = silu(gate) · up`, equal lengths.
+    /// `out = M(gate) · up`, equal lengths (SwiGLU with [`Silu`], GeGLU with [`GeluTanh`]).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) {
+    pub unsafe fn glu<M: Map8>(out: &mut [f32], gate: &[f32], up: &[f32]) {
         let n = out.len();
         let n8 = n / 8 * 8;
         let (o, g, u) = (out.as_mut_ptr(), gate.as_ptr(), up.as_ptr());
@@ -589,7 +680,7 @@ mod avx2 {
         while i < n8 {
             // SAFETY: i + 8 ≤ n8 ≤ len of all three slices (equal, checked by the caller).
             unsafe {
-                let s = silu8(_mm256_loadu_ps(g.add(i)));
+                let s = M::f(_mm256_loadu_ps(g.add(i)));
                 _mm256_storeu_ps(o.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.add(i))));
             }
             i += 8;
@@ -602,13 +693,82 @@ mod avx2 {
             ub[..r].copy_from_slice(&up[n8..]);
             // SAFETY: the buffers hold exactly 8 f32 each.
             unsafe {
-                let s = silu8(_mm256_loadu_ps(gb.as_ptr()));
+                let s = M::f(_mm256_loadu_ps(gb.as_ptr()));
                 _mm256_storeu_ps(
                     gb.as_mut_ptr(),
                     _mm256_mul_ps(s, _mm256_loadu_ps(ub.as_ptr())),
                 );
             }
             out[n8..].copy_from_slice(&gb[..r]);
+        }
+    }
+
+    /// Taylor coefficients of `tanh(u)/u` in `u²` (`1, −1/3, 2/15, −17/315, 62/2835,
+    /// −1382/155925`): below `|u| = 1/4` the next term is under 3e-11 of `u`.
+    const TANH_SMALL: [f32; 6] = [
+        1.0,
+        -1.0 / 3.0,
+        2.0 / 15.0,
+        -17.0 / 315.0,
+        62.0 / 2835.0,
+        -1382.0 / 155_925.0,
+    ];
+
+    /// `tanh(x)` for 8 lanes: the polynomial above for `|x| < 1/4`, else
+    /// `(1 − t)/(1 + t)` with `t = e^(−2|x|)` and the sign of `x` (no cancellation: `t ≤ 0.61`
+    /// there). NaN lanes stay NaN.
+    #[inline(always)]
+    pub unsafe fn tanh8(x: __m256) -> __m256 {
+        let sign = _mm256_set1_ps(-0.0);
+        let ax = _mm256_andnot_ps(sign, x);
+        let x2 = _mm256_mul_ps(x, x);
+        let small = _mm256_mul_ps(x, horner(&TANH_SMALL, x2));
+        let one = _mm256_set1_ps(1.0);
+        let t = exp_nonpositive(_mm256_mul_ps(ax, _mm256_set1_ps(-2.0)));
+        let large = _mm256_div_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t));
+        let large = _mm256_or_ps(large, _mm256_and_ps(x, sign));
+        let is_small = _mm256_cmp_ps::<_CMP_LT_OQ>(ax, _mm256_set1_ps(0.25));
+        let r = _mm256_blendv_ps(large, small, is_small);
+        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+        _mm256_blendv_ps(r, x, nan)
+    }
+
+    /// See [`super::softcap_inplace`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn softcap(x: &mut [f32], cap: f32) {
+        // SAFETY: the function's contract.
+        unsafe { softcap_body(x, cap) }
+    }
+
+    /// The body of [`softcap`], inlined into callers that have the features (the attention
+    /// kernel's score soft-capping). The tail goes through a padded register, so every
+    /// element gets the same arithmetic.
+    #[inline(always)]
+    pub unsafe fn softcap_body(x: &mut [f32], cap: f32) {
+        // x / cap as x · (1/cap) would round twice; divide exactly like the reference.
+        let c = _mm256_set1_ps(cap);
+        let n8 = x.len() / 8 * 8;
+        let p = x.as_mut_ptr();
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 ≤ n8 ≤ len.
+            unsafe {
+                let v = _mm256_div_ps(_mm256_loadu_ps(p.add(i)), c);
+                _mm256_storeu_ps(p.add(i), _mm256_mul_ps(c, tanh8(v)));
+            }
+            i += 8;
+        }
+        let tail = &mut x[n8..];
+        if !tail.is_empty() {
+            let mut buf = [0.0f32; 8];
+            buf[..tail.len()].copy_from_slice(tail);
+            // SAFETY: `buf` holds exactly 8 f32.
+            unsafe {
+                let v = _mm256_div_ps(_mm256_loadu_ps(buf.as_ptr()), c);
+                _mm256_storeu_ps(buf.as_mut_ptr(), _mm256_mul_ps(c, tanh8(v)));
+            }
+            let n = tail.len();
+            tail.copy_from_slice(&buf[..n]);
         }
     }
 

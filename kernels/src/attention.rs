@@ -11,9 +11,11 @@
 //! - Streaming softmax: keys are visited in blocks; each query row keeps its running maximum,
 //!   normaliser and weighted sum, so the `tq × tk` score matrix never exists beyond one block
 //!   per worker thread.
-//! - Masks ([`AttentionMask`]) are fused into the loop: causal with a query offset, per-key
-//!   padding flags at any positions, and an optional dense `[tq, tk]` mask. Key blocks that lie
-//!   wholly in the future of every query of a block are skipped, not computed.
+//! - Masks ([`AttentionMask`]) are fused into the loop: causal with a query offset, a sliding
+//!   window beside the causal end, per-key padding flags at any positions, and an optional
+//!   dense `[tq, tk]` mask. Key blocks that lie wholly in the future of every query of a
+//!   block, or wholly before the window of every one, are skipped, not computed. Scores may
+//!   be soft-capped (`cap·tanh(s/cap)`) on the way, in the same loop.
 //! - **A query row whose keys are all masked returns zeros** (PyTorch would return NaN with
 //!   `-inf` fills, or the mean of V with `-1e9` fills).
 //! - Work is split over (KV head, query block) across rayon's pool; when that gives too few
@@ -182,17 +184,25 @@ impl<'a> KvView<'a> {
     }
 }
 
-/// Which (query, key) pairs may attend. `true` means *visible* everywhere in this API; a key is
-/// attended only if every given mask allows it.
+/// Which (query, key) pairs may attend, and how their scores are capped. `true` means
+/// *visible* everywhere in this API; a key is attended only if every given mask allows it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttentionMask<'a> {
     /// Causal masking with a query offset `p₀`: query `i` sits at absolute position `p₀ + i`
     /// and sees keys `j ≤ p₀ + i`. `Some(0)` is PyTorch's `is_causal=True` (top-left aligned).
     pub causal_offset: Option<usize>,
+    /// A sliding window of `w` positions beside the causal end: query `i` sees only keys
+    /// `j > p₀ + i − w`, the `w` most recent positions, itself included (Mistral's and
+    /// Gemma's local attention, transformers' `kv_idx > q_idx − sliding_window`). Needs
+    /// `causal_offset`; `w ≥ 1`.
+    pub window: Option<usize>,
     /// Per-key flags, length `tk`: `false` marks padding that no query attends.
     pub key_keep: Option<&'a [bool]>,
     /// Dense flags `[tq, tk]`, row-major: `false` blocks that (query, key) pair.
     pub dense_keep: Option<&'a [bool]>,
+    /// Soft-capping of the scaled scores, `s → cap·tanh(s / cap)` before the masks and the
+    /// softmax (Gemma 2's `attn_logit_softcapping`). Finite and positive.
+    pub softcap: Option<f32>,
 }
 
 impl<'a> AttentionMask<'a> {
@@ -206,6 +216,39 @@ impl<'a> AttentionMask<'a> {
         AttentionMask {
             causal_offset: Some(offset),
             ..Self::default()
+        }
+    }
+
+    /// Causal masking with a sliding window of `window` positions (see
+    /// [`window`](Self::window)), queries starting at absolute position `offset`.
+    ///
+    /// ```
+    /// use qkv_kernels::AttentionMask;
+    /// // Query 0 at position 5 with a window of 3 sees keys 3, 4 and 5.
+    /// let m = AttentionMask::sliding(5, 3);
+    /// assert!(!m.visible(0, 2, 8) && m.visible(0, 3, 8) && !m.visible(0, 6, 8));
+    /// ```
+    pub fn sliding(offset: usize, window: usize) -> Self {
+        AttentionMask {
+            causal_offset: Some(offset),
+            window: Some(window),
+            ..Self::default()
+        }
+    }
+
+    /// Adds soft-capping of the scores at `cap` (see [`softcap`](Self::softcap)).
+    pub fn with_softcap(mut self, cap: f32) -> Self {
+        self.softcap = Some(cap);
+        self
+    }
+
+    /// The first key query `i` may see under the sliding window (0 without one); keys
+    /// before it are masked. Saturates instead of wrapping.
+    #[inline]
+    pub fn window_start(&self, i: usize) -> usize {
+        match (self.causal_offset, self.window) {
+            (Some(p0), Some(w)) => p0.saturating_add(i).saturating_add(1).saturating_sub(w),
+            _ => 0,
         }
     }
 
@@ -232,7 +275,7 @@ impl<'a> AttentionMask<'a> {
             return false;
         }
         if let Some(p0) = self.causal_offset {
-            if j > p0.saturating_add(i) {
+            if j > p0.saturating_add(i) || j < self.window_start(i) {
                 return false;
             }
         }
@@ -384,6 +427,26 @@ fn validate(
             )));
         }
     }
+    match (mask.window, mask.causal_offset) {
+        (Some(0), _) => {
+            return Err(KernelError::Invalid(
+                "window must be at least 1 position".into(),
+            ))
+        }
+        (Some(w), None) => {
+            return Err(KernelError::Invalid(format!(
+                "window {w} needs a causal_offset (the window ends at each query's position)"
+            )))
+        }
+        _ => {}
+    }
+    if let Some(cap) = mask.softcap {
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(KernelError::Invalid(format!(
+                "softcap must be finite and positive, got {cap}"
+            )));
+        }
+    }
     // The per-thread buffers of this shape must be sizeable (they can only overflow for
     // views with zero strides, whose slices need not hold heads · dim elements).
     if streaming::ScratchSizes::new(q.heads, k.heads, q.dim, v.dim, rayon::current_num_threads())
@@ -524,6 +587,9 @@ pub fn attention_with_probs(
                         dot += q.data[qo + d] * k.get(j, g, d);
                     }
                     *s = dot * scale;
+                    if let Some(cap) = mask.softcap {
+                        *s = cap * (*s / cap).tanh();
+                    }
                     max = max.max(*s);
                 } else {
                     *s = f32::NEG_INFINITY;

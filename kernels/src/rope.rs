@@ -55,37 +55,66 @@ pub struct RopeTable {
     sin: Vec<f32>,
 }
 
+/// The unscaled frequencies `θᵢ = 1 / base^(f32(2i) / f32(head_dim))` for `i < head_dim/2`,
+/// rounded as Hugging Face's f32 `inv_freq` (see the module docs). `head_dim` must be even
+/// and non-zero, `base` finite and positive.
+pub fn inv_freq(head_dim: usize, base: f32) -> Result<Vec<f32>> {
+    check_nonzero("head_dim", head_dim)?;
+    if !head_dim.is_multiple_of(2) {
+        return Err(KernelError::Invalid(format!(
+            "RoPE head_dim must be even, got {head_dim}"
+        )));
+    }
+    if !(base.is_finite() && base > 0.0) {
+        return Err(KernelError::Invalid(format!(
+            "RoPE base must be finite and positive, got {base}"
+        )));
+    }
+    Ok((0..head_dim / 2)
+        .map(|i| {
+            let e = (2 * i) as f32 / head_dim as f32;
+            let p = (base as f64).powf(e as f64) as f32;
+            1.0f32 / p
+        })
+        .collect())
+}
+
 impl RopeTable {
     /// Builds the table for heads of `head_dim` (even, non-zero) and positions
     /// `0..max_positions` (non-zero), with frequency base `base` (finite, > 0; 10000 for
     /// Llama 2, 500000 for Llama 3). Takes `max_positions · head_dim` f32 of memory; errors
     /// (rather than panicking or aborting) when that size overflows or cannot be allocated.
     pub fn new(head_dim: usize, base: f32, max_positions: usize) -> Result<RopeTable> {
-        check_nonzero("head_dim", head_dim)?;
+        Self::from_inv_freq(&inv_freq(head_dim, base)?, max_positions)
+    }
+
+    /// Builds the table from explicit per-pair frequencies `θᵢ` (`head_dim = 2·len`): the
+    /// scaled variants — linear position interpolation, Llama 3's smoothed bands, GGUF's
+    /// `rope_freqs` factors — differ from [`RopeTable::new`] only in these. Each `θᵢ` must be
+    /// finite; the angles and their cos/sin are rounded as the module docs describe.
+    ///
+    /// ```
+    /// use qkv_kernels::rope::{inv_freq, RopeTable};
+    /// // Linear scaling by 4: every frequency divided by the factor.
+    /// let theta: Vec<f32> = inv_freq(8, 10000.0).unwrap().iter().map(|f| f / 4.0).collect();
+    /// let t = RopeTable::from_inv_freq(&theta, 64).unwrap();
+    /// assert_eq!(t.cos(8), RopeTable::new(8, 10000.0, 64).unwrap().cos(2));
+    /// ```
+    pub fn from_inv_freq(inv_freq: &[f32], max_positions: usize) -> Result<RopeTable> {
+        let half = inv_freq.len();
+        check_nonzero("head_dim", half)?;
         check_nonzero("max_positions", max_positions)?;
-        if !head_dim.is_multiple_of(2) {
+        if let Some(bad) = inv_freq.iter().find(|f| !f.is_finite()) {
             return Err(KernelError::Invalid(format!(
-                "RoPE head_dim must be even, got {head_dim}"
+                "RoPE frequencies must be finite, got {bad}"
             )));
         }
-        if !(base.is_finite() && base > 0.0) {
-            return Err(KernelError::Invalid(format!(
-                "RoPE base must be finite and positive, got {base}"
-            )));
-        }
-        let half = head_dim / 2;
+        let head_dim = half * 2;
         let len = max_positions.checked_mul(half).ok_or_else(|| {
             KernelError::Invalid(format!(
                 "RoPE table of {max_positions} positions × {half} pairs overflows"
             ))
         })?;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| {
-                let e = (2 * i) as f32 / head_dim as f32;
-                let p = (base as f64).powf(e as f64) as f32;
-                1.0f32 / p
-            })
-            .collect();
         // Both tables up front, fallibly: an absurd `max_positions` is an error, not a
         // capacity-overflow panic or an allocation-failure abort.
         let what = || {
@@ -102,7 +131,7 @@ impl RopeTable {
             .enumerate()
         {
             let pf = p as f32;
-            for ((c, s), &f) in c.iter_mut().zip(s.iter_mut()).zip(&inv_freq) {
+            for ((c, s), &f) in c.iter_mut().zip(s.iter_mut()).zip(inv_freq) {
                 let angle = (pf * f) as f64;
                 *c = angle.cos() as f32;
                 *s = angle.sin() as f32;

@@ -27,6 +27,7 @@ impl Rng {
 }
 
 /// Plain attention on dense `[t, heads, d]` arrays, f64 accumulation; all-masked rows → 0.
+/// Scores are soft-capped (`cap·tanh(s/cap)`, in f64) when `softcap` is given.
 #[allow(clippy::too_many_arguments)]
 fn naive(
     q: &[f32],
@@ -39,6 +40,7 @@ fn naive(
     d: usize,
     dv: usize,
     visible: &dyn Fn(usize, usize) -> bool,
+    softcap: Option<f32>,
 ) -> (Vec<f32>, Vec<f32>) {
     let group = heads / kv_heads;
     let scale = 1.0 / (d as f64).sqrt();
@@ -56,6 +58,10 @@ fn naive(
                         })
                         .sum();
                     *sj = dot * scale;
+                    if let Some(cap) = softcap {
+                        let cap = cap as f64;
+                        *sj = cap * (*sj / cap).tanh();
+                    }
                 }
             }
             let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -96,6 +102,9 @@ struct Case {
     dv: usize,
     f16_kv: bool,
     causal: Option<usize>,
+    /// Sliding window (only with `causal`).
+    window: Option<usize>,
+    softcap: Option<f32>,
     pads: bool,
     dense: bool,
 }
@@ -110,6 +119,8 @@ fn check(case: Case, rng: &mut Rng) {
         dv,
         f16_kv,
         causal,
+        window,
+        softcap,
         pads,
         dense,
     } = case;
@@ -130,6 +141,8 @@ fn check(case: Case, rng: &mut Rng) {
     let dense_keep: Vec<bool> = (0..tq * tk).map(|x| !(dense && x % 7 == 3)).collect();
     let mut mask = AttentionMask {
         causal_offset: causal,
+        window,
+        softcap,
         ..Default::default()
     };
     if pads {
@@ -139,7 +152,9 @@ fn check(case: Case, rng: &mut Rng) {
         mask.dense_keep = Some(&dense_keep);
     }
     let visible = |i: usize, j: usize| mask.visible(i, j, tk);
-    let (expected, expected_probs) = naive(&q, &k, &v, tq, tk, heads, kv_heads, d, dv, &visible);
+    let (expected, expected_probs) = naive(
+        &q, &k, &v, tq, tk, heads, kv_heads, d, dv, &visible, softcap,
+    );
 
     let qv = QueryView::contiguous(&q, tq, heads, d);
     let (kv, vv) = if f16_kv {
@@ -198,10 +213,16 @@ fn matches_naive_on_awkward_shapes() {
                 1 => Some(0),
                 _ => Some(rng.below(tk + 3)),
             },
+            window: None,
+            softcap: (rng.below(4) == 0).then(|| 0.5 + 4.0 * (rng.uniform() + 1.0) / 2.0),
             pads: rng.below(2) == 0,
             dense: rng.below(4) == 0,
         };
-        check(case, &mut rng);
+        let window = case
+            .causal
+            .filter(|_| rng.below(2) == 0)
+            .map(|_| 1 + rng.below(tk + 2));
+        check(Case { window, ..case }, &mut rng);
     }
 }
 
@@ -217,6 +238,8 @@ fn long_prefill_and_decode_paths() {
         dv: 64,
         f16_kv: false,
         causal: None,
+        window: None,
+        softcap: None,
         pads: false,
         dense: false,
     };
@@ -272,6 +295,31 @@ fn long_prefill_and_decode_paths() {
         },
         &mut rng,
     );
+    // Sliding windows: a prefill whose windows start inside blocks (packed path, blocks
+    // wholly before every window skipped), on top of a cache; decode against a long cache
+    // with the window's keys split across threads; soft-capped scores on both.
+    for (tq, tk, w, f16_kv, softcap) in [
+        (300, 300, 100, false, None),
+        (200, 1200, 333, true, Some(2.0)),
+        (1, 3000, 700, false, None),
+        (1, 3000, 1, true, None),
+        (1, 5000, 4096, true, Some(1.5)),
+        (4, 2500, 65, false, None),
+        (9, 9, 3, false, Some(0.7)),
+    ] {
+        check(
+            Case {
+                tq,
+                tk,
+                causal: Some(tk - tq),
+                window: Some(w),
+                softcap,
+                f16_kv,
+                ..base
+            },
+            &mut rng,
+        );
+    }
     // Cross-attention: tq < tk, no causal, padded source.
     check(
         Case {
@@ -349,9 +397,19 @@ fn strided_cache_case(tq: usize) {
         .flat_map(|i| wide[i * 3 * heads * d..][..heads * d].to_vec())
         .collect();
     let mask = AttentionMask::causal(tk - tq);
-    let (expected, _) = naive(&qd, &kd, &vd, tq, tk, heads, kv_heads, d, d, &|i, j| {
-        mask.visible(i, j, tk)
-    });
+    let (expected, _) = naive(
+        &qd,
+        &kd,
+        &vd,
+        tq,
+        tk,
+        heads,
+        kv_heads,
+        d,
+        d,
+        &|i, j| mask.visible(i, j, tk),
+        None,
+    );
     let strided = |data| KvView {
         data: KvData::F32(data),
         rows: tk,
@@ -574,6 +632,46 @@ fn mask_visible_out_of_range_is_false() {
     // A causal position past usize::MAX sees every key.
     assert!(AttentionMask::causal(usize::MAX).visible(1, 7, 8));
     assert!(!AttentionMask::causal(0).visible(1, 2, 8));
+    // Sliding: query i at p₀ + i sees keys p₀ + i − w < j ≤ p₀ + i.
+    let m = AttentionMask::sliding(10, 4);
+    let seen: Vec<usize> = (0..20).filter(|&j| m.visible(2, j, 20)).collect();
+    assert_eq!(seen, [9, 10, 11, 12]);
+    assert_eq!(m.window_start(2), 9);
+    assert_eq!(AttentionMask::sliding(0, 100).window_start(3), 0);
+    assert_eq!(AttentionMask::causal(7).window_start(3), 0);
+    assert!(AttentionMask::sliding(usize::MAX, 2).visible(1, usize::MAX - 1, usize::MAX));
+}
+
+/// A window of 0 or without a causal offset, and a soft cap that is not a positive number,
+/// are typed errors naming the field.
+#[test]
+fn bad_window_and_softcap_are_typed_errors() {
+    let (tq, tk, heads, d) = (2, 5, 2, 8);
+    let q = vec![0.5f32; tq * heads * d];
+    let k = vec![0.25f32; tk * heads * d];
+    let qv = QueryView::contiguous(&q, tq, heads, d);
+    let kv = KvView::contiguous_f32(&k, tk, heads, d);
+    let mut out = vec![0.0f32; tq * heads * d];
+    let no_causal = AttentionMask {
+        window: Some(3),
+        ..AttentionMask::none()
+    };
+    let bad = [
+        (AttentionMask::sliding(0, 0), "window"),
+        (no_causal, "window"),
+        (AttentionMask::causal(3).with_softcap(0.0), "softcap"),
+        (AttentionMask::causal(3).with_softcap(-1.0), "softcap"),
+        (AttentionMask::none().with_softcap(f32::NAN), "softcap"),
+        (AttentionMask::none().with_softcap(f32::INFINITY), "softcap"),
+    ];
+    for (mask, what) in bad {
+        assert_invalid_naming(attention(&qv, &kv, &kv, &mask, None, &mut out), what);
+        assert_invalid_naming(attention_scalar(&qv, &kv, &kv, &mask, None, &mut out), what);
+        assert_invalid_naming(
+            attention_with_probs(&qv, &kv, &kv, &mask, None, &mut out),
+            what,
+        );
+    }
 }
 
 /// `reserve_scratch` reports bad and absurd shapes instead of panicking.

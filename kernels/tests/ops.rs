@@ -4,9 +4,10 @@
 
 use qkv_kernels::activation::{
     add_inplace, add_inplace_scalar, argmax, argmax_scalar, erf, erf_f64, erfc, erfc_f64,
-    gelu_erf_inplace, gelu_erf_inplace_scalar, gelu_tanh_inplace, gelu_tanh_inplace_scalar,
-    log_sum_exp, log_sum_exp_scalar, relu_inplace, relu_inplace_scalar, silu_inplace,
-    silu_inplace_scalar, softmax_inplace, softmax_inplace_scalar, swiglu, swiglu_scalar,
+    geglu_tanh, geglu_tanh_scalar, gelu_erf_inplace, gelu_erf_inplace_scalar, gelu_tanh_inplace,
+    gelu_tanh_inplace_scalar, log_sum_exp, log_sum_exp_scalar, relu_inplace, relu_inplace_scalar,
+    silu_inplace, silu_inplace_scalar, softcap_inplace, softcap_inplace_scalar, softmax_inplace,
+    softmax_inplace_scalar, swiglu, swiglu_scalar,
 };
 use qkv_kernels::convert::{f16_to_f32, f16_to_f32_scalar, f32_to_f16, f32_to_f16_scalar};
 use qkv_kernels::f16;
@@ -462,6 +463,82 @@ fn swiglu_matches_scalar() {
     assert!(swiglu(&mut out, &[0.0; 2], &[0.0; 3]).is_err());
     assert!(swiglu(&mut out, &[0.0; 3], &[0.0; 4]).is_err());
     assert!(swiglu_scalar(&mut out, &[0.0; 3], &[0.0; 2]).is_err());
+}
+
+#[test]
+fn geglu_matches_scalar() {
+    let mut rng = Rng::new(15);
+    for &n in &SIZES {
+        let g = rng.vec(n, -8.0, 8.0);
+        let u = rng.vec(n, -3.0, 3.0);
+        let mut a = vec![0.0; n];
+        let mut b = vec![0.0; n];
+        geglu_tanh(&mut a, &g, &u).unwrap();
+        geglu_tanh_scalar(&mut b, &g, &u).unwrap();
+        // As gelu_tanh (2e-7·|g| from the reference's cancellation, ≤ 1.6e-6 here), times
+        // |u| ≤ 3, plus the vector exp's ulps.
+        assert_close(&format!("geglu n {n}"), &a, &b, 5e-6, 1e-6);
+        // The gate is gelu_tanh exactly: the same arithmetic as the vector GELU.
+        let mut gelu = g.clone();
+        gelu_tanh_inplace(&mut gelu);
+        let prod: Vec<f32> = gelu.iter().zip(&u).map(|(x, y)| x * y).collect();
+        assert_eq!(a, prod, "geglu n {n} against gelu_tanh · up");
+    }
+    let mut out = [0.0f32; 3];
+    assert!(geglu_tanh(&mut out, &[0.0; 2], &[0.0; 3]).is_err());
+    assert!(geglu_tanh_scalar(&mut out, &[0.0; 3], &[0.0; 4]).is_err());
+}
+
+#[test]
+fn softcap_matches_scalar() {
+    // Gemma 2's caps (50 for attention scores, 30 for the final logits) over values well
+    // past them, and a small cap whose tanh argument crosses the polynomial's 1/4 boundary.
+    for (cap, lo, hi) in [
+        (50.0f32, -400.0, 400.0),
+        (30.0, -90.0, 90.0),
+        (1.0, -2.0, 2.0),
+    ] {
+        let mut rng = Rng::new(cap as u64);
+        for &n in &SIZES {
+            let x = rng.vec(n, lo, hi);
+            let (mut a, mut b) = (x.clone(), x.clone());
+            softcap_inplace(&mut a, cap);
+            softcap_inplace_scalar(&mut b, cap);
+            // tanh's vector form: below 1e-6 relative (see the sweep below), plus the f32
+            // rounding of the reference.
+            assert_close(&format!("softcap {cap} n {n}"), &a, &b, 1e-7, 1.2e-6);
+        }
+    }
+    // A dense sweep of tanh's argument through both branches and far out, against f64.
+    let xs: Vec<f32> = (-400_000..=400_000).map(|i| i as f32 * 2e-5).collect();
+    let mut got = xs.clone();
+    softcap_inplace(&mut got, 1.0);
+    let worst = xs
+        .iter()
+        .zip(&got)
+        .map(|(&x, &g)| {
+            let want = (x as f64).tanh();
+            if want == 0.0 {
+                (g as f64).abs()
+            } else {
+                ((g as f64 - want) / want).abs()
+            }
+        })
+        .fold(0.0f64, f64::max);
+    assert!(worst < 1e-6, "tanh: worst relative error {worst:e}");
+    // Exact at 0, saturates at ±cap, keeps NaN and the infinities' limits.
+    let mut edge = [
+        0.0f32,
+        -0.0,
+        1e30,
+        -1e30,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    softcap_inplace(&mut edge, 30.0);
+    assert_eq!(edge[..6], [0.0, -0.0, 30.0, -30.0, 30.0, -30.0]);
+    assert!(edge[1].is_sign_negative() && edge[6].is_nan());
 }
 
 #[test]

@@ -254,6 +254,7 @@ impl<'m> Mask<'m> {
                 Some(d) => Some(d.item(b).ok_or_else(|| missing("dense mask"))?),
                 None => None,
             },
+            ..AttentionMask::default()
         })
     }
 }
