@@ -1,5 +1,7 @@
-//! The model architectures: [`llama`] (decoder-only language models such as SmolLM2) and
-//! [`seq2seq`] (seed 004's encoder–decoder Transformer).
+//! The model architectures: [`llama`] (decoder-only language models such as SmolLM2),
+//! [`seq2seq`] (seed 004's encoder–decoder Transformer) and [`bert`] (BERT encoders and
+//! sentence embeddings).
+pub mod bert;
 pub mod llama;
 pub mod seq2seq;
 
