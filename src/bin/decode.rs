@@ -8,6 +8,9 @@
 //! decode convert IN OUT --dtype f16|f32
 //! decode perplexity --file TEXT [--model PATH] [--ctx N] [--kl-base FILE] [--dtype f16|f32]
 //!        [--threads N]
+//! decode embed --model DIR [--batch-size N] [--threads N]
+//! decode tokenize [--model PATH] [--prompt TEXT | text on stdin] [--no-bos]
+//!        [--no-parse-special]
 //! ```
 //!
 //! Without `--model` it runs the default model (SmolLM2-135M-Instruct), fetched once into the
@@ -59,6 +62,45 @@ enum Command {
     /// Perplexity of a text over non-overlapping windows, as `llama-perplexity` computes it;
     /// with --kl-base, also the KL divergence from (and top-token agreement with) a base run.
     Perplexity(PerplexityArgs),
+    /// Sentence embeddings: one text per line on stdin, one JSON array of floats per line on
+    /// stdout, in the same order.
+    Embed(EmbedArgs),
+    /// Token ids of a text as one JSON array, as `llama-tokenize --ids` prints them. Needs
+    /// only the tokenizer: vocab-only GGUF files work.
+    Tokenize(TokenizeArgs),
+}
+
+#[derive(Args, Debug)]
+struct TokenizeArgs {
+    /// A GGUF file (vocab-only is enough), a Hugging Face directory or a tokenizer.json;
+    /// default: SmolLM2-135M-Instruct, fetched once.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The text; read whole from stdin when absent (so any text, one starting with `-`
+    /// included, can be given).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Do not add the tokens the model puts around a text (BOS, or BERT's [CLS]/[SEP]).
+    #[arg(long)]
+    no_bos: bool,
+    /// Split special tokens spelt in the text (`<|im_end|>`) like any other text.
+    #[arg(long)]
+    no_parse_special: bool,
+}
+
+#[derive(Args, Debug)]
+struct EmbedArgs {
+    /// A sentence-transformers directory (modules.json, config.json, model.safetensors,
+    /// tokenizer.json), e.g. all-MiniLM-L6-v2.
+    #[arg(long)]
+    model: PathBuf,
+    /// Texts per forward pass. Lines are embedded as soon as this many have arrived, or when
+    /// no more input is waiting, so an interactive line gets its answer at once.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -167,6 +209,8 @@ fn main() -> ExitCode {
             dtype,
         }) => convert(&input, &output, dtype),
         Some(Command::Perplexity(args)) => perplexity(&args),
+        Some(Command::Embed(args)) => embed(&args),
+        Some(Command::Tokenize(args)) => tokenize(&args),
         None => run(&cli.run),
     };
     match result {
@@ -232,6 +276,91 @@ fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
         ));
     }
     println!("{}", report.to_json());
+    Ok(())
+}
+
+/// `decode embed`: stdin's lines embedded a batch at a time, each written as soon as its
+/// batch is done. A line is a text without its `\n` (and a `\r` before it); an empty line
+/// is the empty text, embedded as sentence-transformers embeds it.
+fn embed(args: &EmbedArgs) -> AnyResult<()> {
+    use std::io::BufRead;
+    set_threads(args.threads)?;
+    let start = Instant::now();
+    let embedder =
+        qkv::models::bert::Embedder::load(&args.model)?.with_batch_size(args.batch_size)?;
+    let load_ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut input = std::io::BufReader::with_capacity(1 << 16, std::io::stdin().lock());
+    let mut out = Out {
+        stdout: std::io::stdout().lock(),
+        closed: false,
+    };
+    let (mut texts, mut line, mut done) = (Vec::new(), Vec::new(), 0usize);
+    let run_start = Instant::now();
+    loop {
+        line.clear();
+        let eof = input.read_until(b'\n', &mut line)? == 0;
+        if !eof {
+            let text = line.strip_suffix(b"\n").unwrap_or(&line);
+            let text = text.strip_suffix(b"\r").unwrap_or(text);
+            let text = std::str::from_utf8(text)
+                .map_err(|e| format!("stdin line {}: not UTF-8 ({e})", done + texts.len() + 1))?;
+            texts.push(text.to_owned());
+        }
+        // A full batch, the end, or nothing more waiting in the buffer: embed what there is.
+        let ready = texts.len() >= args.batch_size || eof || input.buffer().is_empty();
+        if ready && !texts.is_empty() {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let mut lines = String::new();
+            for v in embedder.embed(&refs)? {
+                lines += &serde_json::to_string(&v)?;
+                lines.push('\n');
+            }
+            out.write(&lines)?;
+            done += texts.len();
+            texts.clear();
+        }
+        if eof || out.closed {
+            break;
+        }
+    }
+    let secs = run_start.elapsed().as_secs_f64();
+    note(format_args!(
+        "decode embed: {} (dimension {}, {} threads): load {load_ms:.0} ms | {done} texts in {secs:.2} s, {:.1} texts/s",
+        args.model.display(),
+        embedder.dim(),
+        rayon::current_num_threads(),
+        if secs > 0.0 { done as f64 / secs } else { 0.0 },
+    ));
+    Ok(())
+}
+
+/// `decode tokenize`: the ids of the prompt (or of all of stdin) as one JSON array.
+fn tokenize(args: &TokenizeArgs) -> AnyResult<()> {
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => qkv::fetch::default_model()?,
+    };
+    let tokenizer = qkv::tokenizer::Tokenizer::load(&path)?;
+    let text = match &args.prompt {
+        Some(p) => p.clone(),
+        None => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| format!("reading stdin: {e}"))?;
+            s
+        }
+    };
+    let opts = qkv::tokenizer::EncodeOptions {
+        add_special: !args.no_bos,
+        parse_special: !args.no_parse_special,
+    };
+    let ids = tokenizer.encode_with(&text, opts)?;
+    let mut out = Out {
+        stdout: std::io::stdout().lock(),
+        closed: false,
+    };
+    out.write(&(serde_json::to_string(&ids)? + "\n"))?;
     Ok(())
 }
 

@@ -1,7 +1,7 @@
-//! The pieces of byte-level BPE: the GPT-2 byte ↔ character map, the pre-tokenizer split and
-//! the rank-ordered merge loop.
+//! BPE with a merge list (GGUF `gpt2` and `gemma4`, Hugging Face `BPE`): the GPT-2 byte ↔
+//! character map, the rank-ordered merge loop, and what becomes of characters the vocabulary
+//! has no token for.
 
-use regex::Regex;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -33,82 +33,16 @@ pub(crate) fn char_to_byte() -> HashMap<char, u8> {
         .collect()
 }
 
-/// GPT-2's split pattern without its `\s+(?!\S)` alternative (the `regex` crate has no
-/// look-ahead); [`PreTokenizer::split`] restores that alternative's effect by hand.
-const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
-
-/// Splits text into the words BPE runs on: optionally every numeric character alone
-/// (Hugging Face's `Digits(individual_digits=true)`), then GPT-2's regex
-/// (`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`).
-#[derive(Clone, Debug)]
-pub(crate) struct PreTokenizer {
-    pattern: Regex,
-    /// Isolate every `\p{N}` character before the regex split.
-    pub(crate) split_digits: bool,
-}
-
-impl PreTokenizer {
-    pub(crate) fn new(split_digits: bool) -> PreTokenizer {
-        PreTokenizer {
-            pattern: Regex::new(GPT2_PATTERN).expect("the GPT-2 pattern compiles"),
-            split_digits,
-        }
-    }
-
-    /// Calls `f` on each word of `text`, in order; the words concatenate to `text`.
-    pub(crate) fn split<'t>(&self, text: &'t str, mut f: impl FnMut(&'t str)) {
-        if !self.split_digits {
-            return self.split_regex(text, &mut f);
-        }
-        let mut start = 0;
-        for (i, c) in text.char_indices() {
-            if c.is_numeric() {
-                self.split_regex(&text[start..i], &mut f);
-                let end = i + c.len_utf8();
-                f(&text[i..end]);
-                start = end;
-            }
-        }
-        self.split_regex(&text[start..], &mut f);
-    }
-
-    fn split_regex<'t>(&self, text: &'t str, f: &mut impl FnMut(&'t str)) {
-        let mut pos = 0;
-        while pos < text.len() {
-            let Some(m) = self.pattern.find_at(text, pos) else {
-                f(&text[pos..]);
-                return;
-            };
-            if m.start() > pos {
-                // Every character matches some alternative, so this does not happen; keep the
-                // text anyway rather than lose it.
-                f(&text[pos..m.start()]);
-            }
-            let mut end = m.end();
-            let s = m.as_str();
-            if end < text.len() && s.chars().all(char::is_whitespace) {
-                // `\s+(?!\S)`: a whitespace run followed by a non-space gives up its last
-                // character (which then starts the next word) when it has more than one.
-                if let Some((last, _)) = s.char_indices().last() {
-                    if last > 0 {
-                        end = m.start() + last;
-                    }
-                }
-            }
-            f(&text[m.start()..end]);
-            pos = end;
-        }
-    }
-}
-
 /// Merge table: pair of token ids → (rank, merged token id).
 pub(crate) type Merges = HashMap<(u32, u32), (u32, u32)>;
 
 const NONE: u32 = u32::MAX;
 
-/// Reusable buffers for [`bpe_word`].
+/// Reusable buffers for [`bpe_word`] and [`Bpe::encode_piece`].
 #[derive(Default)]
 pub(crate) struct Scratch {
+    run: Vec<u32>,
+    spelt: String,
     ids: Vec<u32>,
     prev: Vec<u32>,
     next: Vec<u32>,
@@ -178,15 +112,135 @@ pub(crate) fn bpe_word(byte_ids: &[u32], merges: &Merges, s: &mut Scratch, out: 
     }
 }
 
+/// What a symbol without a token becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unknown {
+    /// Nothing (byte-level vocabularies missing a byte, as llama.cpp and Hugging Face without
+    /// an unknown token).
+    Drop,
+    /// Its UTF-8 bytes as byte tokens `<0xXX>`.
+    ByteFallback,
+    /// The unknown token; `fuse` makes a run of them one.
+    Unk { id: u32, fuse: bool },
+}
+
+/// When a piece that is itself a token skips the merges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WholePiece {
+    Never,
+    /// Always (Hugging Face's `ignore_merges`, Llama 3).
+    Always,
+    /// Only a run of newlines (Gemma 4 in llama.cpp).
+    NewlineRuns,
+}
+
+/// A BPE model.
+#[derive(Clone, Debug)]
+pub(crate) struct Bpe {
+    pub merges: Merges,
+    /// Symbols are bytes spelt with GPT-2's byte characters; otherwise UTF-8 characters.
+    pub byte_level: bool,
+    pub unknown: Unknown,
+    pub whole: WholePiece,
+    /// Byte-level: the token of each byte's character. Byte fallback: the `<0xXX>` tokens.
+    /// [`NO_TOKEN`] where there is none.
+    pub byte_ids: [u32; 256],
+}
+
+/// Marks a byte without a token in [`Bpe::byte_ids`].
+pub(crate) const NO_TOKEN: u32 = u32::MAX;
+
+impl Bpe {
+    /// Appends the tokens of one pre-tokenized piece to `out`.
+    pub(crate) fn encode_piece(
+        &self,
+        piece: &str,
+        vocab: &HashMap<String, u32>,
+        s: &mut Scratch,
+        out: &mut Vec<u32>,
+    ) {
+        let whole = match self.whole {
+            WholePiece::Never => false,
+            WholePiece::Always => true,
+            WholePiece::NewlineRuns => piece.bytes().all(|b| b == b'\n'),
+        };
+        if whole {
+            let found = if self.byte_level {
+                let chars = byte_to_char();
+                s.spelt.clear();
+                s.spelt.extend(piece.bytes().map(|b| chars[b as usize]));
+                vocab.get(s.spelt.as_str())
+            } else {
+                vocab.get(piece)
+            };
+            if let Some(&id) = found {
+                out.push(id);
+                return;
+            }
+        }
+        // Known symbols gather in `run`; an unknown one cannot merge with anything, so it ends
+        // the run, which is merged on its own.
+        let mut run = std::mem::take(&mut s.run);
+        run.clear();
+        let mut last_unk = false;
+        if self.byte_level {
+            for b in piece.bytes() {
+                match self.byte_ids[b as usize] {
+                    NO_TOKEN => self.unknown(&[b], &mut run, &mut last_unk, s, out),
+                    id => {
+                        run.push(id);
+                        last_unk = false;
+                    }
+                }
+            }
+        } else {
+            for (i, c) in piece.char_indices() {
+                let ch = &piece[i..i + c.len_utf8()];
+                match vocab.get(ch) {
+                    Some(&id) => {
+                        run.push(id);
+                        last_unk = false;
+                    }
+                    None => self.unknown(ch.as_bytes(), &mut run, &mut last_unk, s, out),
+                }
+            }
+        }
+        bpe_word(&run, &self.merges, s, out);
+        s.run = run;
+    }
+
+    /// Merges and flushes `run`, then appends what the unknown symbol `bytes` becomes.
+    fn unknown(
+        &self,
+        bytes: &[u8],
+        run: &mut Vec<u32>,
+        last_unk: &mut bool,
+        s: &mut Scratch,
+        out: &mut Vec<u32>,
+    ) {
+        bpe_word(run, &self.merges, s, out);
+        run.clear();
+        match self.unknown {
+            Unknown::Drop => {}
+            Unknown::ByteFallback => out.extend(
+                bytes
+                    .iter()
+                    .map(|&b| self.byte_ids[b as usize])
+                    .filter(|&id| id != NO_TOKEN),
+            ),
+            Unknown::Unk { id, fuse } => {
+                if !(fuse && *last_unk) {
+                    out.push(id);
+                }
+                *last_unk = true;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn words(p: &PreTokenizer, s: &str) -> Vec<String> {
-        let mut v = Vec::new();
-        p.split(s, |w| v.push(w.to_string()));
-        v
-    }
 
     #[test]
     fn byte_map_is_a_bijection() {
@@ -195,18 +249,6 @@ mod tests {
         assert_eq!(m[b'\n' as usize], 'Ċ');
         assert_eq!(m[b'a' as usize], 'a');
         assert_eq!(char_to_byte().len(), 256);
-    }
-
-    #[test]
-    fn gpt2_split() {
-        let p = PreTokenizer::new(false);
-        assert_eq!(
-            words(&p, "Hello world's  end\n\nx  "),
-            ["Hello", " world", "'s", " ", " end", "\n", "\n", "x", "  "]
-        );
-        assert_eq!(words(&p, "a 123 ?!"), ["a", " 123", " ?!"]);
-        let p = PreTokenizer::new(true);
-        assert_eq!(words(&p, "a 123 ?!"), ["a", " ", "1", "2", "3", " ?!"]);
     }
 
     #[test]

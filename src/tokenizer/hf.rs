@@ -1,9 +1,23 @@
-//! Reading a Hugging Face `tokenizer.json` (and the `tokenizer_config.json` beside it) into
-//! the parts of a byte-level BPE [`Tokenizer`](super::Tokenizer).
+//! Reading a Hugging Face `tokenizer.json` (and the `tokenizer_config.json` beside it) into the
+//! [`Parts`] of a tokenizer.
+//!
+//! Understood: models `BPE` (byte-level, or on characters with `byte_fallback` / `unk_token`,
+//! `ignore_merges`) and `WordPiece`; normalizers `BertNormalizer`, `NFC`/`NFD`/`NFKC`/`NFKD`,
+//! `Lowercase`, `StripAccents`, `Replace` (of a string), `Prepend` and `Sequence`;
+//! pre-tokenizers `ByteLevel` (without `add_prefix_space`), `Split`, `Digits`, `Punctuation`,
+//! `Metaspace` (first), `BertPreTokenizer`, `Whitespace`, `WhitespaceSplit` and `Sequence`;
+//! post-processors `TemplateProcessing`, `BertProcessing`, `RobertaProcessing`, `ByteLevel` and
+//! `Sequence`. Anything else is [`Error::Unsupported`] naming it, never ignored. The `padding`
+//! and `truncation` sections are not applied: [`encode`](super::Tokenizer::encode) returns every
+//! token of the text.
 
-use super::Parts;
+use super::bpe::WholePiece;
+use super::normalize::{Bert, Normalizer, Step};
+use super::parts::{byte_token, Kind, ModelSpec, Parts, UnknownSpec};
+use super::pretok::{self, Behavior, PreTokenizer, Split};
 use crate::error::{Error, Result};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::Path;
 
 fn read_json(path: &Path) -> Result<Value> {
@@ -23,215 +37,524 @@ fn token_text(v: &Value) -> Option<&str> {
         .or_else(|| v.get("content").and_then(Value::as_str))
 }
 
-/// Checks the pre-tokenizer is `ByteLevel` (no prefix space, with its regex), optionally
-/// after `Digits(individual_digits)`; returns whether digits are split.
-fn pre_tokenizer(v: &Value, fail: &dyn Fn(String) -> Error) -> Result<bool> {
-    let steps: Vec<&Value> = match v.get("type").and_then(Value::as_str) {
-        Some("Sequence") => v
-            .get("pretokenizers")
-            .and_then(Value::as_array)
-            .ok_or_else(|| fail("pre_tokenizer Sequence without `pretokenizers`".into()))?
-            .iter()
-            .collect(),
-        Some(_) => vec![v],
-        None => {
-            return Err(fail(
-                "the tokenizer has no pre_tokenizer (not byte-level BPE)".into(),
-            ))
-        }
-    };
-    let mut split_digits = false;
-    let mut byte_level = false;
-    for step in steps {
-        match step.get("type").and_then(Value::as_str) {
-            Some("Digits") if !byte_level => {
-                if step.get("individual_digits").and_then(Value::as_bool) != Some(true) {
-                    return Err(Error::Unsupported(
-                        "pre-tokenizer Digits without individual_digits".into(),
-                    ));
-                }
-                split_digits = true;
-            }
-            Some("ByteLevel") if !byte_level => {
-                if step.get("add_prefix_space").and_then(Value::as_bool) == Some(true) {
-                    return Err(Error::Unsupported(
-                        "ByteLevel pre-tokenizer with add_prefix_space".into(),
-                    ));
-                }
-                if step.get("use_regex").and_then(Value::as_bool) == Some(false) {
-                    return Err(Error::Unsupported(
-                        "ByteLevel pre-tokenizer without its regex".into(),
-                    ));
-                }
-                byte_level = true;
-            }
-            other => {
-                return Err(Error::Unsupported(format!(
-                    "pre-tokenizer step {} (qkv supports [Digits(individual_digits)], ByteLevel)",
-                    other.unwrap_or("without a type")
-                )))
-            }
+fn kind_of(v: &Value) -> &str {
+    v.get("type").and_then(Value::as_str).unwrap_or("?")
+}
+
+/// Reads `tokenizer.json` files; `unsupported` and `format` name the file.
+struct Reader<'p> {
+    path: &'p Path,
+}
+
+impl Reader<'_> {
+    fn format(&self, msg: String) -> Error {
+        Error::Format {
+            path: self.path.to_owned(),
+            msg,
         }
     }
-    if !byte_level {
-        return Err(fail("the pre-tokenizer has no ByteLevel step".into()));
+
+    fn unsupported(&self, what: String) -> Error {
+        Error::Unsupported(format!("{}: {what}", self.path.display()))
     }
-    Ok(split_digits)
+
+    fn bool_field(&self, v: &Value, key: &str, default: bool) -> Result<bool> {
+        match v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => Err(self.format(format!("{key} is {other}, not true or false"))),
+        }
+    }
+
+    /// A `Split`/`Replace` pattern: `{"String": s}` or `{"Regex": r}`, as a regex.
+    fn pattern(&self, v: Option<&Value>) -> Result<String> {
+        match v {
+            Some(p) => {
+                if let Some(s) = p.get("String").and_then(Value::as_str) {
+                    Ok(regex::escape(s))
+                } else if let Some(r) = p.get("Regex").and_then(Value::as_str) {
+                    Ok(r.to_owned())
+                } else {
+                    Err(self.format(format!("pattern {p} is neither a String nor a Regex")))
+                }
+            }
+            None => Err(self.format("a split without a pattern".into())),
+        }
+    }
+
+    fn normalizer(&self, v: &Value, steps: &mut Vec<Step>) -> Result<()> {
+        let text = |key: &str| {
+            v.get(key)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| self.format(format!("normalizer {} without `{key}`", kind_of(v))))
+        };
+        match kind_of(v) {
+            "Sequence" => {
+                for n in v
+                    .get("normalizers")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| self.format("normalizer Sequence without a list".into()))?
+                {
+                    self.normalizer(n, steps)?;
+                }
+            }
+            "BertNormalizer" => {
+                let lowercase = self.bool_field(v, "lowercase", true)?;
+                steps.push(Step::Bert(Bert {
+                    clean_text: self.bool_field(v, "clean_text", true)?,
+                    chinese_chars: self.bool_field(v, "handle_chinese_chars", true)?,
+                    strip_accents: self.bool_field(v, "strip_accents", lowercase)?,
+                    lowercase,
+                }))
+            }
+            "NFC" => steps.push(Step::Nfc),
+            "NFD" => steps.push(Step::Nfd),
+            "NFKC" => steps.push(Step::Nfkc),
+            "NFKD" => steps.push(Step::Nfkd),
+            "Lowercase" => steps.push(Step::Lowercase),
+            "StripAccents" => steps.push(Step::StripAccents),
+            "Prepend" => steps.push(Step::Prepend(text("prepend")?)),
+            "Replace" => match v.get("pattern").and_then(|p| p.get("String")) {
+                Some(Value::String(from)) => {
+                    steps.push(Step::Replace(from.clone(), text("content")?))
+                }
+                _ => return Err(self.unsupported("normalizer Replace of a regex".into())),
+            },
+            other => return Err(self.unsupported(format!("normalizer {other}"))),
+        }
+        Ok(())
+    }
+
+    /// Adds the splits of pre-tokenizer `v`; a `Metaspace` adds normalizer steps instead (it
+    /// must come first, before any split). A `ByteLevel` step sets `byte_level`.
+    fn pre_tokenizer(
+        &self,
+        v: &Value,
+        pre: &mut PreTokenizer,
+        norm: &mut Vec<Step>,
+        byte_level: &mut bool,
+    ) -> Result<()> {
+        let behavior = |default: Behavior| -> Result<Behavior> {
+            match v.get("behavior").and_then(Value::as_str) {
+                None => Ok(default),
+                Some(b) => Behavior::parse(b)
+                    .ok_or_else(|| self.format(format!("unknown split behavior {b}"))),
+            }
+        };
+        let split = |p: &str, b: Behavior, inv: bool| Split::regex(p, b, inv);
+        match kind_of(v) {
+            "Sequence" => {
+                for p in v
+                    .get("pretokenizers")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| self.format("pre_tokenizer Sequence without a list".into()))?
+                {
+                    self.pre_tokenizer(p, pre, norm, byte_level)?;
+                }
+            }
+            "ByteLevel" => {
+                *byte_level = true;
+                if self.bool_field(v, "add_prefix_space", false)? {
+                    return Err(
+                        self.unsupported("ByteLevel pre-tokenizer with add_prefix_space".into())
+                    );
+                }
+                if self.bool_field(v, "use_regex", true)? {
+                    pre.steps
+                        .push(split(pretok::GPT2, Behavior::Isolated, false)?);
+                }
+            }
+            "Split" => {
+                let p = self.pattern(v.get("pattern"))?;
+                let invert = self.bool_field(v, "invert", false)?;
+                pre.steps
+                    .push(split(&p, behavior(Behavior::Isolated)?, invert)?);
+            }
+            "Digits" => {
+                let p = if self.bool_field(v, "individual_digits", false)? {
+                    r"\p{N}"
+                } else {
+                    r"\p{N}+"
+                };
+                pre.steps.push(split(p, Behavior::Isolated, false)?);
+            }
+            "Punctuation" => pre.steps.push(split(
+                r"[\p{P}!-/:-@\[-`{-~]",
+                behavior(Behavior::Isolated)?,
+                false,
+            )?),
+            "BertPreTokenizer" => pre.steps.extend(pretok::bert()),
+            "Whitespace" => pre
+                .steps
+                .push(split(r"\w+|[^\w\s]+", Behavior::Removed, true)?),
+            "WhitespaceSplit" => pre.steps.push(split(r"\s+", Behavior::Removed, false)?),
+            "Metaspace" => {
+                if !pre.steps.is_empty() {
+                    return Err(self.unsupported("a Metaspace pre-tokenizer after a split".into()));
+                }
+                let marker = v
+                    .get("replacement")
+                    .and_then(Value::as_str)
+                    .unwrap_or("▁")
+                    .to_owned();
+                // Newer files say `prepend_scheme`, older ones `add_prefix_space`.
+                let scheme = match v.get("prepend_scheme").and_then(Value::as_str) {
+                    Some(s) => s.to_owned(),
+                    None if self.bool_field(v, "add_prefix_space", true)? => "always".into(),
+                    None => "never".into(),
+                };
+                norm.push(Step::Replace(" ".into(), marker.clone()));
+                match scheme.as_str() {
+                    "always" | "first" => norm.push(Step::Metaspace {
+                        prefix: marker.clone(),
+                        first_only: scheme == "first",
+                    }),
+                    "never" => {}
+                    other => {
+                        return Err(self.unsupported(format!("Metaspace prepend_scheme {other}")))
+                    }
+                }
+                if self.bool_field(v, "split", true)? {
+                    pre.steps
+                        .push(Split::literal(&marker, Behavior::MergedWithNext, false)?);
+                }
+            }
+            other => return Err(self.unsupported(format!("pre-tokenizer {other}"))),
+        }
+        Ok(())
+    }
+
+    /// The special tokens a post-processor puts before and after a single text.
+    fn post_processor(
+        &self,
+        v: &Value,
+        vocab: &HashMap<&str, u32>,
+        prefix: &mut Vec<u32>,
+        suffix: &mut Vec<u32>,
+    ) -> Result<()> {
+        let pair_id = |key: &str| -> Result<u32> {
+            let p = v.get(key).and_then(Value::as_array);
+            match p.map(|p| {
+                (
+                    p.first().and_then(Value::as_str),
+                    p.get(1).and_then(Value::as_u64),
+                )
+            }) {
+                Some((Some(_), Some(id))) if id < u32::MAX as u64 => Ok(id as u32),
+                _ => Err(self.format(format!("post_processor {} without `{key}`", kind_of(v)))),
+            }
+        };
+        match kind_of(v) {
+            "Sequence" => {
+                for p in v
+                    .get("processors")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| self.format("post_processor Sequence without a list".into()))?
+                {
+                    self.post_processor(p, vocab, prefix, suffix)?;
+                }
+            }
+            "ByteLevel" => {}
+            "BertProcessing" | "RobertaProcessing" => {
+                prefix.push(pair_id("cls")?);
+                suffix.push(pair_id("sep")?);
+            }
+            "TemplateProcessing" => {
+                let single = v
+                    .get("single")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| self.format("TemplateProcessing without `single`".into()))?;
+                let specials = v.get("special_tokens");
+                let mut seen_text = false;
+                for piece in single {
+                    if piece.get("Sequence").is_some() {
+                        seen_text = true;
+                        continue;
+                    }
+                    let name = piece
+                        .get("SpecialToken")
+                        .and_then(|s| s.get("id"))
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| self.format(format!("template piece {piece}")))?;
+                    let ids: Vec<u32> = match specials
+                        .and_then(|s| s.get(name))
+                        .and_then(|s| s.get("ids"))
+                        .and_then(Value::as_array)
+                    {
+                        Some(ids) => ids
+                            .iter()
+                            .map(|i| {
+                                i.as_u64()
+                                    .filter(|&i| i < u32::MAX as u64)
+                                    .map(|i| i as u32)
+                            })
+                            .collect::<Option<_>>()
+                            .ok_or_else(|| self.format(format!("template token {name} ids")))?,
+                        None => vec![*vocab.get(name).ok_or_else(|| {
+                            self.format(format!("template token {name} is not in the vocabulary"))
+                        })?],
+                    };
+                    if seen_text {
+                        &mut *suffix
+                    } else {
+                        &mut *prefix
+                    }
+                    .extend(ids);
+                }
+            }
+            other => return Err(self.unsupported(format!("post-processor {other}"))),
+        }
+        Ok(())
+    }
 }
 
 pub(super) fn load(path: &Path) -> Result<Parts> {
-    let fail = |msg: String| Error::Format {
-        path: path.to_owned(),
-        msg,
-    };
+    let r = Reader { path };
     let json = read_json(path)?;
-    let model = json.get("model").ok_or_else(|| fail("no `model`".into()))?;
-    match model.get("type").and_then(Value::as_str) {
-        Some("BPE") | None if model.get("merges").is_some() => {}
-        other => {
-            return Err(Error::Unsupported(format!(
-                "{}: tokenizer model {} (qkv supports byte-level BPE)",
-                path.display(),
-                other.unwrap_or("?")
-            )))
-        }
-    }
-    if !json.get("normalizer").is_none_or(Value::is_null) {
-        return Err(Error::Unsupported(format!(
-            "{}: tokenizers with a normalizer",
-            path.display()
-        )));
-    }
-    let split_digits = pre_tokenizer(json.get("pre_tokenizer").unwrap_or(&Value::Null), &fail)?;
+    let model = json
+        .get("model")
+        .filter(|m| m.is_object())
+        .ok_or_else(|| r.format("no `model`".into()))?;
+    let model_type = match model.get("type").and_then(Value::as_str) {
+        Some(t) => t,
+        // Old files leave the type out; a merge list means BPE.
+        None if model.get("merges").is_some() => "BPE",
+        None => return Err(r.format("the model has no type".into())),
+    };
 
     // Vocabulary: model.vocab, then added tokens (which may extend it).
     let vocab = model
         .get("vocab")
         .and_then(Value::as_object)
-        .ok_or_else(|| fail("model.vocab is not an object".into()))?;
-    let mut entries: Vec<(usize, String, bool)> = Vec::with_capacity(vocab.len() + 32);
+        .ok_or_else(|| match model_type {
+            "BPE" | "WordPiece" => r.format("model.vocab is not an object".into()),
+            other => r.unsupported(format!(
+                "tokenizer model {other} (qkv implements BPE and WordPiece)"
+            )),
+        })?;
+    let mut entries: Vec<(usize, String, Kind)> = Vec::with_capacity(vocab.len() + 32);
     for (tok, id) in vocab {
         let id = id
             .as_u64()
             .filter(|&i| i < u32::MAX as u64)
-            .ok_or_else(|| fail(format!("model.vocab[{tok:?}] is not a token id")))?;
-        entries.push((id as usize, tok.clone(), false));
-    }
-    if model.get("ignore_merges").and_then(Value::as_bool) == Some(true) {
-        return Err(Error::Unsupported(format!(
-            "{}: BPE with ignore_merges",
-            path.display()
-        )));
+            .ok_or_else(|| r.format(format!("model.vocab[{tok:?}] is not a token id")))?;
+        entries.push((id as usize, tok.clone(), Kind::Normal));
     }
     let added = match json.get("added_tokens") {
         None | Some(Value::Null) => &[][..],
         Some(Value::Array(list)) => &list[..],
-        Some(other) => return Err(fail(format!("added_tokens is {other}, not a list"))),
+        Some(other) => return Err(r.format(format!("added_tokens is {other}, not a list"))),
     };
+    let has_normalizer = !json.get("normalizer").is_none_or(Value::is_null);
+    let mut strip = Vec::new();
     for a in added {
         let id = a.get("id").and_then(Value::as_u64);
         let content = a.get("content").and_then(Value::as_str);
         let (Some(id), Some(content)) = (id, content) else {
-            return Err(fail(format!("added token {a} lacks an id or content")));
+            return Err(r.format(format!("added token {a} lacks an id or content")));
         };
-        // These change how the text around the token is split; qkv matches added tokens
-        // exactly, so a file that asks for them is refused rather than misread.
-        for flag in ["lstrip", "rstrip", "single_word"] {
-            if a.get(flag).and_then(Value::as_bool) == Some(true) {
-                return Err(Error::Unsupported(format!(
-                    "{}: added token {content:?} with {flag}",
-                    path.display()
-                )));
-            }
-        }
         if id >= u32::MAX as u64 {
-            return Err(fail(format!("added token {content:?} has id {id}")));
+            return Err(r.format(format!("added token {content:?} has id {id}")));
         }
-        entries.push((id as usize, content.to_owned(), true));
+        if r.bool_field(a, "single_word", false)? {
+            return Err(r.unsupported(format!("added token {content:?} with single_word")));
+        }
+        let special = r.bool_field(a, "special", false)?;
+        // Hugging Face matches `normalized` tokens in the normalized text; qkv matches added
+        // tokens in the text as given, which is the same only without a normalizer.
+        if has_normalizer && r.bool_field(a, "normalized", !special)? {
+            return Err(r.unsupported(format!(
+                "added token {content:?} matched after normalization (normalized: true)"
+            )));
+        }
+        let (lstrip, rstrip) = (
+            r.bool_field(a, "lstrip", false)?,
+            r.bool_field(a, "rstrip", false)?,
+        );
+        if lstrip || rstrip {
+            strip.push((id as u32, lstrip, rstrip));
+        }
+        let kind = if special {
+            Kind::Control
+        } else {
+            Kind::UserDefined
+        };
+        entries.push((id as usize, content.to_owned(), kind));
     }
     let n = entries.iter().map(|e| e.0 + 1).max().unwrap_or(0);
     if n > entries.len() {
-        return Err(fail(format!(
+        return Err(r.format(format!(
             "token ids run to {} but only {} tokens are defined",
             n - 1,
             entries.len()
         )));
     }
     let mut tokens: Vec<Option<String>> = vec![None; n];
-    let mut special = vec![false; n];
-    for (id, tok, added) in entries {
+    let mut kinds = vec![Kind::Normal; n];
+    for (id, tok, kind) in entries {
         match &tokens[id] {
             Some(existing) if *existing != tok => {
-                return Err(fail(format!(
-                    "token id {id} is both {existing:?} and {tok:?}"
-                )))
+                return Err(r.format(format!("token id {id} is both {existing:?} and {tok:?}")))
             }
             _ => tokens[id] = Some(tok),
         }
-        special[id] |= added;
+        if kind != Kind::Normal {
+            kinds[id] = kind;
+        }
     }
     let tokens: Vec<String> = tokens
         .into_iter()
         .enumerate()
-        .map(|(i, t)| t.ok_or_else(|| fail(format!("no token has id {i}"))))
+        .map(|(i, t)| t.ok_or_else(|| r.format(format!("no token has id {i}"))))
         .collect::<Result<_>>()?;
-
-    let mut merges = Vec::new();
-    for (i, m) in model
-        .get("merges")
-        .and_then(Value::as_array)
-        .ok_or_else(|| fail("model.merges is not an array".into()))?
+    let index: HashMap<&str, u32> = tokens
         .iter()
         .enumerate()
-    {
-        let pair = match m {
-            Value::String(s) => s.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())),
-            Value::Array(v) if v.len() == 2 => match (v[0].as_str(), v[1].as_str()) {
-                (Some(a), Some(b)) => Some((a.to_owned(), b.to_owned())),
-                _ => None,
-            },
-            _ => None,
-        };
-        merges.push(pair.ok_or_else(|| fail(format!("model.merges[{i}] = {m} is not a pair")))?);
+        .rev()
+        .map(|(i, t)| (t.as_str(), i as u32))
+        .collect();
+    let lookup = |what: &str, text: &str| -> Result<u32> {
+        index
+            .get(text)
+            .copied()
+            .ok_or_else(|| r.format(format!("{what} {text:?} is not in the vocabulary")))
+    };
+
+    let mut normalizer = Normalizer::default();
+    match json.get("normalizer") {
+        None | Some(Value::Null) => {}
+        Some(v) => r.normalizer(v, &mut normalizer.steps)?,
+    }
+    let mut pre = PreTokenizer::default();
+    let mut byte_level = false;
+    match json.get("pre_tokenizer") {
+        None | Some(Value::Null) => {}
+        Some(v) => r.pre_tokenizer(v, &mut pre, &mut normalizer.steps, &mut byte_level)?,
     }
 
-    // tokenizer_config.json beside it: special token names, add_bos, the chat template.
+    let unk = match model.get("unk_token") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(lookup("unk_token", s)?),
+        Some(other) => return Err(r.format(format!("unk_token is {other}"))),
+    };
+    let spec = match model_type {
+        "BPE" => {
+            for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
+                if model
+                    .get(key)
+                    .and_then(Value::as_str)
+                    .is_some_and(|s| !s.is_empty())
+                {
+                    return Err(r.unsupported(format!("BPE with {key}")));
+                }
+            }
+            if model
+                .get("dropout")
+                .and_then(Value::as_f64)
+                .is_some_and(|d| d > 0.0)
+            {
+                return Err(r.unsupported("BPE with dropout".into()));
+            }
+            let mut merges = Vec::new();
+            for (i, m) in model
+                .get("merges")
+                .and_then(Value::as_array)
+                .ok_or_else(|| r.format("model.merges is not an array".into()))?
+                .iter()
+                .enumerate()
+            {
+                let pair = match m {
+                    Value::String(s) => {
+                        s.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    }
+                    Value::Array(v) if v.len() == 2 => match (v[0].as_str(), v[1].as_str()) {
+                        (Some(a), Some(b)) => Some((a.to_owned(), b.to_owned())),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                merges.push(
+                    pair.ok_or_else(|| r.format(format!("model.merges[{i}] = {m} is not a pair")))?,
+                );
+            }
+            let unknown = if r.bool_field(model, "byte_fallback", false)? {
+                UnknownSpec::ByteFallback
+            } else if unk.is_some() {
+                UnknownSpec::Unk {
+                    fuse: r.bool_field(model, "fuse_unk", false)?,
+                }
+            } else {
+                UnknownSpec::Drop
+            };
+            if unknown == UnknownSpec::ByteFallback {
+                for (i, t) in tokens.iter().enumerate() {
+                    if kinds[i] == Kind::Normal && byte_token(t).is_some() {
+                        kinds[i] = Kind::Byte;
+                    }
+                }
+            }
+            ModelSpec::Bpe {
+                merges,
+                byte_level,
+                unknown,
+                whole: if r.bool_field(model, "ignore_merges", false)? {
+                    WholePiece::Always
+                } else {
+                    WholePiece::Never
+                },
+            }
+        }
+        "WordPiece" => ModelSpec::WordPiece {
+            first_prefix: String::new(),
+            cont_prefix: model
+                .get("continuing_subword_prefix")
+                .and_then(Value::as_str)
+                .unwrap_or("##")
+                .to_owned(),
+            max_chars: model
+                .get("max_input_chars_per_word")
+                .and_then(Value::as_u64)
+                .map_or(100, |m| m.min(usize::MAX as u64) as usize),
+        },
+        other => {
+            return Err(r.unsupported(format!(
+                "tokenizer model {other} (qkv implements BPE and WordPiece)"
+            )))
+        }
+    };
+
+    // tokenizer_config.json beside it: special token names, add_bos/eos, the chat template.
     let config_path = path.with_file_name("tokenizer_config.json");
     let config = if config_path.is_file() {
         read_json(&config_path)?
     } else {
         Value::Null
     };
-    let config_fail = |msg: String| Error::Format {
-        path: config_path.clone(),
-        msg,
-    };
+    let c = Reader { path: &config_path };
     if !(config.is_null() || config.is_object()) {
-        return Err(config_fail("not a JSON object".into()));
+        return Err(c.format("not a JSON object".into()));
     }
     let find = |key: &str| -> Result<Option<u32>> {
-        let text = match config.get(key) {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(
-                token_text(v)
-                    .ok_or_else(|| config_fail(format!("{key} is {v}, not a token's text")))?,
-            ),
-        };
-        match text {
-            None => Ok(None),
-            Some(text) => tokens
-                .iter()
-                .position(|t| t == text)
-                .map(|i| Some(i as u32))
-                .ok_or_else(|| Error::Format {
-                    path: config_path.clone(),
-                    msg: format!("{key} {text:?} is not in the vocabulary"),
-                }),
+        match config.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => {
+                let text = token_text(v)
+                    .ok_or_else(|| c.format(format!("{key} is {v}, not a token's text")))?;
+                index
+                    .get(text)
+                    .map(|&i| Some(i))
+                    .ok_or_else(|| c.format(format!("{key} {text:?} is not in the vocabulary")))
+            }
         }
     };
-    let bos = find("bos_token")?;
+    let bos = match find("bos_token")? {
+        Some(b) => Some(b),
+        None => find("cls_token")?,
+    };
     let eos = find("eos_token")?;
     let pad = find("pad_token")?;
+    let sep = find("sep_token")?;
     let chat_template = match config.get("chat_template") {
         Some(Value::String(s)) => Some(s.clone()),
         Some(Value::Array(list)) => list
@@ -242,36 +565,52 @@ pub(super) fn load(path: &Path) -> Result<Parts> {
             .map(str::to_owned),
         _ => None,
     };
-    // BOS/EOS insertion: tokenizer_config's flags, else the post-processor's template.
-    let template_single = json
-        .get("post_processor")
-        .filter(|p| p.get("type").and_then(Value::as_str) == Some("TemplateProcessing"))
-        .and_then(|p| p.get("single"))
-        .and_then(Value::as_array);
-    let is_special_piece = |v: Option<&Value>| v.is_some_and(|v| v.get("SpecialToken").is_some());
+
+    // Special tokens around the text: tokenizer_config's flags, else the post-processor's.
+    let (mut prefix, mut suffix) = (Vec::new(), Vec::new());
+    match json.get("post_processor") {
+        None | Some(Value::Null) => {}
+        Some(v) => r.post_processor(v, &index, &mut prefix, &mut suffix)?,
+    }
     let flag = |key: &str| -> Result<Option<bool>> {
         match config.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(config_fail(format!("{key} is {v}, not true or false"))),
+            Some(v) => Err(c.format(format!("{key} is {v}, not true or false"))),
         }
     };
-    let add_bos = flag("add_bos_token")?
-        .unwrap_or_else(|| template_single.is_some_and(|s| is_special_piece(s.first())));
-    let add_eos = flag("add_eos_token")?.unwrap_or_else(|| {
-        template_single.is_some_and(|s| s.len() > 1 && is_special_piece(s.last()))
-    });
+    let need = |key: &str, id: Option<u32>| {
+        id.ok_or_else(|| c.format(format!("{key} is set but there is no such token")))
+    };
+    if let Some(add) = flag("add_bos_token")? {
+        prefix = if add {
+            vec![need("add_bos_token", bos)?]
+        } else {
+            Vec::new()
+        };
+    }
+    if let Some(add) = flag("add_eos_token")? {
+        suffix = if add {
+            vec![need("add_eos_token", eos)?]
+        } else {
+            Vec::new()
+        };
+    }
 
     Ok(Parts {
         tokens,
-        special,
-        merges,
-        split_digits,
+        kinds,
+        strip,
+        model: spec,
+        normalizer,
+        pre,
         bos,
         eos,
         pad,
-        add_bos,
-        add_eos,
+        unk,
+        sep,
+        prefix,
+        suffix,
         chat_template,
         source: path.display().to_string(),
     })

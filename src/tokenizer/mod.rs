@@ -73,17 +73,29 @@
 //! ```
 
 mod bpe;
+mod gguf;
 mod hf;
+mod normalize;
+mod parts;
+mod pretok;
+mod spm;
 mod template;
+mod wordpiece;
 
 pub use template::{ChatOptions, ChatTemplate};
 
+pub use parts::MAX_VOCAB;
+
 use crate::error::{Error, Result};
 use crate::weights::gguf::GgufFile;
-use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
-use bpe::{bpe_word, Merges, PreTokenizer, Scratch};
+use aho_corasick::AhoCorasick;
+use bpe::Bpe;
+use normalize::Normalizer;
+use parts::Kind;
+use pretok::PreTokenizer;
 use std::collections::HashMap;
 use std::path::Path;
+use wordpiece::WordPiece;
 
 /// GPT-2's byte → character map: `gpt2_byte_chars()[b]` is the character byte `b` is spelt
 /// with in a byte-level BPE vocabulary (`Ġ` for a space, `Ċ` for a newline, …).
@@ -110,310 +122,189 @@ impl ChatMessage {
     }
 }
 
-/// Everything needed to build a [`Tokenizer`], whatever file it came from.
-pub(crate) struct Parts {
-    pub tokens: Vec<String>,
-    /// Tokens matched whole in the text (control / added tokens).
-    pub special: Vec<bool>,
-    /// Merges as pairs of token strings, in rank order.
-    pub merges: Vec<(String, String)>,
-    pub split_digits: bool,
-    pub bos: Option<u32>,
-    pub eos: Option<u32>,
-    pub pad: Option<u32>,
-    pub add_bos: bool,
-    pub add_eos: bool,
-    pub chat_template: Option<String>,
-    /// Where the data came from, for error messages.
-    pub source: String,
+/// A special token: matched whole in text instead of being split.
+#[derive(Clone, Debug)]
+struct Special {
+    text: String,
+    id: u32,
+    /// Matched even when special tokens are not parsed ([`EncodeOptions::parse_special`]).
+    user_defined: bool,
+    /// Swallows the whitespace before / after it.
+    lstrip: bool,
+    rstrip: bool,
 }
 
-/// A byte-level BPE tokenizer. Immutable once built; `Send + Sync`, so one serves every
+/// The vocabulary model.
+#[derive(Clone, Debug)]
+enum Model {
+    Bpe(Bpe),
+    Spm {
+        scores: Vec<f32>,
+        byte_ids: [u32; 256],
+    },
+    WordPiece(WordPiece),
+}
+
+/// How [`Tokenizer::encode_with`] treats the text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// Put the special tokens the file asks for around the text: BOS (and EOS) for decoders,
+    /// `[CLS]` … `[SEP]` for BERT.
+    pub add_special: bool,
+    /// Keep control tokens spelt in the text (`<|im_end|>`, `<s>`) whole. When false they are
+    /// split like any text; user-defined tokens (GGUF token type 4, Hugging Face added tokens
+    /// that are not `special`) stay whole either way, as in llama.cpp and Hugging Face.
+    pub parse_special: bool,
+}
+
+impl Default for EncodeOptions {
+    /// What [`Tokenizer::encode`] does: add special tokens, parse them in text.
+    fn default() -> EncodeOptions {
+        EncodeOptions {
+            add_special: true,
+            parse_special: true,
+        }
+    }
+}
+
+/// A tokenizer: byte-level BPE, SentencePiece BPE or WordPiece, with its normalizer,
+/// pre-tokenizer and special tokens. Immutable once built; `Send + Sync`, so one serves every
 /// session.
 pub struct Tokenizer {
     tokens: Vec<String>,
+    kinds: Vec<Kind>,
     /// Decoded bytes of every token, back to back; token `i` is
     /// `bytes[offsets[i]..offsets[i + 1]]`.
     bytes: Vec<u8>,
     offsets: Vec<usize>,
     vocab: HashMap<String, u32>,
-    merges: Merges,
-    byte_ids: [u32; 256],
-    byte_chars: [char; 256],
-    /// Special tokens as (text, id), longest first.
-    specials: Vec<(String, u32)>,
-    /// Per token: special (control, user-defined), as the model file marks it.
-    special_flags: Vec<bool>,
-    /// Finds the special tokens in text: leftmost match first, the longest one there (the
-    /// order a left-to-right scan trying the longest special first would give), in time
-    /// linear in the text whatever the number and length of the specials. `None` without
-    /// specials.
-    special_scan: Option<AhoCorasick>,
+    model: Model,
+    normalizer: Normalizer,
     pre: PreTokenizer,
+    /// Special tokens, longest first.
+    specials: Vec<Special>,
+    /// Finders of the special tokens (all of them; the user-defined ones), with the index in
+    /// `specials` of each pattern. `None` when there are none.
+    scan_all: Option<(AhoCorasick, Vec<usize>)>,
+    scan_user: Option<(AhoCorasick, Vec<usize>)>,
     bos: Option<u32>,
     eos: Option<u32>,
     pad: Option<u32>,
-    add_bos: bool,
-    add_eos: bool,
+    unk: Option<u32>,
+    sep: Option<u32>,
+    /// Tokens put around the text when special tokens are added.
+    prefix: Vec<u32>,
+    suffix: Vec<u32>,
+    /// Decoding drops one leading space (the encoder's prefix space).
+    strip_first_space: bool,
     chat_template: Option<String>,
 }
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let model = match &self.model {
+            Model::Bpe(b) if b.byte_level => "byte-level BPE",
+            Model::Bpe(_) => "BPE",
+            Model::Spm { .. } => "SentencePiece BPE",
+            Model::WordPiece(_) => "WordPiece",
+        };
         f.debug_struct("Tokenizer")
+            .field("model", &model)
             .field("vocab_size", &self.tokens.len())
-            .field("merges", &self.merges.len())
             .field("specials", &self.specials.len())
-            .field("split_digits", &self.pre.split_digits)
+            .field("pre_tokenizer_steps", &self.pre.steps.len())
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .finish()
     }
 }
 
-/// Marks a byte without a token in `Tokenizer::byte_ids`.
-const NO_TOKEN: u32 = u32::MAX;
-
-/// GGUF `tokenizer.ggml.pre` values whose pre-tokenizer isolates each digit before the GPT-2
-/// regex (llama.cpp groups them the same way).
-const DIGIT_SPLITTING_PRE: &[&str] = &["smollm", "starcoder", "refact", "codeshell", "exaone"];
-
-/// GGUF `tokenizer.ggml.pre` values that mean the plain GPT-2 regex. Any other value names a
-/// pre-tokenizer qkv does not implement, and is refused rather than silently split wrongly.
-const GPT2_PRE: &[&str] = &["default", "gpt-2", "gpt2"];
-
-/// The largest vocabulary qkv builds (2^21 tokens, 8× the largest real ones): the tokenizer
-/// keeps each token's text and bytes, so a file must not be able to ask for arbitrarily many.
-pub const MAX_VOCAB: usize = 1 << 21;
+/// Reusable buffers of one encode call.
+#[derive(Default)]
+struct Scratch {
+    bpe: bpe::Scratch,
+    spm: spm::Scratch,
+    buf: String,
+}
 
 impl Tokenizer {
-    /// Builds the tokenizer from a GGUF file's `tokenizer.ggml.*` metadata: `model` must be
-    /// `gpt2`; `tokens`, `merges`, `token_type` (3 and 4 are kept whole in text), the optional
-    /// `bos_token_id`, `eos_token_id`, `padding_token_id`, `add_bos_token`, `add_eos_token`,
-    /// `pre` (digit splitting, see the module doc) and `tokenizer.chat_template`.
+    /// Builds the tokenizer from a GGUF file's `tokenizer.ggml.*` metadata. The file need hold
+    /// no tensors (llama.cpp's vocab-only files load).
+    ///
+    /// `tokenizer.ggml.model` decides the algorithm: `gpt2` (byte-level BPE, split as
+    /// `tokenizer.ggml.pre` names), `llama` (SentencePiece BPE by score with byte fallback),
+    /// `bert` (WordPiece) or `gemma4` (BPE on characters with byte fallback). Also read:
+    /// `tokens`, `token_type` (2 unknown, 3 control and 4 user-defined are special and kept
+    /// whole), `merges` or `scores`, the `bos`/`eos`/`unknown`/`seperator`/`padding` token ids,
+    /// `add_bos_token`, `add_eos_token`, `add_sep_token`, `add_space_prefix`, the BERT
+    /// `normalizer.lowercase`/`strip_accents` flags and `tokenizer.chat_template`.
+    ///
+    /// [`Error::Unsupported`] names an unknown model or pre-tokenizer; [`Error::Format`] a
+    /// malformed array (a type per token, a score per token, merges of two tokens).
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
-        let model = file.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(Error::Unsupported(format!(
-                "{}: tokenizer model `{model}` (qkv supports byte-level BPE, `gpt2`)",
-                file.path().display()
-            )));
-        }
-        let tokens: Vec<String> = file
-            .get_str_array("tokenizer.ggml.tokens")?
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let mut special = match file.metadata("tokenizer.ggml.token_type") {
-            // Without types, the BOS, EOS and padding tokens (marked below) are the control
-            // tokens a prompt may spell, as a chat template does.
-            None => vec![false; tokens.len()],
-            Some(_) => {
-                let types = file.get_i32_array("tokenizer.ggml.token_type")?;
-                if types.len() != tokens.len() {
-                    return Err(Error::Format {
-                        path: file.path().to_owned(),
-                        msg: format!(
-                            "tokenizer.ggml.token_type has {} entries for {} tokens",
-                            types.len(),
-                            tokens.len()
-                        ),
-                    });
-                }
-                types.iter().map(|&t| t == 3 || t == 4).collect()
-            }
-        };
-        let mut merges = Vec::new();
-        if file.metadata("tokenizer.ggml.merges").is_some() {
-            for (i, m) in file
-                .get_str_array("tokenizer.ggml.merges")?
-                .into_iter()
-                .enumerate()
-            {
-                let (a, b) = m.split_once(' ').ok_or_else(|| Error::Format {
-                    path: file.path().to_owned(),
-                    msg: format!("tokenizer.ggml.merges[{i}] = {m:?} is not two tokens"),
-                })?;
-                merges.push((a.to_owned(), b.to_owned()));
-            }
-        }
-        let id = |key: &str| -> Result<Option<u32>> {
-            match file.metadata(key) {
-                None => Ok(None),
-                Some(_) => file.get_u32(key).map(Some),
-            }
-        };
-        let flag = |key: &str| -> Result<Option<bool>> {
-            match file.metadata(key) {
-                None => Ok(None),
-                Some(_) => file.get_bool(key).map(Some),
-            }
-        };
-        let pre = match file.metadata("tokenizer.ggml.pre") {
-            None => "default",
-            Some(_) => file.get_str("tokenizer.ggml.pre")?,
-        };
-        if !GPT2_PRE.contains(&pre) && !DIGIT_SPLITTING_PRE.contains(&pre) {
-            return Err(Error::Unsupported(format!(
-                "{}: pre-tokenizer `{}` (qkv implements {} and, splitting digits, {})",
-                file.path().display(),
-                pre.escape_debug(),
-                GPT2_PRE.join(", "),
-                DIGIT_SPLITTING_PRE.join(", ")
-            )));
-        }
-        let chat_template = match file.metadata("tokenizer.chat_template") {
-            None => None,
-            Some(_) => Some(file.get_str("tokenizer.chat_template")?.to_owned()),
-        };
-        let bos = id("tokenizer.ggml.bos_token_id")?;
-        let eos = id("tokenizer.ggml.eos_token_id")?;
-        let pad = id("tokenizer.ggml.padding_token_id")?;
-        if file.metadata("tokenizer.ggml.token_type").is_none() {
-            // Ids past the vocabulary are refused by `build`.
-            for id in [bos, eos, pad].into_iter().flatten() {
-                if let Some(s) = special.get_mut(id as usize) {
-                    *s = true;
-                }
-            }
-        }
-        Tokenizer::build(Parts {
-            tokens,
-            special,
-            merges,
-            split_digits: DIGIT_SPLITTING_PRE.contains(&pre),
-            bos,
-            eos,
-            pad,
-            add_bos: flag("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
-            add_eos: flag("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
-            chat_template,
-            source: file.path().display().to_string(),
-        })
+        Tokenizer::build(gguf::load(file)?)
     }
 
-    /// Builds the tokenizer from a Hugging Face `tokenizer.json` (a `BPE` model with a
-    /// `ByteLevel` pre-tokenizer, optionally after `Digits`). BOS/EOS ids, `add_bos_token` and
-    /// the chat template come from a `tokenizer_config.json` beside it when there is one.
+    /// Builds the tokenizer from a Hugging Face `tokenizer.json`: BPE (byte-level, or
+    /// SentencePiece-style with `byte_fallback`) or WordPiece, with the normalizer,
+    /// pre-tokenizer, added tokens and post-processor it declares. BOS/EOS ids, `add_bos_token`,
+    /// `add_eos_token` and the chat template come from a `tokenizer_config.json` beside it when
+    /// there is one; without those flags, the post-processor's template decides the tokens put
+    /// around the text.
+    ///
+    /// A BERT `tokenizer.json` (`BertNormalizer`, `BertPreTokenizer`, WordPiece,
+    /// `TemplateProcessing` `[CLS] $A [SEP]`) gives [`encode`](Self::encode) =
+    /// `[CLS]` + word pieces + `[SEP]`, as Hugging Face's `encode(text)`:
+    /// [`special_prefix`](Self::special_prefix) is `[CLS]`, [`special_suffix`](Self::special_suffix)
+    /// `[SEP]`, and [`adds_bos`](Self::adds_bos) is true. `padding` and `truncation` are not
+    /// applied.
+    ///
+    /// ```
+    /// use qkv::tokenizer::{EncodeOptions, Tokenizer};
+    /// let dir = std::env::temp_dir().join(format!("qkv-doc-bert-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir)?;
+    /// std::fs::write(dir.join("tokenizer.json"), r###"{
+    ///   "added_tokens": [
+    ///     {"id": 0, "content": "[UNK]", "special": true},
+    ///     {"id": 1, "content": "[CLS]", "special": true},
+    ///     {"id": 2, "content": "[SEP]", "special": true}],
+    ///   "normalizer": {"type": "BertNormalizer", "lowercase": true},
+    ///   "pre_tokenizer": {"type": "BertPreTokenizer"},
+    ///   "post_processor": {"type": "TemplateProcessing",
+    ///     "single": [{"SpecialToken": {"id": "[CLS]"}}, {"Sequence": {"id": "A"}},
+    ///                {"SpecialToken": {"id": "[SEP]"}}],
+    ///     "special_tokens": {"[CLS]": {"ids": [1]}, "[SEP]": {"ids": [2]}}},
+    ///   "model": {"type": "WordPiece", "unk_token": "[UNK]",
+    ///     "vocab": {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "play": 3, "##ing": 4, "!": 5}}
+    /// }"###)?;
+    /// let tok = Tokenizer::from_tokenizer_json(&dir.join("tokenizer.json"))?;
+    /// assert_eq!(tok.encode("Playing!")?, [1, 3, 4, 5, 2]);
+    /// assert_eq!((tok.special_prefix(), tok.special_suffix()), (&[1][..], &[2][..]));
+    /// let bare = EncodeOptions { add_special: false, ..Default::default() };
+    /// assert_eq!(tok.encode_with("PLAY ing", bare)?, [3, 0]);
+    /// assert_eq!(tok.decode(&[3, 4, 5])?, "playing !");
+    /// # std::fs::remove_dir_all(&dir).ok();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn from_tokenizer_json(path: &Path) -> Result<Tokenizer> {
         Tokenizer::build(hf::load(path)?)
     }
 
-    pub(crate) fn build(p: Parts) -> Result<Tokenizer> {
-        let bad = |msg: String| Error::Tokenizer(format!("{}: {msg}", p.source));
-        let n = p.tokens.len();
-        if n == 0 || n > MAX_VOCAB {
-            return Err(bad(format!(
-                "vocabulary of {n} tokens (qkv takes 1 to {MAX_VOCAB})"
-            )));
-        }
-        let mut vocab = HashMap::with_capacity(n);
-        for (i, t) in p.tokens.iter().enumerate() {
-            // The first of duplicate strings wins, as in Hugging Face.
-            vocab.entry(t.clone()).or_insert(i as u32);
-        }
-        for (what, id) in [("bos", p.bos), ("eos", p.eos), ("padding", p.pad)] {
-            if let Some(id) = id {
-                if id as usize >= n {
-                    return Err(bad(format!(
-                        "{what} token id {id} is outside the vocabulary of {n}"
-                    )));
-                }
-            }
-        }
-        if p.add_bos && p.bos.is_none() {
-            return Err(bad("add_bos_token is set but there is no bos token".into()));
-        }
-        if p.add_eos && p.eos.is_none() {
-            return Err(bad("add_eos_token is set but there is no eos token".into()));
-        }
-
-        let byte_chars = bpe::byte_to_char();
-        let char_bytes = bpe::char_to_byte();
-        // Bytes the vocabulary has no token for (SmolLM2 lacks a few control bytes and bytes
-        // that never occur in UTF-8) are dropped when encoding, as Hugging Face's BPE without
-        // an unknown token and llama.cpp both do.
-        let mut byte_ids = [NO_TOKEN; 256];
-        for (b, c) in byte_chars.iter().enumerate() {
-            if let Some(&id) = vocab.get(c.to_string().as_str()) {
-                byte_ids[b] = id;
-            }
-        }
-        if byte_ids.iter().filter(|&&id| id != NO_TOKEN).count() < 128 {
-            return Err(bad(
-                "fewer than half of the 256 byte tokens are in the vocabulary: not a \
-                 byte-level BPE vocabulary"
-                    .into(),
-            ));
-        }
-
-        let mut merges = Merges::with_capacity(p.merges.len());
-        for (rank, (a, b)) in p.merges.iter().enumerate() {
-            let look = |s: &str| {
-                vocab.get(s).copied().ok_or_else(|| {
-                    bad(format!(
-                        "merge {rank} `{a} {b}`: `{s}` is not in the vocabulary"
-                    ))
-                })
-            };
-            let pair = (look(a)?, look(b)?);
-            let merged = look(&format!("{a}{b}"))?;
-            // An earlier (lower-rank) duplicate wins.
-            merges.entry(pair).or_insert((rank as u32, merged));
-        }
-
-        let mut bytes = Vec::new();
-        let mut offsets = Vec::with_capacity(n + 1);
-        let mut specials = Vec::new();
-        for (i, t) in p.tokens.iter().enumerate() {
-            offsets.push(bytes.len());
-            let is_special = p.special.get(i).copied().unwrap_or(false);
-            if is_special && !t.is_empty() {
-                specials.push((t.clone(), i as u32));
-            }
-            let mapped: Option<Vec<u8>> = t.chars().map(|c| char_bytes.get(&c).copied()).collect();
-            match mapped {
-                Some(m) if !is_special => bytes.extend_from_slice(&m),
-                _ => bytes.extend_from_slice(t.as_bytes()),
-            }
-        }
-        offsets.push(bytes.len());
-        let special_flags: Vec<bool> = (0..p.tokens.len())
-            .map(|i| p.special.get(i).copied().unwrap_or(false))
-            .collect();
-        specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.1.cmp(&b.1)));
-        let special_scan = if specials.is_empty() {
-            None
+    /// The tokenizer of a model file or directory: a GGUF file (tensors or not: vocab-only
+    /// files load), a Hugging Face directory (its `tokenizer.json`), or a `tokenizer.json`
+    /// itself. [`Error::Io`] names a path that cannot be read.
+    pub fn load(path: &Path) -> Result<Tokenizer> {
+        let meta = std::fs::metadata(path).map_err(|source| Error::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        if meta.is_dir() {
+            Tokenizer::from_tokenizer_json(&path.join("tokenizer.json"))
+        } else if path.extension().is_some_and(|e| e == "json") {
+            Tokenizer::from_tokenizer_json(path)
         } else {
-            // The NFA builds in time linear in the specials' total length (the DFA the
-            // builder would pick can take minutes for one very long special token).
-            let scan = AhoCorasick::builder()
-                .kind(Some(AhoCorasickKind::NoncontiguousNFA))
-                .match_kind(MatchKind::LeftmostLongest)
-                .build(specials.iter().map(|(s, _)| s.as_str()))
-                .map_err(|e| bad(format!("special tokens: {e}")))?;
-            Some(scan)
-        };
-
-        Ok(Tokenizer {
-            tokens: p.tokens,
-            bytes,
-            offsets,
-            vocab,
-            merges,
-            byte_ids,
-            byte_chars,
-            specials,
-            special_flags,
-            special_scan,
-            pre: PreTokenizer::new(p.split_digits),
-            bos: p.bos,
-            eos: p.eos,
-            pad: p.pad,
-            add_bos: p.add_bos,
-            add_eos: p.add_eos,
-            chat_template: p.chat_template,
-        })
+            Tokenizer::from_gguf(&GgufFile::open(path)?)
+        }
     }
 
     /// Number of tokens in the vocabulary.
@@ -421,17 +312,15 @@ impl Tokenizer {
         self.tokens.len()
     }
 
-    /// True for the special tokens (control and user-defined: end of turn, role markers,
-    /// padding…), which [`encode`](Self::encode) matches whole in text and which a reader of
-    /// generated text usually does not want to see. False for ids outside the vocabulary.
+    /// True for the special tokens (control, user-defined and unknown: end of turn, role
+    /// markers, padding…), which [`encode`](Self::encode) matches whole in text and which a
+    /// reader of generated text usually does not want to see. False for ids outside the
+    /// vocabulary.
     pub fn is_special(&self, id: u32) -> bool {
-        self.special_flags
-            .get(id as usize)
-            .copied()
-            .unwrap_or(false)
+        self.kinds.get(id as usize).is_some_and(|k| k.is_special())
     }
 
-    /// The beginning-of-sequence token, if the model has one.
+    /// The beginning-of-sequence token, if the model has one (`[CLS]` for BERT).
     pub fn bos_id(&self) -> Option<u32> {
         self.bos
     }
@@ -446,9 +335,31 @@ impl Tokenizer {
         self.pad
     }
 
-    /// True when [`encode`](Self::encode) prepends the BOS token.
+    /// The unknown token, if any.
+    pub fn unk_id(&self) -> Option<u32> {
+        self.unk
+    }
+
+    /// The separator token (`[SEP]` for BERT), if any.
+    pub fn sep_id(&self) -> Option<u32> {
+        self.sep
+    }
+
+    /// True when [`encode`](Self::encode) puts a special token before the text: BOS for most
+    /// decoders (`add_bos_token`), `[CLS]` for BERT.
     pub fn adds_bos(&self) -> bool {
-        self.add_bos
+        !self.prefix.is_empty()
+    }
+
+    /// The tokens [`encode`](Self::encode) puts before the text (`[BOS]`, `[CLS]`, or none).
+    pub fn special_prefix(&self) -> &[u32] {
+        &self.prefix
+    }
+
+    /// The tokens [`encode`](Self::encode) puts after the text (`[EOS]` when the file asks
+    /// for it, `[SEP]` for BERT, or none).
+    pub fn special_suffix(&self) -> &[u32] {
+        &self.suffix
     }
 
     /// The chat template stored with the model (Jinja source), if any.
@@ -457,16 +368,22 @@ impl Tokenizer {
     }
 
     /// The id of the token spelt `text`: first as the vocabulary spells it (`<|im_end|>`,
-    /// `Ġthe`), else as the token whose bytes are `text` (` the`).
+    /// `Ġthe`, `▁the`), else as the token whose bytes are `text` (` the`).
     pub fn token_id(&self, text: &str) -> Option<u32> {
         if let Some(&id) = self.vocab.get(text) {
             return Some(id);
         }
-        let spelt: String = text.bytes().map(|b| self.byte_chars[b as usize]).collect();
+        let spelt: String = match &self.model {
+            Model::Bpe(b) if b.byte_level => {
+                let chars = bpe::byte_to_char();
+                text.bytes().map(|b| chars[b as usize]).collect()
+            }
+            _ => text.replace(' ', self.normalizer.space_marker().unwrap_or(" ")),
+        };
         self.vocab.get(&spelt).copied()
     }
 
-    /// The vocabulary's spelling of token `id` (byte-level characters, e.g. `Ġthe`).
+    /// The vocabulary's spelling of token `id` (e.g. `Ġthe`, `▁the`, `##ing`).
     pub fn token_str(&self, id: u32) -> Result<&str> {
         self.tokens
             .get(id as usize)
@@ -477,7 +394,7 @@ impl Tokenizer {
             })
     }
 
-    /// The bytes token `id` stands for (` the` for `Ġthe`); possibly part of a UTF-8
+    /// The bytes token `id` stands for (` the` for `Ġthe` or `▁the`); possibly part of a UTF-8
     /// character. [`Error::TokenOutOfRange`] for an id outside the vocabulary.
     pub fn token_bytes(&self, id: u32) -> Result<&[u8]> {
         let i = id as usize;
@@ -490,17 +407,28 @@ impl Tokenizer {
         Ok(&self.bytes[self.offsets[i]..self.offsets[i + 1]])
     }
 
-    /// Encodes `text` into token ids. Special tokens in the text are kept whole. The BOS token
-    /// is prepended only when the model asks for it (`tokenizer.ggml.add_bos_token`), EOS
-    /// appended only when it asks for that.
+    /// Encodes `text` into token ids. Special tokens in the text are kept whole. The special
+    /// tokens the model asks for are put around the text ([`special_prefix`](Self::special_prefix),
+    /// [`special_suffix`](Self::special_suffix)).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        self.encode_with(text, true)
+        self.encode_with(text, EncodeOptions::default())
+    }
+
+    /// Encodes `text` with the given options: `add_special: false, parse_special: false` is
+    /// what llama.cpp's tokenizer tests and `llama-tokenize --no-bos --no-parse-special` do.
+    pub fn encode_with(&self, text: &str, opts: EncodeOptions) -> Result<Vec<u32>> {
+        let scan = if opts.parse_special {
+            self.scan_all.as_ref()
+        } else {
+            self.scan_user.as_ref()
+        };
+        Ok(self.encode_impl(text, opts.add_special, scan))
     }
 
     /// Encodes `text` as [`encode`](Self::encode) does, except that text that spells a
-    /// special token is split like any other text: for untrusted input (a user's message in
-    /// a chat prompt built from ids) that must not be able to inject `<|im_end|>` and the
-    /// like. BOS and EOS are still added when the model asks for them.
+    /// special token (user-defined ones too) is split like any other text: for untrusted input
+    /// (a user's message in a chat prompt built from ids) that must not be able to inject
+    /// `<|im_end|>` and the like. The special tokens around the text are still added.
     ///
     /// ```no_run
     /// # fn main() -> qkv::Result<()> {
@@ -511,60 +439,84 @@ impl Tokenizer {
     /// # }
     /// ```
     pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>> {
-        self.encode_with(text, false)
+        Ok(self.encode_impl(text, true, None))
     }
 
-    fn encode_with(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
-        if self.add_bos {
-            out.extend(self.bos);
-        }
-        let mut scratch = Scratch::default();
-        let mut word_ids = Vec::new();
-        let mut plain_start = 0;
-        let scan = self.special_scan.as_ref().filter(|_| parse_special);
-        for m in scan.into_iter().flat_map(|scan| scan.find_iter(text)) {
-            self.encode_plain(
-                &text[plain_start..m.start()],
-                &mut scratch,
-                &mut word_ids,
-                &mut out,
-            );
-            out.push(self.specials[m.pattern().as_usize()].1);
-            plain_start = m.end();
-        }
-        self.encode_plain(&text[plain_start..], &mut scratch, &mut word_ids, &mut out);
-        if self.add_eos {
-            out.extend(self.eos);
-        }
-        Ok(out)
-    }
-
-    fn encode_plain(
+    fn encode_impl(
         &self,
         text: &str,
-        scratch: &mut Scratch,
-        word_ids: &mut Vec<u32>,
-        out: &mut Vec<u32>,
-    ) {
-        self.pre.split(text, |word| {
-            word_ids.clear();
-            word_ids.extend(
-                word.bytes()
-                    .map(|b| self.byte_ids[b as usize])
-                    .filter(|&id| id != NO_TOKEN),
-            );
-            bpe_word(word_ids, &self.merges, scratch, out);
-        });
+        add_special: bool,
+        scan: Option<&(AhoCorasick, Vec<usize>)>,
+    ) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 4);
+        if add_special {
+            out.extend_from_slice(&self.prefix);
+        }
+        let mut scratch = Scratch::default();
+        let mut plain = 0;
+        if let Some((scan, index)) = scan {
+            for m in scan.find_iter(text) {
+                if m.start() < plain {
+                    continue; // inside whitespace a previous token swallowed
+                }
+                let sp = &self.specials[index[m.pattern().as_usize()]];
+                let end = if sp.lstrip {
+                    plain + text[plain..m.start()].trim_end().len()
+                } else {
+                    m.start()
+                };
+                self.encode_text(&text[plain..end], plain == 0, &mut scratch, &mut out);
+                out.push(sp.id);
+                plain = m.end();
+                if sp.rstrip {
+                    plain = text.len() - text[plain..].trim_start().len();
+                }
+            }
+        }
+        self.encode_text(&text[plain..], plain == 0, &mut scratch, &mut out);
+        if add_special {
+            out.extend_from_slice(&self.suffix);
+        }
+        out
     }
 
-    /// Decodes ids into text: the tokens' bytes are joined, then read as UTF-8, invalid
-    /// sequences (only possible from unusual id sequences) becoming U+FFFD.
-    /// [`Error::TokenOutOfRange`] for an id outside the vocabulary.
+    /// Encodes a run of text without special tokens; `at_start` when it begins the input.
+    fn encode_text(&self, text: &str, at_start: bool, s: &mut Scratch, out: &mut Vec<u32>) {
+        if text.is_empty() {
+            return;
+        }
+        let text = self.normalizer.apply(text, at_start);
+        let vocab = &self.vocab;
+        match &self.model {
+            Model::Bpe(bpe) => self.pre.split(&text, &mut |piece| {
+                bpe.encode_piece(piece, vocab, &mut s.bpe, out)
+            }),
+            Model::Spm { scores, byte_ids } => {
+                let spm = spm::Spm {
+                    vocab,
+                    scores,
+                    byte_ids,
+                };
+                self.pre
+                    .split(&text, &mut |piece| spm.encode(piece, &mut s.spm, out))
+            }
+            Model::WordPiece(wp) => self.pre.split(&text, &mut |word| {
+                wp.encode_word(word, vocab, &mut s.buf, out)
+            }),
+        }
+    }
+
+    /// Decodes ids into text: the tokens' bytes are joined (special tokens as they are spelt),
+    /// then read as UTF-8, invalid sequences (only possible from unusual id sequences) becoming
+    /// U+FFFD. The space a SentencePiece or WordPiece encoder puts before the first word is
+    /// dropped. [`Error::TokenOutOfRange`] for an id outside the vocabulary.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
         for &id in ids {
             bytes.extend_from_slice(self.token_bytes(id)?);
+        }
+        if self.strip_first_space && bytes.first() == Some(&b' ') {
+            bytes.remove(0);
         }
         Ok(match String::from_utf8(bytes) {
             Ok(s) => s,

@@ -1,0 +1,395 @@
+//! What a tokenizer file says ([`Parts`], filled by the GGUF and tokenizer.json readers), and
+//! the one place that checks it and builds a [`Tokenizer`] from it.
+
+use super::bpe::{self, Bpe, Merges, Unknown, WholePiece, NO_TOKEN};
+use super::normalize::Normalizer;
+use super::pretok::PreTokenizer;
+use super::wordpiece::WordPiece;
+use super::{Model, Special, Tokenizer};
+use crate::error::{Error, Result};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use std::collections::HashMap;
+
+/// What a token is, as GGUF's `tokenizer.ggml.token_type` says (Hugging Face: added tokens are
+/// control tokens when `special`, user-defined otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Normal,
+    /// The unknown token (type 2).
+    Unknown,
+    /// Control tokens (type 3): BOS, end of turn, role markers.
+    Control,
+    /// Added tokens matched whole even in literal text (type 4).
+    UserDefined,
+    /// Type 5.
+    Unused,
+    /// A byte, spelt `<0xXX>` (type 6).
+    Byte,
+}
+
+impl Kind {
+    /// The kind GGUF token type `t` stands for; `None` for a value outside 0..=6.
+    pub(crate) fn from_gguf(t: i32) -> Option<Kind> {
+        Some(match t {
+            // 0 is "undefined": llama.cpp tokenizes such tokens as normal ones.
+            0 | 1 => Kind::Normal,
+            2 => Kind::Unknown,
+            3 => Kind::Control,
+            4 => Kind::UserDefined,
+            5 => Kind::Unused,
+            6 => Kind::Byte,
+            _ => return None,
+        })
+    }
+
+    /// Matched whole in text when special tokens are parsed.
+    pub(crate) fn is_special(self) -> bool {
+        matches!(self, Kind::Unknown | Kind::Control | Kind::UserDefined)
+    }
+}
+
+/// The vocabulary model, with its data as strings.
+pub(crate) enum ModelSpec {
+    /// BPE with a merge list, pairs of token strings in rank order.
+    Bpe {
+        merges: Vec<(String, String)>,
+        byte_level: bool,
+        unknown: UnknownSpec,
+        whole: WholePiece,
+    },
+    /// SentencePiece merges by score (GGUF `llama`); one score per token.
+    Spm { scores: Vec<f32> },
+    WordPiece {
+        first_prefix: String,
+        cont_prefix: String,
+        max_chars: usize,
+    },
+}
+
+/// What a BPE symbol without a token becomes (the unknown token is [`Parts::unk`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UnknownSpec {
+    Drop,
+    ByteFallback,
+    Unk { fuse: bool },
+}
+
+/// Everything needed to build a [`Tokenizer`], whatever file it came from.
+pub(crate) struct Parts {
+    pub tokens: Vec<String>,
+    pub kinds: Vec<Kind>,
+    /// Special tokens that swallow the whitespace before (`lstrip`) or after (`rstrip`) them.
+    pub strip: Vec<(u32, bool, bool)>,
+    pub model: ModelSpec,
+    pub normalizer: Normalizer,
+    pub pre: PreTokenizer,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub pad: Option<u32>,
+    pub unk: Option<u32>,
+    pub sep: Option<u32>,
+    /// Tokens put before / after the text when special tokens are added.
+    pub prefix: Vec<u32>,
+    pub suffix: Vec<u32>,
+    pub chat_template: Option<String>,
+    /// Where the data came from, for error messages.
+    pub source: String,
+}
+
+/// The largest vocabulary qkv builds (2^21 tokens, 8× the largest real ones): the tokenizer
+/// keeps each token's text and bytes, so a file must not be able to ask for arbitrarily many.
+pub const MAX_VOCAB: usize = 1 << 21;
+
+/// The byte a `<0xXX>` token stands for.
+pub(crate) fn byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
+
+impl Tokenizer {
+    pub(crate) fn build(p: Parts) -> Result<Tokenizer> {
+        let bad = |msg: String| Error::Tokenizer(format!("{}: {msg}", p.source));
+        let n = p.tokens.len();
+        if n == 0 || n > MAX_VOCAB {
+            return Err(bad(format!(
+                "vocabulary of {n} tokens (qkv takes 1 to {MAX_VOCAB})"
+            )));
+        }
+        if p.kinds.len() != n {
+            return Err(bad(format!("{} token kinds for {n} tokens", p.kinds.len())));
+        }
+        let mut vocab = HashMap::with_capacity(n);
+        for (i, t) in p.tokens.iter().enumerate() {
+            // The first of duplicate strings wins, as in Hugging Face.
+            vocab.entry(t.clone()).or_insert(i as u32);
+        }
+        for (what, id) in [
+            ("bos", p.bos),
+            ("eos", p.eos),
+            ("padding", p.pad),
+            ("unknown", p.unk),
+            ("separator", p.sep),
+        ] {
+            if let Some(id) = id.filter(|&id| id as usize >= n) {
+                return Err(bad(format!(
+                    "{what} token id {id} is outside the vocabulary of {n}"
+                )));
+            }
+        }
+        if let Some(&id) = p
+            .prefix
+            .iter()
+            .chain(&p.suffix)
+            .find(|&&id| id as usize >= n)
+        {
+            return Err(bad(format!(
+                "added special token id {id} is outside the vocabulary of {n}"
+            )));
+        }
+
+        let space = p.normalizer.space_marker().map(str::to_owned);
+        let mut byte_fallback = [NO_TOKEN; 256];
+        for (i, t) in p.tokens.iter().enumerate() {
+            if let Some(b) = byte_token(t) {
+                if byte_fallback[b as usize] == NO_TOKEN {
+                    byte_fallback[b as usize] = i as u32;
+                }
+            }
+        }
+        let (model, byte_level) = match p.model {
+            ModelSpec::Bpe {
+                merges,
+                byte_level,
+                unknown,
+                whole,
+            } => {
+                let byte_ids = if byte_level {
+                    let chars = bpe::byte_to_char();
+                    let mut ids = [NO_TOKEN; 256];
+                    for (b, c) in chars.iter().enumerate() {
+                        if let Some(&id) = vocab.get(c.to_string().as_str()) {
+                            ids[b] = id;
+                        }
+                    }
+                    // Bytes without a token (SmolLM2 lacks a few control bytes and bytes that
+                    // never occur in UTF-8) are dropped when encoding, as llama.cpp does.
+                    if ids.iter().filter(|&&id| id != NO_TOKEN).count() < 128 {
+                        return Err(bad("fewer than half of the 256 byte tokens are in the \
+                             vocabulary: not a byte-level BPE vocabulary"
+                            .into()));
+                    }
+                    ids
+                } else {
+                    byte_fallback
+                };
+                let unknown = match unknown {
+                    UnknownSpec::Drop => Unknown::Drop,
+                    UnknownSpec::ByteFallback => {
+                        if let Some(b) = byte_ids.iter().position(|&id| id == NO_TOKEN) {
+                            return Err(bad(format!(
+                                "byte fallback, but no token <0x{b:02X}> in the vocabulary"
+                            )));
+                        }
+                        Unknown::ByteFallback
+                    }
+                    UnknownSpec::Unk { fuse } => Unknown::Unk {
+                        id: p.unk.ok_or_else(|| {
+                            bad("BPE with an unknown token that is not set".into())
+                        })?,
+                        fuse,
+                    },
+                };
+                let mut table = Merges::with_capacity(merges.len());
+                for (rank, (a, b)) in merges.iter().enumerate() {
+                    let look = |s: &str| {
+                        vocab.get(s).copied().ok_or_else(|| {
+                            bad(format!(
+                                "merge {rank} `{a} {b}`: `{s}` is not in the vocabulary"
+                            ))
+                        })
+                    };
+                    let pair = (look(a)?, look(b)?);
+                    let merged = look(&format!("{a}{b}"))?;
+                    // An earlier (lower-rank) duplicate wins.
+                    table.entry(pair).or_insert((rank as u32, merged));
+                }
+                let model = Model::Bpe(Bpe {
+                    merges: table,
+                    byte_level,
+                    unknown,
+                    whole,
+                    byte_ids,
+                });
+                (model, byte_level)
+            }
+            ModelSpec::Spm { scores } => {
+                if scores.len() != n {
+                    return Err(bad(format!("{} scores for {n} tokens", scores.len())));
+                }
+                if let Some(i) = scores.iter().position(|s| s.is_nan()) {
+                    return Err(bad(format!("the score of token {i} is NaN")));
+                }
+                let mut byte_ids = byte_fallback;
+                for (b, id) in byte_ids.iter_mut().enumerate() {
+                    if *id == NO_TOKEN {
+                        // Like llama.cpp: the byte as a one-byte token, else the unknown token.
+                        let single = (b < 0x80).then(|| vocab.get(&(b as u8 as char).to_string()));
+                        *id = single.flatten().copied().or(p.unk).ok_or_else(|| {
+                            bad(format!(
+                                "no token <0x{b:02X}> for byte fallback and no unknown token"
+                            ))
+                        })?;
+                    }
+                }
+                (Model::Spm { scores, byte_ids }, false)
+            }
+            ModelSpec::WordPiece {
+                first_prefix,
+                cont_prefix,
+                max_chars,
+            } => {
+                let unk = p
+                    .unk
+                    .ok_or_else(|| bad("WordPiece without an unknown token".into()))?;
+                let max_token_len = p.tokens.iter().map(String::len).max().unwrap_or(0);
+                let model = Model::WordPiece(WordPiece {
+                    first_prefix,
+                    cont_prefix,
+                    max_chars,
+                    unk,
+                    max_token_len,
+                });
+                (model, false)
+            }
+        };
+
+        // The bytes each token decodes to.
+        let char_bytes = bpe::char_to_byte();
+        let mut bytes = Vec::new();
+        let mut offsets = Vec::with_capacity(n + 1);
+        for (t, &kind) in p.tokens.iter().zip(&p.kinds) {
+            offsets.push(bytes.len());
+            if kind.is_special() || kind == Kind::Unused {
+                bytes.extend_from_slice(t.as_bytes());
+                continue;
+            }
+            if let Some(b) = byte_token(t).filter(|_| !byte_level) {
+                bytes.push(b);
+                continue;
+            }
+            match &model {
+                Model::Bpe(_) if byte_level => {
+                    let mapped: Option<Vec<u8>> =
+                        t.chars().map(|c| char_bytes.get(&c).copied()).collect();
+                    bytes.extend_from_slice(mapped.as_deref().unwrap_or(t.as_bytes()));
+                }
+                Model::WordPiece(w) => {
+                    if !w.first_prefix.is_empty() {
+                        match t.strip_prefix(w.first_prefix.as_str()) {
+                            Some(rest) => {
+                                bytes.push(b' ');
+                                bytes.extend_from_slice(rest.as_bytes());
+                            }
+                            None => bytes.extend_from_slice(t.as_bytes()),
+                        }
+                    } else {
+                        match t.strip_prefix(w.cont_prefix.as_str()) {
+                            Some(rest) if !w.cont_prefix.is_empty() => {
+                                bytes.extend_from_slice(rest.as_bytes())
+                            }
+                            _ => {
+                                bytes.push(b' ');
+                                bytes.extend_from_slice(t.as_bytes());
+                            }
+                        }
+                    }
+                }
+                _ => match &space {
+                    Some(marker) => bytes.extend_from_slice(t.replace(marker, " ").as_bytes()),
+                    None => bytes.extend_from_slice(t.as_bytes()),
+                },
+            }
+        }
+        offsets.push(bytes.len());
+
+        let mut strip: HashMap<u32, (bool, bool)> = HashMap::new();
+        for &(id, l, r) in &p.strip {
+            strip.insert(id, (l, r));
+        }
+        let mut specials: Vec<Special> = p
+            .tokens
+            .iter()
+            .zip(&p.kinds)
+            .enumerate()
+            .filter(|(_, (t, k))| k.is_special() && !t.is_empty())
+            .map(|(i, (t, &k))| {
+                let (lstrip, rstrip) = strip.get(&(i as u32)).copied().unwrap_or_default();
+                Special {
+                    text: t.clone(),
+                    id: i as u32,
+                    user_defined: k == Kind::UserDefined,
+                    lstrip,
+                    rstrip,
+                }
+            })
+            .collect();
+        specials.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
+        let scanner =
+            |which: &dyn Fn(&Special) -> bool| -> Result<Option<(AhoCorasick, Vec<usize>)>> {
+                let idx: Vec<usize> = (0..specials.len())
+                    .filter(|&i| which(&specials[i]))
+                    .collect();
+                if idx.is_empty() {
+                    return Ok(None);
+                }
+                // Leftmost match first, the longest one there (Hugging Face's order), in time
+                // linear in the text whatever the number and length of the specials. The NFA builds
+                // in time linear in the specials' total length (a DFA can take minutes for one very
+                // long special token).
+                let scan = AhoCorasick::builder()
+                    .kind(Some(AhoCorasickKind::NoncontiguousNFA))
+                    .match_kind(MatchKind::LeftmostLongest)
+                    .build(idx.iter().map(|&i| specials[i].text.as_str()))
+                    .map_err(|e| bad(format!("special tokens: {e}")))?;
+                Ok(Some((scan, idx)))
+            };
+        let scan_all = scanner(&|_| true)?;
+        let scan_user = scanner(&|s| s.user_defined)?;
+
+        // Decoding drops the space the encoder put before the text (SentencePiece's prefix
+        // space; WordPiece's word-start spaces, which the first word has none of).
+        let strip_first_space = matches!(model, Model::WordPiece(_))
+            || p.normalizer.steps.iter().any(|s| {
+                matches!(
+                    s,
+                    super::normalize::Step::Prepend(_) | super::normalize::Step::Metaspace { .. }
+                )
+            });
+
+        Ok(Tokenizer {
+            tokens: p.tokens,
+            kinds: p.kinds,
+            bytes,
+            offsets,
+            vocab,
+            model,
+            normalizer: p.normalizer,
+            pre: p.pre,
+            specials,
+            scan_all,
+            scan_user,
+            bos: p.bos,
+            eos: p.eos,
+            pad: p.pad,
+            unk: p.unk,
+            sep: p.sep,
+            prefix: p.prefix,
+            suffix: p.suffix,
+            strip_first_space,
+            chat_template: p.chat_template,
+        })
+    }
+}
