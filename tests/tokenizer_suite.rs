@@ -41,7 +41,9 @@ fn models_dir() -> Option<PathBuf> {
         None => {
             let cache = std::env::var_os("QKV_CACHE")
                 .map(PathBuf::from)
-                .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("qkv")))
+                .or_else(|| {
+                    std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("qkv"))
+                })
                 .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/qkv")))
                 .unwrap_or_default();
             cache.join("llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp")
@@ -228,7 +230,13 @@ fn decode_tokenize_on_vocab_only_files() {
     let (_, parsed, _) = decode_tokenize(&["--model", model, "--prompt", "<|im_end|>"], None);
     assert_eq!(json_ids(&parsed), [151645]);
     let (_, split, _) = decode_tokenize(
-        &["--model", model, "--prompt", "<|im_end|>", "--no-parse-special"],
+        &[
+            "--model",
+            model,
+            "--prompt",
+            "<|im_end|>",
+            "--no-parse-special",
+        ],
         None,
     );
     assert!(json_ids(&split).len() > 1, "{split}");

@@ -430,9 +430,11 @@ pub(crate) fn gguf_pre(pre: &str) -> Option<GgufPre> {
         ),
         "gpt-4o" | "llama4" => (vec![GPT4O], false, false),
         "tekken" => (vec![TEKKEN], true, true),
-        "bloom" | "poro-chat" | "gpt3-finnish" => {
-            (vec![r" ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+"], false, false)
-        }
+        "bloom" | "poro-chat" | "gpt3-finnish" => (
+            vec![r" ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+"],
+            false,
+            false,
+        ),
         _ => return None,
     };
     Some(GgufPre {
