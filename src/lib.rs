@@ -7,7 +7,8 @@
 //! - [`weights`]: GGUF and safetensors files mapped into named tensor views that know how
 //!   they are stored (f32, f16, or GGUF quantized blocks run in place);
 //! - [`nn`]: Linear, norms, FFN, embeddings, masks and the attention modules of the seeds;
-//! - [`models`]: the Llama family ([`models::llama`]) and the seed-004 seq2seq Transformer;
+//! - [`models`]: one decoder for the Llama, Qwen, Mistral, Phi-3 and Gemma families
+//!   ([`models::decoder`]), BERT encoders ([`models::bert`]) and the seed-004 seq2seq Transformer;
 //! - [`tokenizer`]: byte-level BPE and the chat template;
 //! - [`model`], [`session`], [`sample`]: a shared model, per-conversation sessions with their
 //!   KV caches, and sampling;

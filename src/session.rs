@@ -6,7 +6,7 @@
 //! wanted. After the first step, [`Session::step`] allocates nothing.
 //!
 //! ```
-//! use qkv::models::llama::{Llama, LlamaConfig, WeightLayout};
+//! use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
 //! use qkv::model::Model;
 //! use qkv::session::{Session, SessionOptions};
 //! use qkv::weights::FloatType;
@@ -14,11 +14,9 @@
 //!
 //! # fn main() -> qkv::Result<()> {
 //! // A tiny model with made-up weights (a real one comes from `Model::load`).
-//! let config = LlamaConfig {
-//!     dim: 16, layers: 2, heads: 4, kv_heads: 2, head_dim: 4, ffn_dim: 32, vocab: 50,
-//!     context: 64, rope_base: 10000.0, rms_eps: 1e-5, layout: WeightLayout::Gguf,
-//! };
-//! let model = Arc::new(Model::from_parts(Llama::synthetic(config, 7, FloatType::F32)?, None));
+//! // dim 16, 2 layers, 4 heads over 2 KV heads, FFN 32, vocabulary 50, context 64.
+//! let config = DecoderConfig::llama(16, 2, 4, 2, 32, 50, 64, WeightLayout::Gguf);
+//! let model = Arc::new(Model::from_parts(Decoder::synthetic(config, 7, FloatType::F32)?, None));
 //!
 //! let mut session = Session::new(model.clone(), SessionOptions::default())?;
 //! let logits = session.prefill(&[1, 2, 3])?.to_vec(); // logits of the last prompt token
@@ -42,7 +40,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::models::llama::LlamaState;
+use crate::models::decoder::DecoderState;
 use crate::sample::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::weights::FloatType;
@@ -87,7 +85,7 @@ pub struct Session {
 /// The mutable part of a session, apart from the model so that a [`Generate`] can borrow the
 /// model's tokenizer and the state at once.
 struct Core {
-    state: LlamaState,
+    state: DecoderState,
     tokens: Vec<u32>,
     logits: Vec<f32>,
     /// How many tokens `logits` follow (they predict that position), if any were computed.
@@ -102,7 +100,7 @@ impl Core {
         // queue their jobs locally instead of injecting ~200 jobs per token into the global
         // queue from outside the pool (which costs wake-ups and, every 63 jobs, an
         // allocation of the injector's next block).
-        rayon::scope(|_| model.llama().forward(state, tokens, pos, Some(logits)))?;
+        rayon::scope(|_| model.decoder().forward(state, tokens, pos, Some(logits)))?;
         self.tokens.extend_from_slice(tokens);
         self.logits_at = Some(self.tokens.len());
         Ok(())
@@ -142,9 +140,9 @@ impl Session {
     pub fn new(model: Arc<Model>, options: SessionOptions) -> Result<Session> {
         let config = model.config();
         let capacity = options.context.unwrap_or(config.context);
-        let kv_dtype = options.kv_dtype.unwrap_or(model.llama().kv_dtype());
+        let kv_dtype = options.kv_dtype.unwrap_or(model.decoder().kv_dtype());
         let chunk = options.prefill_chunk.unwrap_or(DEFAULT_PREFILL_CHUNK);
-        let state = model.llama().new_state(capacity, kv_dtype, chunk)?;
+        let state = model.decoder().new_state(capacity, kv_dtype, chunk)?;
         // The attention kernel keeps per-thread buffers; size them on every pool thread now
         // so that a step allocates nothing whichever thread it lands on.
         qkv_kernels::attention::reserve_scratch(
@@ -220,7 +218,7 @@ impl Session {
         let model = &self.model;
         rayon::scope(|_| {
             model
-                .llama()
+                .decoder()
                 .forward_all(&mut core.state, tokens, pos, logits)
         })?;
         core.tokens.extend_from_slice(tokens);

@@ -8,7 +8,7 @@
 //! Run in release mode: `cargo test --release --test hf_layout`.
 
 use qkv::model::{Model, ModelOptions};
-use qkv::models::llama::WeightLayout;
+use qkv::models::decoder::WeightLayout;
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};
 use qkv::tokenizer::ChatMessage;
@@ -387,11 +387,12 @@ fn hf_directory_runs_the_same_network_as_the_gguf() {
     let strip = |m: &Model| {
         let mut c = m.config().clone();
         c.layout = WeightLayout::Gguf;
+        c.rope_style = gguf.config().rope_style;
         c
     };
     assert_eq!(strip(&hf), strip(&gguf), "configurations differ");
-    assert_eq!(hf.llama().tied_output(), gguf.llama().tied_output());
-    assert_eq!(hf.llama().parameters(), gguf.llama().parameters());
+    assert_eq!(hf.decoder().tied_output(), gguf.decoder().tied_output());
+    assert_eq!(hf.decoder().parameters(), gguf.decoder().parameters());
 
     let tok = gguf.tokenizer().unwrap();
     let hf_tok = hf.tokenizer().unwrap();

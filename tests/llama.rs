@@ -168,7 +168,7 @@ fn last_position_logits_match_the_reference_in_f32() {
 #[test]
 fn quantized_path_logits_match_the_f32_reference() {
     let model = model_quant();
-    let (formats, bytes) = model.llama().weight_formats();
+    let (formats, bytes) = model.decoder().weight_formats();
     assert!(formats
         .iter()
         .all(|(_, f)| matches!(f, WeightFormat::Quant(_))));
@@ -249,9 +249,9 @@ fn model_reports_the_smollm_configuration() {
         (c.head_dim, c.ffn_dim, c.vocab, c.context),
         (64, 1536, 49152, 8192)
     );
-    assert_eq!(c.rope_base, 100000.0);
-    assert!(model.llama().tied_output());
-    assert_eq!(model.llama().kv_dtype(), FloatType::F16);
+    assert_eq!(c.rope.base, 100000.0);
+    assert!(model.decoder().tied_output());
+    assert_eq!(model.decoder().kv_dtype(), FloatType::F16);
 }
 
 /// The Hugging Face layout (config.json + safetensors + tokenizer.json, split-half RoPE):
@@ -269,7 +269,7 @@ fn hugging_face_layout_matches_the_reference() {
         Arc::new(Model::load(std::path::Path::new(&dir), &ModelOptions::default()).unwrap());
     assert_eq!(
         model.config().layout,
-        qkv::models::llama::WeightLayout::HuggingFace
+        qkv::models::decoder::WeightLayout::HuggingFace
     );
     let tok = model.tokenizer().unwrap();
     for case in reference()["cases"].as_array().unwrap() {

@@ -84,7 +84,7 @@ fn every_format_matches_its_own_weights_widened_to_f32() {
     for (kind, formats) in FILES {
         let Some(path) = path_of(kind) else { continue };
         let quant = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
-        let (found, _) = quant.llama().weight_formats();
+        let (found, _) = quant.decoder().weight_formats();
         let mut seen: Vec<QuantFormat> = Vec::new();
         for (name, f) in &found {
             match f {

@@ -1,4 +1,5 @@
-//! `decode`: generate text with a Llama-family model, streaming tokens to stdout.
+//! `decode`: generate text with a decoder-only model (Llama, Qwen, Mistral, Phi-3 and Gemma
+//! families), streaming tokens to stdout.
 //!
 //! ```text
 //! decode [--model PATH] [--prompt TEXT | text on stdin] [-n N] [--chat] [--temperature T]
@@ -37,7 +38,7 @@ use std::time::Instant;
 #[command(
     name = "decode",
     version,
-    about = "Generate text with a Llama-family model on the CPU (qkv)",
+    about = "Generate text with a decoder-only language model on the CPU (qkv)",
     args_conflicts_with_subcommands = true
 )]
 struct Cli {
@@ -563,7 +564,7 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     let prompt_tps = per_s(ids.len(), prompt_s);
     let gen_tps = per_s(generated, gen_s);
     if args.json {
-        let (_, weight_bytes) = model.llama().weight_formats();
+        let (_, weight_bytes) = model.decoder().weight_formats();
         let stats = serde_json::json!({"stats": {
             "load_ms": round2(load_ms),
             "depth": args.depth,
@@ -596,7 +597,7 @@ fn run(args: &RunArgs) -> AnyResult<()> {
 /// What the weights run as, for the stats line: the widened dtype, or the stored formats
 /// with the bytes a step reads (e.g. "Q4_1+Q8_0, 98 MB").
 fn weights_label(model: &Model, widened: Option<FloatType>) -> String {
-    let (formats, bytes) = model.llama().weight_formats();
+    let (formats, bytes) = model.decoder().weight_formats();
     let mut names: Vec<String> = Vec::new();
     for (_, f) in &formats {
         let f = f.to_string();

@@ -1,8 +1,9 @@
-//! The model architectures: [`llama`] (decoder-only language models such as SmolLM2),
+//! The model architectures: [`decoder`] (decoder-only language models of the Llama, Qwen,
+//! Mistral, Phi-3 and Gemma families),
 //! [`seq2seq`] (seed 004's encoder–decoder Transformer) and [`bert`] (BERT encoders and
 //! sentence embeddings).
 pub mod bert;
-pub mod llama;
+pub mod decoder;
 pub mod seq2seq;
 
 use crate::error::{Error, Result};

@@ -91,6 +91,23 @@ impl Linear {
         self.out_dim
     }
 
+    /// This layer as one of several products of the same input, for
+    /// [`linear_many`](qkv_kernels::linear_many) (Q, K and V; gate and up): one hand-off to
+    /// the threads for the group. `y` is the output `[rows, out_dim]`.
+    pub fn projection<'a, 'y>(&'a self, y: &'y mut [f32]) -> qkv_kernels::Projection<'a, 'y> {
+        qkv_kernels::Projection {
+            w: self.weight.weights(),
+            bias: self.bias.as_deref(),
+            n: self.out_dim,
+            y,
+        }
+    }
+
+    /// The bias, when the layer has one.
+    pub fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
+    }
+
     /// The weight tensor.
     pub fn weight(&self) -> &Tensor {
         &self.weight

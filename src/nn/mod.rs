@@ -41,5 +41,5 @@ pub use embedding::{Embedding, PositionalEncoding};
 pub use ffn::FeedForward;
 pub use linear::Linear;
 pub use mask::{DenseMask, KeyPadding, Mask};
-pub use norm::LayerNorm;
+pub use norm::{LayerNorm, RmsNorm};
 pub use seq::{Seq, SeqBuf};

@@ -63,3 +63,45 @@ impl LayerNorm {
         SeqBuf::new(out, x.batch(), x.len(), x.dim())
     }
 }
+
+/// RMSNorm, `x / √(mean(x²) + eps) · w` over rows of `dim`, in f32 as PyTorch's Llama,
+/// Qwen and Gemma norms compute it. Gemma stores `w − 1` ([`RmsNorm::new`] with
+/// `plus_one`); the 1 is added once here, in f32, as Gemma's `1.0 + weight.float()`.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Vec<f32>,
+    eps: f32,
+}
+
+impl RmsNorm {
+    /// A norm of `weight.len()` features. With `plus_one`, the weight applied is `1 + w`.
+    pub fn new(mut weight: Vec<f32>, eps: f32, plus_one: bool) -> Result<Self> {
+        if weight.is_empty() || !(eps.is_finite() && eps > 0.0) {
+            return Err(Error::Config(format!(
+                "RMS norm of {} features with epsilon {eps}",
+                weight.len()
+            )));
+        }
+        if plus_one {
+            weight.iter_mut().for_each(|w| *w += 1.0);
+        }
+        Ok(RmsNorm { weight, eps })
+    }
+
+    /// Features per row.
+    pub fn dim(&self) -> usize {
+        self.weight.len()
+    }
+
+    /// Normalises every row of `x` into `out` (same length, a multiple of [`dim`](Self::dim)).
+    pub fn forward_into(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
+        qkv_kernels::norm::rms_norm(out, x, &self.weight, self.eps, self.dim())?;
+        Ok(())
+    }
+
+    /// Normalises every row of `x` in place.
+    pub fn forward_inplace(&self, x: &mut [f32]) -> Result<()> {
+        qkv_kernels::norm::rms_norm_inplace(x, &self.weight, self.eps, self.dim())?;
+        Ok(())
+    }
+}

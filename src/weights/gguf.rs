@@ -499,6 +499,33 @@ impl GgmlType {
     }
 }
 
+impl fmt::Display for MetaValue {
+    /// Numbers and booleans as written, strings quoted and escaped, arrays in brackets (the
+    /// first 8 elements, then the count): short enough for an error message.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetaValue::F32(x) => write!(f, "{x}"),
+            MetaValue::F64(x) => write!(f, "{x}"),
+            MetaValue::Bool(b) => write!(f, "{b}"),
+            MetaValue::String(s) => write!(f, "{s:?}"),
+            MetaValue::Array(_, items) => {
+                write!(f, "[")?;
+                for (i, v) in items.iter().take(8).enumerate() {
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
+                    write!(f, "{v}")?;
+                }
+                if items.len() > 8 {
+                    write!(f, ", … {} items", items.len())?;
+                }
+                write!(f, "]")
+            }
+            other => write!(f, "{}", other.as_integer().unwrap_or_default()),
+        }
+    }
+}
+
 impl fmt::Display for GgmlType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)

@@ -425,6 +425,65 @@ impl Tensor {
         })
     }
 
+    /// Splits a matrix into consecutive blocks of rows, `rows[i]` rows each, named
+    /// `name[a..b]`: a fused projection (Phi-3's QKV, its gate/up) as separate matrices.
+    /// Mapped and quantized data stay borrowed (each part is a view of its rows); owned data
+    /// is copied. [`Error::TensorShape`] unless the tensor is 2-D with exactly
+    /// `rows.iter().sum()` rows.
+    pub fn split_rows(self, rows: &[usize]) -> Result<Vec<Tensor>> {
+        let total = rows.iter().try_fold(0usize, |a, &r| a.checked_add(r));
+        let [n, k] = *self.shape.as_slice() else {
+            return Err(self.shape_error(total.unwrap_or(usize::MAX)));
+        };
+        if total != Some(n) {
+            return Err(self.shape_error(total.unwrap_or(usize::MAX)));
+        }
+        let row_bytes = match self.format().bytes_for(k) {
+            Some(b) => b,
+            None => return Err(self.shape_error(n)),
+        };
+        let mut parts = Vec::with_capacity(rows.len());
+        let mut r0 = 0;
+        for &r in rows {
+            let name = format!("{}[{r0}..{}]", self.name, r0 + r);
+            let storage = match &self.storage {
+                Storage::Mapped { map, offset, dtype } => Storage::Mapped {
+                    map: map.clone(),
+                    offset: offset + r0 * row_bytes,
+                    dtype: *dtype,
+                },
+                Storage::Quant {
+                    map,
+                    offset,
+                    format,
+                    ..
+                } => Storage::Quant {
+                    map: map.clone(),
+                    offset: offset + r0 * row_bytes,
+                    len: r * row_bytes,
+                    format: *format,
+                },
+                Storage::F32(v) => Storage::F32(v[r0 * k..(r0 + r) * k].to_vec()),
+                Storage::F16(v) => Storage::F16(v[r0 * k..(r0 + r) * k].to_vec()),
+            };
+            parts.push(Tensor {
+                name,
+                shape: vec![r, k],
+                storage,
+            });
+            r0 += r;
+        }
+        Ok(parts)
+    }
+
+    fn shape_error(&self, rows: usize) -> Error {
+        Error::TensorShape {
+            name: self.name.clone(),
+            expected: vec![rows, self.shape.last().copied().unwrap_or(0)],
+            actual: self.shape.clone(),
+        }
+    }
+
     /// Errors with [`Error::TensorShape`] unless the shape is `expected`.
     pub fn expect_shape(&self, expected: &[usize]) -> Result<&Tensor> {
         if self.shape != expected {

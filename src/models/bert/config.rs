@@ -84,7 +84,7 @@ impl JsonFile {
     }
 
     /// A number `key`, or `default` when absent.
-    fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+    pub(crate) fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
         match self.get(key) {
             None => Ok(default),
             Some(v) => v

@@ -27,7 +27,7 @@
 //! # }
 //! ```
 
-mod config;
+pub(crate) mod config;
 mod embedder;
 mod pooling;
 

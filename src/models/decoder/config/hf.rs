@@ -1,0 +1,256 @@
+//! [`DecoderConfig::from_hf_json`]: a decoder's configuration from a Hugging Face
+//! `config.json`.
+
+use super::{
+    default_attn_scale, in_file, Activation, DecoderConfig, Family, Rope, RopeScaling,
+    WeightLayout, HF_MODEL_TYPES, MAX_LAYERS,
+};
+use crate::error::Result;
+use crate::models::bert::config::JsonFile;
+use qkv_kernels::rope::RopeStyle;
+use std::path::Path;
+
+impl DecoderConfig {
+    /// Reads a Hugging Face `config.json`. [`Error::Unsupported`] names the file, key and
+    /// value of anything qkv does not run: another `model_type`, activation, RoPE type or
+    /// partial rotation, MLP biases, bidirectional attention. [`Error::Format`] for a
+    /// missing or mistyped key; [`Error::InFile`] around [`Error::Config`] for sizes that do
+    /// not fit together.
+    pub fn from_hf_json(path: &Path) -> Result<DecoderConfig> {
+        let json = JsonFile::open(path)?;
+        let model_type = json.opt_str("model_type")?.unwrap_or("");
+        let family = Family::from_model_type(model_type).ok_or_else(|| {
+            json.unsupported(
+                "model_type",
+                &json.value()["model_type"],
+                &format!("qkv's decoder runs {}", HF_MODEL_TYPES.join(", ")),
+            )
+        })?;
+        let gemma = family.is_gemma();
+        let act_key = if gemma {
+            "hidden_activation"
+        } else {
+            "hidden_act"
+        };
+        let activation = match (json.opt_str(act_key)?, gemma) {
+            (None | Some("gelu_pytorch_tanh"), true) => Activation::GeluTanh,
+            (None | Some("silu"), false) => Activation::Silu,
+            _ => {
+                return Err(json.unsupported(
+                    act_key,
+                    &json.value()[act_key],
+                    "qkv runs SwiGLU with silu, GeGLU with gelu_pytorch_tanh for Gemma",
+                ))
+            }
+        };
+        if json.bool_or("mlp_bias", false)? {
+            return Err(json.unsupported("mlp_bias", &json.value()["mlp_bias"], "MLP biases"));
+        }
+        if json.bool_or("use_bidirectional_attention", false)? {
+            return Err(json.unsupported(
+                "use_bidirectional_attention",
+                &json.value()["use_bidirectional_attention"],
+                "qkv's decoder is causal",
+            ));
+        }
+        let attention_bias = json.bool_or("attention_bias", false)?;
+        if attention_bias && family != Family::Llama {
+            return Err(json.unsupported(
+                "attention_bias",
+                &json.value()["attention_bias"],
+                "attention biases outside the Llama family",
+            ));
+        }
+        let dim = json.usize("hidden_size")?;
+        let heads = json.usize("num_attention_heads")?;
+        let layers = json.usize("num_hidden_layers")?;
+        let kv_heads = json.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+        let head_dim = match json.opt_usize("head_dim")? {
+            Some(h) => h,
+            None => dim.checked_div(heads).unwrap_or(0),
+        };
+
+        // RoPE: transformers 5 nests it in `rope_parameters` (per layer type for Gemma 3);
+        // older files have `rope_theta` and `rope_scaling` at the top.
+        let params = json
+            .get("rope_parameters")
+            .or_else(|| json.get("rope_scaling"))
+            .cloned()
+            .unwrap_or(serde_json::Value::Object(Default::default()));
+        let nested =
+            params.get("full_attention").is_some() || params.get("sliding_attention").is_some();
+        let global = if nested {
+            params.get("full_attention").cloned().unwrap_or_default()
+        } else {
+            params.clone()
+        };
+        let default_theta = json
+            .get("rope_theta")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(10000.0);
+        let rope = hf_rope(&json, &global, default_theta)?;
+        let rope_local = match params.get("sliding_attention") {
+            Some(local) if nested => Some(hf_rope(&json, local, 10000.0)?),
+            _ => json
+                .get("rope_local_base_freq")
+                .and_then(|v| v.as_f64())
+                .map(|b| Rope {
+                    base: b as f32,
+                    scaling: RopeScaling::None,
+                }),
+        };
+        let partial = json
+            .get("partial_rotary_factor")
+            .or_else(|| global.get("partial_rotary_factor"));
+        if let Some(p) = partial.filter(|p| p.as_f64() != Some(1.0)) {
+            return Err(json.unsupported(
+                "partial_rotary_factor",
+                p,
+                "partial rotary embedding: qkv rotates whole heads",
+            ));
+        }
+
+        // Sliding windows: `layer_types` when given, else every layer (Mistral, Phi-3).
+        let window = json.opt_usize("sliding_window")?;
+        let use_sw = json.bool_or("use_sliding_window", true)?;
+        let windows = match json.get("layer_types") {
+            Some(types) => {
+                let types = types.as_array().ok_or_else(|| {
+                    json.format_error(format!("`layer_types` = {types} is not a list"))
+                })?;
+                let mut out = Vec::new();
+                for t in types {
+                    out.push(match t.as_str() {
+                        Some("full_attention") => None,
+                        Some("sliding_attention") => match window {
+                            Some(w) => Some(w),
+                            None => {
+                                return Err(json.format_error(
+                                    "`layer_types` has sliding_attention layers but \
+                                     `sliding_window` is missing"
+                                        .into(),
+                                ))
+                            }
+                        },
+                        _ => {
+                            return Err(json.unsupported(
+                                "layer_types",
+                                t,
+                                "qkv runs full_attention and sliding_attention layers",
+                            ))
+                        }
+                    });
+                }
+                out
+            }
+            None => vec![window.filter(|_| use_sw); layers.min(MAX_LAYERS)],
+        };
+        if family == Family::Qwen2
+            && use_sw
+            && window.is_some()
+            && json.get("layer_types").is_none()
+        {
+            return Err(json.unsupported(
+                "use_sliding_window",
+                &json.value()["use_sliding_window"],
+                "Qwen2's per-layer window without `layer_types`",
+            ));
+        }
+        let softcap = |k: &str| -> Result<Option<f32>> {
+            match json.get(k) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(|x| Some(x as f32))
+                    .ok_or_else(|| json.format_error(format!("`{k}` = {v} is not a number"))),
+            }
+        };
+        let attn_scale = match json.get("query_pre_attn_scalar") {
+            Some(v) if gemma => {
+                let s = v.as_f64().ok_or_else(|| {
+                    json.format_error(format!("`query_pre_attn_scalar` = {v} is not a number"))
+                })?;
+                s.powf(-0.5) as f32
+            }
+            _ => default_attn_scale(head_dim),
+        };
+        let config = DecoderConfig {
+            family,
+            dim,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            ffn_dim: json.usize("intermediate_size")?,
+            vocab: json.usize("vocab_size")?,
+            context: json.usize("max_position_embeddings")?,
+            rms_eps: json.f64_or("rms_norm_eps", 1e-6)? as f32,
+            norm_plus_one: gemma,
+            rope_style: RopeStyle::SplitHalf,
+            rope,
+            rope_local,
+            qkv_bias: family == Family::Qwen2 || attention_bias,
+            out_bias: attention_bias,
+            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
+            sandwich_norms: gemma,
+            activation,
+            embed_scale: gemma.then(|| (dim as f64).sqrt() as f32),
+            attn_scale,
+            attn_softcap: if gemma {
+                softcap("attn_logit_softcapping")?
+            } else {
+                None
+            },
+            final_softcap: if gemma {
+                softcap("final_logit_softcapping")?
+            } else {
+                None
+            },
+            windows,
+            layout: WeightLayout::HuggingFace,
+        };
+        config.validate().map_err(|e| in_file(path, e))?;
+        Ok(config)
+    }
+}
+
+/// One rope of a Hugging Face config: `rope_type` default, linear or llama3.
+fn hf_rope(json: &JsonFile, p: &serde_json::Value, default_theta: f64) -> Result<Rope> {
+    let num = |k: &str, default: Option<f64>| -> Result<f32> {
+        match p.get(k).filter(|v| !v.is_null()) {
+            Some(v) => v
+                .as_f64()
+                .map(|x| x as f32)
+                .ok_or_else(|| json.format_error(format!("rope `{k}` = {v} is not a number"))),
+            None => default
+                .map(|d| d as f32)
+                .ok_or_else(|| json.format_error(format!("rope `{k}` is missing"))),
+        }
+    };
+    let base = num("rope_theta", Some(default_theta))?;
+    let kind = p
+        .get("rope_type")
+        .or_else(|| p.get("type"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
+    let scaling = match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: num("factor", None)?,
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: num("factor", None)?,
+            low_freq_factor: num("low_freq_factor", None)?,
+            high_freq_factor: num("high_freq_factor", None)?,
+            original_context: num("original_max_position_embeddings", None)?,
+        },
+        _ => {
+            return Err(json.unsupported(
+                "rope_type",
+                p.get("rope_type").or_else(|| p.get("type")).unwrap_or(p),
+                "qkv runs default, linear and llama3 RoPE",
+            ))
+        }
+    };
+    Ok(Rope { base, scaling })
+}

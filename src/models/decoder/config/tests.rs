@@ -1,0 +1,238 @@
+//! The configuration readers: what each family's keys become, and what is refused by name.
+
+use super::*;
+use crate::weights::gguf::{write_gguf, GgufFile, MetaValue};
+use std::path::PathBuf;
+
+/// A scratch file named `name` in a directory of this test process.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("qkv-decoder-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn hf(name: &str, json: &str) -> Result<DecoderConfig> {
+    let path = scratch(name);
+    std::fs::write(&path, json).unwrap();
+    DecoderConfig::from_hf_json(&path)
+}
+
+const SMOLLM: &str = r#"{"model_type":"llama","hidden_size":576,"num_hidden_layers":30,
+    "num_attention_heads":9,"num_key_value_heads":3,"intermediate_size":1536,
+    "vocab_size":49152,"max_position_embeddings":8192,"rope_theta":100000.0,
+    "rms_norm_eps":1e-5,"tie_word_embeddings":true}"#;
+
+#[test]
+fn hf_config_reads_smollm_style_json() {
+    let c = hf("smollm.json", SMOLLM).unwrap();
+    assert_eq!((c.dim, c.heads, c.kv_heads, c.head_dim), (576, 9, 3, 64));
+    assert_eq!(
+        (c.layout, c.family),
+        (WeightLayout::HuggingFace, Family::Llama)
+    );
+    assert_eq!(c.rope.base, 100000.0);
+    assert_eq!(c.windows, vec![None; 30]);
+    // transformers 5 nests the RoPE parameters.
+    let v5 = SMOLLM.replace(
+        r#""rope_theta":100000.0"#,
+        r#""rope_parameters":{"rope_theta":50000.0,"rope_type":"default"}"#,
+    );
+    assert_eq!(hf("v5.json", &v5).unwrap().rope.base, 50000.0);
+    let scaled = SMOLLM.replace(
+        r#""rope_theta":100000.0"#,
+        r#""rope_parameters":{"rope_theta":50000.0,"rope_type":"llama3","factor":32.0,
+            "low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}"#,
+    );
+    assert!(matches!(
+        hf("llama3.json", &scaled).unwrap().rope.scaling,
+        RopeScaling::Llama3 { factor: 32.0, .. }
+    ));
+    // Attention biases run in the Llama family; Mistral's window applies to every layer.
+    let c = hf(
+        "bias.json",
+        &SMOLLM.replacen('}', r#","attention_bias":true}"#, 1),
+    )
+    .unwrap();
+    assert!(c.qkv_bias && c.out_bias);
+    let mistral =
+        SMOLLM
+            .replace(r#""llama""#, r#""mistral""#)
+            .replacen('}', r#","sliding_window":4096}"#, 1);
+    assert_eq!(
+        hf("mistral.json", &mistral).unwrap().windows,
+        vec![Some(4096); 30]
+    );
+}
+
+#[test]
+fn hf_config_refuses_what_it_cannot_run_by_key_and_value() {
+    for (what, from, to, key) in [
+        ("activation", "}", r#","hidden_act":"gelu"}"#, "hidden_act"),
+        ("MLP bias", "}", r#","mlp_bias":true}"#, "mlp_bias"),
+        (
+            "YaRN",
+            r#""rope_theta":100000.0"#,
+            r#""rope_parameters":{"rope_type":"yarn","factor":4.0}"#,
+            "rope_type",
+        ),
+        (
+            "partial rotation",
+            "}",
+            r#","partial_rotary_factor":0.5}"#,
+            "partial_rotary_factor",
+        ),
+        ("architecture", r#""llama""#, r#""falcon""#, "model_type"),
+        (
+            "layer type",
+            "}",
+            r#","layer_types":["chunked_attention"]}"#,
+            "layer_types",
+        ),
+        (
+            "bidirectional",
+            "}",
+            r#","use_bidirectional_attention":true}"#,
+            "use_bidirectional_attention",
+        ),
+    ] {
+        let e = hf("bad.json", &SMOLLM.replacen(from, to, 1)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Unsupported(_)), "{what}: {msg}");
+        assert!(
+            msg.contains(key) && msg.contains("bad.json"),
+            "{what}: {msg}"
+        );
+    }
+    let e = hf("broken.json", "{").unwrap_err();
+    assert!(e.to_string().contains("broken.json"), "{e}");
+    let e = hf("short.json", r#"{"model_type":"llama"}"#).unwrap_err();
+    assert!(e.to_string().contains("hidden_size"), "{e}");
+    let e = hf(
+        "zero.json",
+        &SMOLLM.replace(r#""num_key_value_heads":3"#, r#""num_key_value_heads":2"#),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, Error::InFile { source, .. } if matches!(**source, Error::Config(_))),
+        "{e}"
+    );
+}
+
+/// A vocabulary-only GGUF of architecture `arch` with `keys` (under `arch.`) and no tensors.
+fn gguf(name: &str, arch: &str, keys: &[(&str, MetaValue)]) -> Result<DecoderConfig> {
+    let mut meta = vec![(
+        "general.architecture".to_owned(),
+        MetaValue::String(arch.into()),
+    )];
+    let base = [
+        ("embedding_length", MetaValue::U32(64)),
+        ("block_count", MetaValue::U32(6)),
+        ("feed_forward_length", MetaValue::U32(128)),
+        ("context_length", MetaValue::U32(512)),
+        ("vocab_size", MetaValue::U32(100)),
+        ("attention.head_count", MetaValue::U32(4)),
+        ("attention.head_count_kv", MetaValue::U32(2)),
+        ("attention.layer_norm_rms_epsilon", MetaValue::F32(1e-6)),
+    ];
+    for (k, v) in base.into_iter().chain(keys.iter().cloned()) {
+        meta.retain(|(old, _)| *old != format!("{arch}.{k}"));
+        meta.push((format!("{arch}.{k}"), v));
+    }
+    let path = scratch(name);
+    write_gguf(&path, &meta, &[]).unwrap();
+    DecoderConfig::from_gguf(&GgufFile::open(&path)?)
+}
+
+#[test]
+fn gguf_families_read_their_keys() {
+    let g2 = gguf("g2.gguf", "gemma2", &[]).unwrap();
+    // Gemma 2 defaults: 4096-wide window on even layers, soft-capped scores.
+    assert_eq!(g2.windows[..2], [Some(4096), None]);
+    assert_eq!(g2.attn_softcap, Some(50.0));
+    assert!(g2.sandwich_norms && !g2.norm_plus_one && g2.embed_scale == Some(8.0));
+    assert_eq!(g2.rope_style, RopeStyle::SplitHalf);
+    let g3 = gguf(
+        "g3.gguf",
+        "gemma3",
+        &[
+            ("attention.sliding_window", MetaValue::U32(16)),
+            ("rope.scaling.type", MetaValue::String("linear".into())),
+            ("rope.scaling.factor", MetaValue::F32(8.0)),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        g3.windows,
+        [Some(16), Some(16), Some(16), Some(16), Some(16), None]
+    );
+    assert_eq!(g3.rope.scaling, RopeScaling::Linear { factor: 8.0 });
+    assert_eq!(g3.rope_local.as_ref().unwrap().scaling, RopeScaling::None);
+    assert!(g3.qk_norm && g3.attn_softcap.is_none());
+    let llama = gguf("llama.gguf", "llama", &[]).unwrap();
+    assert_eq!(llama.rope_style, RopeStyle::AdjacentPairs);
+    assert_eq!(llama.windows, vec![None; 6]);
+    // An explicit pattern of flags wins over the family's period.
+    let flags = MetaValue::Array(
+        crate::weights::gguf::MetaValueType::Bool,
+        [true, false, true, false, true, false]
+            .map(MetaValue::Bool)
+            .to_vec(),
+    );
+    let p = gguf(
+        "pattern.gguf",
+        "gemma3",
+        &[
+            ("attention.sliding_window", MetaValue::U32(8)),
+            ("attention.sliding_window_pattern", flags),
+        ],
+    )
+    .unwrap();
+    assert_eq!(p.windows, [Some(8), None, Some(8), None, Some(8), None]);
+}
+
+#[test]
+fn gguf_refuses_unknown_architectures_and_keys_by_name() {
+    for (arch, key, value, named) in [
+        ("falcon", "", MetaValue::U32(0), "`falcon`"),
+        (
+            "llama",
+            "attention.clamp_kqv",
+            MetaValue::F32(8.0),
+            "llama.attention.clamp_kqv",
+        ),
+        (
+            "llama",
+            "rope.scaling.type",
+            MetaValue::String("yarn".into()),
+            "\"yarn\"",
+        ),
+        (
+            "qwen2",
+            "rope.dimension_count",
+            MetaValue::U32(8),
+            "partial rotary",
+        ),
+        (
+            "llama",
+            "expert_count",
+            MetaValue::U32(8),
+            "mixture of experts",
+        ),
+        (
+            "llama",
+            "attention.value_length",
+            MetaValue::U32(32),
+            "value_length",
+        ),
+    ] {
+        let keys: Vec<(&str, MetaValue)> = if key.is_empty() {
+            vec![]
+        } else {
+            vec![(key, value)]
+        };
+        let e = gguf("refused.gguf", arch, &keys).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Unsupported(_)), "{arch} {key}: {msg}");
+        assert!(msg.contains(named) && msg.contains("refused.gguf"), "{msg}");
+    }
+}

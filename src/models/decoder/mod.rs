@@ -1,0 +1,775 @@
+//! One decoder-only transformer for every family qkv runs (Llama 2/3/3.1/3.2, SmolLM2/3,
+//! Mistral, Qwen2/2.5, Qwen3, Phi-3, Gemma 2, Gemma 3), described by a [`DecoderConfig`] and
+//! running on the `qkv-kernels`.
+//!
+//! One layer, for `t` new positions starting at absolute position `p₀` (brackets: only where
+//! the configuration asks for it):
+//!
+//! ```text
+//! q, k, v = Wq·n₁(x) [+bq], Wk·n₁(x) [+bk], Wv·n₁(x) [+bv]
+//! q, k    = rope([rms_head(q)]), rope([rms_head(k)])            (the layer's RoPE table)
+//! a       = Wo · attention(q, k ⧺ cache, v ⧺ cache) [+bo]      (causal [, window] [, soft-cap])
+//! h       = x + [n₂](a)
+//! f       = Wdown · (act(Wgate·n₃(h)) ⊙ Wup·n₃(h))             (act: silu, or tanh-GELU)
+//! out     = h + [n₄](f)
+//! ```
+//!
+//! where the `nᵢ` are RMSNorms (`n₂`, `n₄`: Gemma's sandwich norms), then
+//! `logits = [softcap](Wout · rms(out))` for the last position only (the prompt positions
+//! before it never pay for the LM head). The embedding rows may be scaled (Gemma's `√dim`).
+//! Attention is grouped-query: query head `h` reads KV head `h / (heads / kv_heads)`, which
+//! the attention kernel does by itself, and the sliding window is the kernel's own mask.
+//!
+//! Weights come from a GGUF file (llama.cpp names: `blk.N.attn_q.weight`…) or a Hugging Face
+//! directory (`model.layers.N.self_attn.q_proj.weight`…). For the `llama` architecture the
+//! two differ in RoPE layout: llama.cpp's converter permutes the rows of Q and K so that
+//! rotation pairs are adjacent elements ([`RopeStyle::AdjacentPairs`]), where Hugging Face
+//! keeps the two halves of each head apart ([`RopeStyle::SplitHalf`]); the style is part of
+//! the configuration, so no weight is copied to undo the permutation. Phi-3's fused QKV and
+//! gate/up matrices are split into views of their rows at load, without a copy.
+//!
+//! The per-sequence state — the KV cache and every scratch buffer — is a [`DecoderState`],
+//! sized once; a forward pass allocates nothing.
+
+pub mod config;
+mod state;
+
+pub use state::DecoderState;
+use state::KvStore;
+
+pub use config::{
+    Activation, DecoderConfig, Family, Rope, RopeScaling, WeightLayout, GGUF_ARCHITECTURES,
+    HF_MODEL_TYPES, MAX_CONTEXT, MAX_LAYERS,
+};
+
+use crate::error::{Error, Result};
+use crate::nn::{Linear, RmsNorm};
+use crate::weights::{FloatType, Tensor, TensorSource, WeightFormat};
+use qkv_kernels::activation::{add_inplace, geglu_tanh, softcap_inplace, swiglu};
+use qkv_kernels::rope::{inv_freq, RopeTable};
+use qkv_kernels::{attention, linear_many, AttentionMask, QueryView};
+use std::ops::Range;
+
+/// The names of one block's tensors in a layout; `part` is the GGUF spelling.
+fn layer_name(c: &DecoderConfig, layer: usize, part: &str, suffix: &str) -> String {
+    match c.layout {
+        WeightLayout::Gguf => format!("blk.{layer}.{part}.{suffix}"),
+        WeightLayout::HuggingFace => {
+            let hf = match part {
+                "attn_norm" => "input_layernorm",
+                "attn_q" => "self_attn.q_proj",
+                "attn_k" => "self_attn.k_proj",
+                "attn_v" => "self_attn.v_proj",
+                "attn_qkv" => "self_attn.qkv_proj",
+                "attn_q_norm" => "self_attn.q_norm",
+                "attn_k_norm" => "self_attn.k_norm",
+                "attn_output" => "self_attn.o_proj",
+                // Gemma's post-attention norm is applied to the attention output; in the
+                // other families the same name is the norm before the feed-forward block.
+                "post_attention_norm" => "post_attention_layernorm",
+                "ffn_norm" if c.sandwich_norms => "pre_feedforward_layernorm",
+                "ffn_norm" => "post_attention_layernorm",
+                "post_ffw_norm" => "post_feedforward_layernorm",
+                "ffn_gate" => "mlp.gate_proj",
+                "ffn_up" => "mlp.up_proj",
+                "ffn_gate_up" => "mlp.gate_up_proj",
+                "ffn_down" => "mlp.down_proj",
+                other => other,
+            };
+            format!("model.layers.{layer}.{hf}.{suffix}")
+        }
+    }
+}
+
+/// The names of the embedding, final norm and output head in a layout.
+fn global_names(layout: WeightLayout) -> [&'static str; 3] {
+    match layout {
+        WeightLayout::Gguf => ["token_embd.weight", "output_norm.weight", "output.weight"],
+        WeightLayout::HuggingFace => [
+            "model.embed_tokens.weight",
+            "model.norm.weight",
+            "lm_head.weight",
+        ],
+    }
+}
+
+/// The weights of one transformer block.
+struct Block {
+    attn_norm: RmsNorm,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    wo: Linear,
+    attn_post_norm: Option<RmsNorm>,
+    ffn_norm: RmsNorm,
+    w_gate: Linear,
+    w_up: Linear,
+    w_down: Linear,
+    ffn_post_norm: Option<RmsNorm>,
+}
+
+impl Block {
+    fn matrices(&self) -> [&Tensor; 7] {
+        [
+            self.wq.weight(),
+            self.wk.weight(),
+            self.wv.weight(),
+            self.wo.weight(),
+            self.w_gate.weight(),
+            self.w_up.weight(),
+            self.w_down.weight(),
+        ]
+    }
+}
+
+/// A loaded decoder: configuration, weights (mapped or owned) and the RoPE tables.
+/// Immutable, `Send + Sync`; any number of [`DecoderState`]s run on one `Decoder` at once.
+pub struct Decoder {
+    /// Unique per model ([`super::next_model_id`]): a state made by another is refused.
+    id: u64,
+    config: DecoderConfig,
+    /// The KV cache's default dtype: f32 for a model whose matrices are f32, else f16.
+    kv_dtype: FloatType,
+    embedding: Tensor,
+    blocks: Vec<Block>,
+    final_norm: RmsNorm,
+    /// `None` when the output head is tied to the embedding.
+    output: Option<Tensor>,
+    /// RoPE of the global layers, and of the local ones when they differ (Gemma 3).
+    rope: RopeTable,
+    rope_local: Option<RopeTable>,
+}
+
+impl std::fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decoder")
+            .field("config", &self.config)
+            .field("kv_dtype", &self.kv_dtype)
+            .field("tied_output", &self.output.is_none())
+            .finish()
+    }
+}
+
+/// The RoPE table of `rope` for heads of `head_dim` and `positions` positions.
+/// `file_factors` are GGUF's `rope_freqs.weight` divisors, when the scaling says to use them.
+fn rope_table(
+    rope: &Rope,
+    head_dim: usize,
+    positions: usize,
+    file_factors: Option<&[f32]>,
+) -> Result<RopeTable> {
+    let mut freqs = inv_freq(head_dim, rope.base)?;
+    match &rope.scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => freqs.iter_mut().for_each(|f| *f /= factor),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context,
+        } => {
+            // transformers' `_compute_llama3_parameters`, step by step in f32.
+            let low_wavelen = original_context / low_freq_factor;
+            let high_wavelen = original_context / high_freq_factor;
+            for f in &mut freqs {
+                let wavelen = (2.0 * std::f32::consts::PI) / *f;
+                let scaled = if wavelen > low_wavelen {
+                    *f / factor
+                } else {
+                    *f
+                };
+                let smooth = (original_context / wavelen - low_freq_factor)
+                    / (high_freq_factor - low_freq_factor);
+                let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+                let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
+                *f = if medium { smoothed } else { scaled };
+            }
+        }
+        RopeScaling::FileFactors => {
+            let factors = file_factors.ok_or_else(|| Error::MissingTensor {
+                name: "rope_freqs.weight".into(),
+            })?;
+            if factors.len() != freqs.len() {
+                return Err(Error::TensorShape {
+                    name: "rope_freqs.weight".into(),
+                    expected: vec![freqs.len()],
+                    actual: vec![factors.len()],
+                });
+            }
+            if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(Error::Config(format!(
+                    "rope_freqs.weight holds {bad}, not a positive divisor"
+                )));
+            }
+            freqs.iter_mut().zip(factors).for_each(|(f, d)| *f /= d);
+        }
+    }
+    Ok(RopeTable::from_inv_freq(&freqs, positions)?)
+}
+
+impl Decoder {
+    /// Loads the weights `config` names from `source`. With `widen: None` every matrix stays
+    /// as stored — f32, f16 or quantized blocks, mapped without a copy; with `Some(dtype)`
+    /// each is widened (or rounded) to `dtype` at load. 1-D weights (norms, biases) are
+    /// always widened to f32. The output head is tied to the embedding when the source has
+    /// no separate one.
+    pub fn load(
+        config: DecoderConfig,
+        source: &dyn TensorSource,
+        widen: Option<FloatType>,
+    ) -> Result<Decoder> {
+        config.validate()?;
+        let c = &config;
+        let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let tensor = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            let t = source.tensor(name)?;
+            t.expect_shape(shape)?;
+            Ok(t)
+        };
+        let widened = |t: Tensor| match widen {
+            Some(dtype) => t.into_dtype(dtype),
+            None => Ok(t),
+        };
+        let vector = |name: &str, len: usize| tensor(name, &[len])?.to_f32_vec();
+        let norm =
+            |name: &str, len: usize| RmsNorm::new(vector(name, len)?, c.rms_eps, c.norm_plus_one);
+        let linear =
+            |l: usize, part: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear> {
+                let w = widened(tensor(&layer_name(c, l, part, "weight"), &[rows, cols])?)?;
+                let b = match bias {
+                    true => Some(vector(&layer_name(c, l, part, "bias"), rows)?),
+                    false => None,
+                };
+                Linear::from_tensors(w, b)
+            };
+        // A fused matrix split into views of its rows (Phi-3).
+        let fused = |l: usize, part: &str, rows: &[usize], cols: usize| -> Result<Vec<Linear>> {
+            let name = layer_name(c, l, part, "weight");
+            let t = tensor(&name, &[rows.iter().sum(), cols])?;
+            t.split_rows(rows)?
+                .into_iter()
+                .map(|t| Linear::from_tensors(widened(t)?, None))
+                .collect()
+        };
+        // Not `with_capacity(c.layers)`: the count comes from the file, the blocks from its tensors.
+        let mut blocks = Vec::new();
+        for l in 0..c.layers {
+            let n = |part: &str| layer_name(c, l, part, "weight");
+            let (wq, wk, wv) = if c.family == Family::Phi3 {
+                let mut p = fused(l, "attn_qkv", &[qd, kvd, kvd], d)?.into_iter();
+                let mut next = || p.next().expect("three parts");
+                (next(), next(), next())
+            } else {
+                (
+                    linear(l, "attn_q", qd, d, c.qkv_bias)?,
+                    linear(l, "attn_k", kvd, d, c.qkv_bias)?,
+                    linear(l, "attn_v", kvd, d, c.qkv_bias)?,
+                )
+            };
+            let (w_gate, w_up) = if c.family == Family::Phi3 {
+                let part = match c.layout {
+                    WeightLayout::Gguf => "ffn_up",
+                    WeightLayout::HuggingFace => "ffn_gate_up",
+                };
+                let mut p = fused(l, part, &[ff, ff], d)?.into_iter();
+                let mut next = || p.next().expect("two parts");
+                (next(), next())
+            } else {
+                (
+                    linear(l, "ffn_gate", ff, d, false)?,
+                    linear(l, "ffn_up", ff, d, false)?,
+                )
+            };
+            let sandwich = |part: &str| -> Result<Option<RmsNorm>> {
+                c.sandwich_norms.then(|| norm(&n(part), d)).transpose()
+            };
+            let qk = |part: &str| -> Result<Option<RmsNorm>> {
+                c.qk_norm.then(|| norm(&n(part), c.head_dim)).transpose()
+            };
+            blocks.push(Block {
+                attn_norm: norm(&n("attn_norm"), d)?,
+                wq,
+                wk,
+                wv,
+                q_norm: qk("attn_q_norm")?,
+                k_norm: qk("attn_k_norm")?,
+                wo: linear(l, "attn_output", d, qd, c.out_bias)?,
+                attn_post_norm: sandwich("post_attention_norm")?,
+                ffn_norm: norm(&n("ffn_norm"), d)?,
+                w_gate,
+                w_up,
+                w_down: linear(l, "ffn_down", d, ff, false)?,
+                ffn_post_norm: sandwich("post_ffw_norm")?,
+            });
+        }
+        let [embedding_name, final_norm_name, output_name] = global_names(c.layout);
+        let embedding = widened(tensor(embedding_name, &[c.vocab, d])?)?;
+        let output = if source.contains(output_name) {
+            Some(widened(tensor(output_name, &[c.vocab, d])?)?)
+        } else {
+            None
+        };
+        let final_norm = norm(final_norm_name, d)?;
+        let file_factors = match c.rope.scaling {
+            RopeScaling::FileFactors => Some(source.tensor("rope_freqs.weight")?.to_f32_vec()?),
+            _ => None,
+        };
+        let rope = rope_table(&c.rope, c.head_dim, c.context, file_factors.as_deref())?;
+        let rope_local = c
+            .rope_local
+            .as_ref()
+            .map(|r| rope_table(r, c.head_dim, c.context, None))
+            .transpose()?;
+        let kv_dtype = match widen {
+            Some(dtype) => dtype,
+            None if blocks[0].wq.weight().format() == WeightFormat::F32 => FloatType::F32,
+            None => FloatType::F16,
+        };
+        Ok(Decoder {
+            id: super::next_model_id(),
+            config,
+            kv_dtype,
+            embedding,
+            blocks,
+            final_norm,
+            output,
+            rope,
+            rope_local,
+        })
+    }
+
+    /// A model with deterministic pseudo-random weights (uniform, scaled by `1/√fan_in`, norm
+    /// weights 1, biases 0): for tests, documentation and benchmarks that must not need a
+    /// real file. The same `config`, `seed` and `dtype` give the same model.
+    ///
+    /// ```
+    /// use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
+    /// use qkv::weights::FloatType;
+    /// let config = DecoderConfig::llama(64, 2, 4, 2, 128, 100, 256, WeightLayout::Gguf);
+    /// let model = Decoder::synthetic(config, 7, FloatType::F32)?;
+    /// let mut state = model.new_state(32, FloatType::F32, 8)?;
+    /// let mut logits = vec![0.0; 100];
+    /// model.forward(&mut state, &[1, 2, 3], 0, Some(&mut logits))?;
+    /// assert!(logits.iter().all(|x| x.is_finite()));
+    /// # Ok::<(), qkv::Error>(())
+    /// ```
+    pub fn synthetic(config: DecoderConfig, seed: u64, dtype: FloatType) -> Result<Decoder> {
+        config.validate()?;
+        let mut state = seed ^ 0x853C_49E6_748F_EA9B;
+        let mut uniform = move || {
+            // 64-bit LCG (Knuth's MMIX constants); the top 24 bits as a float in [-1, 1).
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        let mut matrix = |name: String, rows: usize, cols: usize| -> Result<Tensor> {
+            let scale = 1.0 / (cols as f32).sqrt();
+            let data = (0..rows * cols).map(|_| uniform() * scale).collect();
+            Tensor::from_f32(&name, vec![rows, cols], data)?.into_dtype(dtype)
+        };
+        let c = &config;
+        let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let ones = |n: usize| {
+            RmsNorm::new(
+                vec![if c.norm_plus_one { 0.0 } else { 1.0 }; n],
+                c.rms_eps,
+                c.norm_plus_one,
+            )
+        };
+        let mut linear = |name: String, rows: usize, cols: usize, bias: bool| -> Result<Linear> {
+            Linear::from_tensors(matrix(name, rows, cols)?, bias.then(|| vec![0.0; rows]))
+        };
+        // Not `with_capacity(c.layers)`: the count comes from the file, the blocks from its tensors.
+        let mut blocks = Vec::new();
+        for l in 0..c.layers {
+            let n = |part: &str| layer_name(c, l, part, "weight");
+            let opt = |on: bool, dim: usize| on.then(|| ones(dim)).transpose();
+            blocks.push(Block {
+                attn_norm: ones(d)?,
+                wq: linear(n("attn_q"), qd, d, c.qkv_bias)?,
+                wk: linear(n("attn_k"), kvd, d, c.qkv_bias)?,
+                wv: linear(n("attn_v"), kvd, d, c.qkv_bias)?,
+                q_norm: opt(c.qk_norm, c.head_dim)?,
+                k_norm: opt(c.qk_norm, c.head_dim)?,
+                wo: linear(n("attn_output"), d, qd, c.out_bias)?,
+                attn_post_norm: opt(c.sandwich_norms, d)?,
+                ffn_norm: ones(d)?,
+                w_gate: linear(n("ffn_gate"), ff, d, false)?,
+                w_up: linear(n("ffn_up"), ff, d, false)?,
+                w_down: linear(n("ffn_down"), d, ff, false)?,
+                ffn_post_norm: opt(c.sandwich_norms, d)?,
+            });
+        }
+        let embedding = matrix(global_names(c.layout)[0].into(), c.vocab, d)?;
+        let file_factors = vec![1.0; c.head_dim / 2];
+        let rope = rope_table(&c.rope, c.head_dim, c.context, Some(&file_factors))?;
+        let rope_local = c
+            .rope_local
+            .as_ref()
+            .map(|r| rope_table(r, c.head_dim, c.context, None))
+            .transpose()?;
+        Ok(Decoder {
+            id: super::next_model_id(),
+            final_norm: ones(d)?,
+            config,
+            kv_dtype: dtype,
+            embedding,
+            blocks,
+            output: None,
+            rope,
+            rope_local,
+        })
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    /// The KV cache's default dtype: f32 when the matrices are f32 (as stored or widened),
+    /// else f16.
+    pub fn kv_dtype(&self) -> FloatType {
+        self.kv_dtype
+    }
+
+    /// The storage format of each weight matrix, and how many bytes of matrices a decode
+    /// step reads (the output head, or the tied embedding, once).
+    pub fn weight_formats(&self) -> (Vec<(String, WeightFormat)>, usize) {
+        let head = self.output.as_ref().unwrap_or(&self.embedding);
+        let mut all = vec![head];
+        for b in &self.blocks {
+            all.extend(b.matrices());
+        }
+        let bytes = all.iter().map(|t| t.bytes()).sum();
+        (
+            all.iter()
+                .map(|t| (t.name().to_owned(), t.format()))
+                .collect(),
+            bytes,
+        )
+    }
+
+    /// True when the output head shares the embedding matrix.
+    pub fn tied_output(&self) -> bool {
+        self.output.is_none()
+    }
+
+    /// Total number of weight elements (embedding counted once when tied; norms and biases
+    /// included).
+    pub fn parameters(&self) -> usize {
+        let norm = |n: &Option<RmsNorm>| n.as_ref().map_or(0, RmsNorm::dim);
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                let biases = [&b.wq, &b.wk, &b.wv, &b.wo]
+                    .iter()
+                    .map(|l| l.bias().map_or(0, <[f32]>::len))
+                    .sum::<usize>();
+                b.attn_norm.dim()
+                    + b.ffn_norm.dim()
+                    + norm(&b.q_norm)
+                    + norm(&b.k_norm)
+                    + norm(&b.attn_post_norm)
+                    + norm(&b.ffn_post_norm)
+                    + biases
+                    + b.matrices().iter().map(|t| t.numel()).sum::<usize>()
+            })
+            .sum();
+        blocks
+            + self.embedding.numel()
+            + self.final_norm.dim()
+            + self.output.as_ref().map_or(0, |t| t.numel())
+    }
+
+    /// A fresh state: a KV cache of `capacity` positions in `kv_dtype`, and scratch for
+    /// prefill chunks of up to `chunk` positions. [`Error::Config`] when `capacity` exceeds
+    /// the model's context length (the RoPE table ends there), when either is 0, or when the
+    /// cache's memory cannot be had.
+    pub fn new_state(
+        &self,
+        capacity: usize,
+        kv_dtype: FloatType,
+        chunk: usize,
+    ) -> Result<DecoderState> {
+        let c = &self.config;
+        if capacity == 0 || chunk == 0 {
+            return Err(Error::Config(format!(
+                "KV cache capacity ({capacity}) and prefill chunk ({chunk}) must be positive"
+            )));
+        }
+        if capacity > c.context {
+            return Err(Error::Config(format!(
+                "KV cache capacity {capacity} exceeds the model's context length {}",
+                c.context
+            )));
+        }
+        let chunk = chunk.min(capacity);
+        let cache_len = c
+            .layers
+            .checked_mul(capacity)
+            .and_then(|n| n.checked_mul(c.kv_dim()))
+            .ok_or_else(|| Error::Config(format!("KV cache of {capacity} positions overflows")))?;
+        let store = || KvStore::new(kv_dtype, cache_len, capacity, c.kv_heads, c.head_dim);
+        let (keys, values) = (store()?, store()?);
+        Ok(DecoderState {
+            capacity,
+            chunk,
+            model: self.id,
+            shape: self.state_shape(),
+            filled: 0,
+            keys,
+            values,
+            x: vec![0.0; chunk * c.dim],
+            xn: vec![0.0; chunk * c.dim],
+            q: vec![0.0; chunk * c.q_dim()],
+            k: vec![0.0; chunk * c.kv_dim()],
+            v: vec![0.0; chunk * c.kv_dim()],
+            att: vec![0.0; chunk * c.q_dim()],
+            gate: vec![0.0; chunk * c.ffn_dim],
+            up: vec![0.0; chunk * c.ffn_dim],
+            hidden: vec![0.0; chunk * c.ffn_dim],
+        })
+    }
+
+    /// Runs `tokens` at absolute positions `pos0..pos0 + tokens.len()`, appending their keys
+    /// and values to `state`'s cache, and writes the logits of the last token into `logits`
+    /// (length `vocab`) when given. Positions before `pos0` must already be in the cache:
+    /// `pos0` may be at most the number of positions the state holds, and running at an
+    /// earlier position discards the later ones (how a session rewinds).
+    ///
+    /// Validates everything before touching the cache: token ids ([`Error::TokenOutOfRange`]),
+    /// capacity ([`Error::ContextFull`]), the logits length, `pos0`, and that `state` was made
+    /// by this very model ([`Error::Shape`]; another one's cache, even of the same shape,
+    /// holds other keys). Prompts longer than the state's chunk run as several matrix passes.
+    pub fn forward(
+        &self,
+        state: &mut DecoderState,
+        tokens: &[u32],
+        pos0: usize,
+        logits: Option<&mut [f32]>,
+    ) -> Result<()> {
+        match logits {
+            Some(l) => self.run(state, tokens, pos0, Logits::Last(l)),
+            None => self.run(state, tokens, pos0, Logits::None),
+        }
+    }
+
+    /// As [`forward`](Self::forward), but writes the logits of every token:
+    /// `logits[i·vocab..(i+1)·vocab]` are those after `tokens[i]` (what perplexity scores).
+    /// The output head then runs as one matrix product per chunk. Errors as `forward` does,
+    /// and with [`Error::Shape`] when `logits` is not `tokens.len()·vocab` long.
+    pub fn forward_all(
+        &self,
+        state: &mut DecoderState,
+        tokens: &[u32],
+        pos0: usize,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        self.run(state, tokens, pos0, Logits::All(logits))
+    }
+
+    fn run(
+        &self,
+        state: &mut DecoderState,
+        tokens: &[u32],
+        pos0: usize,
+        mut logits: Logits<'_>,
+    ) -> Result<()> {
+        let c = &self.config;
+        if tokens.is_empty() {
+            return Err(Error::Shape("decoder forward: no tokens".into()));
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab: c.vocab });
+        }
+        let needed = pos0.saturating_add(tokens.len());
+        if needed > state.capacity {
+            return Err(Error::ContextFull {
+                needed,
+                capacity: state.capacity,
+            });
+        }
+        let wanted = match &logits {
+            Logits::None => None,
+            Logits::Last(l) => Some((l.len(), c.vocab)),
+            Logits::All(l) => Some((l.len(), tokens.len().saturating_mul(c.vocab))),
+        };
+        if let Some((len, want)) = wanted.filter(|(len, want)| len != want) {
+            return Err(Error::Shape(format!(
+                "logits buffer holds {len}, {} tokens of a {}-token vocabulary need {want}",
+                if matches!(logits, Logits::All(_)) {
+                    tokens.len()
+                } else {
+                    1
+                },
+                c.vocab
+            )));
+        }
+        if state.model != self.id {
+            return Err(Error::Shape(format!(
+                "decoder forward: the state was made by another model (of [dim, kv dim, ffn \
+                 dim, layers] = {:?}; this one is {:?}), whose cache this one cannot use",
+                state.shape,
+                self.state_shape()
+            )));
+        }
+        if pos0 > state.filled {
+            return Err(Error::Shape(format!(
+                "decoder forward at position {pos0}, but the cache holds only positions 0..{}",
+                state.filled
+            )));
+        }
+        // From here on, positions past pos0 no longer match the tokens before them.
+        state.filled = pos0;
+        let mut pos = pos0;
+        for chunk in tokens.chunks(state.chunk) {
+            self.forward_chunk(state, chunk, pos)?;
+            if let Logits::All(all) = &mut logits {
+                let at = (pos - pos0) * c.vocab;
+                self.head(
+                    state,
+                    0..chunk.len(),
+                    &mut all[at..at + chunk.len() * c.vocab],
+                )?;
+            }
+            pos += chunk.len();
+            state.filled = pos;
+        }
+        if let Logits::Last(logits) = logits {
+            let last = (tokens.len() - 1) % state.chunk;
+            self.head(state, last..last + 1, logits)?;
+        }
+        Ok(())
+    }
+
+    /// What a [`DecoderState`] made by this model records of it.
+    fn state_shape(&self) -> [usize; 4] {
+        let c = &self.config;
+        [c.dim, c.kv_dim(), c.ffn_dim, c.layers]
+    }
+
+    /// The blocks over one chunk of at most `state.chunk` tokens; leaves the final residual
+    /// stream in `state.x`.
+    fn forward_chunk(&self, s: &mut DecoderState, tokens: &[u32], pos0: usize) -> Result<()> {
+        let c = &self.config;
+        let (t, d, qd, kvd, ff) = (tokens.len(), c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        self.embed(tokens, &mut s.x[..t * d])?;
+        let x = &mut s.x[..t * d];
+        let xn = &mut s.xn[..t * d];
+        let q = &mut s.q[..t * qd];
+        let k = &mut s.k[..t * kvd];
+        let v = &mut s.v[..t * kvd];
+        let att = &mut s.att[..t * qd];
+        let gate = &mut s.gate[..t * ff];
+        let up = &mut s.up[..t * ff];
+        let hidden = &mut s.hidden[..t * ff];
+        let seen = pos0 + t;
+
+        for (l, b) in self.blocks.iter().enumerate() {
+            // Attention.
+            b.attn_norm.forward_into(x, xn)?;
+            // Q, K and V as one group: one hand-off to the threads.
+            linear_many(
+                xn,
+                t,
+                d,
+                &mut [b.wq.projection(q), b.wk.projection(k), b.wv.projection(v)],
+            )?;
+            if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
+                qn.forward_inplace(q)?;
+                kn.forward_inplace(k)?;
+            }
+            let window = c.windows[l];
+            let rope = match (window, &self.rope_local) {
+                (Some(_), Some(local)) => local,
+                _ => &self.rope,
+            };
+            rope.apply(q, t, c.heads, pos0, c.rope_style)?;
+            rope.apply(k, t, c.kv_heads, pos0, c.rope_style)?;
+            s.keys.write(l, pos0, k)?;
+            s.values.write(l, pos0, v)?;
+            let (keys, values) = (s.keys.view(l, seen), s.values.view(l, seen));
+            let mut mask = match window {
+                Some(w) => AttentionMask::sliding(pos0, w),
+                None => AttentionMask::causal(pos0),
+            };
+            mask.softcap = c.attn_softcap;
+            attention(
+                &QueryView::contiguous(q, t, c.heads, c.head_dim),
+                &keys,
+                &values,
+                &mask,
+                Some(c.attn_scale),
+                att,
+            )?;
+            b.wo.forward_into(att, t, xn)?;
+            if let Some(n) = &b.attn_post_norm {
+                n.forward_inplace(xn)?;
+            }
+            add_inplace(x, xn)?;
+
+            // Feed-forward.
+            b.ffn_norm.forward_into(x, xn)?;
+            linear_many(
+                xn,
+                t,
+                d,
+                &mut [b.w_gate.projection(gate), b.w_up.projection(up)],
+            )?;
+            match c.activation {
+                Activation::Silu => swiglu(hidden, gate, up)?,
+                Activation::GeluTanh => geglu_tanh(hidden, gate, up)?,
+            }
+            b.w_down.forward_into(hidden, t, xn)?;
+            if let Some(n) = &b.ffn_post_norm {
+                n.forward_inplace(xn)?;
+            }
+            add_inplace(x, xn)?;
+        }
+        Ok(())
+    }
+
+    /// Final norm and output head for `rows` of `state.x`, into `logits` (`rows.len()·vocab`).
+    fn head(&self, s: &mut DecoderState, rows: Range<usize>, logits: &mut [f32]) -> Result<()> {
+        let c = &self.config;
+        let (d, t) = (c.dim, rows.len());
+        let x = &s.x[rows.start * d..rows.end * d];
+        let xn = &mut s.xn[..t * d];
+        self.final_norm.forward_into(x, xn)?;
+        let w = self.output.as_ref().unwrap_or(&self.embedding);
+        qkv_kernels::linear(logits, xn, w.weights(), None, t, d, c.vocab)?;
+        if let Some(cap) = c.final_softcap {
+            softcap_inplace(logits, cap);
+        }
+        Ok(())
+    }
+
+    /// Looks up the embedding rows of `tokens` (already validated) into `out`, scaled when
+    /// the configuration says so.
+    fn embed(&self, tokens: &[u32], out: &mut [f32]) -> Result<()> {
+        let d = self.config.dim;
+        for (&id, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+            self.embedding.rows_to_f32(id as usize, row)?;
+        }
+        if let Some(scale) = self.config.embed_scale {
+            out.iter_mut().for_each(|x| *x *= scale);
+        }
+        Ok(())
+    }
+}
+
+/// Which logits a forward pass writes.
+enum Logits<'a> {
+    None,
+    /// The last token's.
+    Last(&'a mut [f32]),
+    /// Every token's, one row each.
+    All(&'a mut [f32]),
+}
+
+#[cfg(test)]
+mod tests;

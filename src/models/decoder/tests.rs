@@ -1,0 +1,194 @@
+//! Unit tests of the decoder: names, RoPE scaling, validation, state checks.
+
+use super::state::kv_cache;
+use super::*;
+use crate::models::zeroed;
+use half::f16;
+
+#[test]
+fn hf_names_follow_transformers() {
+    let hf = DecoderConfig {
+        layout: WeightLayout::HuggingFace,
+        ..tiny(1)
+    };
+    assert_eq!(
+        layer_name(&hf, 3, "attn_q", "weight"),
+        "model.layers.3.self_attn.q_proj.weight"
+    );
+    assert_eq!(
+        layer_name(&hf, 0, "ffn_norm", "weight"),
+        "model.layers.0.post_attention_layernorm.weight"
+    );
+    // Gemma's sandwich: the same HF name is the norm after attention.
+    let gemma = DecoderConfig {
+        sandwich_norms: true,
+        ..hf.clone()
+    };
+    assert_eq!(
+        layer_name(&gemma, 0, "ffn_norm", "weight"),
+        "model.layers.0.pre_feedforward_layernorm.weight"
+    );
+    assert_eq!(
+        layer_name(&gemma, 0, "post_attention_norm", "weight"),
+        "model.layers.0.post_attention_layernorm.weight"
+    );
+    assert_eq!(
+        layer_name(&tiny(1), 7, "attn_q", "bias"),
+        "blk.7.attn_q.bias"
+    );
+}
+
+#[test]
+fn llama3_scaling_follows_transformers() {
+    // transformers' llama3 frequencies for head_dim 16, base 10000, factor 8, low 1,
+    // high 4, original context 256 (printed by `_compute_llama3_parameters`): pairs 0-2
+    // kept, pair 3 smoothed, pairs 4-7 divided by 8.
+    let rope = Rope {
+        base: 10000.0,
+        scaling: RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_context: 256.0,
+        },
+    };
+    let plain = inv_freq(16, 10000.0).unwrap();
+    let table = rope_table(&rope, 16, 2, None).unwrap();
+    let sin1 = table.sin(1).unwrap();
+    for i in 0..8 {
+        let want = match i {
+            0..=2 => plain[i],
+            3 => {
+                let wl = 2.0 * std::f32::consts::PI / plain[3];
+                let s = (256.0 / wl - 1.0) / 3.0;
+                (1.0 - s) * plain[3] / 8.0 + s * plain[3]
+            }
+            _ => plain[i] / 8.0,
+        };
+        assert!(
+            (sin1[i] - (want as f64).sin() as f32).abs() < 1e-7,
+            "pair {i}"
+        );
+    }
+}
+
+#[test]
+fn config_validation_names_the_fault() {
+    let good = tiny(1);
+    good.validate().unwrap();
+    let bad = DecoderConfig {
+        kv_heads: 3,
+        ..good.clone()
+    };
+    assert!(bad.validate().unwrap_err().to_string().contains("KV heads"));
+    let bad = DecoderConfig {
+        head_dim: 3,
+        ..good.clone()
+    };
+    assert!(bad.validate().unwrap_err().to_string().contains("odd"));
+    let bad = DecoderConfig {
+        windows: vec![Some(0)],
+        ..good.clone()
+    };
+    assert!(matches!(bad.validate(), Err(Error::Config(_))));
+    let bad = DecoderConfig {
+        attn_softcap: Some(f32::NAN),
+        ..good.clone()
+    };
+    assert!(bad.validate().unwrap_err().to_string().contains("soft-cap"));
+    let bad = DecoderConfig {
+        rms_eps: 0.0,
+        ..good.clone()
+    };
+    assert!(bad
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("RMS epsilon"));
+    let bad = DecoderConfig {
+        context: MAX_CONTEXT + 1,
+        ..good
+    };
+    assert!(bad
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("context length"));
+}
+
+fn tiny(layers: usize) -> DecoderConfig {
+    DecoderConfig {
+        head_dim: 4,
+        ..DecoderConfig::llama(8, layers, 2, 1, 16, 10, 32, WeightLayout::Gguf)
+    }
+}
+
+/// A source with no tensors at all.
+struct Empty;
+
+impl TensorSource for Empty {
+    fn tensor(&self, name: &str) -> Result<Tensor> {
+        Err(Error::MissingTensor { name: name.into() })
+    }
+    fn contains(&self, _: &str) -> bool {
+        false
+    }
+    fn names(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+#[test]
+fn an_absurd_block_count_is_refused_before_any_allocation() {
+    let err = Decoder::load(tiny(u32::MAX as usize), &Empty, Some(FloatType::F32)).unwrap_err();
+    assert!(err.to_string().contains("blocks"), "{err}");
+    // A plausible count: the first missing tensor is named.
+    let err = Decoder::load(tiny(MAX_LAYERS), &Empty, Some(FloatType::F32)).unwrap_err();
+    assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
+}
+
+#[test]
+fn a_cache_the_allocator_refuses_is_a_config_error() {
+    assert_eq!(zeroed::<f16>(5, || kv_cache(1)).unwrap(), [f16::ZERO; 5]);
+    assert!(zeroed::<f32>(0, || kv_cache(1)).unwrap().is_empty());
+    // Past the address space: the layout itself overflows, or the allocator says no.
+    // (black_box: an allocation nobody reads may be optimised away, failure included.)
+    for len in [usize::MAX / 2, 1 << 60] {
+        match std::hint::black_box(zeroed::<f32>(len, || kv_cache(12345))) {
+            Err(Error::Config(msg)) => assert!(msg.contains("12345 positions"), "{msg}"),
+            other => panic!("{len} elements: {:?}", other.map(|v| v.len())),
+        }
+    }
+}
+
+#[test]
+fn forward_refuses_a_foreign_state_and_a_gap_in_the_cache() {
+    let small = Decoder::synthetic(tiny(1), 1, FloatType::F32).unwrap();
+    let big = Decoder::synthetic(tiny(2), 1, FloatType::F32).unwrap();
+    let mut state = small.new_state(16, FloatType::F32, 4).unwrap();
+    let err = big.forward(&mut state, &[1, 2], 0, None).unwrap_err();
+    assert!(err.to_string().contains("made by another model"), "{err}");
+    // The same shape, other weights: its cache would be wrong for this model.
+    let twin = Decoder::synthetic(tiny(1), 2, FloatType::F32).unwrap();
+    let err = twin.forward(&mut state, &[1, 2], 0, None).unwrap_err();
+    assert!(matches!(err, Error::Shape(_)), "{err}");
+
+    let mut logits = vec![0.0; 10];
+    let err = small.forward(&mut state, &[1], 1, None).unwrap_err();
+    assert!(
+        err.to_string().contains("holds only positions 0..0"),
+        "{err}"
+    );
+    small.forward(&mut state, &[1, 2, 3], 0, None).unwrap();
+    small
+        .forward(&mut state, &[4], 3, Some(&mut logits))
+        .unwrap();
+    assert!(small.forward(&mut state, &[5], 5, None).is_err());
+    // Rewinding is allowed, and forgets what came after.
+    small.forward(&mut state, &[6], 1, None).unwrap();
+    assert!(small.forward(&mut state, &[7], 3, None).is_err());
+    small
+        .forward(&mut state, &[7], 2, Some(&mut logits))
+        .unwrap();
+    assert!(logits.iter().all(|x| x.is_finite()));
+}
