@@ -1,7 +1,8 @@
 //! Seq2seq benches: the seed-004 Transformer at d_model 512, 8 heads, 6 + 6 layers, FFN 2048,
 //! random weights made here (f32).
 //!
-//! - `seq2seq/encoder_forward_b8_t128`: the encoder over an embedded `[8, 128, 512]` batch.
+//! - `seq2seq/encoder_forward_b8_t128`: the encoder over an embedded `[8, 128, 512]` batch,
+//!   its buffers kept in one [`Workspace`] across calls.
 //! - `seq2seq/decoder_step_src128/b{1,8}`: one decoder step (self-attention with the KV
 //!   cache, cross-attention over kept K/V of a 128-token source, FFN, a 1000-word output
 //!   projection), averaged over target positions 0–63: whole 64-step runs from a fresh state
@@ -10,7 +11,7 @@
 //! Peer: `python3 tools/seq2seq_torch_bench.py` (PyTorch, 2 threads, same shapes).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use qkv::models::seq2seq::{Seq2Seq, Seq2SeqConfig, TokenBatch};
+use qkv::models::seq2seq::{Seq2Seq, Seq2SeqConfig, TokenBatch, Workspace};
 use qkv::nn::{KeyPadding, Seq};
 use qkv::weights::{Tensor, TensorSource};
 use std::collections::HashMap;
@@ -128,11 +129,15 @@ fn bench(c: &mut Criterion) {
     let (b, t, d) = (8, 128, cfg.d_model);
     let x: Vec<f32> = (0..b * t * d).map(|_| rng.next(1.0)).collect();
     let pads = KeyPadding::all(b, t).unwrap();
+    // One workspace for every call, as a server encoding batch after batch keeps it (PyTorch's
+    // caching allocator does the same for the peer).
+    let mut ws = Workspace::default();
     g.bench_function("encoder_forward_b8_t128", |bch| {
         bch.iter(|| {
             model
-                .encode_embedded(Seq::new(&x, b, t, d).unwrap(), &pads)
+                .encode_embedded_in(Seq::new(&x, b, t, d).unwrap(), &pads, &mut ws)
                 .unwrap()
+                .data()[0]
         })
     });
 

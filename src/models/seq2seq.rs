@@ -251,6 +251,7 @@ impl<'a> TokenBatch<'a> {
 /// One set of activations for every layer of a full-sequence pass (encoder, teacher-forced
 /// decoder): multi-megabyte buffers allocated per layer went back to the OS and were
 /// page-faulted in again each time (~8% of the encoder's time).
+#[derive(Default)]
 struct Activations {
     /// A normalised input, `[rows, d]`.
     h: Vec<f32>,
@@ -266,11 +267,20 @@ impl Activations {
     /// Buffers for `x` of `rows` positions of width `d`, and a feed-forward block of width
     /// `inner`.
     fn new(rows: usize, d: usize, inner: usize) -> Self {
-        Activations {
-            h: vec![0.0; rows * d],
-            delta: vec![0.0; rows * d],
-            hidden: vec![0.0; rows * inner],
-            scratch: AttentionScratch::default(),
+        let mut act = Activations::default();
+        act.fit(rows, d, inner);
+        act
+    }
+
+    /// Sizes the buffers for `rows` positions, keeping their memory when it suffices (the
+    /// attention scratch sizes itself).
+    fn fit(&mut self, rows: usize, d: usize, inner: usize) {
+        for (buf, n) in [
+            (&mut self.h, rows * d),
+            (&mut self.delta, rows * d),
+            (&mut self.hidden, rows * inner),
+        ] {
+            buf.resize(n, 0.0);
         }
     }
 
@@ -297,6 +307,24 @@ impl Activations {
         let rows = x.batch() * x.len();
         ffn.forward_into(&self.h, rows, &mut self.hidden, &mut self.delta)?;
         add(x.data_mut(), &self.delta)
+    }
+}
+
+/// The buffers of a full-sequence encoder pass, kept by the caller from one call of
+/// [`Seq2Seq::encode_embedded_in`] to the next. Empty until first used; sized for the largest
+/// batch seen.
+#[derive(Default)]
+pub struct Workspace {
+    act: Activations,
+    /// The residual stream, `[B, S, d_model]`; the output after a pass.
+    x: Vec<f32>,
+}
+
+impl std::fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workspace")
+            .field("positions_x_width", &self.x.len())
+            .finish()
     }
 }
 
@@ -500,14 +528,34 @@ impl Seq2Seq {
     /// [`Error::Shape`] when `x` does not have `d_model` features or `padding` is not
     /// `[B, S]`; [`Error::ContextFull`] when `S` exceeds `max_src_len`.
     pub fn encode_embedded(&self, x: Seq<'_>, padding: &KeyPadding) -> Result<SeqBuf> {
+        let mut ws = Workspace::default();
+        let out = self.encode_embedded_in(x, padding, &mut ws)?;
+        SeqBuf::new(out.data().to_vec(), out.batch(), out.len(), out.dim())
+    }
+
+    /// As [`encode_embedded`](Self::encode_embedded), with every buffer taken from `ws`
+    /// (grown on first use, then reused): a server or a benchmark encoding batch after batch
+    /// allocates nothing after the first call, so no multi-megabyte buffer goes back to the
+    /// OS and is page-faulted in again. The output is a view into `ws`, valid until its next
+    /// use. The same errors as `encode_embedded`.
+    pub fn encode_embedded_in<'w>(
+        &self,
+        x: Seq<'_>,
+        padding: &KeyPadding,
+        ws: &'w mut Workspace,
+    ) -> Result<Seq<'w>> {
         self.check_dim(x)?;
         let (b, t, d) = (x.batch(), x.len(), x.dim());
-        let mut x = SeqBuf::new(x.data().to_vec(), b, t, d)?;
-        self.src_pe.forward(&mut x)?;
+        let mut buf = std::mem::take(&mut ws.x);
+        buf.clear();
+        buf.extend_from_slice(x.data());
+        let mut x = SeqBuf::new(buf, b, t, d)?;
         let mask = Mask::none().with_padding(padding);
         let inner = self.encoder.first().map_or(0, |l| l.ffn.inner_dim());
-        let mut act = Activations::new(b * t, d, inner);
+        let act = &mut ws.act;
+        act.fit(b * t, d, inner);
         let mut layers = || -> Result<()> {
+            self.src_pe.forward(&mut x)?;
             for layer in &self.encoder {
                 act.attention(&mut x, &layer.norm1, layer.attn.core(), None, &mask)?;
                 act.feed_forward(&mut x, &layer.norm2, &layer.ffn)?;
@@ -515,8 +563,10 @@ impl Seq2Seq {
             Ok(())
         };
         // On a rayon worker, as `step` runs.
-        rayon::scope(|_| layers())?;
-        Ok(x)
+        let result = rayon::scope(|_| layers());
+        ws.x = x.into_vec();
+        result?;
+        Seq::new(&ws.x, b, t, d)
     }
 
     /// The seed's `Decoder.forward`, teacher-forced, on the already embedded target `y`
