@@ -34,8 +34,8 @@
 pub mod config;
 mod state;
 
-pub use state::DecoderState;
 use state::KvStore;
+pub use state::{DecoderState, KvCache, Scratch};
 
 pub use config::{
     Activation, DecoderConfig, Family, Rope, RopeScaling, WeightLayout, GGUF_ARCHITECTURES,
@@ -48,7 +48,6 @@ use crate::weights::{FloatType, Tensor, TensorSource, WeightFormat};
 use qkv_kernels::activation::{add_inplace, geglu_tanh, softcap_inplace, swiglu};
 use qkv_kernels::rope::{inv_freq, RopeTable};
 use qkv_kernels::{attention, linear_many, AttentionMask, QueryView};
-use std::ops::Range;
 
 /// The names of one block's tensors in a layout; `part` is the GGUF spelling.
 fn layer_name(c: &DecoderConfig, layer: usize, part: &str, suffix: &str) -> String {
@@ -207,6 +206,21 @@ fn rope_table(
         }
     }
     Ok(RopeTable::from_inv_freq(&freqs, positions)?)
+}
+
+/// One sequence's share of a [`Decoder::forward_batch`] pass: `tokens` at absolute
+/// positions `pos0..pos0 + tokens.len()`, appended to `cache` (positions before `pos0` must
+/// be in it; later ones are forgotten first), with the logits of the last token wanted or not.
+#[derive(Debug)]
+pub struct Segment<'a> {
+    /// The sequence's KV cache.
+    pub cache: &'a mut KvCache,
+    /// The tokens to run: a prompt chunk, or the one token of a decode step.
+    pub tokens: &'a [u32],
+    /// The absolute position of `tokens[0]`.
+    pub pos0: usize,
+    /// Write the last token's logits (in segment order) into the pass's logits buffer.
+    pub logits: bool,
 }
 
 impl Decoder {
@@ -495,11 +509,18 @@ impl Decoder {
         kv_dtype: FloatType,
         chunk: usize,
     ) -> Result<DecoderState> {
+        let cache = self.new_cache(capacity, kv_dtype)?;
+        let scratch = self.new_scratch(chunk.min(capacity))?;
+        Ok(DecoderState { cache, scratch })
+    }
+
+    /// An empty KV cache of `capacity` positions in `kv_dtype`. [`Error::Config`] when
+    /// `capacity` is 0 or exceeds the model's context length, or when the memory cannot be
+    /// had.
+    pub fn new_cache(&self, capacity: usize, kv_dtype: FloatType) -> Result<KvCache> {
         let c = &self.config;
-        if capacity == 0 || chunk == 0 {
-            return Err(Error::Config(format!(
-                "KV cache capacity ({capacity}) and prefill chunk ({chunk}) must be positive"
-            )));
+        if capacity == 0 {
+            return Err(Error::Config("KV cache capacity must be positive".into()));
         }
         if capacity > c.context {
             return Err(Error::Config(format!(
@@ -507,7 +528,6 @@ impl Decoder {
                 c.context
             )));
         }
-        let chunk = chunk.min(capacity);
         let cache_len = c
             .layers
             .checked_mul(capacity)
@@ -515,23 +535,38 @@ impl Decoder {
             .ok_or_else(|| Error::Config(format!("KV cache of {capacity} positions overflows")))?;
         let store = || KvStore::new(kv_dtype, cache_len, capacity, c.kv_heads, c.head_dim);
         let (keys, values) = (store()?, store()?);
-        Ok(DecoderState {
+        Ok(KvCache {
             capacity,
-            chunk,
             model: self.id,
             shape: self.state_shape(),
             filled: 0,
             keys,
             values,
-            x: vec![0.0; chunk * c.dim],
-            xn: vec![0.0; chunk * c.dim],
-            q: vec![0.0; chunk * c.q_dim()],
-            k: vec![0.0; chunk * c.kv_dim()],
-            v: vec![0.0; chunk * c.kv_dim()],
-            att: vec![0.0; chunk * c.q_dim()],
-            gate: vec![0.0; chunk * c.ffn_dim],
-            up: vec![0.0; chunk * c.ffn_dim],
-            hidden: vec![0.0; chunk * c.ffn_dim],
+        })
+    }
+
+    /// Activations for passes of up to `rows` positions. [`Error::Config`] when `rows` is 0.
+    pub fn new_scratch(&self, rows: usize) -> Result<Scratch> {
+        let c = &self.config;
+        if rows == 0 {
+            return Err(Error::Config("a pass of 0 positions".into()));
+        }
+        let buf = |width: usize| -> Result<Vec<f32>> {
+            rows.checked_mul(width)
+                .map(|n| vec![0.0; n])
+                .ok_or_else(|| Error::Config(format!("a pass of {rows} positions overflows")))
+        };
+        Ok(Scratch {
+            rows,
+            x: buf(c.dim)?,
+            xn: buf(c.dim)?,
+            q: buf(c.q_dim())?,
+            k: buf(c.kv_dim())?,
+            v: buf(c.kv_dim())?,
+            att: buf(c.q_dim())?,
+            gate: buf(c.ffn_dim)?,
+            up: buf(c.ffn_dim)?,
+            hidden: buf(c.ffn_dim)?,
         })
     }
 
@@ -580,19 +615,8 @@ impl Decoder {
         mut logits: Logits<'_>,
     ) -> Result<()> {
         let c = &self.config;
-        if tokens.is_empty() {
-            return Err(Error::Shape("decoder forward: no tokens".into()));
-        }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
-            return Err(Error::TokenOutOfRange { id, vocab: c.vocab });
-        }
-        let needed = pos0.saturating_add(tokens.len());
-        if needed > state.capacity {
-            return Err(Error::ContextFull {
-                needed,
-                capacity: state.capacity,
-            });
-        }
+        let DecoderState { cache, scratch } = state;
+        self.check_segment(cache, tokens, pos0)?;
         let wanted = match &logits {
             Logits::None => None,
             Logits::Last(l) => Some((l.len(), c.vocab)),
@@ -609,55 +633,164 @@ impl Decoder {
                 c.vocab
             )));
         }
-        if state.model != self.id {
-            return Err(Error::Shape(format!(
-                "decoder forward: the state was made by another model (of [dim, kv dim, ffn \
-                 dim, layers] = {:?}; this one is {:?}), whose cache this one cannot use",
-                state.shape,
-                self.state_shape()
-            )));
-        }
-        if pos0 > state.filled {
-            return Err(Error::Shape(format!(
-                "decoder forward at position {pos0}, but the cache holds only positions 0..{}",
-                state.filled
-            )));
-        }
         // From here on, positions past pos0 no longer match the tokens before them.
-        state.filled = pos0;
+        cache.filled = pos0;
         let mut pos = pos0;
-        for chunk in tokens.chunks(state.chunk) {
-            self.forward_chunk(state, chunk, pos)?;
+        for chunk in tokens.chunks(scratch.rows) {
+            let mut seg = [Segment {
+                cache: &mut *cache,
+                tokens: chunk,
+                pos0: pos,
+                logits: false,
+            }];
+            self.layers(&mut seg, scratch)?;
             if let Logits::All(all) = &mut logits {
                 let at = (pos - pos0) * c.vocab;
-                self.head(
-                    state,
-                    0..chunk.len(),
-                    &mut all[at..at + chunk.len() * c.vocab],
-                )?;
+                let n = chunk.len();
+                self.head(scratch, 0..n, n, &mut all[at..at + n * c.vocab])?;
             }
             pos += chunk.len();
-            state.filled = pos;
         }
         if let Logits::Last(logits) = logits {
-            let last = (tokens.len() - 1) % state.chunk;
-            self.head(state, last..last + 1, logits)?;
+            let last = (tokens.len() - 1) % scratch.rows;
+            self.head(scratch, std::iter::once(last), 1, logits)?;
         }
         Ok(())
     }
 
-    /// What a [`DecoderState`] made by this model records of it.
+    /// Runs many sequences' tokens as one pass: the rows of every segment go through each
+    /// weight matrix together (so a step of `B` decoding sequences reads each weight once,
+    /// not `B` times), while attention runs per segment over its own cache at its own
+    /// positions. `logits` receives, in segment order, one row of `vocab` logits per segment
+    /// that asks for them (of its last token).
+    ///
+    /// Each segment is checked as [`forward`](Self::forward) checks its arguments, all before
+    /// anything runs; the total rows must fit `scratch` ([`Error::Shape`]), and the same cache
+    /// may not appear twice (the borrow checker sees to that).
+    ///
+    /// ```
+    /// use qkv::models::decoder::{Decoder, DecoderConfig, Segment, WeightLayout};
+    /// use qkv::weights::FloatType;
+    /// let config = DecoderConfig::llama(64, 2, 4, 2, 128, 100, 256, WeightLayout::Gguf);
+    /// let model = Decoder::synthetic(config, 7, FloatType::F32)?;
+    /// let (mut a, mut b) = (model.new_cache(64, FloatType::F32)?, model.new_cache(64, FloatType::F32)?);
+    /// let mut scratch = model.new_scratch(16)?;
+    /// let mut logits = vec![0.0; 2 * 100];
+    /// // A prompt of 3 tokens for `a` and of 5 for `b`, in one pass; then one step each.
+    /// model.forward_batch(&mut [
+    ///     Segment { cache: &mut a, tokens: &[1, 2, 3], pos0: 0, logits: true },
+    ///     Segment { cache: &mut b, tokens: &[4, 5, 6, 7, 8], pos0: 0, logits: true },
+    /// ], &mut scratch, &mut logits)?;
+    /// model.forward_batch(&mut [
+    ///     Segment { cache: &mut a, tokens: &[9], pos0: 3, logits: true },
+    ///     Segment { cache: &mut b, tokens: &[9], pos0: 5, logits: true },
+    /// ], &mut scratch, &mut logits)?;
+    /// assert_eq!((a.filled(), b.filled()), (4, 6));
+    /// # Ok::<(), qkv::Error>(())
+    /// ```
+    pub fn forward_batch(
+        &self,
+        segments: &mut [Segment<'_>],
+        scratch: &mut Scratch,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.config;
+        let (mut rows, mut wanted) = (0usize, 0usize);
+        for seg in segments.iter() {
+            self.check_segment(seg.cache, seg.tokens, seg.pos0)?;
+            rows += seg.tokens.len();
+            wanted += usize::from(seg.logits);
+        }
+        if rows > scratch.rows {
+            return Err(Error::Shape(format!(
+                "a batched pass of {rows} positions, the scratch holds {}",
+                scratch.rows
+            )));
+        }
+        if logits.len() != wanted * c.vocab {
+            return Err(Error::Shape(format!(
+                "logits buffer holds {}, {wanted} segments asking for logits of a {}-token \
+                 vocabulary need {}",
+                logits.len(),
+                c.vocab,
+                wanted * c.vocab
+            )));
+        }
+        if segments.is_empty() {
+            return Ok(());
+        }
+        for seg in segments.iter_mut() {
+            seg.cache.filled = seg.pos0;
+        }
+        self.layers(segments, scratch)?;
+        if wanted > 0 {
+            let last_rows = segments
+                .iter()
+                .scan(0, |end, g| {
+                    *end += g.tokens.len();
+                    Some((*end - 1, g.logits))
+                })
+                .filter_map(|(row, wants)| wants.then_some(row));
+            self.head(scratch, last_rows, wanted, logits)?;
+        }
+        Ok(())
+    }
+
+    /// Checks one sequence's tokens against its cache and this model, before anything runs:
+    /// token ids ([`Error::TokenOutOfRange`]), capacity ([`Error::ContextFull`]), `pos0`, and
+    /// that the cache was made by this very model ([`Error::Shape`]; another one's cache,
+    /// even of the same shape, holds other keys).
+    fn check_segment(&self, cache: &KvCache, tokens: &[u32], pos0: usize) -> Result<()> {
+        let c = &self.config;
+        if tokens.is_empty() {
+            return Err(Error::Shape("decoder forward: no tokens".into()));
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab: c.vocab });
+        }
+        let needed = pos0.saturating_add(tokens.len());
+        if needed > cache.capacity {
+            return Err(Error::ContextFull {
+                needed,
+                capacity: cache.capacity,
+            });
+        }
+        if cache.model != self.id {
+            return Err(Error::Shape(format!(
+                "decoder forward: the state was made by another model (of [dim, kv dim, ffn \
+                 dim, layers] = {:?}; this one is {:?}), whose cache this one cannot use",
+                cache.shape,
+                self.state_shape()
+            )));
+        }
+        if pos0 > cache.filled {
+            return Err(Error::Shape(format!(
+                "decoder forward at position {pos0}, but the cache holds only positions 0..{}",
+                cache.filled
+            )));
+        }
+        Ok(())
+    }
+
+    /// What a [`KvCache`] made by this model records of it.
     fn state_shape(&self) -> [usize; 4] {
         let c = &self.config;
         [c.dim, c.kv_dim(), c.ffn_dim, c.layers]
     }
 
-    /// The blocks over one chunk of at most `state.chunk` tokens; leaves the final residual
-    /// stream in `state.x`.
-    fn forward_chunk(&self, s: &mut DecoderState, tokens: &[u32], pos0: usize) -> Result<()> {
+    /// The blocks over the segments' tokens (already checked, at most `s.rows` in all), one
+    /// row each in segment order; appends their keys and values to the segments' caches and
+    /// leaves the final residual stream in `s.x`.
+    fn layers(&self, segments: &mut [Segment<'_>], s: &mut Scratch) -> Result<()> {
         let c = &self.config;
-        let (t, d, qd, kvd, ff) = (tokens.len(), c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
-        self.embed(tokens, &mut s.x[..t * d])?;
+        let t: usize = segments.iter().map(|g| g.tokens.len()).sum();
+        let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let mut row = 0;
+        for seg in segments.iter() {
+            let n = seg.tokens.len();
+            self.embed(seg.tokens, &mut s.x[row * d..(row + n) * d])?;
+            row += n;
+        }
         let x = &mut s.x[..t * d];
         let xn = &mut s.xn[..t * d];
         let q = &mut s.q[..t * qd];
@@ -667,7 +800,6 @@ impl Decoder {
         let gate = &mut s.gate[..t * ff];
         let up = &mut s.up[..t * ff];
         let hidden = &mut s.hidden[..t * ff];
-        let seen = pos0 + t;
 
         for (l, b) in self.blocks.iter().enumerate() {
             // Attention.
@@ -688,24 +820,36 @@ impl Decoder {
                 (Some(_), Some(local)) => local,
                 _ => &self.rope,
             };
-            rope.apply(q, t, c.heads, pos0, c.rope_style)?;
-            rope.apply(k, t, c.kv_heads, pos0, c.rope_style)?;
-            s.keys.write(l, pos0, k)?;
-            s.values.write(l, pos0, v)?;
-            let (keys, values) = (s.keys.view(l, seen), s.values.view(l, seen));
-            let mut mask = match window {
-                Some(w) => AttentionMask::sliding(pos0, w),
-                None => AttentionMask::causal(pos0),
-            };
-            mask.softcap = c.attn_softcap;
-            attention(
-                &QueryView::contiguous(q, t, c.heads, c.head_dim),
-                &keys,
-                &values,
-                &mask,
-                Some(c.attn_scale),
-                att,
-            )?;
+            let mut row = 0;
+            for seg in segments.iter_mut() {
+                let (n, pos0) = (seg.tokens.len(), seg.pos0);
+                let rows = row..row + n;
+                row += n;
+                let q = &mut q[rows.start * qd..rows.end * qd];
+                let k = &mut k[rows.start * kvd..rows.end * kvd];
+                let v = &v[rows.start * kvd..rows.end * kvd];
+                let att = &mut att[rows.start * qd..rows.end * qd];
+                rope.apply(q, n, c.heads, pos0, c.rope_style)?;
+                rope.apply(k, n, c.kv_heads, pos0, c.rope_style)?;
+                let cache = &mut *seg.cache;
+                cache.keys.write(l, pos0, k)?;
+                cache.values.write(l, pos0, v)?;
+                let seen = pos0 + n;
+                let (keys, values) = (cache.keys.view(l, seen), cache.values.view(l, seen));
+                let mut mask = match window {
+                    Some(w) => AttentionMask::sliding(pos0, w),
+                    None => AttentionMask::causal(pos0),
+                };
+                mask.softcap = c.attn_softcap;
+                attention(
+                    &QueryView::contiguous(q, n, c.heads, c.head_dim),
+                    &keys,
+                    &values,
+                    &mask,
+                    Some(c.attn_scale),
+                    att,
+                )?;
+            }
             b.wo.forward_into(att, t, xn)?;
             if let Some(n) = &b.attn_post_norm {
                 n.forward_inplace(xn)?;
@@ -730,18 +874,30 @@ impl Decoder {
             }
             add_inplace(x, xn)?;
         }
+        for seg in segments.iter_mut() {
+            seg.cache.filled = seg.pos0 + seg.tokens.len();
+        }
         Ok(())
     }
 
-    /// Final norm and output head for `rows` of `state.x`, into `logits` (`rows.len()·vocab`).
-    fn head(&self, s: &mut DecoderState, rows: Range<usize>, logits: &mut [f32]) -> Result<()> {
+    /// Final norm and output head for `count` rows of `s.x` (their indices from `rows`,
+    /// gathered into `s.xn`), into `logits` (`count·vocab`).
+    fn head(
+        &self,
+        s: &mut Scratch,
+        rows: impl Iterator<Item = usize>,
+        count: usize,
+        logits: &mut [f32],
+    ) -> Result<()> {
         let c = &self.config;
-        let (d, t) = (c.dim, rows.len());
-        let x = &s.x[rows.start * d..rows.end * d];
-        let xn = &mut s.xn[..t * d];
-        self.final_norm.forward_into(x, xn)?;
+        let d = c.dim;
+        for (i, r) in rows.enumerate().take(count) {
+            s.xn[i * d..(i + 1) * d].copy_from_slice(&s.x[r * d..(r + 1) * d]);
+        }
+        let xn = &mut s.xn[..count * d];
+        self.final_norm.forward_inplace(xn)?;
         let w = self.output.as_ref().unwrap_or(&self.embedding);
-        qkv_kernels::linear(logits, xn, w.weights(), None, t, d, c.vocab)?;
+        qkv_kernels::linear(logits, xn, w.weights(), None, count, d, c.vocab)?;
         if let Some(cap) = c.final_softcap {
             softcap_inplace(logits, cap);
         }

@@ -101,20 +101,63 @@ impl KvStore {
     }
 }
 
-/// Everything one sequence needs to run on a [`Decoder`]: the KV cache (keys and values of
-/// every layer, `capacity` positions, f32 or f16) and the activations of one prefill chunk.
-/// Made by [`Decoder::new_state`]; it does not know its position — the caller passes it.
-pub struct DecoderState {
+/// One sequence's KV cache on a [`Decoder`]: the keys and values of every layer for up to
+/// `capacity` positions, f32 or f16, and how many positions hold real entries. Made by
+/// [`Decoder::new_cache`] (or inside a [`DecoderState`]); it refuses to serve another model.
+pub struct KvCache {
     pub(super) capacity: usize,
-    pub(super) chunk: usize,
     /// The id of the model that made it.
     pub(super) model: u64,
     /// `[dim, kv_dim, ffn_dim, layers]` of the model that made it (for error messages).
     pub(super) shape: [usize; 4],
-    /// Positions `0..filled` of the cache hold keys and values.
+    /// Positions `0..filled` hold keys and values.
     pub(super) filled: usize,
     pub(super) keys: KvStore,
     pub(super) values: KvStore,
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache")
+            .field("capacity", &self.capacity)
+            .field("filled", &self.filled)
+            .field("kv_dtype", &self.keys.dtype())
+            .finish()
+    }
+}
+
+impl KvCache {
+    /// Positions the cache holds at most.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Positions `0..filled()` hold keys and values.
+    pub fn filled(&self) -> usize {
+        self.filled
+    }
+
+    /// Forgets positions from `len` on (a rewind); a `len` past [`filled`](Self::filled)
+    /// changes nothing.
+    pub fn truncate(&mut self, len: usize) {
+        self.filled = self.filled.min(len);
+    }
+
+    /// The dtype of the cached keys and values.
+    pub fn kv_dtype(&self) -> FloatType {
+        self.keys.dtype()
+    }
+
+    /// Bytes held by the cache.
+    pub fn bytes(&self) -> usize {
+        self.keys.bytes() + self.values.bytes()
+    }
+}
+
+/// The activations of one forward pass of up to `rows` positions (one sequence's prefill
+/// chunk, or the rows of many sequences batched together), reused from pass to pass.
+pub struct Scratch {
+    pub(super) rows: usize,
     pub(super) x: Vec<f32>,
     pub(super) xn: Vec<f32>,
     pub(super) q: Vec<f32>,
@@ -126,12 +169,32 @@ pub struct DecoderState {
     pub(super) hidden: Vec<f32>,
 }
 
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch").field("rows", &self.rows).finish()
+    }
+}
+
+impl Scratch {
+    /// Most positions one pass may hold.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+/// Everything one sequence needs to run on a [`Decoder`] alone: its [`KvCache`] and the
+/// [`Scratch`] of one prefill chunk. Made by [`Decoder::new_state`]; it does not know its
+/// position — the caller passes it.
+pub struct DecoderState {
+    pub(super) cache: KvCache,
+    pub(super) scratch: Scratch,
+}
+
 impl std::fmt::Debug for DecoderState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DecoderState")
-            .field("capacity", &self.capacity)
-            .field("chunk", &self.chunk)
-            .field("kv_dtype", &self.keys.dtype())
+            .field("cache", &self.cache)
+            .field("chunk", &self.scratch.rows)
             .finish()
     }
 }
@@ -139,21 +202,26 @@ impl std::fmt::Debug for DecoderState {
 impl DecoderState {
     /// Positions the KV cache holds.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.cache.capacity
     }
 
     /// Most positions one matrix pass handles; longer prompts run in several.
     pub fn chunk(&self) -> usize {
-        self.chunk
+        self.scratch.rows
     }
 
     /// The dtype of the cached keys and values.
     pub fn kv_dtype(&self) -> FloatType {
-        self.keys.dtype()
+        self.cache.kv_dtype()
     }
 
     /// Bytes held by the KV cache.
     pub fn cache_bytes(&self) -> usize {
-        self.keys.bytes() + self.values.bytes()
+        self.cache.bytes()
+    }
+
+    /// The KV cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
     }
 }

@@ -192,3 +192,96 @@ fn forward_refuses_a_foreign_state_and_a_gap_in_the_cache() {
         .unwrap();
     assert!(logits.iter().all(|x| x.is_finite()));
 }
+
+#[test]
+fn a_batched_pass_gives_each_sequence_its_own_logits() {
+    // Gemma 3's shape exercises windows, QK-norm and the local RoPE in the batched pass.
+    let config = DecoderConfig {
+        family: Family::Gemma3,
+        qk_norm: true,
+        sandwich_norms: true,
+        norm_plus_one: true,
+        activation: Activation::GeluTanh,
+        embed_scale: Some(4.0),
+        rope_local: Some(Rope {
+            base: 100.0,
+            scaling: RopeScaling::None,
+        }),
+        windows: vec![Some(3), None],
+        ..DecoderConfig::llama(16, 2, 4, 2, 32, 50, 64, WeightLayout::Gguf)
+    };
+    let model = Decoder::synthetic(config, 3, FloatType::F32).unwrap();
+    let prompts: [&[u32]; 3] = [&[1, 2, 3, 4, 5, 6, 7], &[8], &[9, 10, 11]];
+    let vocab = 50;
+    // Alone: each prompt, then two steps.
+    let alone: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .map(|p| {
+            let mut st = model.new_state(32, FloatType::F32, 8).unwrap();
+            let mut out = vec![vec![0.0; vocab]; 3];
+            model.forward(&mut st, p, 0, Some(&mut out[0])).unwrap();
+            for (i, tok) in [20u32, 21].into_iter().enumerate() {
+                model
+                    .forward(&mut st, &[tok], p.len() + i, Some(&mut out[i + 1]))
+                    .unwrap();
+            }
+            out
+        })
+        .collect();
+    // Together: the prompts in one pass, then the steps.
+    let mut caches: Vec<KvCache> = (0..3)
+        .map(|_| model.new_cache(32, FloatType::F32).unwrap())
+        .collect();
+    let mut scratch = model.new_scratch(16).unwrap();
+    let mut logits = vec![0.0; 3 * vocab];
+    for step in 0..3 {
+        let toks = [20u32, 21];
+        let mut segs: Vec<Segment<'_>> = caches
+            .iter_mut()
+            .zip(prompts)
+            .map(|(cache, p)| Segment {
+                cache,
+                tokens: if step == 0 { p } else { &toks[step - 1..step] },
+                pos0: if step == 0 { 0 } else { p.len() + step - 1 },
+                logits: true,
+            })
+            .collect();
+        model
+            .forward_batch(&mut segs, &mut scratch, &mut logits)
+            .unwrap();
+        for (i, want) in alone.iter().enumerate() {
+            let got = &logits[i * vocab..(i + 1) * vocab];
+            for (g, w) in got.iter().zip(&want[step]) {
+                assert!((g - w).abs() < 1e-5, "sequence {i} step {step}: {g} vs {w}");
+            }
+        }
+    }
+    // Too many rows for the scratch, or a logits buffer of the wrong size: refused.
+    let long = [1u32; 17];
+    let err = model
+        .forward_batch(
+            &mut [Segment {
+                cache: &mut caches[0],
+                tokens: &long,
+                pos0: 0,
+                logits: false,
+            }],
+            &mut scratch,
+            &mut [],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("scratch holds 16"), "{err}");
+    let err = model
+        .forward_batch(
+            &mut [Segment {
+                cache: &mut caches[0],
+                tokens: &[1],
+                pos0: 0,
+                logits: true,
+            }],
+            &mut scratch,
+            &mut [0.0; 3],
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::Shape(_)), "{err}");
+}
