@@ -95,8 +95,9 @@ struct EmbedArgs {
     /// tokenizer.json), e.g. all-MiniLM-L6-v2.
     #[arg(long)]
     model: PathBuf,
-    /// Texts per forward pass. Lines are embedded as soon as this many have arrived, or when
-    /// no more input is waiting, so an interactive line gets its answer at once.
+    /// Texts per forward pass. Lines are gathered until 32 batches have arrived or no more
+    /// input is waiting (so an interactive line gets its answer at once), then sorted by
+    /// length and embedded a batch at a time, as sentence-transformers does.
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
     /// Worker threads (default: one per core).
@@ -280,8 +281,11 @@ fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
     Ok(())
 }
 
-/// `decode embed`: stdin's lines embedded a batch at a time, each written as soon as its
-/// batch is done. A line is a text without its `\n` (and a `\r` before it); an empty line
+/// Batches of texts `decode embed` gathers before embedding them, when that many are waiting.
+const EMBED_WINDOW_BATCHES: usize = 32;
+
+/// `decode embed`: stdin's lines embedded a window at a time, written in order as soon as
+/// their window is done. A line is a text without its `\n` (and a `\r` before it); an empty line
 /// is the empty text, embedded as sentence-transformers embeds it.
 fn embed(args: &EmbedArgs) -> AnyResult<()> {
     use std::io::BufRead;
@@ -307,8 +311,12 @@ fn embed(args: &EmbedArgs) -> AnyResult<()> {
                 .map_err(|e| format!("stdin line {}: not UTF-8 ({e})", done + texts.len() + 1))?;
             texts.push(text.to_owned());
         }
-        // A full batch, the end, or nothing more waiting in the buffer: embed what there is.
-        let ready = texts.len() >= args.batch_size || eof || input.buffer().is_empty();
+        // A full window, the end, or nothing more waiting in the buffer: embed what there is.
+        // The embedder sorts a window by length before cutting it into batches (as
+        // sentence-transformers sorts its input), so windows many batches long pad little.
+        let ready = texts.len() >= EMBED_WINDOW_BATCHES * args.batch_size
+            || eof
+            || input.buffer().is_empty();
         if ready && !texts.is_empty() {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             let mut lines = String::new();

@@ -3,7 +3,6 @@
 
 use super::{l2_normalize, Bert, BertWorkspace, SentenceConfig};
 use crate::error::{Error, Result};
-use crate::models::seq2seq::TokenBatch;
 use crate::tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
@@ -70,29 +69,27 @@ impl SentenceEncoder {
         }
     }
 
-    /// Embeds the sequences as **one** padded batch, in the given order (pads at the tail,
-    /// masked from attention and left out of the pooling). Each sequence holds its special
-    /// tokens already (`[CLS] … [SEP]`).
+    /// Embeds the sequences as **one** batch, in the given order, packed back to back
+    /// without padding ([`Bert::forward_packed`]). Each sequence holds its special tokens
+    /// already (`[CLS] … [SEP]`).
     ///
     /// Errors: [`Error::Shape`] naming the sequence that is empty or longer than
     /// `max_seq_length`; [`Error::TokenOutOfRange`] for an id outside the vocabulary.
     pub fn embed_batch(&self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
-        let Some(len) = seqs.iter().map(|s| s.len()).max() else {
+        if seqs.is_empty() {
             return Ok(Vec::new());
-        };
-        self.check(seqs)?;
-        let mut ids = vec![0u32; seqs.len() * len];
-        for (row, s) in ids.chunks_exact_mut(len).zip(seqs) {
-            row[..s.len()].copy_from_slice(s);
         }
+        self.check(seqs)?;
+        let ids: Vec<u32> = seqs.concat();
         let lengths: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
-        let batch = TokenBatch::new(&ids, seqs.len(), len, &lengths)?;
         let mut ws = self.workspace();
-        let hidden = self.bert.forward(&batch, &mut ws)?;
-        let d = hidden.dim();
+        let hidden = self.bert.forward_packed(&ids, &lengths, &mut ws)?;
+        let d = self.bert.config().hidden_size;
         let mut out = Vec::with_capacity(seqs.len());
-        for (b, &l) in lengths.iter().enumerate() {
-            let tokens = &hidden.item(b).expect("b < batch")[..l * d];
+        let mut row = 0;
+        for &l in &lengths {
+            let tokens = &hidden[row * d..(row + l) * d];
+            row += l;
             let mut v = vec![0.0; self.dim()];
             self.config.pooling.pool_into(tokens, &mut v)?;
             if self.config.normalize {
@@ -104,8 +101,11 @@ impl SentenceEncoder {
     }
 
     /// Embeds any number of sequences, `batch_size` at a time. Sequences of similar length
-    /// are batched together (sorted by length, longest first), so little is padded; the
-    /// results come back in the input order. Errors as [`SentenceEncoder::embed_batch`], and
+    /// are batched together (sorted by length, longest first), as sentence-transformers
+    /// batches them; the results come back in the input order. Since a batch runs packed,
+    /// without padding, consecutive batches of short sequences share one pass of up to
+    /// [`PASS_TOKENS`] tokens (taller matrix products run closer to the FMA peak); the results
+    /// do not depend on the grouping. Errors as [`SentenceEncoder::embed_batch`], and
     /// [`Error::Config`] for a zero `batch_size`.
     pub fn embed_sorted(&self, seqs: &[&[u32]], batch_size: usize) -> Result<Vec<Vec<f32>>> {
         if batch_size == 0 {
@@ -117,18 +117,34 @@ impl SentenceEncoder {
         let mut order: Vec<usize> = (0..seqs.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].len()));
         let mut out = vec![Vec::new(); seqs.len()];
-        let mut batch: Vec<&[u32]> = Vec::with_capacity(batch_size);
-        for chunk in order.chunks(batch_size) {
-            batch.clear();
-            batch.extend(chunk.iter().map(|&i| seqs[i]));
-            let vectors = self.embed_batch(&batch)?;
+        let tokens = |b: &[usize]| b.iter().map(|&i| seqs[i].len()).sum::<usize>();
+        let mut pass: Vec<&[u32]> = Vec::new();
+        let mut start = 0;
+        while start < order.len() {
+            // Whole batches, as many as fit in one pass (at least one).
+            let mut end = (start + batch_size).min(order.len());
+            while end < order.len() {
+                let next = (end + batch_size).min(order.len());
+                if tokens(&order[start..next]) > PASS_TOKENS {
+                    break;
+                }
+                end = next;
+            }
+            let chunk = &order[start..end];
+            pass.clear();
+            pass.extend(chunk.iter().map(|&i| seqs[i]));
+            let vectors = self.embed_batch(&pass)?;
             for (&i, v) in chunk.iter().zip(vectors) {
                 out[i] = v;
             }
+            start = end;
         }
         Ok(out)
     }
 }
+
+/// Most tokens [`SentenceEncoder::embed_sorted`] packs into one pass when batches are short.
+pub const PASS_TOKENS: usize = 8192;
 
 /// Texts in, sentence embeddings out, as sentence-transformers' `encode` gives them: the
 /// model's own tokenizer (`tokenizer.json`), texts truncated to `max_seq_length` tokens,

@@ -44,6 +44,7 @@ use crate::nn::{
 use crate::weights::safetensors::SafeTensorsFile;
 use crate::weights::TensorSource;
 use qkv_kernels::activation::{add_inplace, gelu_erf_inplace};
+use qkv_kernels::{linear_many, AttentionMask};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -83,6 +84,11 @@ pub struct BertWorkspace {
     delta: Vec<f32>,
     inner: Vec<f32>,
     attn: AttentionScratch,
+    /// Q, K, V and context of a packed pass ([`Bert::forward_packed`]).
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    ctx: Vec<f32>,
 }
 
 /// The first `n` values of `buf`, grown (zero-filled) when it is shorter.
@@ -257,6 +263,125 @@ impl Bert {
         Seq::new(&ws.x[..rows * d], b, t, d)
     }
 
+    /// The last hidden states of sequences packed back to back, without padding: `ids` is
+    /// their concatenation and `lengths` their lengths; the result is `[Σ lengths, hidden]`,
+    /// borrowed from `ws`. Every matrix product runs over the real tokens of all sequences at
+    /// once, and attention runs per sequence over its own tokens, so a batch of mixed lengths
+    /// costs what its tokens cost (a padded batch pays for its longest sequence times its
+    /// size). The states equal [`forward`](Self::forward)'s at the real positions, up to the
+    /// order of f32 additions.
+    ///
+    /// Errors: [`Error::Shape`] when the lengths do not add up to `ids.len()`, or one is 0
+    /// or past `max_position_embeddings`; [`Error::TokenOutOfRange`] for an id outside the
+    /// vocabulary.
+    pub fn forward_packed<'w>(
+        &self,
+        ids: &[u32],
+        lengths: &[usize],
+        ws: &'w mut BertWorkspace,
+    ) -> Result<&'w [f32]> {
+        let max = self.cfg.max_positions;
+        if let Some(&l) = lengths.iter().find(|&&l| l == 0 || l > max) {
+            return Err(Error::Shape(format!(
+                "bert: a sequence of {l} tokens, outside 1..={max} (`max_position_embeddings`)"
+            )));
+        }
+        if lengths.iter().sum::<usize>() != ids.len() {
+            return Err(Error::Shape(format!(
+                "bert: lengths {lengths:?} do not add up to the {} packed ids",
+                ids.len()
+            )));
+        }
+        rayon::scope(|_| self.run_packed(ids, lengths, ws))?;
+        Ok(&ws.x[..ids.len() * self.cfg.hidden_size])
+    }
+
+    /// The packed pass, on a rayon worker.
+    fn run_packed(&self, ids: &[u32], lengths: &[usize], ws: &mut BertWorkspace) -> Result<()> {
+        let d = self.cfg.hidden_size;
+        let rows = ids.len();
+        let BertWorkspace {
+            x,
+            delta,
+            inner,
+            q,
+            k,
+            v,
+            ctx,
+            ..
+        } = ws;
+        let x = grown(x, rows * d);
+        let delta = grown(delta, rows * d);
+        let inner = grown(inner, rows * self.cfg.intermediate_size);
+        let first = self.layers.first().map(|l| &l.attn);
+        let (dq, dv) = first.map_or((0, 0), |a| {
+            (a.dims().heads * a.head_dim_qk(), a.heads() * a.head_dim_v())
+        });
+        let (q, k, v, ctx) = (
+            grown(q, rows * dq),
+            grown(k, rows * dq),
+            grown(v, rows * dv),
+            grown(ctx, rows * dv),
+        );
+
+        // Embeddings, summed in PyTorch's order: (word + segment) + position, positions
+        // counted from each sequence's start.
+        self.words.lookup_into(ids, delta)?;
+        let mut row = 0;
+        for &len in lengths {
+            for (p, r) in delta[row * d..(row + len) * d]
+                .chunks_exact_mut(d)
+                .enumerate()
+            {
+                let pos = &self.positions[p * d..(p + 1) * d];
+                for ((v, &s), &e) in r.iter_mut().zip(&self.segment0).zip(pos) {
+                    *v = (*v + s) + e;
+                }
+            }
+            row += len;
+        }
+        self.embed_norm.forward_into(delta, x)?;
+
+        for layer in &self.layers {
+            let a = &layer.attn;
+            linear_many(
+                x,
+                rows,
+                d,
+                &mut [
+                    a.q_proj().projection(q),
+                    a.k_proj().projection(k),
+                    a.v_proj().projection(v),
+                ],
+            )?;
+            let mut row = 0;
+            for &len in lengths {
+                let (qs, ks) = (
+                    &q[row * dq..(row + len) * dq],
+                    &k[row * dq..(row + len) * dq],
+                );
+                let vs = &v[row * dv..(row + len) * dv];
+                a.attend(
+                    &a.query_view(qs, len),
+                    &a.key_view(ks, len),
+                    &a.value_view(vs, len),
+                    &AttentionMask::none(),
+                    &mut ctx[row * dv..(row + len) * dv],
+                )?;
+                row += len;
+            }
+            a.project_out(ctx, rows, delta)?;
+            add_inplace(delta, x)?;
+            layer.attn_norm.forward_into(delta, x)?;
+            layer.up.forward_into(x, rows, inner)?;
+            gelu(inner);
+            layer.down.forward_into(inner, rows, delta)?;
+            add_inplace(delta, x)?;
+            layer.out_norm.forward_into(delta, x)?;
+        }
+        Ok(())
+    }
+
     /// The pass itself, on a rayon worker (its parallel kernels then queue work locally).
     fn run(
         &self,
@@ -273,6 +398,7 @@ impl Bert {
             delta,
             inner,
             attn,
+            ..
         } = ws;
         let x = grown(x, rows * d);
         let delta = grown(delta, rows * d);
