@@ -577,3 +577,52 @@ fn a_missing_tensor_is_named_with_its_file() {
         "{m}"
     );
 }
+
+/// `decode embed`: stdin's lines in, one JSON array per line out, in order, equal to
+/// sentence-transformers' embeddings; an empty line is the empty text.
+#[test]
+fn decode_embed_writes_one_line_per_text_in_order() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let Some(r) = reference() else { return };
+    let n = 70;
+    let input: String = r.texts[..n].iter().map(|t| format!("{t}\n")).collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_decode"))
+        .args([
+            "embed",
+            "--model",
+            r.model.to_str().unwrap(),
+            "--batch-size",
+            "8",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let got: Vec<Vec<f32>> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(got.len(), n, "{stderr}");
+    let worst = check(&got, &r.embeddings[..n], "decode embed");
+    assert!(1.0 - worst <= COSINE_TOL, "{worst}");
+    // A bad model directory is named.
+    let out = Command::new(env!("CARGO_BIN_EXE_decode"))
+        .args(["embed", "--model", "/nonexistent/model"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model"));
+}
