@@ -74,6 +74,11 @@ pub enum Error {
         /// The cache's capacity.
         capacity: usize,
     },
+    /// The queue of waiting requests is full; try again later.
+    QueueFull {
+        /// How many requests the queue holds.
+        capacity: usize,
+    },
     /// Text could not be tokenized or a token could not be decoded.
     Tokenizer(String),
     /// A chat template failed to compile or to render (a syntax error, an undefined value
@@ -116,6 +121,9 @@ impl fmt::Display for Error {
                 f,
                 "context full: {needed} positions needed, the cache holds {capacity}"
             ),
+            Error::QueueFull { capacity } => {
+                write!(f, "busy: {capacity} requests are already waiting")
+            }
             Error::Tokenizer(msg) => write!(f, "tokenizer: {msg}"),
             Error::ChatTemplate { template, msg } => write!(f, "chat template {template}: {msg}"),
             Error::Kernel(e) => write!(f, "kernel: {e}"),

@@ -9,9 +9,10 @@
 //! - [`nn`]: Linear, norms, FFN, embeddings, masks and the attention modules of the seeds;
 //! - [`models`]: one decoder for the Llama, Qwen, Mistral, Phi-3 and Gemma families
 //!   ([`models::decoder`]), BERT encoders ([`models::bert`]) and the seed-004 seq2seq Transformer;
-//! - [`tokenizer`]: byte-level BPE and the chat template;
+//! - [`tokenizer`]: SentencePiece BPE, byte-level BPE and WordPiece, and chat templates;
 //! - [`model`], [`session`], [`sample`]: a shared model, per-conversation sessions with their
 //!   KV caches, and sampling;
+//! - [`engine`]: continuous batching of many sequences over one model, one pass per step;
 //! - [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` scores;
 //! - [`fetch`]: the default model (SmolLM2-135M-Instruct), fetched once into a cache.
 //!
@@ -20,6 +21,7 @@
 
 #![warn(missing_docs)]
 
+pub mod engine;
 pub mod error;
 pub mod fetch;
 pub mod model;

@@ -1,0 +1,602 @@
+//! [`Engine`]: continuous batching. Many sequences advance together, one forward pass per
+//! step: the decode token of every running sequence and chunks of the prompts that are
+//! being read become the rows of one matrix product per weight, so each weight is read once
+//! per step for all of them, while attention runs per sequence over its own KV cache.
+//!
+//! - Requests wait in a bounded queue and are admitted between steps while a slot (a KV
+//!   cache) is free under the memory budget; finished, cancelled or failed sequences leave
+//!   between steps without disturbing the others.
+//! - Prompts are read in chunks under a per-step token budget, after the decode tokens of
+//!   the running sequences, so a long prompt never stalls the streams already running.
+//! - A finished sequence's cache is kept: a new prompt that starts with its tokens (the same
+//!   system prompt, the previous turn of a chat) reuses those positions instead of running
+//!   them again ([`Event::Done`] reports how many).
+//! - Sampling is per sequence, with its own settings and seed: a sequence gets the same
+//!   tokens in a batch as alone (up to the order of f32 additions in the logits).
+//!
+//! Once every slot's cache exists, a step that admits no new sequence allocates nothing
+//! but the events it returns.
+//!
+//! ```
+//! use qkv::engine::{Engine, EngineOptions, Event, GenRequest};
+//! use qkv::model::Model;
+//! use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
+//! use qkv::sample::SamplerConfig;
+//! use qkv::weights::FloatType;
+//! use std::sync::Arc;
+//!
+//! let config = DecoderConfig::llama(32, 2, 4, 2, 64, 50, 128, WeightLayout::Gguf);
+//! let model = Arc::new(Model::from_parts(Decoder::synthetic(config, 1, FloatType::F32)?, None));
+//! let mut engine = Engine::new(model, EngineOptions { context: 64, ..EngineOptions::default() })?;
+//! let a = engine.submit(GenRequest::new(vec![1, 2, 3], SamplerConfig::greedy(), 5))?;
+//! let b = engine.submit(GenRequest::new(vec![4, 5], SamplerConfig::greedy(), 3))?;
+//! let mut events = Vec::new();
+//! while !engine.is_idle() {
+//!     engine.step(&mut events)?;
+//! }
+//! let tokens = |id| events.iter().filter(|e| matches!(e, Event::Token { seq, .. } if *seq == id)).count();
+//! assert_eq!((tokens(a), tokens(b)), (5, 3));
+//! # Ok::<(), qkv::Error>(())
+//! ```
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::models::decoder::{KvCache, Scratch, Segment};
+use crate::sample::{Sampler, SamplerConfig};
+use crate::weights::FloatType;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// How an [`Engine`] is sized.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Most sequences running at once (each holds a KV cache).
+    pub max_sequences: usize,
+    /// KV cache capacity of each sequence, in positions (prompt and generated tokens).
+    pub context: usize,
+    /// Most bytes all KV caches may take together; `None` = `max_sequences` caches. Fewer
+    /// sequences run at once when the budget does not hold that many.
+    pub kv_budget: Option<usize>,
+    /// Most tokens one step runs (decode tokens first, then prompt chunks).
+    pub step_tokens: usize,
+    /// Most requests waiting for a slot; [`Engine::submit`] refuses more.
+    pub queue: usize,
+    /// Dtype of the cached keys and values; `None` = the model's default.
+    pub kv_dtype: Option<FloatType>,
+}
+
+impl Default for EngineOptions {
+    /// 16 sequences of 2048 positions, 512 tokens a step, 64 waiting.
+    fn default() -> Self {
+        EngineOptions {
+            max_sequences: 16,
+            context: 2048,
+            kv_budget: None,
+            step_tokens: 512,
+            queue: 64,
+            kv_dtype: None,
+        }
+    }
+}
+
+/// One generation to run.
+#[derive(Clone, Debug)]
+pub struct GenRequest {
+    /// The prompt's token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// How to pick tokens.
+    pub sampler: SamplerConfig,
+    /// Most tokens to generate (at least one).
+    pub max_tokens: usize,
+    /// Keep going past the end-of-sequence token.
+    pub ignore_eos: bool,
+    /// Report the log-probabilities of this many most likely tokens at each step (0: none).
+    pub top_logprobs: usize,
+}
+
+impl GenRequest {
+    /// A request with the given prompt, sampler and token limit; EOS ends it, no top
+    /// log-probabilities.
+    pub fn new(prompt: Vec<u32>, sampler: SamplerConfig, max_tokens: usize) -> GenRequest {
+        GenRequest {
+            prompt,
+            sampler,
+            max_tokens,
+            ignore_eos: false,
+            top_logprobs: 0,
+        }
+    }
+}
+
+/// A sequence's handle, unique within an engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// It generated the end-of-sequence token (reported as its last token).
+    Eos,
+    /// It generated `max_tokens` tokens.
+    Length,
+    /// [`Engine::cancel`] ended it.
+    Cancelled,
+}
+
+/// What a step reports.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A sequence generated a token.
+    Token {
+        /// The sequence.
+        seq: SeqId,
+        /// The token id.
+        token: u32,
+        /// Its log-probability under the model's distribution.
+        logprob: f32,
+        /// The `top_logprobs` most likely tokens and their log-probabilities, best first.
+        top: Vec<(u32, f32)>,
+    },
+    /// A sequence ended; no event about it follows.
+    Done {
+        /// The sequence.
+        seq: SeqId,
+        /// Why.
+        reason: FinishReason,
+        /// Tokens of its prompt.
+        prompt_tokens: usize,
+        /// Of those, how many were reused from a cached sequence instead of being run.
+        cached_tokens: usize,
+        /// Tokens generated.
+        generated: usize,
+    },
+    /// A sequence failed (its logits were not finite, say); no event about it follows.
+    Failed {
+        /// The sequence.
+        seq: SeqId,
+        /// What went wrong.
+        error: String,
+    },
+}
+
+/// A sequence in a slot.
+struct Running {
+    seq: SeqId,
+    request: GenRequest,
+    sampler: Sampler,
+    /// Prompt tokens already in the cache.
+    read: usize,
+    /// How many of them came from the cache of an earlier sequence.
+    cached: usize,
+    /// Tokens generated so far; the last one has not run through the model yet.
+    generated: usize,
+    /// The token to run at the next step (the last one generated), once the prompt is read.
+    next: Option<u32>,
+    cancelled: bool,
+}
+
+/// A KV cache and what it holds.
+struct Slot {
+    cache: KvCache,
+    /// The tokens whose keys and values the cache holds, in order.
+    tokens: Vec<u32>,
+    running: Option<Running>,
+}
+
+/// Continuous batching over one shared [`Model`]; see the [module docs](self).
+pub struct Engine {
+    model: Arc<Model>,
+    options: EngineOptions,
+    kv_dtype: FloatType,
+    /// Slots made so far (at most `max_slots`).
+    slots: Vec<Slot>,
+    max_slots: usize,
+    queue: VecDeque<(SeqId, GenRequest)>,
+    next_id: u64,
+    scratch: Scratch,
+    /// One row of logits per sequence of a step.
+    logits: Vec<f32>,
+    /// For each segment of a step: its slot, its token count, and whether it asked for
+    /// logits.
+    plan: Vec<(usize, usize, bool)>,
+    /// The segments of a step, kept empty between steps so that its allocation is reused.
+    segments: Vec<Segment<'static>>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("options", &self.options)
+            .field("slots", &self.slots.len())
+            .field("running", &self.running())
+            .field("queued", &self.queue.len())
+            .finish()
+    }
+}
+
+/// An empty vector of segments of any lifetime, reusing `v`'s allocation (collecting an
+/// emptied `Vec` into one of the same layout keeps its buffer).
+fn reuse<'a, 'b>(mut v: Vec<Segment<'a>>) -> Vec<Segment<'b>> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("emptied")).collect()
+}
+
+impl Engine {
+    /// An engine over `model` (with or without a tokenizer: ids in, ids out; the tokenizer's
+    /// end-of-sequence token, when there is one, ends a sequence). [`Error::Config`] when a
+    /// size is 0, when `context` exceeds the model's context length, or when the KV budget
+    /// does not hold one cache.
+    pub fn new(model: Arc<Model>, options: EngineOptions) -> Result<Engine> {
+        let o = &options;
+        for (what, v) in [
+            ("max_sequences", o.max_sequences),
+            ("context", o.context),
+            ("step_tokens", o.step_tokens),
+        ] {
+            if v == 0 {
+                return Err(Error::Config(format!("engine: {what} is 0")));
+            }
+        }
+        let decoder = model.decoder();
+        let kv_dtype = o.kv_dtype.unwrap_or(decoder.kv_dtype());
+        // One cache, to learn its size (and to fail early when the context is too long).
+        let first = decoder.new_cache(o.context, kv_dtype)?;
+        let max_slots = match o.kv_budget {
+            None => o.max_sequences,
+            Some(budget) => {
+                let n = budget / first.bytes().max(1);
+                if n == 0 {
+                    return Err(Error::Config(format!(
+                        "engine: a KV budget of {budget} bytes does not hold one cache of {} \
+                         positions ({} bytes)",
+                        o.context,
+                        first.bytes()
+                    )));
+                }
+                n.min(o.max_sequences)
+            }
+        };
+        let vocab = model.vocab_size();
+        let scratch = decoder.new_scratch(o.step_tokens.max(max_slots))?;
+        Ok(Engine {
+            logits: vec![0.0; max_slots * vocab],
+            slots: vec![Slot {
+                cache: first,
+                tokens: Vec::new(),
+                running: None,
+            }],
+            max_slots,
+            queue: VecDeque::new(),
+            next_id: 0,
+            scratch,
+            plan: Vec::with_capacity(max_slots),
+            segments: Vec::with_capacity(max_slots),
+            model,
+            options,
+            kv_dtype,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The options, with `max_sequences` as the KV budget allows.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// Most sequences that run at once (the KV budget may allow fewer than `max_sequences`).
+    pub fn max_running(&self) -> usize {
+        self.max_slots
+    }
+
+    /// Sequences running now.
+    pub fn running(&self) -> usize {
+        self.slots.iter().filter(|s| s.running.is_some()).count()
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// True when nothing runs and nothing waits.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.running() == 0
+    }
+
+    /// Queues a request. Errors, with nothing queued: [`Error::Shape`] for an empty prompt
+    /// or `max_tokens` 0, [`Error::TokenOutOfRange`] for an id outside the vocabulary,
+    /// [`Error::ContextFull`] when the prompt and `max_tokens` do not fit the context,
+    /// [`Error::Config`] for sampler settings out of range, [`Error::QueueFull`] when the
+    /// queue is full.
+    pub fn submit(&mut self, request: GenRequest) -> Result<SeqId> {
+        if request.prompt.is_empty() || request.max_tokens == 0 {
+            return Err(Error::Shape(
+                "engine: a request needs a prompt and max_tokens ≥ 1".into(),
+            ));
+        }
+        let vocab = self.model.vocab_size();
+        if let Some(&id) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab });
+        }
+        // The last generated token is never run, so prompt + max_tokens − 1 positions.
+        let needed = request.prompt.len().saturating_add(request.max_tokens - 1);
+        if needed > self.options.context {
+            return Err(Error::ContextFull {
+                needed,
+                capacity: self.options.context,
+            });
+        }
+        request.sampler.validate()?;
+        if self.queue.len() >= self.options.queue {
+            return Err(Error::QueueFull {
+                capacity: self.options.queue,
+            });
+        }
+        let seq = SeqId(self.next_id);
+        self.next_id += 1;
+        self.queue.push_back((seq, request));
+        Ok(seq)
+    }
+
+    /// Ends a sequence: a waiting one leaves the queue at once (its [`Event::Done`] comes
+    /// with the next step), a running one leaves at the next step and its cache is free for
+    /// the next request. False when no such sequence waits or runs.
+    pub fn cancel(&mut self, seq: SeqId) -> bool {
+        for slot in &mut self.slots {
+            if let Some(r) = slot.running.as_mut().filter(|r| r.seq == seq) {
+                r.cancelled = true;
+                return true;
+            }
+        }
+        if let Some(i) = self.queue.iter().position(|(s, _)| *s == seq) {
+            let (seq, request) = self.queue.remove(i).expect("present");
+            // Run it as cancelled from the start: it leaves at the next step.
+            self.queue.push_front((
+                seq,
+                GenRequest {
+                    max_tokens: 0,
+                    ..request
+                },
+            ));
+            return true;
+        }
+        false
+    }
+
+    /// One step: admits waiting requests, runs one forward pass over every running
+    /// sequence's next tokens, samples, and appends what happened to `events` (which it does
+    /// not clear). Errors only for failures of the pass itself; a sequence whose logits are
+    /// not finite fails alone with [`Event::Failed`].
+    pub fn step(&mut self, events: &mut Vec<Event>) -> Result<()> {
+        self.retire_cancelled(events);
+        self.admit(events)?;
+        let vocab = self.model.vocab_size();
+        let decoder = self.model.decoder();
+
+        // Plan: decode tokens first, then prompt chunks, under the token budget. Each entry
+        // is (slot, tokens to run, logits wanted).
+        self.plan.clear();
+        let mut budget = self.options.step_tokens;
+        for (i, slot) in self.slots.iter().enumerate() {
+            if slot.running.as_ref().is_some_and(|r| r.next.is_some()) {
+                self.plan.push((i, 1, true));
+                budget -= 1;
+            }
+        }
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(r) = &slot.running else { continue };
+            if r.next.is_none() && budget > 0 {
+                let left = r.request.prompt.len() - r.read;
+                let n = left.min(budget);
+                budget -= n;
+                self.plan.push((i, n, n == left));
+            }
+        }
+        if self.plan.is_empty() {
+            return Ok(());
+        }
+        // Segments in slot order (the logits rows follow it).
+        self.plan.sort_unstable_by_key(|p| p.0);
+
+        // The pass.
+        let wanted = self.plan.iter().filter(|p| p.2).count();
+        let mut segments = reuse(std::mem::take(&mut self.segments));
+        let mut plan = self.plan.iter().peekable();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(&(_, n, wants)) = plan.next_if(|p| p.0 == i) else {
+                continue;
+            };
+            let r = slot.running.as_ref().expect("planned slots run");
+            let (tokens, pos0): (&[u32], usize) = if r.next.is_some() {
+                let last = slot.tokens.len() - 1;
+                (&slot.tokens[last..], last)
+            } else {
+                (&r.request.prompt[r.read..r.read + n], r.read)
+            };
+            segments.push(Segment {
+                cache: &mut slot.cache,
+                tokens,
+                pos0,
+                logits: wants,
+            });
+        }
+        let result = decoder.forward_batch(
+            &mut segments,
+            &mut self.scratch,
+            &mut self.logits[..wanted * vocab],
+        );
+        self.segments = reuse(segments);
+        result?;
+
+        // Bookkeeping and sampling.
+        let eos_id = self.model.tokenizer().and_then(|t| t.eos_id());
+        let mut row = 0;
+        for &(i, n, wants) in &self.plan {
+            let slot = &mut self.slots[i];
+            let r = slot.running.as_mut().expect("planned slots run");
+            if r.next.take().is_none() {
+                slot.tokens
+                    .extend_from_slice(&r.request.prompt[r.read..r.read + n]);
+                r.read += n;
+            }
+            if !wants {
+                continue;
+            }
+            let logits = &self.logits[row * vocab..(row + 1) * vocab];
+            row += 1;
+            let recent = &slot.tokens[slot
+                .tokens
+                .len()
+                .saturating_sub(r.sampler.config().repeat_last_n)..];
+            let sampled = match r.sampler.sample(logits, recent) {
+                Ok(s) => s,
+                Err(e) => {
+                    let seq = r.seq;
+                    slot.running = None;
+                    events.push(Event::Failed {
+                        seq,
+                        error: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            r.generated += 1;
+            let top = match r.request.top_logprobs {
+                0 => Vec::new(),
+                k => top_logprobs(logits, k),
+            };
+            events.push(Event::Token {
+                seq: r.seq,
+                token: sampled.id,
+                logprob: sampled.logprob,
+                top,
+            });
+            let reason = if !r.request.ignore_eos && eos_id == Some(sampled.id) {
+                Some(FinishReason::Eos)
+            } else if r.generated >= r.request.max_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            match reason {
+                Some(reason) => {
+                    let r = slot.running.take().expect("running");
+                    events.push(done(&r, reason));
+                }
+                None => {
+                    slot.tokens.push(sampled.id);
+                    r.next = Some(sampled.id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the running sequences marked cancelled.
+    fn retire_cancelled(&mut self, events: &mut Vec<Event>) {
+        for slot in &mut self.slots {
+            if slot.running.as_ref().is_some_and(|r| r.cancelled) {
+                let r = slot.running.take().expect("running");
+                events.push(done(&r, FinishReason::Cancelled));
+            }
+        }
+    }
+
+    /// Moves waiting requests into free slots, reusing the cached prefix of the slot that
+    /// shares the longest one with each prompt.
+    fn admit(&mut self, events: &mut Vec<Event>) -> Result<()> {
+        while let Some((seq, request)) = self.queue.pop_front() {
+            if request.max_tokens == 0 {
+                // Cancelled while waiting.
+                events.push(Event::Done {
+                    seq,
+                    reason: FinishReason::Cancelled,
+                    prompt_tokens: request.prompt.len(),
+                    cached_tokens: 0,
+                    generated: 0,
+                });
+                continue;
+            }
+            let free = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.running.is_none());
+            // At least the prompt's last token runs again, for its logits.
+            let reuse_len = |s: &Slot| {
+                let cached = &s.tokens[..s.tokens.len().min(s.cache.filled())];
+                common_prefix(cached, &request.prompt).min(request.prompt.len() - 1)
+            };
+            let best = free.max_by_key(|(_, s)| reuse_len(s)).map(|(i, _)| i);
+            let slot = match best {
+                Some(i) if reuse_len(&self.slots[i]) > 0 || self.slots.len() >= self.max_slots => i,
+                _ if self.slots.len() < self.max_slots => {
+                    let cache = self
+                        .model
+                        .decoder()
+                        .new_cache(self.options.context, self.kv_dtype)?;
+                    self.slots.push(Slot {
+                        cache,
+                        tokens: Vec::new(),
+                        running: None,
+                    });
+                    self.slots.len() - 1
+                }
+                Some(i) => i,
+                None => {
+                    self.queue.push_front((seq, request));
+                    break;
+                }
+            };
+            let s = &mut self.slots[slot];
+            let keep = reuse_len(s);
+            s.tokens.truncate(keep);
+            s.cache.truncate(keep);
+            s.running = Some(Running {
+                seq,
+                sampler: Sampler::new(request.sampler.clone())?,
+                read: keep,
+                cached: keep,
+                generated: 0,
+                next: None,
+                cancelled: false,
+                request,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The [`Event::Done`] of a sequence.
+fn done(r: &Running, reason: FinishReason) -> Event {
+    Event::Done {
+        seq: r.seq,
+        reason,
+        prompt_tokens: r.request.prompt.len(),
+        cached_tokens: r.cached,
+        generated: r.generated,
+    }
+}
+
+/// Length of the common prefix of two token sequences.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The `n` most likely tokens of `logits` with their log-probabilities, best first.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let lse = qkv_kernels::activation::log_sum_exp(logits);
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if best.len() < n || best.last().is_some_and(|b| l > b.1) {
+            let at = best.partition_point(|b| b.1 >= l);
+            best.insert(at, (i as u32, l));
+            best.truncate(n);
+        }
+    }
+    best.into_iter().map(|(i, l)| (i, l - lse)).collect()
+}

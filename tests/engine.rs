@@ -1,0 +1,299 @@
+//! The batch engine on the default model (SmolLM2-135M-Instruct, widened to f32 so that the
+//! one-row and many-row matrix paths differ only in the order of f32 additions): sequences
+//! joining at different steps, with prompts read in chunks beside other sequences' decode
+//! tokens, get the greedy tokens they get alone, and log-probabilities within 1e-3; a
+//! cancelled sequence frees its slot; a full queue refuses; a cached prefix is reused; the
+//! KV budget bounds the running sequences.
+
+mod common;
+
+use qkv::engine::{Engine, EngineOptions, Event, FinishReason, GenRequest, SeqId};
+use qkv::model::{Model, ModelOptions};
+use qkv::sample::SamplerConfig;
+use qkv::session::{Session, SessionOptions};
+use qkv::weights::FloatType;
+use qkv::Error;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+fn model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| {
+        let options = ModelOptions {
+            dtype: Some(FloatType::F32),
+        };
+        Arc::new(Model::load(&common::default_gguf(), &options).unwrap())
+    })
+    .clone()
+}
+
+fn ids(text: &str) -> Vec<u32> {
+    model().tokenizer().unwrap().encode(text).unwrap()
+}
+
+const PROMPTS: [&str; 4] = [
+    "The capital of France is",
+    "Write a short poem about the sea. The waves",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "One, two, three, four,",
+];
+
+/// Greedy tokens (and their log-probabilities) of `prompt` run alone in a session.
+fn alone(prompt: &[u32], n: usize) -> Vec<(u32, f32)> {
+    let options = SessionOptions {
+        context: Some(256),
+        kv_dtype: Some(FloatType::F32),
+        ..SessionOptions::default()
+    };
+    let mut s = Session::new(model(), options).unwrap();
+    let gen = s
+        .generate_tokens(prompt, SamplerConfig::greedy())
+        .unwrap()
+        .max_tokens(n)
+        .ignore_eos(true);
+    gen.map(|p| {
+        let p = p.unwrap();
+        (p.id, p.logprob)
+    })
+    .collect()
+}
+
+fn engine(options: EngineOptions) -> Engine {
+    Engine::new(
+        model(),
+        EngineOptions {
+            context: 256,
+            kv_dtype: Some(FloatType::F32),
+            ..options
+        },
+    )
+    .unwrap()
+}
+
+fn request(prompt: Vec<u32>, n: usize) -> GenRequest {
+    GenRequest {
+        ignore_eos: true,
+        ..GenRequest::new(prompt, SamplerConfig::greedy(), n)
+    }
+}
+
+/// Each sequence's (token, log-probability) pairs.
+type Tokens = HashMap<SeqId, Vec<(u32, f32)>>;
+
+/// Tokens per sequence, and the Done events, from a list of events.
+fn collect(events: &[Event]) -> (Tokens, HashMap<SeqId, Event>) {
+    let (mut tokens, mut done) = (Tokens::new(), HashMap::new());
+    for e in events {
+        match e {
+            Event::Token {
+                seq,
+                token,
+                logprob,
+                ..
+            } => tokens.entry(*seq).or_default().push((*token, *logprob)),
+            Event::Done { seq, .. } => {
+                assert!(
+                    done.insert(*seq, e.clone()).is_none(),
+                    "two Done for {seq:?}"
+                );
+            }
+            Event::Failed { seq, error } => panic!("{seq:?} failed: {error}"),
+        }
+    }
+    (tokens, done)
+}
+
+#[test]
+fn batched_sequences_get_the_tokens_they_get_alone() {
+    let n = 12;
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| ids(p)).collect();
+    let want: Vec<Vec<(u32, f32)>> = prompts.iter().map(|p| alone(p, n)).collect();
+    // A small token budget: prompts are read in chunks of at most 8 beside decode tokens.
+    let mut e = engine(EngineOptions {
+        max_sequences: 4,
+        step_tokens: 8,
+        ..EngineOptions::default()
+    });
+    let mut events = Vec::new();
+    let mut seqs = Vec::new();
+    // Sequences join at steps 0, 2, 5 and 9.
+    for step in 0.. {
+        if let Some(k) = [0, 2, 5, 9].iter().position(|&s| s == step) {
+            seqs.push(e.submit(request(prompts[k].clone(), n)).unwrap());
+        }
+        if seqs.len() == prompts.len() && e.is_idle() {
+            break;
+        }
+        e.step(&mut events).unwrap();
+        assert!(step < 500, "the engine does not finish");
+    }
+    let (tokens, done) = collect(&events);
+    for (k, seq) in seqs.iter().enumerate() {
+        let got = &tokens[seq];
+        let ids = |v: &[(u32, f32)]| v.iter().map(|t| t.0).collect::<Vec<_>>();
+        assert_eq!(ids(got), ids(&want[k]), "prompt {k}: {:?}", PROMPTS[k]);
+        for (g, w) in got.iter().zip(&want[k]) {
+            assert!(
+                (g.1 - w.1).abs() < 1e-3,
+                "prompt {k}: logprob {} vs {}",
+                g.1,
+                w.1
+            );
+        }
+        match &done[seq] {
+            Event::Done {
+                reason,
+                generated,
+                prompt_tokens,
+                ..
+            } => {
+                assert_eq!(*reason, FinishReason::Length);
+                assert_eq!((*generated, *prompt_tokens), (n, prompts[k].len()));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_cached_prefix_is_reused_and_gives_the_same_tokens() {
+    let system = ids("You are a helpful assistant. Answer in one short sentence. Question:");
+    let first: Vec<u32> = [system.clone(), ids(" What is the capital of France?")].concat();
+    let second: Vec<u32> = [system.clone(), ids(" How many legs has a spider?")].concat();
+    let mut e = engine(EngineOptions {
+        max_sequences: 2,
+        ..EngineOptions::default()
+    });
+    let mut events = Vec::new();
+    let a = e.submit(request(first.clone(), 4)).unwrap();
+    while !e.is_idle() {
+        e.step(&mut events).unwrap();
+    }
+    let b = e.submit(request(second.clone(), 6)).unwrap();
+    while !e.is_idle() {
+        e.step(&mut events).unwrap();
+    }
+    let (tokens, done) = collect(&events);
+    let shared = first
+        .iter()
+        .zip(&second)
+        .take_while(|(x, y)| x == y)
+        .count();
+    assert!(shared >= system.len(), "the prompts share the system part");
+    match (&done[&a], &done[&b]) {
+        (
+            Event::Done {
+                cached_tokens: 0, ..
+            },
+            Event::Done { cached_tokens, .. },
+        ) => assert_eq!(*cached_tokens, shared),
+        other => panic!("{other:?}"),
+    }
+    let ids_of = |v: &[(u32, f32)]| v.iter().map(|t| t.0).collect::<Vec<_>>();
+    assert_eq!(ids_of(&tokens[&b]), ids_of(&alone(&second, 6)));
+}
+
+#[test]
+fn cancelling_frees_the_slot_and_a_full_queue_refuses() {
+    let mut e = engine(EngineOptions {
+        max_sequences: 1,
+        queue: 2,
+        ..EngineOptions::default()
+    });
+    let p = ids("Once upon a time");
+    let a = e.submit(request(p.clone(), 100)).unwrap();
+    let b = e.submit(request(p.clone(), 3)).unwrap();
+    let c = e.submit(request(p.clone(), 3)).unwrap_err();
+    assert!(matches!(c, Error::QueueFull { capacity: 2 }), "{c}");
+    let mut events = Vec::new();
+    for _ in 0..3 {
+        e.step(&mut events).unwrap();
+    }
+    assert_eq!((e.running(), e.queued()), (1, 1));
+    assert!(e.cancel(a));
+    assert!(!e.cancel(SeqId(999)));
+    while !e.is_idle() {
+        e.step(&mut events).unwrap();
+    }
+    let (tokens, done) = collect(&events);
+    assert!(matches!(
+        done[&a],
+        Event::Done {
+            reason: FinishReason::Cancelled,
+            ..
+        }
+    ));
+    assert_eq!(tokens[&b].len(), 3);
+    // A waiting sequence can be cancelled too.
+    let d = e.submit(request(p.clone(), 100)).unwrap();
+    let f = e.submit(request(p, 100)).unwrap();
+    assert!(e.cancel(f));
+    events.clear();
+    e.step(&mut events).unwrap();
+    assert!(events.iter().any(
+        |ev| matches!(ev, Event::Done { seq, reason: FinishReason::Cancelled, .. } if *seq == f)
+    ));
+    e.cancel(d);
+    while !e.is_idle() {
+        e.step(&mut events).unwrap();
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_and_the_kv_budget_bounds_the_running() {
+    let cache_bytes = {
+        let m = model();
+        m.decoder().new_cache(256, FloatType::F32).unwrap().bytes()
+    };
+    let mut e = engine(EngineOptions {
+        max_sequences: 8,
+        kv_budget: Some(2 * cache_bytes + 1),
+        ..EngineOptions::default()
+    });
+    assert_eq!(e.max_running(), 2);
+    let vocab = model().vocab_size() as u32;
+    for (req, what) in [
+        (request(vec![], 3), "empty prompt"),
+        (request(vec![1], 0), "no tokens"),
+        (request(vec![vocab], 3), "token out of range"),
+        (request(vec![1; 200], 100), "past the context"),
+    ] {
+        assert!(e.submit(req).is_err(), "{what}");
+    }
+    let err = e.submit(request(vec![1; 200], 100)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::ContextFull {
+                needed: 299,
+                capacity: 256
+            }
+        ),
+        "{err}"
+    );
+    let mut hot = request(vec![1, 2, 3], 3);
+    hot.sampler.temperature = -1.0;
+    assert!(matches!(e.submit(hot), Err(Error::Config(_))));
+    let err = Engine::new(
+        model(),
+        EngineOptions {
+            context: 256,
+            kv_budget: Some(10),
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+
+    let p = ids("Hello");
+    for _ in 0..3 {
+        e.submit(request(p.clone(), 5)).unwrap();
+    }
+    let mut events = Vec::new();
+    e.step(&mut events).unwrap();
+    assert_eq!((e.running(), e.queued()), (2, 1));
+    while !e.is_idle() {
+        e.step(&mut events).unwrap();
+        assert!(e.running() <= 2);
+    }
+}
