@@ -524,27 +524,48 @@ impl Tokenizer {
         })
     }
 
-    /// Formats a conversation with the model's ChatML template: for each message
-    /// `<|im_start|>{role}\n{content}<|im_end|>\n`, then `<|im_start|>assistant\n` when
-    /// `add_generation_prompt`. When the model's template inserts a default system message
-    /// before a conversation that does not start with one (SmolLM2: "You are a helpful AI
-    /// assistant named SmolLM, trained by Hugging Face"), so does this. A model stored
-    /// without a template gets plain ChatML if its vocabulary has both markers.
+    /// Formats a conversation with the model's own chat template (`tokenizer.chat_template`,
+    /// rendered with minijinja as transformers renders it, with this vocabulary's BOS and EOS
+    /// as `bos_token` and `eos_token`), ending with the header of an assistant turn when
+    /// `add_generation_prompt`. A model stored without a template gets plain ChatML if its
+    /// vocabulary has both markers. The text still has to be encoded: special tokens spelt
+    /// in it are parsed, and BOS is added only if the vocabulary asks for it.
     ///
-    /// [`Error::Unsupported`] when the model's template is not ChatML, or when it has none
-    /// and its vocabulary lacks `<|im_start|>` or `<|im_end|>` (a base model: its turns would
-    /// be plain text it was never trained on).
+    /// [`Error::ChatTemplate`] when the template fails (minijinja's message, or the
+    /// template's own `raise_exception`); [`Error::Unsupported`] when the model has no
+    /// template and no ChatML markers (a base model: its turns would be plain text it was
+    /// never trained on).
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let default_system = match &self.chat_template {
+        let messages: Vec<serde_json::Value> = messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role, "content": m.content}))
+            .collect();
+        let options = ChatOptions {
+            add_generation_prompt,
+            ..ChatOptions::default()
+        };
+        self.render_chat(&messages, &options)
+    }
+
+    /// As [`apply_chat_template`](Self::apply_chat_template) for messages as JSON objects
+    /// (with `tool_calls`, content parts or anything else a template reads) and every
+    /// [`ChatOptions`] field (tools, extra variables, the clock).
+    pub fn render_chat(
+        &self,
+        messages: &[serde_json::Value],
+        options: &ChatOptions,
+    ) -> Result<String> {
+        let template = match &self.chat_template {
+            Some(source) => ChatTemplate::new("tokenizer.chat_template", source.as_str()),
             None if ["<|im_start|>", "<|im_end|>"]
                 .iter()
                 .all(|m| self.vocab.contains_key(*m)) =>
             {
-                None
+                ChatTemplate::chatml()
             }
             None => {
                 return Err(Error::Unsupported(
@@ -553,55 +574,12 @@ impl Tokenizer {
                         .into(),
                 ))
             }
-            Some(t) if t.contains("<|im_start|>") => chatml_default_system(t),
-            Some(_) => {
-                return Err(Error::Unsupported(
-                    "the model's chat template is not ChatML (`<|im_start|>`), the only \
-                     template qkv implements"
-                        .into(),
-                ))
-            }
         };
-        let mut out = String::new();
-        let mut turn = |role: &str, content: &str| {
-            out.push_str("<|im_start|>");
-            out.push_str(role);
-            out.push('\n');
-            out.push_str(content);
-            out.push_str("<|im_end|>\n");
-        };
-        if let (Some(sys), Some(first)) = (&default_system, messages.first()) {
-            if first.role != "system" {
-                turn("system", sys);
-            }
-        }
-        for m in messages {
-            turn(&m.role, &m.content);
-        }
-        if add_generation_prompt {
-            out.push_str("<|im_start|>assistant\n");
-        }
-        Ok(out)
+        let name = |id: Option<u32>| id.and_then(|id| self.token_str(id).ok());
+        template
+            .with_special_tokens(name(self.bos), name(self.eos))
+            .render(messages, options)
     }
-}
-
-/// The default system prompt of a ChatML template of the form
-/// `{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n…<|im_end|>\n' }}`.
-fn chatml_default_system(template: &str) -> Option<String> {
-    let cond = template
-        .find("!= 'system'")
-        .or_else(|| template.find("!= \"system\""))?;
-    let rest = &template[cond..];
-    let endif = rest.find("endif").unwrap_or(rest.len());
-    let block = &rest[..endif];
-    const OPEN: &str = "<|im_start|>system";
-    let start = block.find(OPEN)? + OPEN.len();
-    let body = &block[start..];
-    let body = body
-        .strip_prefix("\\n")
-        .or_else(|| body.strip_prefix('\n'))?;
-    let end = body.find("<|im_end|>")?;
-    Some(body[..end].replace("\\n", "\n"))
 }
 
 /// Turns token ids into text as they arrive, emitting only complete UTF-8: bytes of a
