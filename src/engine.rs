@@ -424,11 +424,10 @@ impl Engine {
                 logits: wants,
             });
         }
-        let result = decoder.forward_batch(
-            &mut segments,
-            &mut self.scratch,
-            &mut self.logits[..wanted * vocab],
-        );
+        // On a rayon worker, so that the kernels' parallel calls queue work locally instead
+        // of injecting every one into the pool from outside.
+        let (scratch, logits) = (&mut self.scratch, &mut self.logits[..wanted * vocab]);
+        let result = rayon::scope(|_| decoder.forward_batch(&mut segments, scratch, logits));
         self.segments = reuse(segments);
         result?;
 

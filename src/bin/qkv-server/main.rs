@@ -1,0 +1,425 @@
+//! `qkv-server`: an OpenAI-compatible HTTP server over one model and the batch engine.
+//!
+//! ```text
+//! qkv-server [--model PATH] [--host 127.0.0.1] [--port 8080] [--threads N]
+//!            [--max-sequences 16] [--kv-budget MB] [--ctx 2048] [--queue 64]
+//!            [--step-tokens 512] [--body-limit KB] [--model-name NAME] [--grace SECONDS]
+//! ```
+//!
+//! Routes: `POST /v1/chat/completions` (the model's chat template; SSE with `stream`),
+//! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus),
+//! `POST /tokenize`, `POST /detokenize`. The model runs on one engine thread (and rayon's
+//! pool), never on the async runtime. SIGTERM or SIGINT: new requests get 503, running ones
+//! finish (cancelled after `--grace` seconds), then the process exits 0.
+
+mod openai;
+mod worker;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Parser;
+use openai::{ApiError, Body, Kind};
+use qkv::engine::{Engine, EngineOptions};
+use qkv::model::{Model, ModelOptions};
+use qkv::tokenizer::EncodeOptions;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use worker::Worker;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "qkv-server",
+    version,
+    about = "OpenAI-compatible server for qkv models"
+)]
+struct Args {
+    /// A GGUF file or a Hugging Face directory; default: SmolLM2-135M-Instruct, fetched once.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Worker threads for the model (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Most sequences generated at once.
+    #[arg(long, default_value_t = 16)]
+    max_sequences: usize,
+    /// Most megabytes all KV caches may take together (default: max-sequences caches).
+    #[arg(long, value_name = "MB")]
+    kv_budget: Option<usize>,
+    /// Positions per sequence (prompt and generated tokens).
+    #[arg(long, default_value_t = 2048)]
+    ctx: usize,
+    /// Most requests waiting for a free sequence; more get 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Most tokens one engine step runs (decode tokens first, then prompt chunks).
+    #[arg(long, default_value_t = 512)]
+    step_tokens: usize,
+    /// Largest request body accepted, in KiB; larger ones get 413.
+    #[arg(long, value_name = "KB", default_value_t = 1024)]
+    body_limit: usize,
+    /// The model's name in the API (default: the file or directory name).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Seconds running requests get to finish after SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 30)]
+    grace: u64,
+}
+
+/// What every handler sees.
+pub struct AppState {
+    pub model: Arc<Model>,
+    pub model_name: String,
+    pub context: usize,
+    pub worker: Worker,
+    pub draining: AtomicBool,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    match serve(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("qkv-server: error: {e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(n) = args.threads {
+        if n == 0 || n > 1024 {
+            return Err(format!("--threads {n}: give 1 to 1024").into());
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()?;
+    }
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => qkv::fetch::default_model()?,
+    };
+    let model = Arc::new(Model::load(&path, &ModelOptions::default())?);
+    if model.tokenizer().is_none() {
+        return Err(format!("{}: the model has no tokenizer", path.display()).into());
+    }
+    let ctx = args.ctx.min(model.config().context);
+    let engine = Engine::new(
+        model.clone(),
+        EngineOptions {
+            max_sequences: args.max_sequences,
+            context: ctx,
+            kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
+            step_tokens: args.step_tokens,
+            queue: args.queue,
+            kv_dtype: None,
+        },
+    )?;
+    let running = engine.max_running();
+    let model_name = args.model_name.clone().unwrap_or_else(|| {
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "qkv".into())
+    });
+    let state = Arc::new(AppState {
+        model,
+        model_name,
+        context: ctx,
+        worker: Worker::spawn(engine),
+        draining: AtomicBool::new(false),
+    });
+    let app = router(state.clone(), args.body_limit.saturating_mul(1024));
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+        eprintln!(
+            "qkv-server: {} as `{}` ({running} sequences of {ctx} positions) listening on http://{}",
+            path.display(),
+            state.model_name,
+            listener.local_addr()?
+        );
+        let grace = Duration::from_secs(args.grace);
+        let st = state.clone();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                eprintln!("qkv-server: shutting down: finishing the running requests");
+                st.draining.store(true, Ordering::SeqCst);
+                let worker = st.worker.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    eprintln!("qkv-server: grace period over: cancelling what still runs");
+                    worker.cancel_all();
+                });
+            })
+            .await?;
+        eprintln!("qkv-server: stopped");
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })?;
+    Ok(())
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    ctrl_c.await.ok();
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.ok();
+}
+
+fn router(state: Arc<AppState>, body_limit: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such route") })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// The body of a POST, or the error of reading it (413 past the limit), in OpenAI's shape;
+/// counts the request, and refuses new work while shutting down.
+fn body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Body, ApiError> {
+    state
+        .worker
+        .metrics
+        .requests
+        .fetch_add(1, Ordering::Relaxed);
+    if state.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        ));
+    }
+    let bytes = body.map_err(|e| ApiError::status(e.status(), e.body_text()))?;
+    Body::parse(&bytes)
+}
+
+/// Counts an error on its way out.
+fn counted(state: &AppState, r: Result<Response, ApiError>) -> Response {
+    match r {
+        Ok(r) => r,
+        Err(e) => {
+            state.worker.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            e.into_response()
+        }
+    }
+}
+
+async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Response {
+    let r = async {
+        let b = body(&state, raw)?;
+        let p = openai::params(&b, &state, true)?;
+        let messages = b
+            .required("messages")?
+            .as_array()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ApiError::invalid("messages", "`messages` must be a non-empty list"))?;
+        let mut msgs = Vec::with_capacity(messages.len());
+        for (i, m) in messages.iter().enumerate() {
+            msgs.push(message(i, m)?);
+        }
+        let tokenizer = state.model.tokenizer().expect("checked at start");
+        let options = qkv::tokenizer::ChatOptions {
+            add_generation_prompt: true,
+            tools: match b.required("tools") {
+                Ok(Value::Array(t)) => Some(t.clone()),
+                Ok(v) => {
+                    return Err(ApiError::invalid(
+                        "tools",
+                        format!("`tools` must be a list, got {v}"),
+                    ))
+                }
+                Err(_) => None,
+            },
+            ..Default::default()
+        };
+        let text = tokenizer.render_chat(&msgs, &options)?;
+        let ids = tokenizer.encode(&text)?;
+        openai::generate(state.clone(), Kind::Chat, ids, p).await
+    }
+    .await;
+    counted(&state, r)
+}
+
+/// One chat message, checked: a `role` string and a `content` that is a string, a list of
+/// text parts (joined), or null.
+fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
+    let field = |k: &str| format!("messages[{i}].{k}");
+    let obj = m.as_object().ok_or_else(|| {
+        ApiError::invalid(&format!("messages[{i}]"), "a message must be an object")
+    })?;
+    if !obj.get("role").is_some_and(Value::is_string) {
+        return Err(ApiError::invalid(&field("role"), "`role` must be a string"));
+    }
+    let mut out = obj.clone();
+    match obj.get("content") {
+        None | Some(Value::Null) | Some(Value::String(_)) => {}
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for p in parts {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            &field("content"),
+                            "only text content parts are supported",
+                        ))
+                    }
+                }
+            }
+            out.insert("content".into(), Value::String(text));
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                &field("content"),
+                format!("`content` must be a string or a list of parts, got {v}"),
+            ))
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = async {
+        let b = body(&state, raw)?;
+        let p = openai::params(&b, &state, false)?;
+        if b.bool("echo", false)? {
+            return Err(ApiError::invalid("echo", "`echo` is not supported"));
+        }
+        if b.str("suffix")?.is_some() {
+            return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+        }
+        let tokenizer = state.model.tokenizer().expect("checked at start");
+        let ids = match b.required("prompt")? {
+            Value::String(s) => tokenizer.encode(s)?,
+            Value::Array(items) if items.iter().all(Value::is_u64) => items
+                .iter()
+                .map(|v| u32::try_from(v.as_u64().unwrap_or(u64::MAX)))
+                .collect::<Result<Vec<u32>, _>>()
+                .map_err(|_| ApiError::invalid("prompt", "a token id is out of range"))?,
+            Value::Array(items) if items.len() == 1 && items[0].is_string() => {
+                tokenizer.encode(items[0].as_str().unwrap_or(""))?
+            }
+            v => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("`prompt` must be a string or a list of token ids, got {v}"),
+                ))
+            }
+        };
+        openai::generate(state.clone(), Kind::Completion, ids, p).await
+    }
+    .await;
+    counted(&state, r)
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{
+        "id": state.model_name, "object": "model", "created": 0, "owned_by": "qkv",
+        "meta": {"n_ctx": state.context, "n_vocab": state.model.vocab_size()},
+    }]}))
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.draining.load(Ordering::SeqCst) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting down"})),
+        )
+            .into_response()
+    } else {
+        Json(json!({"status": "ok"})).into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        state.worker.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = (|| {
+        let b = body(&state, raw)?;
+        let content = b
+            .str("content")?
+            .ok_or_else(|| ApiError::invalid("content", "`content` is required"))?;
+        let options = EncodeOptions {
+            add_special: b.bool("add_special", false)?,
+            parse_special: b.bool("parse_special", true)?,
+        };
+        let tokenizer = state.model.tokenizer().expect("checked at start");
+        let ids = tokenizer.encode_with(content, options)?;
+        Ok(Json(json!({"tokens": ids})).into_response())
+    })();
+    counted(&state, r)
+}
+
+async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = (|| {
+        let b = body(&state, raw)?;
+        let tokens = b
+            .required("tokens")?
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
+                    .collect::<Option<Vec<u32>>>()
+            })
+            .ok_or_else(|| ApiError::invalid("tokens", "`tokens` must be a list of token ids"))?;
+        let tokenizer = state.model.tokenizer().expect("checked at start");
+        let content = tokenizer.decode(&tokens)?;
+        Ok(Json(json!({"content": content})).into_response())
+    })();
+    counted(&state, r)
+}

@@ -1,0 +1,756 @@
+//! The OpenAI-compatible surface: request bodies read field by field (a wrong type or an
+//! out-of-range value is a 400 naming the field), the generation turned into
+//! `chat.completion` / `text_completion` objects or their SSE chunks, with stop strings cut
+//! exactly, log-probabilities and usage.
+
+use crate::worker::{Out, Worker};
+use crate::AppState;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use qkv::engine::{FinishReason, GenRequest, SeqId};
+use qkv::sample::SamplerConfig;
+use serde_json::{json, Map, Value};
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// An error answered in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// A 400 about `param`.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: Some(param.to_owned()),
+            code: None,
+        }
+    }
+
+    /// An error of `status` with no parameter named.
+    pub fn status(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    fn with_code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+}
+
+impl From<qkv::Error> for ApiError {
+    fn from(e: qkv::Error) -> ApiError {
+        use qkv::Error as E;
+        match &e {
+            E::QueueFull { .. } => ApiError::status(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+                .with_code("queue_full"),
+            E::ContextFull { .. } => {
+                ApiError::invalid("messages", e.to_string()).with_code("context_length_exceeded")
+            }
+            E::TokenOutOfRange { .. } | E::Config(_) | E::Shape(_) | E::ChatTemplate { .. } => {
+                ApiError::status(StatusCode::BAD_REQUEST, e.to_string())
+            }
+            E::Unsupported(_) => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            _ => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status.as_u16() {
+            400 | 404 | 413 | 422 => "invalid_request_error",
+            429 => "rate_limit_error",
+            503 => "unavailable_error",
+            _ => "server_error",
+        };
+        let body = json!({"error": {
+            "message": self.message,
+            "type": kind,
+            "param": self.param,
+            "code": self.code,
+        }});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// The parsed body, with typed accessors that name the field at fault.
+pub struct Body(Map<String, Value>);
+
+impl Body {
+    /// Parses a JSON object; a 400 otherwise.
+    pub fn parse(bytes: &[u8]) -> Result<Body, ApiError> {
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(m)) => Ok(Body(m)),
+            Ok(_) => Err(ApiError::status(
+                StatusCode::BAD_REQUEST,
+                "the body must be a JSON object",
+            )),
+            Err(e) => Err(ApiError::status(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not valid JSON: {e}"),
+            )),
+        }
+    }
+
+    fn get(&self, k: &str) -> Option<&Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+
+    /// A field that must be present.
+    pub fn required(&self, k: &str) -> Result<&Value, ApiError> {
+        self.get(k)
+            .ok_or_else(|| ApiError::invalid(k, format!("`{k}` is required")))
+    }
+
+    pub fn bool(&self, k: &str, default: bool) -> Result<bool, ApiError> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be a boolean, got {v}"))),
+        }
+    }
+
+    pub fn number(
+        &self,
+        k: &str,
+        range: std::ops::RangeInclusive<f64>,
+    ) -> Result<Option<f64>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if range.contains(&x) => Ok(Some(x)),
+                _ => Err(ApiError::invalid(
+                    k,
+                    format!(
+                        "`{k}` must be a number in [{}, {}], got {v}",
+                        range.start(),
+                        range.end()
+                    ),
+                )),
+            },
+        }
+    }
+
+    pub fn uint(&self, k: &str, max: u64) -> Result<Option<u64>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(x) if x <= max => Ok(Some(x)),
+                _ => Err(ApiError::invalid(
+                    k,
+                    format!("`{k}` must be an integer in [0, {max}], got {v}"),
+                )),
+            },
+        }
+    }
+
+    pub fn str(&self, k: &str) -> Result<Option<&str>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| ApiError::invalid(k, format!("`{k}` must be a string, got {v}"))),
+        }
+    }
+}
+
+/// What a completion request asks for beyond the prompt.
+pub struct Params {
+    pub sampler: SamplerConfig,
+    pub max_tokens: Option<usize>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub ignore_eos: bool,
+    /// Log-probabilities wanted, and how many alternatives per token.
+    pub logprobs: bool,
+    pub top_logprobs: usize,
+}
+
+/// Reads the parameters shared by both routes; `chat` picks the chat spelling of
+/// log-probabilities (`logprobs: bool` + `top_logprobs`) over the legacy one (`logprobs: n`).
+pub fn params(b: &Body, state: &AppState, chat: bool) -> Result<Params, ApiError> {
+    if let Some(model) = b.str("model")? {
+        if model != state.model_name {
+            return Err(ApiError {
+                status: StatusCode::BAD_REQUEST,
+                message: format!(
+                    "the model `{model}` does not exist here; this server runs `{}`",
+                    state.model_name
+                ),
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+            });
+        }
+    }
+    if b.uint("n", u64::MAX)?.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("n", "only n = 1 is supported"));
+    }
+    for k in ["presence_penalty", "frequency_penalty"] {
+        if b.number(k, -2.0..=2.0)?.is_some_and(|x| x != 0.0) {
+            return Err(ApiError::invalid(
+                k,
+                format!("`{k}` is not supported; use repeat_penalty"),
+            ));
+        }
+    }
+    let d = SamplerConfig::default();
+    let seed = match b.uint("seed", u64::MAX)? {
+        Some(s) => s,
+        None => {
+            // A different seed per request unless the client fixes one.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ state
+                .worker
+                .metrics
+                .requests
+                .load(Ordering::Relaxed)
+                .rotate_left(32)
+        }
+    };
+    let sampler = SamplerConfig {
+        temperature: b
+            .number("temperature", 0.0..=2.0)?
+            .map_or(d.temperature, |x| x as f32),
+        top_p: match b.number("top_p", 0.0..=1.0)? {
+            Some(x) if x > 0.0 => x as f32,
+            Some(_) => return Err(ApiError::invalid("top_p", "`top_p` must be above 0")),
+            None => d.top_p,
+        },
+        top_k: b
+            .uint("top_k", u32::MAX as u64)?
+            .map_or(d.top_k, |k| k as usize),
+        min_p: b.number("min_p", 0.0..=1.0)?.map_or(d.min_p, |x| x as f32),
+        repeat_penalty: b
+            .number("repeat_penalty", 0.01..=10.0)?
+            .map_or(d.repeat_penalty, |x| x as f32),
+        repeat_last_n: d.repeat_last_n,
+        seed,
+    };
+    let max_tokens = match b.uint("max_completion_tokens", u32::MAX as u64)? {
+        Some(n) => Some(n),
+        None => b.uint("max_tokens", u32::MAX as u64)?,
+    };
+    if max_tokens == Some(0) {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            "`max_tokens` must be at least 1",
+        ));
+    }
+    let stop = match b.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) if items.len() <= 4 => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::invalid("stop", "`stop` must be strings"))?,
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("`stop` must be a string or up to 4 strings, got {v}"),
+            ))
+        }
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "a stop string is empty"));
+    }
+    let include_usage = match b.get("stream_options") {
+        None => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(x)) => *x,
+            Some(v) => {
+                return Err(ApiError::invalid(
+                    "stream_options.include_usage",
+                    format!("must be a boolean, got {v}"),
+                ))
+            }
+        },
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                format!("`stream_options` must be an object, got {v}"),
+            ))
+        }
+    };
+    let (logprobs, top_logprobs) = if chat {
+        let on = b.bool("logprobs", false)?;
+        let top = b.uint("top_logprobs", 20)?.unwrap_or(0) as usize;
+        if top > 0 && !on {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs: true`",
+            ));
+        }
+        (on, top)
+    } else {
+        match b.uint("logprobs", 5)? {
+            Some(n) => (true, n as usize),
+            None => (false, 0),
+        }
+    };
+    Ok(Params {
+        sampler,
+        max_tokens: max_tokens.map(|n| n as usize),
+        stop,
+        stream: b.bool("stream", false)?,
+        include_usage,
+        ignore_eos: b.bool("ignore_eos", false)?,
+        logprobs,
+        top_logprobs,
+    })
+}
+
+/// Which route a generation answers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Chat,
+    Completion,
+}
+
+/// Runs `prompt` with `params` and answers with the whole response or an SSE stream.
+pub async fn generate(
+    state: Arc<AppState>,
+    kind: Kind,
+    prompt: Vec<u32>,
+    p: Params,
+) -> Result<Response, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt encodes to no tokens",
+        ));
+    }
+    let room = state.context.saturating_sub(prompt.len()) + 1;
+    let max_tokens = match p.max_tokens {
+        Some(n) => n,
+        None => room.max(1),
+    };
+    let request = GenRequest {
+        prompt,
+        sampler: p.sampler.clone(),
+        max_tokens,
+        ignore_eos: p.ignore_eos,
+        top_logprobs: if p.logprobs { p.top_logprobs } else { 0 },
+    };
+    let (seq, rx) = state.worker.submit(request).await?;
+    let run = Run {
+        state: state.clone(),
+        kind,
+        seq,
+        rx,
+        text: String::new(),
+        sent: 0,
+        pending: Vec::new(),
+        p,
+        id: format!(
+            "{}-{}",
+            if kind == Kind::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            seq.0
+        ),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        finished: None,
+        usage: None,
+        logprobs: Vec::new(),
+        started: false,
+        guard: CancelOnDrop {
+            worker: state.worker.clone(),
+            seq,
+            armed: true,
+        },
+    };
+    if run.p.stream {
+        Ok(stream(run).into_response())
+    } else {
+        whole(run).await.map(IntoResponse::into_response)
+    }
+}
+
+/// Cancels its sequence when dropped before the end (a client that went away, a stop
+/// string reached): the engine frees the slot at once instead of at the next failed send.
+struct CancelOnDrop {
+    worker: Worker,
+    seq: SeqId,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.worker.cancel(self.seq);
+        }
+    }
+}
+
+/// One generation being turned into a response.
+struct Run {
+    state: Arc<AppState>,
+    kind: Kind,
+    seq: SeqId,
+    rx: UnboundedReceiver<Out>,
+    /// All text generated so far, and how much of it went to the client.
+    text: String,
+    sent: usize,
+    /// Bytes of a character split across tokens.
+    pending: Vec<u8>,
+    p: Params,
+    id: String,
+    created: u64,
+    finished: Option<&'static str>,
+    usage: Option<Value>,
+    /// Per token, for the whole response: (token, logprob, top alternatives).
+    logprobs: Vec<TokenLogprob>,
+    started: bool,
+    guard: CancelOnDrop,
+}
+
+/// A generated token, its log-probability and the most likely alternatives.
+type TokenLogprob = (u32, f32, Vec<(u32, f32)>);
+
+/// What one engine event adds to the response.
+struct Piece {
+    text: String,
+    token: Option<TokenLogprob>,
+}
+
+impl Run {
+    /// Waits for the next event; `None` once finished.
+    async fn next(&mut self) -> Option<Piece> {
+        if self.finished.is_some() {
+            return None;
+        }
+        let tokenizer = self.state.model.tokenizer()?;
+        match self.rx.recv().await {
+            Some(Out::Token {
+                token,
+                logprob,
+                top,
+            }) => {
+                if !tokenizer.is_special(token) {
+                    if let Ok(bytes) = tokenizer.token_bytes(token) {
+                        self.pending.extend_from_slice(bytes);
+                    }
+                    self.text.push_str(&complete_utf8(&mut self.pending));
+                }
+                let text = self.release();
+                Some(Piece {
+                    text,
+                    token: Some((token, logprob, top)),
+                })
+            }
+            Some(Out::Done {
+                reason,
+                prompt_tokens,
+                cached_tokens,
+                generated,
+            }) => {
+                self.guard.armed = false;
+                self.text.push_str(&String::from_utf8_lossy(&self.pending));
+                self.pending.clear();
+                let text = self.release();
+                if self.finished.is_none() {
+                    self.finished = Some(match reason {
+                        FinishReason::Eos => "stop",
+                        FinishReason::Length | FinishReason::Cancelled => "length",
+                    });
+                }
+                self.usage = Some(usage(prompt_tokens, cached_tokens, generated));
+                Some(Piece { text, token: None })
+            }
+            Some(Out::Failed(e)) => {
+                self.guard.armed = false;
+                self.finished = Some("error");
+                Some(Piece {
+                    text: format!("[qkv: {e}]"),
+                    token: None,
+                })
+            }
+            None => {
+                self.finished = Some("error");
+                None
+            }
+        }
+    }
+
+    /// The text that can go to the client now: everything up to the earliest stop string
+    /// (which ends the run), else everything but a tail that may still become one. What was
+    /// sent never ends with the start of a stop string, so a match starts in the unsent part.
+    fn release(&mut self) -> String {
+        let start = self.sent;
+        let hit = self
+            .p
+            .stop
+            .iter()
+            .filter_map(|s| self.text[start..].find(s.as_str()))
+            .min();
+        let end = match hit {
+            Some(at) => {
+                self.finished = Some("stop");
+                self.text.truncate(start + at);
+                start + at
+            }
+            None => {
+                let hold = self
+                    .p
+                    .stop
+                    .iter()
+                    .map(|s| held_back(&self.text[start..], s))
+                    .max()
+                    .unwrap_or(0);
+                self.text.len() - hold
+            }
+        };
+        self.sent = end;
+        self.text[start..end].to_owned()
+    }
+
+    /// After the last piece: waits for the sequence's end (cancelling it first when a stop
+    /// string ended the run early) so that the usage is known.
+    async fn drain(&mut self) {
+        if self.guard.armed {
+            self.guard.worker.cancel(self.seq);
+        }
+        while self.usage.is_none() {
+            match self.rx.recv().await {
+                Some(Out::Done {
+                    prompt_tokens,
+                    cached_tokens,
+                    generated,
+                    ..
+                }) => {
+                    self.guard.armed = false;
+                    self.usage = Some(usage(prompt_tokens, cached_tokens, generated));
+                }
+                Some(Out::Failed(_)) | None => break,
+                Some(Out::Token { .. }) => {}
+            }
+        }
+    }
+
+    /// A streamed chunk carrying `piece`.
+    fn chunk(&mut self, piece: &Piece) -> Value {
+        let tokenizer = self.state.model.tokenizer();
+        let logprobs = match (&piece.token, self.p.logprobs) {
+            (Some(t), true) => Some(logprob_entries(
+                self.kind,
+                tokenizer,
+                std::slice::from_ref(t),
+            )),
+            _ => None,
+        };
+        let choice = match self.kind {
+            Kind::Chat => {
+                let mut delta = Map::new();
+                if !self.started {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                delta.insert("content".into(), json!(piece.text));
+                json!({"index": 0, "delta": delta, "logprobs": logprobs,
+                       "finish_reason": self.finished})
+            }
+            Kind::Completion => json!({"index": 0, "text": piece.text, "logprobs": logprobs,
+                                       "finish_reason": self.finished}),
+        };
+        self.started = true;
+        json!({
+            "id": self.id,
+            "object": if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": [choice],
+        })
+    }
+}
+
+/// Complete UTF-8 out of `pending` (what remains is an unfinished character); bytes that can
+/// never be valid come out as U+FFFD.
+fn complete_utf8(pending: &mut Vec<u8>) -> String {
+    let mut out = String::new();
+    let mut start = 0;
+    loop {
+        match std::str::from_utf8(&pending[start..]) {
+            Ok(s) => {
+                out.push_str(s);
+                start = pending.len();
+                break;
+            }
+            Err(e) => {
+                let valid = e.valid_up_to();
+                out.push_str(std::str::from_utf8(&pending[start..start + valid]).unwrap_or(""));
+                start += valid;
+                match e.error_len() {
+                    Some(bad) => {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                        start += bad;
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+    pending.drain(..start);
+    out
+}
+
+/// The `usage` object.
+fn usage(prompt_tokens: usize, cached_tokens: usize, generated: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": generated,
+        "total_tokens": prompt_tokens + generated,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    })
+}
+
+/// How many bytes at the end of `text` could be the start of `stop` (and so must wait).
+fn held_back(text: &str, stop: &str) -> usize {
+    (1..stop.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && stop.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+/// The `logprobs` object of a choice for `tokens`.
+fn logprob_entries(
+    kind: Kind,
+    tokenizer: Option<&qkv::tokenizer::Tokenizer>,
+    tokens: &[TokenLogprob],
+) -> Value {
+    let piece = |id: u32| -> String {
+        tokenizer
+            .and_then(|t| t.token_bytes(id).ok())
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
+    };
+    let bytes = |id: u32| -> Vec<u8> {
+        tokenizer
+            .and_then(|t| t.token_bytes(id).ok())
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    };
+    match kind {
+        Kind::Chat => json!({"content": tokens.iter().map(|(t, lp, top)| json!({
+            "token": piece(*t), "logprob": lp, "bytes": bytes(*t),
+            "top_logprobs": top.iter().map(|(a, l)| json!({
+                "token": piece(*a), "logprob": l, "bytes": bytes(*a)})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>()}),
+        Kind::Completion => json!({
+            "tokens": tokens.iter().map(|t| piece(t.0)).collect::<Vec<_>>(),
+            "token_logprobs": tokens.iter().map(|t| t.1).collect::<Vec<_>>(),
+            "top_logprobs": tokens.iter().map(|(_, _, top)| {
+                top.iter().map(|(a, l)| (piece(*a), json!(l))).collect::<Map<String, Value>>()
+            }).collect::<Vec<_>>(),
+        }),
+    }
+}
+
+/// The whole response at once.
+async fn whole(mut run: Run) -> Result<axum::Json<Value>, ApiError> {
+    let mut content = String::new();
+    while let Some(piece) = run.next().await {
+        content.push_str(&piece.text);
+        if let Some(t) = piece.token {
+            run.logprobs.push(t);
+        }
+    }
+    run.drain().await;
+    if run.finished == Some("error") && run.usage.is_none() {
+        return Err(ApiError::status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("generation failed: {content}"),
+        ));
+    }
+    let tokenizer = run.state.model.tokenizer();
+    let logprobs = run
+        .p
+        .logprobs
+        .then(|| logprob_entries(run.kind, tokenizer, &run.logprobs));
+    let choice = match run.kind {
+        Kind::Chat => json!({"index": 0,
+            "message": {"role": "assistant", "content": content},
+            "logprobs": logprobs, "finish_reason": run.finished}),
+        Kind::Completion => json!({"index": 0, "text": content, "logprobs": logprobs,
+            "finish_reason": run.finished}),
+    };
+    Ok(axum::Json(json!({
+        "id": run.id,
+        "object": if run.kind == Kind::Chat { "chat.completion" } else { "text_completion" },
+        "created": run.created,
+        "model": run.state.model_name,
+        "choices": [choice],
+        "usage": run.usage,
+    })))
+}
+
+/// The SSE stream: one chunk per event, a usage chunk when asked, then `[DONE]`.
+fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    enum Phase {
+        Running(Box<Run>),
+        Usage(Box<Run>),
+        Done,
+        End,
+    }
+    let events = futures_util::stream::unfold(Phase::Running(Box::new(run)), |phase| async move {
+        match phase {
+            Phase::Running(mut run) => match run.next().await {
+                Some(piece) => {
+                    let chunk = run.chunk(&piece);
+                    let next = if run.finished.is_some() {
+                        Phase::Usage(run)
+                    } else {
+                        Phase::Running(run)
+                    };
+                    Some((Ok(SseEvent::default().data(chunk.to_string())), next))
+                }
+                None => Some((Ok(SseEvent::default().data("[DONE]")), Phase::End)),
+            },
+            Phase::Usage(mut run) => {
+                run.drain().await;
+                if run.p.include_usage {
+                    let chunk = json!({
+                        "id": run.id,
+                        "object": if run.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
+                        "created": run.created,
+                        "model": run.state.model_name,
+                        "choices": [],
+                        "usage": run.usage,
+                    });
+                    Some((Ok(SseEvent::default().data(chunk.to_string())), Phase::Done))
+                } else {
+                    Some((Ok(SseEvent::default().data("[DONE]")), Phase::End))
+                }
+            }
+            Phase::Done => Some((Ok(SseEvent::default().data("[DONE]")), Phase::End)),
+            Phase::End => None,
+        }
+    });
+    Sse::new(events)
+}

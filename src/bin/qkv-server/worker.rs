@@ -1,0 +1,407 @@
+//! The engine thread: owns the [`Engine`], takes requests and cancellations from the HTTP
+//! tasks over a channel, steps while anything runs, and sends each sequence's tokens to its
+//! request's own unbounded channel. A send that fails means the client went away: the
+//! sequence is cancelled at once and its cache freed. The async runtime never waits on the
+//! model, and a slow reader only grows its own channel (bounded by its `max_tokens`).
+
+use qkv::engine::{Engine, Event, FinishReason, GenRequest, SeqId};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+/// What the engine thread reports to a request.
+#[derive(Debug)]
+pub enum Out {
+    /// A generated token.
+    Token {
+        token: u32,
+        logprob: f32,
+        top: Vec<(u32, f32)>,
+    },
+    /// The sequence ended.
+    Done {
+        reason: FinishReason,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+        generated: usize,
+    },
+    /// The sequence failed.
+    Failed(String),
+}
+
+/// A command for the engine thread.
+enum Cmd {
+    Submit {
+        request: GenRequest,
+        out: tmpsc::UnboundedSender<Out>,
+        reply: oneshot::Sender<qkv::Result<SeqId>>,
+    },
+    Cancel(SeqId),
+    CancelAll,
+}
+
+/// A handle on the engine thread; cheap to clone.
+#[derive(Clone)]
+pub struct Worker {
+    cmd: mpsc::Sender<Cmd>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Worker {
+    /// Starts the engine thread.
+    pub fn spawn(engine: Engine) -> Worker {
+        let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::default());
+        let m = metrics.clone();
+        std::thread::Builder::new()
+            .name("qkv-engine".into())
+            .spawn(move || run(engine, rx, &m))
+            .expect("spawning the engine thread");
+        Worker { cmd: tx, metrics }
+    }
+
+    /// Queues a request; its events arrive on the returned receiver. Errors as
+    /// [`Engine::submit`], or [`qkv::Error::Unsupported`] when the engine thread is gone.
+    pub async fn submit(
+        &self,
+        request: GenRequest,
+    ) -> qkv::Result<(SeqId, tmpsc::UnboundedReceiver<Out>)> {
+        let (out, rx) = tmpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
+        let gone = || qkv::Error::Unsupported("the engine thread has stopped".into());
+        self.cmd
+            .send(Cmd::Submit {
+                request,
+                out,
+                reply,
+            })
+            .map_err(|_| gone())?;
+        let seq = answer.await.map_err(|_| gone())??;
+        Ok((seq, rx))
+    }
+
+    /// Ends a sequence (a no-op when it already ended).
+    pub fn cancel(&self, seq: SeqId) {
+        self.cmd.send(Cmd::Cancel(seq)).ok();
+    }
+
+    /// Ends every sequence, running or waiting.
+    pub fn cancel_all(&self) {
+        self.cmd.send(Cmd::CancelAll).ok();
+    }
+}
+
+/// A sequence the thread serves.
+struct Client {
+    out: tmpsc::UnboundedSender<Out>,
+    submitted: Instant,
+    last_token: Option<Instant>,
+}
+
+fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics) {
+    let mut clients: HashMap<SeqId, Client> = HashMap::new();
+    let mut events = Vec::new();
+    loop {
+        // Idle: wait for work. Busy: take what arrived and keep stepping.
+        if engine.is_idle() {
+            match rx.recv() {
+                Ok(cmd) => handle(&mut engine, &mut clients, cmd),
+                Err(_) => return,
+            }
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            handle(&mut engine, &mut clients, cmd);
+        }
+        if engine.is_idle() {
+            continue;
+        }
+        let started = Instant::now();
+        if let Err(e) = engine.step(&mut events) {
+            // A failure of the pass itself: every sequence fails with it.
+            let msg = e.to_string();
+            for (seq, c) in clients.drain() {
+                c.out.send(Out::Failed(msg.clone())).ok();
+                engine.cancel(seq);
+            }
+            events.clear();
+            continue;
+        }
+        let now = Instant::now();
+        m.steps.fetch_add(1, Ordering::Relaxed);
+        m.step_seconds.observe(now - started);
+        let mut batch = 0u64;
+        for event in events.drain(..) {
+            match event {
+                Event::Token {
+                    seq,
+                    token,
+                    logprob,
+                    top,
+                } => {
+                    batch += 1;
+                    m.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                    let Some(c) = clients.get_mut(&seq) else {
+                        continue;
+                    };
+                    match c.last_token {
+                        None => m.ttft.observe(now - c.submitted),
+                        Some(t) => m.inter_token.observe(now - t),
+                    }
+                    c.last_token = Some(now);
+                    if c.out
+                        .send(Out::Token {
+                            token,
+                            logprob,
+                            top,
+                        })
+                        .is_err()
+                    {
+                        // The client is gone: free its slot now.
+                        engine.cancel(seq);
+                        clients.remove(&seq);
+                        m.disconnects.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Event::Done {
+                    seq,
+                    reason,
+                    prompt_tokens,
+                    cached_tokens,
+                    generated,
+                } => {
+                    m.prompt_tokens
+                        .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+                    m.cached_tokens
+                        .fetch_add(cached_tokens as u64, Ordering::Relaxed);
+                    if let Some(c) = clients.remove(&seq) {
+                        c.out
+                            .send(Out::Done {
+                                reason,
+                                prompt_tokens,
+                                cached_tokens,
+                                generated,
+                            })
+                            .ok();
+                    }
+                }
+                Event::Failed { seq, error } => {
+                    if let Some(c) = clients.remove(&seq) {
+                        c.out.send(Out::Failed(error)).ok();
+                    }
+                }
+            }
+        }
+        m.batch.observe_count(batch);
+        m.running.store(engine.running() as u64, Ordering::Relaxed);
+        m.queued.store(engine.queued() as u64, Ordering::Relaxed);
+    }
+}
+
+fn handle(engine: &mut Engine, clients: &mut HashMap<SeqId, Client>, cmd: Cmd) {
+    match cmd {
+        Cmd::Submit {
+            request,
+            out,
+            reply,
+        } => {
+            let result = engine.submit(request);
+            if let Ok(seq) = &result {
+                clients.insert(
+                    *seq,
+                    Client {
+                        out,
+                        submitted: Instant::now(),
+                        last_token: None,
+                    },
+                );
+            }
+            if let Err(Ok(seq)) = reply.send(result) {
+                // The request went away while waiting for its id.
+                engine.cancel(seq);
+                clients.remove(&seq);
+            }
+        }
+        Cmd::Cancel(seq) => {
+            engine.cancel(seq);
+        }
+        Cmd::CancelAll => {
+            for seq in clients.keys() {
+                engine.cancel(*seq);
+            }
+        }
+    }
+}
+
+/// A Prometheus histogram with fixed buckets.
+pub struct Histogram {
+    bounds: &'static [f64],
+    state: Mutex<(Vec<u64>, f64, u64)>,
+}
+
+/// Bucket bounds in seconds for latencies.
+const SECONDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// Bucket bounds for batch sizes (tokens generated per step).
+const COUNTS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            state: Mutex::new((vec![0; bounds.len()], 0.0, 0)),
+        }
+    }
+
+    fn observe_value(&self, v: f64) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for (b, n) in self.bounds.iter().zip(s.0.iter_mut()) {
+            if v <= *b {
+                *n += 1;
+            }
+        }
+        s.1 += v;
+        s.2 += 1;
+    }
+
+    /// Records a duration.
+    pub fn observe(&self, d: std::time::Duration) {
+        self.observe_value(d.as_secs_f64());
+    }
+
+    fn observe_count(&self, n: u64) {
+        if n > 0 {
+            self.observe_value(n as f64);
+        }
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        use std::fmt::Write;
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, n) in self.bounds.iter().zip(&s.0) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {n}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", s.2);
+        let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", s.1, s.2);
+    }
+}
+
+/// The server's counters, gauges and histograms (`GET /metrics`).
+pub struct Metrics {
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub cached_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub disconnects: AtomicU64,
+    pub steps: AtomicU64,
+    pub running: AtomicU64,
+    pub queued: AtomicU64,
+    pub ttft: Histogram,
+    pub inter_token: Histogram,
+    pub step_seconds: Histogram,
+    pub batch: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            disconnects: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            ttft: Histogram::new(SECONDS),
+            inter_token: Histogram::new(SECONDS),
+            step_seconds: Histogram::new(SECONDS),
+            batch: Histogram::new(COUNTS),
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition of everything.
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let counters = [
+            (
+                "qkv_requests_total",
+                "HTTP requests received",
+                &self.requests,
+            ),
+            (
+                "qkv_request_errors_total",
+                "requests answered with an error",
+                &self.errors,
+            ),
+            (
+                "qkv_prompt_tokens_total",
+                "prompt tokens of finished sequences",
+                &self.prompt_tokens,
+            ),
+            (
+                "qkv_prompt_tokens_cached_total",
+                "prompt tokens reused from a cached prefix",
+                &self.cached_tokens,
+            ),
+            (
+                "qkv_generated_tokens_total",
+                "tokens generated",
+                &self.generated_tokens,
+            ),
+            (
+                "qkv_client_disconnects_total",
+                "sequences cancelled because their client went away",
+                &self.disconnects,
+            ),
+            ("qkv_steps_total", "engine steps", &self.steps),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        for (name, help, v) in [
+            ("qkv_running_sequences", "sequences running", &self.running),
+            (
+                "qkv_queue_depth",
+                "requests waiting for a slot",
+                &self.queued,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        self.ttft.render(
+            "qkv_time_to_first_token_seconds",
+            "from submission to the first token",
+            &mut out,
+        );
+        self.inter_token.render(
+            "qkv_inter_token_seconds",
+            "between a sequence's tokens",
+            &mut out,
+        );
+        self.step_seconds
+            .render("qkv_step_seconds", "one engine step", &mut out);
+        self.batch.render(
+            "qkv_batch_size",
+            "tokens generated per engine step",
+            &mut out,
+        );
+        out
+    }
+}
