@@ -1,7 +1,7 @@
 //! `qkv-server`: an OpenAI-compatible HTTP server over one model and the batch engine.
 //!
 //! ```text
-//! qkv-server [--model PATH] [--host 127.0.0.1] [--port 8080] [--threads N]
+//! qkv-server [--model PATH] [--dtype f16|f32] [--host 127.0.0.1] [--port 8080] [--threads N]
 //!            [--max-sequences 16] [--kv-budget MB] [--ctx 2048] [--queue 64]
 //!            [--step-tokens 512] [--body-limit KB] [--model-name NAME] [--grace SECONDS]
 //! ```
@@ -44,6 +44,10 @@ struct Args {
     /// A GGUF file or a Hugging Face directory; default: SmolLM2-135M-Instruct, fetched once.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Widen every weight matrix to this dtype at load (f16 or f32); by default each runs as
+    /// stored, quantized blocks included.
+    #[arg(long)]
+    dtype: Option<qkv::weights::FloatType>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -112,7 +116,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => p.clone(),
         None => qkv::fetch::default_model()?,
     };
-    let model = Arc::new(Model::load(&path, &ModelOptions::default())?);
+    let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
     if model.tokenizer().is_none() {
         return Err(format!("{}: the model has no tokenizer", path.display()).into());
     }
