@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""A bounded load generator for OpenAI-compatible servers (qkv-server, llama-server).
+
+    python3 tools/server_load.py --base-url http://127.0.0.1:8080/v1 --streams 16 \
+        [--requests 2] [--prompt-tokens 128] [--max-tokens 128] [--model NAME] [--json]
+
+`--streams` clients run at once, each sending `--requests` streamed completions one after the
+other (a closed loop), with prompts of about `--prompt-tokens` tokens cut from CPython's
+documentation topics (each request its own slice, so no two share a prefix) and
+`max_tokens` = `--max-tokens` with `ignore_eos`, so every request generates the same number of
+tokens. Measured with the official `openai` client: time to first token (first content
+chunk), inter-token latency (between content chunks), and the aggregate generated tokens per
+second over the whole run (usage from `stream_options.include_usage`). Everything is bounded:
+the number of requests, each request's tokens, and a per-request timeout. Prints a summary, or
+one JSON object with `--json`.
+"""
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+
+def words():
+    from pydoc_data import topics
+
+    text = " ".join(topics.topics[k] for k in sorted(topics.topics))
+    return text.split()
+
+
+def prompts(n, prompt_tokens):
+    """`n` distinct prompts of about `prompt_tokens` tokens (~0.75 words per token)."""
+    w = words()
+    per = max(1, int(prompt_tokens * 0.75))
+    return [" ".join(w[i * per:(i + 1) * per]) for i in range(n)]
+
+
+def percentile(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
+    return xs[k]
+
+
+async def one(client, model, prompt, max_tokens, timeout):
+    start = time.perf_counter()
+    first, last, gaps, tokens, text = None, None, [], 0, []
+    stream = await client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        timeout=timeout)
+    async for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].text:
+            text.append(chunk.choices[0].text)
+            if first is None:
+                first = now
+            else:
+                gaps.append(now - last)
+            last = now
+        if getattr(chunk, "usage", None):
+            tokens = chunk.usage.completion_tokens
+    return {"ttft": (first or time.perf_counter()) - start, "gaps": gaps, "tokens": tokens,
+            "text": "".join(text)}
+
+
+async def run(args):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=args.base_url, api_key="none", max_retries=0)
+    model = args.model
+    if model is None:
+        model = (await client.models.list()).data[0].id
+    ps = prompts(args.streams * args.requests, args.prompt_tokens)
+
+    async def worker(i):
+        out = []
+        for k in range(args.requests):
+            out.append(await one(client, model, ps[i * args.requests + k], args.max_tokens,
+                                 args.timeout))
+        return out
+
+    t0 = time.perf_counter()
+    results = [r for rs in await asyncio.gather(*(worker(i) for i in range(args.streams)))
+               for r in rs]
+    wall = time.perf_counter() - t0
+    await client.close()
+    ttft = [r["ttft"] for r in results]
+    gaps = [g for r in results for g in r["gaps"]]
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "streams": args.streams, "requests": len(results), "tokens": tokens,
+        "wall_s": wall, "tok_s": tokens / wall,
+        "ttft_p50_ms": 1e3 * percentile(ttft, 50), "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+        "itl_p50_ms": 1e3 * percentile(gaps, 50), "itl_p99_ms": 1e3 * percentile(gaps, 99),
+        "short": sum(r["tokens"] != args.max_tokens for r in results),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model")
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    r = asyncio.run(run(args))
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"{r['streams']} streams, {r['requests']} requests, {r['tokens']} tokens in "
+              f"{r['wall_s']:.1f} s: {r['tok_s']:.1f} tok/s; TTFT p50 {r['ttft_p50_ms']:.0f} ms "
+              f"p99 {r['ttft_p99_ms']:.0f} ms; ITL p50 {r['itl_p50_ms']:.1f} ms p99 "
+              f"{r['itl_p99_ms']:.1f} ms")
+    if r["short"]:
+        sys.exit(f"{r['short']} requests generated fewer than {args.max_tokens} tokens")
+
+
+if __name__ == "__main__":
+    main()
