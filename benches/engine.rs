@@ -8,6 +8,11 @@
 //! of `cargo run --release -p qkv-kernels --example roofline`), and the matrix products take
 //! 2 · 135 M · B FLOP (at the FMA peak of the same probe).
 //!
+//! `engine/q4_1/prefix/{cold,cached}`: time to the first token of a request whose 512-token
+//! prompt starts with the 480 tokens of a finished request (a long system prompt, or the
+//! previous turn of a chat): `cold` on a fresh engine reads all 512, `cached` reuses the
+//! finished sequence's cache and reads the last 32.
+//!
 //! Run: `cargo bench --bench engine [-- FILTER]`.
 
 use criterion::{criterion_group, Criterion, Throughput};
@@ -36,7 +41,9 @@ fn bench(c: &mut Criterion) {
         )
         .unwrap();
         for i in 0..b {
-            let prompt: Vec<u32> = (0..128u32).map(|t| 200 + (t * 37 + i as u32 * 101) % 40000).collect();
+            let prompt: Vec<u32> = (0..128u32)
+                .map(|t| 200 + (t * 37 + i as u32 * 101) % 40000)
+                .collect();
             let request = GenRequest {
                 ignore_eos: true,
                 ..GenRequest::new(prompt, SamplerConfig::greedy(), 896)
@@ -57,6 +64,46 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+
+    // Prefix reuse.
+    let shared: Vec<u32> = (0..480u32).map(|t| 300 + (t * 53) % 30000).collect();
+    let first = [shared.clone(), (0..32u32).map(|t| 7000 + t).collect()].concat();
+    let second = [shared, (0..32u32).map(|t| 9000 + t).collect()].concat();
+    let options = EngineOptions {
+        max_sequences: 1,
+        context: 1024,
+        step_tokens: 512,
+        ..EngineOptions::default()
+    };
+    let first_token =
+        |engine: &mut Engine, prompt: &[u32], events: &mut Vec<qkv::engine::Event>| {
+            engine
+                .submit(GenRequest::new(prompt.to_vec(), SamplerConfig::greedy(), 1))
+                .unwrap();
+            while !engine.is_idle() {
+                engine.step(events).unwrap();
+            }
+        };
+    let mut events = Vec::new();
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("prefix/cold", |bch| {
+        bch.iter_batched(
+            || Engine::new(model.clone(), options.clone()).unwrap(),
+            |mut engine| first_token(&mut engine, &second, &mut events),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("prefix/cached", |bch| {
+        bch.iter_batched(
+            || {
+                let mut engine = Engine::new(model.clone(), options.clone()).unwrap();
+                first_token(&mut engine, &first, &mut Vec::new());
+                engine
+            },
+            |mut engine| first_token(&mut engine, &second, &mut events),
+            criterion::BatchSize::PerIteration,
+        )
+    });
     g.finish();
 }
 

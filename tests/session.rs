@@ -279,6 +279,57 @@ fn a_decode_step_allocates_nothing_after_warm_up() {
     }
 }
 
+/// The batch engine's steady state: once every sequence runs (its cache made, its prompt
+/// read), a step of 4 decoding sequences allocates nothing but its events, which this
+/// caller's vector already has room for.
+#[test]
+fn an_engine_step_allocates_nothing_after_warm_up() {
+    use qkv::engine::{Engine, EngineOptions, GenRequest};
+    let _g = serial();
+    let mut engine = Engine::new(
+        model(),
+        EngineOptions {
+            max_sequences: 4,
+            context: 256,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    for salt in 0..4u32 {
+        let prompt: Vec<u32> = A.iter().map(|&t| t + salt).collect();
+        let request = GenRequest {
+            ignore_eos: true,
+            ..GenRequest::new(prompt, SamplerConfig::greedy(), 200)
+        };
+        engine.submit(request).unwrap();
+    }
+    let mut events = Vec::with_capacity(64);
+    for _ in 0..4 {
+        events.clear();
+        engine.step(&mut events).unwrap();
+    }
+    assert_eq!(engine.running(), 4);
+    // As for sessions: a window may see the worker threads' first touches of their kernel
+    // scratch, never an allocation per step.
+    let mut windows = Vec::new();
+    for _ in 0..3 {
+        let n = allocations_in(|| {
+            for _ in 0..16 {
+                events.clear();
+                engine.step(&mut events).unwrap();
+            }
+        });
+        windows.push(n);
+        if n <= 1 {
+            break;
+        }
+    }
+    assert!(
+        windows.last() <= Some(&1) && windows[0] < 16,
+        "allocations in windows of 16 engine steps: {windows:?}"
+    );
+}
+
 #[test]
 fn generate_streams_paris_and_stops_at_eos() {
     let _g = serial();

@@ -74,7 +74,7 @@ fn quantized_gemv_matches_exact_dequantization() {
                 let mut wf = vec![0.0f32; n * k];
                 format.dequantize(&w, &mut wf).unwrap();
                 let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
-                for m in [1usize, 2, 3, 4, 5, 8] {
+                for m in [1usize, 2, 3, 4, 5, 8, 11, 16] {
                     let x = activations(m * k, &mut rng);
                     let b = (m % 2 == 1).then_some(&bias[..]);
                     let mut want = vec![0.0f32; m * n];
@@ -108,7 +108,7 @@ fn quantized_gemv_matches_exact_dequantization() {
 #[test]
 fn quantized_groups_match_single_products() {
     let mut rng = Rng(5);
-    let (m, k) = (3, 768);
+    let k = 768;
     let formats = [QuantFormat::Q4_K, QuantFormat::Q8_0, QuantFormat::Q6_K];
     let ns = [40usize, 300, 17];
     let ws: Vec<Vec<u8>> = formats
@@ -116,26 +116,29 @@ fn quantized_groups_match_single_products() {
         .zip(ns)
         .map(|(&f, n)| random_blocks(f, n, k, &mut rng))
         .collect();
-    let x = activations(m * k, &mut rng);
-    let mut ys: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0.0; m * n]).collect();
-    pool(2).install(|| {
-        let mut parts: Vec<Projection<'_, '_>> = ys
-            .iter_mut()
-            .zip(&ws)
-            .zip(formats.iter().zip(ns))
-            .map(|((y, w), (&f, n))| Projection {
-                w: Weights::Quant(f, w),
-                bias: None,
-                n,
-                y,
-            })
-            .collect();
-        linear_many(&x, m, k, &mut parts).unwrap();
-    });
-    for ((y, w), (&f, n)) in ys.iter().zip(&ws).zip(formats.iter().zip(ns)) {
-        let mut one = vec![0.0; m * n];
-        linear(&mut one, &x, Weights::Quant(f, w), None, m, k, n).unwrap();
-        assert_eq!(y, &one, "{f}");
+    // 13 rows: two GEMV groups of rows (8 and 5).
+    for m in [3usize, 13] {
+        let x = activations(m * k, &mut rng);
+        let mut ys: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0.0; m * n]).collect();
+        pool(2).install(|| {
+            let mut parts: Vec<Projection<'_, '_>> = ys
+                .iter_mut()
+                .zip(&ws)
+                .zip(formats.iter().zip(ns))
+                .map(|((y, w), (&f, n))| Projection {
+                    w: Weights::Quant(f, w),
+                    bias: None,
+                    n,
+                    y,
+                })
+                .collect();
+            linear_many(&x, m, k, &mut parts).unwrap();
+        });
+        for ((y, w), (&f, n)) in ys.iter().zip(&ws).zip(formats.iter().zip(ns)) {
+            let mut one = vec![0.0; m * n];
+            linear(&mut one, &x, Weights::Quant(f, w), None, m, k, n).unwrap();
+            assert_eq!(y, &one, "{f} m={m}");
+        }
     }
 }
 
