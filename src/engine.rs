@@ -384,7 +384,8 @@ impl Engine {
         for (i, slot) in self.slots.iter().enumerate() {
             if slot.running.as_ref().is_some_and(|r| r.next.is_some()) {
                 self.plan.push((i, 1, true));
-                budget -= 1;
+                // Decode tokens always run (the scratch holds max_running rows at least).
+                budget = budget.saturating_sub(1);
             }
         }
         for (i, slot) in self.slots.iter().enumerate() {

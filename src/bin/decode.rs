@@ -81,7 +81,7 @@ struct TokenizeArgs {
     /// included, can be given).
     #[arg(long)]
     prompt: Option<String>,
-    /// Do not add the tokens the model puts around a text (BOS, or BERT's [CLS]/[SEP]).
+    /// Do not add the tokens the model puts around a text (BOS, or BERT's `[CLS]`/`[SEP]`).
     #[arg(long)]
     no_bos: bool,
     /// Split special tokens spelt in the text (`<|im_end|>`) like any other text.

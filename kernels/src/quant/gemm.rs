@@ -15,7 +15,7 @@
 //! Where the CPU lacks AVX-512 VNNI, prefill widens panels of `W` to f32 for the gemm crate
 //! instead ([`crate::matmul`]); on AVX2 alone, `madd` plus an add gives no more multiply-adds
 //! per instruction than an f32 FMA, so an integer path would not pay there. The scalar
-//! reference for this kernel is the GEMV's [`super::gemv::columns_scalar`], which computes
+//! reference for this kernel is the GEMV's `columns_scalar` (in `quant::gemv`), which computes
 //! the same integer dot products in one order.
 
 #[cfg(target_arch = "x86_64")]
@@ -27,7 +27,7 @@ use super::QuantFormat;
 /// Rows of `W` per packed panel: two 512-bit vectors of 16 i32 sums per row of `x`.
 pub const NR: usize = 32;
 
-/// True when [`gemm`] runs on this CPU: AVX-512 F, BW, VL and VNNI (off under
+/// True when [`gemm()`] runs on this CPU: AVX-512 F, BW, VL and VNNI (off under
 /// `QKV_FORCE_SCALAR=1` and `QKV_NO_AVX512=1`).
 pub fn available() -> bool {
     crate::simd::has_avx512_vnni()

@@ -273,7 +273,11 @@ async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesReject
             },
             ..Default::default()
         };
-        let text = tokenizer.render_chat(&msgs, &options)?;
+        // A template that refuses the conversation, or a model without one: the request's
+        // fault, a 400 whatever the error's kind.
+        let text = tokenizer
+            .render_chat(&msgs, &options)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
         let ids = tokenizer.encode(&text)?;
         openai::generate(state.clone(), Kind::Chat, ids, p).await
     }

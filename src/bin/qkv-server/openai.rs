@@ -64,6 +64,7 @@ impl From<qkv::Error> for ApiError {
             E::TokenOutOfRange { .. } | E::Config(_) | E::Shape(_) | E::ChatTemplate { .. } => {
                 ApiError::status(StatusCode::BAD_REQUEST, e.to_string())
             }
+            // The engine thread gone.
             E::Unsupported(_) => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
             _ => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         }

@@ -173,6 +173,9 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics) {
                 } => {
                     m.prompt_tokens
                         .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+                    if reason == FinishReason::Cancelled {
+                        m.cancelled.fetch_add(1, Ordering::Relaxed);
+                    }
                     m.cached_tokens
                         .fetch_add(cached_tokens as u64, Ordering::Relaxed);
                     if let Some(c) = clients.remove(&seq) {
@@ -297,6 +300,7 @@ pub struct Metrics {
     pub cached_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub disconnects: AtomicU64,
+    pub cancelled: AtomicU64,
     pub steps: AtomicU64,
     pub running: AtomicU64,
     pub queued: AtomicU64,
@@ -315,6 +319,7 @@ impl Default for Metrics {
             cached_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             disconnects: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             running: AtomicU64::new(0),
             queued: AtomicU64::new(0),
@@ -359,8 +364,13 @@ impl Metrics {
             ),
             (
                 "qkv_client_disconnects_total",
-                "sequences cancelled because their client went away",
+                "tokens that found their client gone (its sequence is then cancelled)",
                 &self.disconnects,
+            ),
+            (
+                "qkv_sequences_cancelled_total",
+                "sequences ended early: client gone, stop string, shutdown",
+                &self.cancelled,
             ),
             ("qkv_steps_total", "engine steps", &self.steps),
         ];

@@ -32,7 +32,7 @@ mod embedder;
 mod pooling;
 
 pub use config::{BertConfig, SentenceConfig};
-pub use embedder::{Embedder, SentenceEncoder};
+pub use embedder::{Embedder, SentenceEncoder, PASS_TOKENS};
 pub use pooling::{l2_normalize, Pooling, PoolingMode};
 
 use crate::error::{Error, Result};

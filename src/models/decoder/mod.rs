@@ -23,8 +23,8 @@
 //! Weights come from a GGUF file (llama.cpp names: `blk.N.attn_q.weight`…) or a Hugging Face
 //! directory (`model.layers.N.self_attn.q_proj.weight`…). For the `llama` architecture the
 //! two differ in RoPE layout: llama.cpp's converter permutes the rows of Q and K so that
-//! rotation pairs are adjacent elements ([`RopeStyle::AdjacentPairs`]), where Hugging Face
-//! keeps the two halves of each head apart ([`RopeStyle::SplitHalf`]); the style is part of
+//! rotation pairs are adjacent elements ([`RopeStyle::AdjacentPairs`](qkv_kernels::rope::RopeStyle::AdjacentPairs)), where Hugging Face
+//! keeps the two halves of each head apart ([`RopeStyle::SplitHalf`](qkv_kernels::rope::RopeStyle::SplitHalf)); the style is part of
 //! the configuration, so no weight is copied to undo the permutation. Phi-3's fused QKV and
 //! gate/up matrices are split into views of their rows at load, without a copy.
 //!

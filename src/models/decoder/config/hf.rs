@@ -5,6 +5,8 @@ use super::{
     default_attn_scale, in_file, Activation, DecoderConfig, Family, Rope, RopeScaling,
     WeightLayout, HF_MODEL_TYPES, MAX_LAYERS,
 };
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::models::bert::config::JsonFile;
 use qkv_kernels::rope::RopeStyle;
