@@ -1,0 +1,381 @@
+//! The forward pass of a [`Decoder`]: one sequence ([`Decoder::forward`],
+//! [`Decoder::forward_all`]) or many at once ([`Decoder::forward_batch`]), through the same
+//! layers.
+
+use super::{Activation, Decoder, DecoderState, KvCache, Scratch};
+use crate::error::{Error, Result};
+use qkv_kernels::activation::{add_inplace, geglu_tanh, softcap_inplace, swiglu};
+use qkv_kernels::{attention, linear_many, AttentionMask, QueryView};
+
+/// One sequence's share of a [`Decoder::forward_batch`] pass: `tokens` at absolute
+/// positions `pos0..pos0 + tokens.len()`, appended to `cache` (positions before `pos0` must
+/// be in it; later ones are forgotten first), with the logits of the last token wanted or not.
+#[derive(Debug)]
+pub struct Segment<'a> {
+    /// The sequence's KV cache.
+    pub cache: &'a mut KvCache,
+    /// The tokens to run: a prompt chunk, or the one token of a decode step.
+    pub tokens: &'a [u32],
+    /// The absolute position of `tokens[0]`.
+    pub pos0: usize,
+    /// Write the last token's logits (in segment order) into the pass's logits buffer.
+    pub logits: bool,
+}
+
+impl Decoder {
+    /// Runs `tokens` at absolute positions `pos0..pos0 + tokens.len()`, appending their keys
+    /// and values to `state`'s cache, and writes the logits of the last token into `logits`
+    /// (length `vocab`) when given. Positions before `pos0` must already be in the cache:
+    /// `pos0` may be at most the number of positions the state holds, and running at an
+    /// earlier position discards the later ones (how a session rewinds).
+    ///
+    /// Validates everything before touching the cache: token ids ([`Error::TokenOutOfRange`]),
+    /// capacity ([`Error::ContextFull`]), the logits length, `pos0`, and that `state` was made
+    /// by this very model ([`Error::Shape`]; another one's cache, even of the same shape,
+    /// holds other keys). Prompts longer than the state's chunk run as several matrix passes.
+    pub fn forward(
+        &self,
+        state: &mut DecoderState,
+        tokens: &[u32],
+        pos0: usize,
+        logits: Option<&mut [f32]>,
+    ) -> Result<()> {
+        match logits {
+            Some(l) => self.run(state, tokens, pos0, Logits::Last(l)),
+            None => self.run(state, tokens, pos0, Logits::None),
+        }
+    }
+
+    /// As [`forward`](Self::forward), but writes the logits of every token:
+    /// `logits[i·vocab..(i+1)·vocab]` are those after `tokens[i]` (what perplexity scores).
+    /// The output head then runs as one matrix product per chunk. Errors as `forward` does,
+    /// and with [`Error::Shape`] when `logits` is not `tokens.len()·vocab` long.
+    pub fn forward_all(
+        &self,
+        state: &mut DecoderState,
+        tokens: &[u32],
+        pos0: usize,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        self.run(state, tokens, pos0, Logits::All(logits))
+    }
+
+    fn run(
+        &self,
+        state: &mut DecoderState,
+        tokens: &[u32],
+        pos0: usize,
+        mut logits: Logits<'_>,
+    ) -> Result<()> {
+        let c = &self.config;
+        let DecoderState { cache, scratch } = state;
+        self.check_segment(cache, tokens, pos0)?;
+        let wanted = match &logits {
+            Logits::None => None,
+            Logits::Last(l) => Some((l.len(), c.vocab)),
+            Logits::All(l) => Some((l.len(), tokens.len().saturating_mul(c.vocab))),
+        };
+        if let Some((len, want)) = wanted.filter(|(len, want)| len != want) {
+            return Err(Error::Shape(format!(
+                "logits buffer holds {len}, {} tokens of a {}-token vocabulary need {want}",
+                if matches!(logits, Logits::All(_)) {
+                    tokens.len()
+                } else {
+                    1
+                },
+                c.vocab
+            )));
+        }
+        // From here on, positions past pos0 no longer match the tokens before them.
+        cache.filled = pos0;
+        let mut pos = pos0;
+        for chunk in tokens.chunks(scratch.rows) {
+            let mut seg = [Segment {
+                cache: &mut *cache,
+                tokens: chunk,
+                pos0: pos,
+                logits: false,
+            }];
+            self.layers(&mut seg, scratch)?;
+            if let Logits::All(all) = &mut logits {
+                let at = (pos - pos0) * c.vocab;
+                let n = chunk.len();
+                self.head(scratch, 0..n, n, &mut all[at..at + n * c.vocab])?;
+            }
+            pos += chunk.len();
+        }
+        if let Logits::Last(logits) = logits {
+            let last = (tokens.len() - 1) % scratch.rows;
+            self.head(scratch, std::iter::once(last), 1, logits)?;
+        }
+        Ok(())
+    }
+
+    /// Runs many sequences' tokens as one pass: the rows of every segment go through each
+    /// weight matrix together (so a step of `B` decoding sequences reads each weight once,
+    /// not `B` times), while attention runs per segment over its own cache at its own
+    /// positions. `logits` receives, in segment order, one row of `vocab` logits per segment
+    /// that asks for them (of its last token).
+    ///
+    /// Each segment is checked as [`forward`](Self::forward) checks its arguments, all before
+    /// anything runs; the total rows must fit `scratch` ([`Error::Shape`]), and the same cache
+    /// may not appear twice (the borrow checker sees to that).
+    ///
+    /// ```
+    /// use qkv::models::decoder::{Decoder, DecoderConfig, Segment, WeightLayout};
+    /// use qkv::weights::FloatType;
+    /// let config = DecoderConfig::llama(64, 2, 4, 2, 128, 100, 256, WeightLayout::Gguf);
+    /// let model = Decoder::synthetic(config, 7, FloatType::F32)?;
+    /// let (mut a, mut b) = (model.new_cache(64, FloatType::F32)?, model.new_cache(64, FloatType::F32)?);
+    /// let mut scratch = model.new_scratch(16)?;
+    /// let mut logits = vec![0.0; 2 * 100];
+    /// // A prompt of 3 tokens for `a` and of 5 for `b`, in one pass; then one step each.
+    /// model.forward_batch(&mut [
+    ///     Segment { cache: &mut a, tokens: &[1, 2, 3], pos0: 0, logits: true },
+    ///     Segment { cache: &mut b, tokens: &[4, 5, 6, 7, 8], pos0: 0, logits: true },
+    /// ], &mut scratch, &mut logits)?;
+    /// model.forward_batch(&mut [
+    ///     Segment { cache: &mut a, tokens: &[9], pos0: 3, logits: true },
+    ///     Segment { cache: &mut b, tokens: &[9], pos0: 5, logits: true },
+    /// ], &mut scratch, &mut logits)?;
+    /// assert_eq!((a.filled(), b.filled()), (4, 6));
+    /// # Ok::<(), qkv::Error>(())
+    /// ```
+    pub fn forward_batch(
+        &self,
+        segments: &mut [Segment<'_>],
+        scratch: &mut Scratch,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.config;
+        let (mut rows, mut wanted) = (0usize, 0usize);
+        for seg in segments.iter() {
+            self.check_segment(seg.cache, seg.tokens, seg.pos0)?;
+            rows += seg.tokens.len();
+            wanted += usize::from(seg.logits);
+        }
+        if rows > scratch.rows {
+            return Err(Error::Shape(format!(
+                "a batched pass of {rows} positions, the scratch holds {}",
+                scratch.rows
+            )));
+        }
+        if logits.len() != wanted * c.vocab {
+            return Err(Error::Shape(format!(
+                "logits buffer holds {}, {wanted} segments asking for logits of a {}-token \
+                 vocabulary need {}",
+                logits.len(),
+                c.vocab,
+                wanted * c.vocab
+            )));
+        }
+        if segments.is_empty() {
+            return Ok(());
+        }
+        for seg in segments.iter_mut() {
+            seg.cache.filled = seg.pos0;
+        }
+        self.layers(segments, scratch)?;
+        if wanted > 0 {
+            let last_rows = segments
+                .iter()
+                .scan(0, |end, g| {
+                    *end += g.tokens.len();
+                    Some((*end - 1, g.logits))
+                })
+                .filter_map(|(row, wants)| wants.then_some(row));
+            self.head(scratch, last_rows, wanted, logits)?;
+        }
+        Ok(())
+    }
+
+    /// Checks one sequence's tokens against its cache and this model, before anything runs:
+    /// token ids ([`Error::TokenOutOfRange`]), capacity ([`Error::ContextFull`]), `pos0`, and
+    /// that the cache was made by this very model ([`Error::Shape`]; another one's cache,
+    /// even of the same shape, holds other keys).
+    fn check_segment(&self, cache: &KvCache, tokens: &[u32], pos0: usize) -> Result<()> {
+        let c = &self.config;
+        if tokens.is_empty() {
+            return Err(Error::Shape("decoder forward: no tokens".into()));
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= c.vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab: c.vocab });
+        }
+        let needed = pos0.saturating_add(tokens.len());
+        if needed > cache.capacity {
+            return Err(Error::ContextFull {
+                needed,
+                capacity: cache.capacity,
+            });
+        }
+        if cache.model != self.id {
+            return Err(Error::Shape(format!(
+                "decoder forward: the state was made by another model (of [dim, kv dim, ffn \
+                 dim, layers] = {:?}; this one is {:?}), whose cache this one cannot use",
+                cache.shape,
+                self.state_shape()
+            )));
+        }
+        if pos0 > cache.filled {
+            return Err(Error::Shape(format!(
+                "decoder forward at position {pos0}, but the cache holds only positions 0..{}",
+                cache.filled
+            )));
+        }
+        Ok(())
+    }
+
+    /// What a [`KvCache`] made by this model records of it.
+    pub(super) fn state_shape(&self) -> [usize; 4] {
+        let c = &self.config;
+        [c.dim, c.kv_dim(), c.ffn_dim, c.layers]
+    }
+
+    /// The blocks over the segments' tokens (already checked, at most `s.rows` in all), one
+    /// row each in segment order; appends their keys and values to the segments' caches and
+    /// leaves the final residual stream in `s.x`.
+    fn layers(&self, segments: &mut [Segment<'_>], s: &mut Scratch) -> Result<()> {
+        let c = &self.config;
+        let t: usize = segments.iter().map(|g| g.tokens.len()).sum();
+        let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let mut row = 0;
+        for seg in segments.iter() {
+            let n = seg.tokens.len();
+            self.embed(seg.tokens, &mut s.x[row * d..(row + n) * d])?;
+            row += n;
+        }
+        let x = &mut s.x[..t * d];
+        let xn = &mut s.xn[..t * d];
+        let q = &mut s.q[..t * qd];
+        let k = &mut s.k[..t * kvd];
+        let v = &mut s.v[..t * kvd];
+        let att = &mut s.att[..t * qd];
+        let gate = &mut s.gate[..t * ff];
+        let up = &mut s.up[..t * ff];
+        let hidden = &mut s.hidden[..t * ff];
+
+        for (l, b) in self.blocks.iter().enumerate() {
+            // Attention.
+            b.attn_norm.forward_into(x, xn)?;
+            // Q, K and V as one group: one hand-off to the threads.
+            linear_many(
+                xn,
+                t,
+                d,
+                &mut [b.wq.projection(q), b.wk.projection(k), b.wv.projection(v)],
+            )?;
+            if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
+                qn.forward_inplace(q)?;
+                kn.forward_inplace(k)?;
+            }
+            let window = c.windows[l];
+            let rope = match (window, &self.rope_local) {
+                (Some(_), Some(local)) => local,
+                _ => &self.rope,
+            };
+            let mut row = 0;
+            for seg in segments.iter_mut() {
+                let (n, pos0) = (seg.tokens.len(), seg.pos0);
+                let rows = row..row + n;
+                row += n;
+                let q = &mut q[rows.start * qd..rows.end * qd];
+                let k = &mut k[rows.start * kvd..rows.end * kvd];
+                let v = &v[rows.start * kvd..rows.end * kvd];
+                let att = &mut att[rows.start * qd..rows.end * qd];
+                rope.apply(q, n, c.heads, pos0, c.rope_style)?;
+                rope.apply(k, n, c.kv_heads, pos0, c.rope_style)?;
+                let cache = &mut *seg.cache;
+                cache.keys.write(l, pos0, k)?;
+                cache.values.write(l, pos0, v)?;
+                let seen = pos0 + n;
+                let (keys, values) = (cache.keys.view(l, seen), cache.values.view(l, seen));
+                let mut mask = match window {
+                    Some(w) => AttentionMask::sliding(pos0, w),
+                    None => AttentionMask::causal(pos0),
+                };
+                mask.softcap = c.attn_softcap;
+                attention(
+                    &QueryView::contiguous(q, n, c.heads, c.head_dim),
+                    &keys,
+                    &values,
+                    &mask,
+                    Some(c.attn_scale),
+                    att,
+                )?;
+            }
+            b.wo.forward_into(att, t, xn)?;
+            if let Some(n) = &b.attn_post_norm {
+                n.forward_inplace(xn)?;
+            }
+            add_inplace(x, xn)?;
+
+            // Feed-forward.
+            b.ffn_norm.forward_into(x, xn)?;
+            linear_many(
+                xn,
+                t,
+                d,
+                &mut [b.w_gate.projection(gate), b.w_up.projection(up)],
+            )?;
+            match c.activation {
+                Activation::Silu => swiglu(hidden, gate, up)?,
+                Activation::GeluTanh => geglu_tanh(hidden, gate, up)?,
+            }
+            b.w_down.forward_into(hidden, t, xn)?;
+            if let Some(n) = &b.ffn_post_norm {
+                n.forward_inplace(xn)?;
+            }
+            add_inplace(x, xn)?;
+        }
+        for seg in segments.iter_mut() {
+            seg.cache.filled = seg.pos0 + seg.tokens.len();
+        }
+        Ok(())
+    }
+
+    /// Final norm and output head for `count` rows of `s.x` (their indices from `rows`,
+    /// gathered into `s.xn`), into `logits` (`count·vocab`).
+    fn head(
+        &self,
+        s: &mut Scratch,
+        rows: impl Iterator<Item = usize>,
+        count: usize,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.config;
+        let d = c.dim;
+        for (i, r) in rows.enumerate().take(count) {
+            s.xn[i * d..(i + 1) * d].copy_from_slice(&s.x[r * d..(r + 1) * d]);
+        }
+        let xn = &mut s.xn[..count * d];
+        self.final_norm.forward_inplace(xn)?;
+        let w = self.output.as_ref().unwrap_or(&self.embedding);
+        qkv_kernels::linear(logits, xn, w.weights(), None, count, d, c.vocab)?;
+        if let Some(cap) = c.final_softcap {
+            softcap_inplace(logits, cap);
+        }
+        Ok(())
+    }
+
+    /// Looks up the embedding rows of `tokens` (already validated) into `out`, scaled when
+    /// the configuration says so.
+    fn embed(&self, tokens: &[u32], out: &mut [f32]) -> Result<()> {
+        let d = self.config.dim;
+        for (&id, row) in tokens.iter().zip(out.chunks_exact_mut(d)) {
+            self.embedding.rows_to_f32(id as usize, row)?;
+        }
+        if let Some(scale) = self.config.embed_scale {
+            out.iter_mut().for_each(|x| *x *= scale);
+        }
+        Ok(())
+    }
+}
+
+/// Which logits a forward pass writes.
+enum Logits<'a> {
+    None,
+    /// The last token's.
+    Last(&'a mut [f32]),
+    /// Every token's, one row each.
+    All(&'a mut [f32]),
+}
