@@ -2,25 +2,14 @@
 //! prompt can come from stdin. The default model is found as the CLI finds it (fetched into
 //! `$QKV_CACHE` on first use). Run in release mode: `cargo test --release --test cli`.
 
+mod common;
+
 use serde_json::Value;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 fn decode(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_decode"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut pipe = child.stdin.take().unwrap();
-    if let Some(text) = stdin {
-        pipe.write_all(text.as_bytes()).unwrap();
-    }
-    drop(pipe);
-    child.wait_with_output().unwrap()
+    common::run_decode(args, stdin)
 }
 
 fn stderr(o: &Output) -> String {

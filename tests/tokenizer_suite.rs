@@ -8,11 +8,12 @@
 //! (`QKV_CACHE` defaulting to `~/.cache/qkv`). Without it the tests skip with a message,
 //! except under CI (`CI=true`) or with `QKV_REQUIRE_LLAMACPP=1`, where they fail.
 
+mod common;
+
 use qkv::tokenizer::{EncodeOptions, Tokenizer};
 use qkv::weights::gguf::GgufFile;
 use qkv::Error;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 /// The vocabularies of the suite (llama.cpp's `tests/CMakeLists.txt` runs the same 15).
 const VOCABS: &[&str] = &[
@@ -172,22 +173,7 @@ fn the_other_vocabs_load_or_name_their_model() {
 }
 
 fn decode_tokenize(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_decode"))
-        .arg("tokenize")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut pipe = child.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            pipe.write_all(s.as_bytes()).unwrap();
-        }
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = common::run_decode(&[&["tokenize"], args].concat(), stdin);
     (
         out.status.success(),
         String::from_utf8(out.stdout).unwrap(),

@@ -36,7 +36,8 @@ pub(crate) fn char_to_byte() -> HashMap<char, u8> {
 /// Merge table: pair of token ids → (rank, merged token id).
 pub(crate) type Merges = HashMap<(u32, u32), (u32, u32)>;
 
-const NONE: u32 = u32::MAX;
+/// No symbol: the end of a merge loop's linked list.
+pub(crate) const NONE: u32 = u32::MAX;
 
 /// Reusable buffers for [`bpe_word`] and [`Bpe::encode_piece`].
 #[derive(Default)]
@@ -60,12 +61,7 @@ pub(crate) fn bpe_word(byte_ids: &[u32], merges: &Merges, s: &mut Scratch, out: 
     }
     s.ids.clear();
     s.ids.extend_from_slice(byte_ids);
-    s.prev.clear();
-    s.prev.extend((0..n as u32).map(|i| i.wrapping_sub(1)));
-    s.prev[0] = NONE;
-    s.next.clear();
-    s.next.extend(1..=n as u32);
-    s.next[n - 1] = NONE;
+    link(&mut s.prev, &mut s.next, n);
     s.heap.clear();
     for i in 0..n - 1 {
         if let Some(&(rank, _)) = merges.get(&(s.ids[i], s.ids[i + 1])) {
@@ -236,6 +232,17 @@ impl Bpe {
             }
         }
     }
+}
+
+/// Links `n ≥ 1` symbols into a list: `prev[i] = i − 1`, `next[i] = i + 1`, the ends
+/// [`NONE`]. Both BPE merge loops (byte-level here, SentencePiece's) walk it.
+pub(crate) fn link(prev: &mut Vec<u32>, next: &mut Vec<u32>, n: usize) {
+    prev.clear();
+    prev.extend((0..n as u32).map(|i| i.wrapping_sub(1)));
+    prev[0] = NONE;
+    next.clear();
+    next.extend(1..=n as u32);
+    next[n - 1] = NONE;
 }
 
 #[cfg(test)]

@@ -582,6 +582,39 @@ impl Tokenizer {
     }
 }
 
+/// Removes and returns the complete UTF-8 at the front of `pending`, leaving an unfinished
+/// character's bytes for more to come; bytes that can never become valid UTF-8 come out as
+/// U+FFFD. What [`StreamDecoder`] does with each token's bytes, for callers that keep the
+/// pending bytes themselves (a server's response stream, which owns no tokenizer borrow).
+pub fn take_complete_utf8(pending: &mut Vec<u8>) -> String {
+    let mut out = String::new();
+    let mut start = 0;
+    loop {
+        match std::str::from_utf8(&pending[start..]) {
+            Ok(s) => {
+                out.push_str(s);
+                start = pending.len();
+                break;
+            }
+            Err(e) => {
+                let valid = e.valid_up_to();
+                let s = &pending[start..start + valid];
+                out.push_str(std::str::from_utf8(s).unwrap_or_default());
+                start += valid;
+                match e.error_len() {
+                    Some(bad) => {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                        start += bad;
+                    }
+                    None => break, // an incomplete character: wait for more bytes
+                }
+            }
+        }
+    }
+    pending.drain(..start);
+    out
+}
+
 /// Turns token ids into text as they arrive, emitting only complete UTF-8: bytes of a
 /// character split across tokens wait for the rest of it, so nothing prints as garbage.
 pub struct StreamDecoder<'a> {
@@ -603,32 +636,7 @@ impl<'a> StreamDecoder<'a> {
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.pending
             .extend_from_slice(self.tokenizer.token_bytes(id)?);
-        let mut out = String::new();
-        let mut start = 0;
-        loop {
-            match std::str::from_utf8(&self.pending[start..]) {
-                Ok(s) => {
-                    out.push_str(s);
-                    start = self.pending.len();
-                    break;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    let s = &self.pending[start..start + valid];
-                    out.push_str(std::str::from_utf8(s).unwrap_or_default());
-                    start += valid;
-                    match e.error_len() {
-                        Some(bad) => {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                            start += bad;
-                        }
-                        None => break, // an incomplete character: wait for more bytes
-                    }
-                }
-            }
-        }
-        self.pending.drain(..start);
-        Ok(out)
+        Ok(take_complete_utf8(&mut self.pending))
     }
 
     /// Flushes what is left (an unfinished character becomes U+FFFD) and resets.

@@ -4,6 +4,7 @@
 //! no pair forms a token. A character left without a token is spelt with byte tokens
 //! (`<0x41>`).
 
+use super::bpe::{link, NONE};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -36,8 +37,6 @@ impl Ord for Bigram {
             .then(other.left.cmp(&self.left))
     }
 }
-
-const NONE: u32 = u32::MAX;
 
 /// Reusable buffers for [`encode`].
 #[derive(Default)]
@@ -88,12 +87,7 @@ impl Spm<'_> {
         if n == 0 {
             return;
         }
-        s.prev.clear();
-        s.prev.extend((0..n as u32).map(|i| i.wrapping_sub(1)));
-        s.prev[0] = NONE;
-        s.next.clear();
-        s.next.extend(1..=n as u32);
-        s.next[n - 1] = NONE;
+        link(&mut s.prev, &mut s.next, n);
         s.heap.clear();
         for i in 1..n as u32 {
             self.push_pair(text, s, i - 1, i);

@@ -110,3 +110,23 @@ pub fn hf_vocab(f: &GgufFile) -> (Map<String, Value>, Vec<Value>) {
         .collect();
     (vocab, added)
 }
+
+/// Runs the `decode` binary with `args`, `stdin` written to it (closed at once when
+/// `None`), and returns its exit status and output.
+pub fn run_decode(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_decode"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        pipe.write_all(text.as_bytes()).unwrap();
+    }
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}

@@ -457,7 +457,8 @@ impl Run {
                     if let Ok(bytes) = tokenizer.token_bytes(token) {
                         self.pending.extend_from_slice(bytes);
                     }
-                    self.text.push_str(&complete_utf8(&mut self.pending));
+                    self.text
+                        .push_str(&qkv::tokenizer::take_complete_utf8(&mut self.pending));
                 }
                 let text = self.release();
                 Some(Piece {
@@ -587,36 +588,6 @@ impl Run {
             "choices": [choice],
         })
     }
-}
-
-/// Complete UTF-8 out of `pending` (what remains is an unfinished character); bytes that can
-/// never be valid come out as U+FFFD.
-fn complete_utf8(pending: &mut Vec<u8>) -> String {
-    let mut out = String::new();
-    let mut start = 0;
-    loop {
-        match std::str::from_utf8(&pending[start..]) {
-            Ok(s) => {
-                out.push_str(s);
-                start = pending.len();
-                break;
-            }
-            Err(e) => {
-                let valid = e.valid_up_to();
-                out.push_str(std::str::from_utf8(&pending[start..start + valid]).unwrap_or(""));
-                start += valid;
-                match e.error_len() {
-                    Some(bad) => {
-                        out.push(char::REPLACEMENT_CHARACTER);
-                        start += bad;
-                    }
-                    None => break,
-                }
-            }
-        }
-    }
-    pending.drain(..start);
-    out
 }
 
 /// The `usage` object.
