@@ -27,7 +27,6 @@ fn session(model: &Arc<Model>, context: usize, prefill_chunk: Option<usize>) -> 
         context: Some(context),
         kv_dtype: Some(FloatType::F32),
         prefill_chunk,
-        ..SessionOptions::default()
     };
     Session::new(model.clone(), options).unwrap()
 }

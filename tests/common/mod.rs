@@ -172,7 +172,9 @@ pub fn hf_vocab(f: &GgufFile) -> (Map<String, Value>, Vec<Value>) {
 pub fn run_decode(args: &[&str], stdin: Option<&str>) -> std::process::Output {
     use std::io::Write;
     use std::process::{Command, Stdio};
-    let exe = option_env!("CARGO_BIN_EXE_decode").expect("decode is built for qkv-cli's tests");
+    let Some(exe) = option_env!("CARGO_BIN_EXE_decode") else {
+        panic!("cargo builds decode for qkv-cli's tests only");
+    };
     let mut child = Command::new(exe)
         .args(args)
         .stdin(Stdio::piped())
