@@ -229,7 +229,7 @@ fn network_tokenizer_json_matches_too() {
 }
 
 #[test]
-fn network_bad_tokenizer_files_are_errors() {
+fn bad_tokenizer_files_are_errors() {
     let dir = std::env::temp_dir().join(format!("qkv-test-tokbad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("tokenizer.json");
