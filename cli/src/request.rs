@@ -481,3 +481,199 @@ pub fn detokenize_tokens(b: &Body) -> Result<Vec<u32>, ApiError> {
         })
         .ok_or_else(|| ApiError::invalid("tokens", "`tokens` must be a list of token ids"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(json: &str) -> Body {
+        Body::parse(json.as_bytes()).unwrap()
+    }
+
+    /// The 400 of `r`, with the field it names.
+    fn field<T>(r: Result<T, ApiError>) -> Option<String> {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => {
+                assert_eq!(e.status, StatusCode::BAD_REQUEST, "{e}");
+                e.param
+            }
+        }
+    }
+
+    #[test]
+    fn bodies_that_are_not_json_objects_are_400s() {
+        for bytes in [
+            &b"not json"[..],
+            b"[1, 2]",
+            b"\"text\"",
+            b"",
+            b"{\"a\": ",
+            b"\xff\xfe",
+        ] {
+            let e = Body::parse(bytes).err().unwrap();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert_eq!(e.param, None);
+        }
+        assert!(Body::parse(b"{}").is_ok());
+    }
+
+    #[test]
+    fn every_parameter_of_the_wrong_type_or_range_is_named() {
+        let seed = || 0;
+        for (json, name) in [
+            (r#"{"model": "other"}"#, "model"),
+            (r#"{"model": 3}"#, "model"),
+            (r#"{"n": 2}"#, "n"),
+            (r#"{"presence_penalty": 1}"#, "presence_penalty"),
+            (r#"{"temperature": 2.5}"#, "temperature"),
+            (r#"{"temperature": "hot"}"#, "temperature"),
+            (r#"{"top_p": 0}"#, "top_p"),
+            (r#"{"top_k": -1}"#, "top_k"),
+            (r#"{"min_p": 1.5}"#, "min_p"),
+            (r#"{"repeat_penalty": 0}"#, "repeat_penalty"),
+            (r#"{"seed": 1.5}"#, "seed"),
+            (r#"{"max_tokens": 0}"#, "max_tokens"),
+            (r#"{"max_tokens": 1e30}"#, "max_tokens"),
+            (r#"{"stop": ["a", "b", "c", "d", "e"]}"#, "stop"),
+            (r#"{"stop": [""]}"#, "stop"),
+            (r#"{"stop": [1]}"#, "stop"),
+            (r#"{"stream": "yes"}"#, "stream"),
+            (r#"{"stream_options": []}"#, "stream_options"),
+            (
+                r#"{"stream_options": {"include_usage": 1}}"#,
+                "stream_options.include_usage",
+            ),
+            (r#"{"top_logprobs": 3}"#, "top_logprobs"),
+            (r#"{"logprobs": true, "top_logprobs": 21}"#, "top_logprobs"),
+        ] {
+            let got = field(params(&body(json), "qkv", true, seed));
+            assert_eq!(got.as_deref(), Some(name), "{json}");
+        }
+        // The legacy route's `logprobs` is a count up to 5.
+        let got = field(params(&body(r#"{"logprobs": 6}"#), "qkv", false, seed));
+        assert_eq!(got.as_deref(), Some("logprobs"));
+    }
+
+    #[test]
+    fn parameters_are_read_with_their_defaults() {
+        let p = params(&body("{}"), "qkv", true, || 42).unwrap();
+        let d = SamplerConfig::default();
+        assert_eq!(
+            (p.sampler.temperature, p.sampler.top_p, p.sampler.seed),
+            (d.temperature, d.top_p, 42)
+        );
+        assert_eq!((p.max_tokens, p.stream, p.logprobs), (None, false, false));
+        let json = r#"{"model": "qkv", "temperature": 0, "seed": 7, "max_tokens": 5,
+            "max_completion_tokens": 9, "stop": "\n", "stream": true, "ignore_eos": true,
+            "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 2}"#;
+        let p = params(&body(json), "qkv", true, || unreachable!()).unwrap();
+        assert_eq!((p.sampler.temperature, p.sampler.seed), (0.0, 7));
+        assert_eq!(p.max_tokens, Some(9), "max_completion_tokens wins");
+        assert_eq!(p.stop, ["\n"]);
+        assert!(p.stream && p.include_usage && p.ignore_eos && p.logprobs);
+        assert_eq!(p.top_logprobs, 2);
+        let p = params(&body(r#"{"logprobs": 3}"#), "qkv", false, || 0).unwrap();
+        assert_eq!((p.logprobs, p.top_logprobs), (true, 3));
+    }
+
+    #[test]
+    fn messages_are_checked_one_by_one() {
+        for (json, name) in [
+            (r#"{}"#, "messages"),
+            (r#"{"messages": []}"#, "messages"),
+            (r#"{"messages": "hi"}"#, "messages"),
+            (r#"{"messages": [3]}"#, "messages[0]"),
+            (r#"{"messages": [{"content": "hi"}]}"#, "messages[0].role"),
+            (
+                r#"{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": 5}]}"#,
+                "messages[1].content",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#,
+                "messages[0].content",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "a"}], "tools": {}}"#,
+                "tools",
+            ),
+        ] {
+            assert_eq!(
+                field(chat_messages(&body(json))).as_deref(),
+                Some(name),
+                "{json}"
+            );
+        }
+        let json = r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+            {"type": "text", "text": "b"}]}, {"role": "assistant", "content": null}],
+            "tools": [{"type": "function"}]}"#;
+        let (msgs, tools) = chat_messages(&body(json)).unwrap();
+        assert_eq!(msgs[0]["content"], "ab", "text parts are joined");
+        assert!(msgs[1]["content"].is_null());
+        assert_eq!(tools.map(|t| t.len()), Some(1));
+    }
+
+    #[test]
+    fn prompts_are_text_or_token_ids() {
+        let prompt = |json: &str| completion_prompt(&body(json));
+        assert_eq!(
+            prompt(r#"{"prompt": "hi"}"#).unwrap(),
+            Prompt::Text("hi".into())
+        );
+        assert_eq!(
+            prompt(r#"{"prompt": ["hi"]}"#).unwrap(),
+            Prompt::Text("hi".into())
+        );
+        assert_eq!(
+            prompt(r#"{"prompt": [1, 2]}"#).unwrap(),
+            Prompt::Ids(vec![1, 2])
+        );
+        for (json, name) in [
+            (r#"{}"#, "prompt"),
+            (r#"{"prompt": [4294967296]}"#, "prompt"),
+            (r#"{"prompt": [1, "a"]}"#, "prompt"),
+            (r#"{"prompt": {}}"#, "prompt"),
+            (r#"{"prompt": "a", "echo": true}"#, "echo"),
+            (r#"{"prompt": "a", "suffix": "b"}"#, "suffix"),
+        ] {
+            assert_eq!(field(prompt(json)).as_deref(), Some(name), "{json}");
+        }
+    }
+
+    #[test]
+    fn tokenizer_routes_read_their_fields() {
+        let b = body(r#"{"content": "x", "add_special": true}"#);
+        let (content, o) = tokenize_fields(&b).unwrap();
+        assert_eq!((content, o.add_special, o.parse_special), ("x", true, true));
+        assert_eq!(
+            field(tokenize_fields(&body("{}"))).as_deref(),
+            Some("content")
+        );
+        assert_eq!(
+            detokenize_tokens(&body(r#"{"tokens": [0, 7]}"#)).unwrap(),
+            [0, 7]
+        );
+        for json in [
+            r#"{}"#,
+            r#"{"tokens": [-1]}"#,
+            r#"{"tokens": [4294967296]}"#,
+        ] {
+            assert_eq!(
+                field(detokenize_tokens(&body(json))).as_deref(),
+                Some("tokens")
+            );
+        }
+    }
+
+    #[test]
+    fn engine_errors_map_to_openai_statuses() {
+        let full = ApiError::from(qkv::Error::QueueFull { capacity: 1 });
+        assert_eq!((full.status.as_u16(), full.code), (429, Some("queue_full")));
+        let ctx = ApiError::from(qkv::Error::ContextFull {
+            needed: 9,
+            capacity: 8,
+        });
+        assert_eq!(ctx.code, Some("context_length_exceeded"));
+        assert_eq!(ctx.param.as_deref(), Some("messages"));
+    }
+}
