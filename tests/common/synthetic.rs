@@ -9,8 +9,9 @@
 //! exactly the weights its blocks decode to: the reference its own quantized path is
 //! compared with. Dimension 256 is one K-quant block per row.
 //!
-//! Files go to `$TMPDIR/qkv-synthetic-v1/` (the same bytes every time, written under a
-//! temporary name and renamed), so test binaries share them.
+//! Each test process writes the files it uses into its own `$TMPDIR/qkv-synthetic-PID/`
+//! (a few MB; the next run removes the directories of processes that have exited), so a file
+//! never outlives the code that wrote it.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use qkv::kernels::quant::testing::{weight_blocks, Rng};
@@ -18,7 +19,8 @@ use qkv::kernels::{f16, QuantFormat};
 use qkv::tokenizer::gpt2_byte_chars;
 use qkv::weights::gguf::{write_gguf, MetaValue, MetaValueType};
 use qkv::weights::WeightFormat;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// Model width.
 pub const DIM: usize = 256;
@@ -225,12 +227,36 @@ fn file_bytes(storage: Storage) -> Vec<(String, Vec<usize>, WeightFormat, Vec<u8
     tensors
 }
 
-/// The synthetic model stored as `storage`: written on first use (by this or another test
-/// process; the bytes are always the same), then reused.
+/// This process's directory for the synthetic files, `$TMPDIR/qkv-synthetic-PID`. Those of
+/// test processes that have exited are removed first (where `/proc` says which are alive).
+fn files_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let base = std::env::temp_dir();
+        let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
+        if alive(std::process::id()) {
+            for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+                let name = e.file_name();
+                let pid = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("qkv-synthetic-"))
+                    .and_then(|p| p.parse::<u32>().ok());
+                if pid.is_some_and(|p| !alive(p)) {
+                    std::fs::remove_dir_all(e.path()).ok();
+                }
+            }
+        }
+        let dir = base.join(format!("qkv-synthetic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+    .clone()
+}
+
+/// The synthetic model stored as `storage`, written on first use in this process (threads
+/// writing it at once are safe: the writer renames a complete file into place).
 pub fn model_file(storage: Storage) -> PathBuf {
-    let dir = std::env::temp_dir().join("qkv-synthetic-v1");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("synthetic-{}.gguf", storage.name()));
+    let path = files_dir().join(format!("synthetic-{}.gguf", storage.name()));
     if !path.is_file() {
         let tensors = file_bytes(storage);
         let entries: Vec<(String, Vec<usize>, WeightFormat, &[u8])> = tensors
