@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: the PyTorch fixtures of
 //! `tools/seq2seq_fixtures.py`, the default model's source GGUF (or a printed skip), and the
-//! synthetic model of `synthetic.rs`.
+//! synthetic model of `synthetic.rs`. qkv-cli's tests include this module too
+//! (`#[path = "../../tests/common/mod.rs"]`), for the models and [`run_decode`].
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod synthetic;
