@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn bench(c: &mut Criterion) {
-    let path = qkv::fetch::default_model().expect("the default model");
+    let path = qkv_cli::fetch::default_model().expect("the default model");
     let model = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
     let mut g = c.benchmark_group("engine/q4_1");
     g.sample_size(10)

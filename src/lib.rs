@@ -13,8 +13,7 @@
 //! - [`model`], [`session`], [`sample`]: a shared model, per-conversation sessions with their
 //!   KV caches, and sampling;
 //! - [`engine`]: continuous batching of many sequences over one model, one pass per step;
-//! - [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` scores;
-//! - [`fetch`]: the default model (SmolLM2-135M-Instruct), fetched once into a cache.
+//! - [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` scores.
 //!
 //! Every fallible call returns [`Result`] with an [`Error`] that names the file, tensor,
 //! dimension or token at fault. [`session`] has a runnable example.
@@ -23,7 +22,6 @@
 
 pub mod engine;
 pub mod error;
-pub mod fetch;
 pub mod model;
 pub mod models;
 pub mod nn;

@@ -17,8 +17,8 @@
 //! use qkv::perplexity::{evaluate, Scoring};
 //! use std::sync::Arc;
 //!
-//! let path = qkv::fetch::default_model()?;
-//! let model = Arc::new(Model::load(&path, &ModelOptions::default())?);
+//! let path = std::path::Path::new("model.gguf"); // any GGUF file or Hugging Face directory
+//! let model = Arc::new(Model::load(path, &ModelOptions::default())?);
 //! let tokens = model.tokenizer().unwrap().encode("some long English text …")?;
 //! let report = evaluate(&model, &tokens, 512, Scoring::Perplexity, |_, _| {})?;
 //! println!("PPL = {:.4} ± {:.4}", report.ppl, report.ppl_err);

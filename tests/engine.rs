@@ -1,5 +1,7 @@
-//! The batch engine on the default model (SmolLM2-135M-Instruct, widened to f32 so that the
-//! one-row and many-row matrix paths differ only in the order of f32 additions): sequences
+//! The batch engine, on the synthetic model of tests/common/synthetic.rs (f32, offline) and on
+//! the default model (SmolLM2-135M-Instruct, widened to f32; the `network_…` tests, which skip
+//! with a printed reason without it). In f32 the one-row and many-row matrix paths differ only
+//! in the order of f32 additions, so: sequences
 //! joining at different steps, with prompts read in chunks beside other sequences' decode
 //! tokens, get the greedy tokens they get alone, and log-probabilities within 1e-3; a
 //! cancelled sequence frees its slot; a full queue refuses; a cached prefix is reused; the
@@ -16,19 +18,31 @@ use qkv::Error;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-fn model() -> Arc<Model> {
+/// The default model widened to f32, or `None` (a skip printed) without it.
+fn real_model() -> Option<Arc<Model>> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
-    M.get_or_init(|| {
+    let path = common::default_gguf()?;
+    let m = M.get_or_init(|| {
         let options = ModelOptions {
             dtype: Some(FloatType::F32),
         };
-        Arc::new(Model::load(&common::default_gguf(), &options).unwrap())
+        Arc::new(Model::load(&path, &options).unwrap())
+    });
+    Some(m.clone())
+}
+
+/// The synthetic model in f32.
+fn synthetic_model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = common::synthetic::model_file(common::synthetic::Storage::F32);
+        Arc::new(Model::load(&path, &ModelOptions::default()).unwrap())
     })
     .clone()
 }
 
-fn ids(text: &str) -> Vec<u32> {
-    model().tokenizer().unwrap().encode(text).unwrap()
+fn ids(m: &Arc<Model>, text: &str) -> Vec<u32> {
+    m.tokenizer().unwrap().encode(text).unwrap()
 }
 
 const PROMPTS: [&str; 4] = [
@@ -39,13 +53,13 @@ const PROMPTS: [&str; 4] = [
 ];
 
 /// Greedy tokens (and their log-probabilities) of `prompt` run alone in a session.
-fn alone(prompt: &[u32], n: usize) -> Vec<(u32, f32)> {
+fn alone(m: &Arc<Model>, prompt: &[u32], n: usize) -> Vec<(u32, f32)> {
     let options = SessionOptions {
         context: Some(256),
         kv_dtype: Some(FloatType::F32),
         ..SessionOptions::default()
     };
-    let mut s = Session::new(model(), options).unwrap();
+    let mut s = Session::new(m.clone(), options).unwrap();
     let gen = s
         .generate_tokens(prompt, SamplerConfig::greedy())
         .unwrap()
@@ -58,9 +72,9 @@ fn alone(prompt: &[u32], n: usize) -> Vec<(u32, f32)> {
     .collect()
 }
 
-fn engine(options: EngineOptions) -> Engine {
+fn engine(m: &Arc<Model>, options: EngineOptions) -> Engine {
     Engine::new(
-        model(),
+        m.clone(),
         EngineOptions {
             context: 256,
             kv_dtype: Some(FloatType::F32),
@@ -103,17 +117,19 @@ fn collect(events: &[Event]) -> (Tokens, HashMap<SeqId, Event>) {
     (tokens, done)
 }
 
-#[test]
-fn batched_sequences_get_the_tokens_they_get_alone() {
+fn check_batched_sequences_get_the_tokens_they_get_alone(m: &Arc<Model>) {
     let n = 12;
-    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| ids(p)).collect();
-    let want: Vec<Vec<(u32, f32)>> = prompts.iter().map(|p| alone(p, n)).collect();
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| ids(m, p)).collect();
+    let want: Vec<Vec<(u32, f32)>> = prompts.iter().map(|p| alone(m, p, n)).collect();
     // A small token budget: prompts are read in chunks of at most 8 beside decode tokens.
-    let mut e = engine(EngineOptions {
-        max_sequences: 4,
-        step_tokens: 8,
-        ..EngineOptions::default()
-    });
+    let mut e = engine(
+        m,
+        EngineOptions {
+            max_sequences: 4,
+            step_tokens: 8,
+            ..EngineOptions::default()
+        },
+    );
     let mut events = Vec::new();
     let mut seqs = Vec::new();
     // Sequences join at steps 0, 2, 5 and 9.
@@ -156,14 +172,30 @@ fn batched_sequences_get_the_tokens_they_get_alone() {
 }
 
 #[test]
-fn a_cached_prefix_is_reused_and_gives_the_same_tokens() {
-    let system = ids("You are a helpful assistant. Answer in one short sentence. Question:");
-    let first: Vec<u32> = [system.clone(), ids(" What is the capital of France?")].concat();
-    let second: Vec<u32> = [system.clone(), ids(" How many legs has a spider?")].concat();
-    let mut e = engine(EngineOptions {
-        max_sequences: 2,
-        ..EngineOptions::default()
-    });
+fn batched_sequences_get_the_tokens_they_get_alone() {
+    check_batched_sequences_get_the_tokens_they_get_alone(&synthetic_model());
+}
+
+#[test]
+fn network_batched_sequences_get_the_tokens_they_get_alone() {
+    let Some(m) = real_model() else { return };
+    check_batched_sequences_get_the_tokens_they_get_alone(&m);
+}
+
+fn check_a_cached_prefix_is_reused_and_gives_the_same_tokens(m: &Arc<Model>) {
+    let system = ids(
+        m,
+        "You are a helpful assistant. Answer in one short sentence. Question:",
+    );
+    let first: Vec<u32> = [system.clone(), ids(m, " What is the capital of France?")].concat();
+    let second: Vec<u32> = [system.clone(), ids(m, " How many legs has a spider?")].concat();
+    let mut e = engine(
+        m,
+        EngineOptions {
+            max_sequences: 2,
+            ..EngineOptions::default()
+        },
+    );
     let mut events = Vec::new();
     let a = e.submit(request(first.clone(), 4)).unwrap();
     while !e.is_idle() {
@@ -190,17 +222,30 @@ fn a_cached_prefix_is_reused_and_gives_the_same_tokens() {
         other => panic!("{other:?}"),
     }
     let ids_of = |v: &[(u32, f32)]| v.iter().map(|t| t.0).collect::<Vec<_>>();
-    assert_eq!(ids_of(&tokens[&b]), ids_of(&alone(&second, 6)));
+    assert_eq!(ids_of(&tokens[&b]), ids_of(&alone(m, &second, 6)));
 }
 
 #[test]
-fn cancelling_frees_the_slot_and_a_full_queue_refuses() {
-    let mut e = engine(EngineOptions {
-        max_sequences: 1,
-        queue: 2,
-        ..EngineOptions::default()
-    });
-    let p = ids("Once upon a time");
+fn a_cached_prefix_is_reused_and_gives_the_same_tokens() {
+    check_a_cached_prefix_is_reused_and_gives_the_same_tokens(&synthetic_model());
+}
+
+#[test]
+fn network_a_cached_prefix_is_reused_and_gives_the_same_tokens() {
+    let Some(m) = real_model() else { return };
+    check_a_cached_prefix_is_reused_and_gives_the_same_tokens(&m);
+}
+
+fn check_cancelling_frees_the_slot_and_a_full_queue_refuses(m: &Arc<Model>) {
+    let mut e = engine(
+        m,
+        EngineOptions {
+            max_sequences: 1,
+            queue: 2,
+            ..EngineOptions::default()
+        },
+    );
+    let p = ids(m, "Once upon a time");
     let a = e.submit(request(p.clone(), 100)).unwrap();
     let b = e.submit(request(p.clone(), 3)).unwrap();
     let c = e.submit(request(p.clone(), 3)).unwrap_err();
@@ -240,18 +285,28 @@ fn cancelling_frees_the_slot_and_a_full_queue_refuses() {
 }
 
 #[test]
-fn bad_requests_are_refused_and_the_kv_budget_bounds_the_running() {
-    let cache_bytes = {
-        let m = model();
-        m.decoder().new_cache(256, FloatType::F32).unwrap().bytes()
-    };
-    let mut e = engine(EngineOptions {
-        max_sequences: 8,
-        kv_budget: Some(2 * cache_bytes + 1),
-        ..EngineOptions::default()
-    });
+fn cancelling_frees_the_slot_and_a_full_queue_refuses() {
+    check_cancelling_frees_the_slot_and_a_full_queue_refuses(&synthetic_model());
+}
+
+#[test]
+fn network_cancelling_frees_the_slot_and_a_full_queue_refuses() {
+    let Some(m) = real_model() else { return };
+    check_cancelling_frees_the_slot_and_a_full_queue_refuses(&m);
+}
+
+fn check_bad_requests_are_refused_and_the_kv_budget_bounds_the_running(m: &Arc<Model>) {
+    let cache_bytes = { m.decoder().new_cache(256, FloatType::F32).unwrap().bytes() };
+    let mut e = engine(
+        m,
+        EngineOptions {
+            max_sequences: 8,
+            kv_budget: Some(2 * cache_bytes + 1),
+            ..EngineOptions::default()
+        },
+    );
     assert_eq!(e.max_running(), 2);
-    let vocab = model().vocab_size() as u32;
+    let vocab = m.vocab_size() as u32;
     for (req, what) in [
         (request(vec![], 3), "empty prompt"),
         (request(vec![1], 0), "no tokens"),
@@ -275,7 +330,7 @@ fn bad_requests_are_refused_and_the_kv_budget_bounds_the_running() {
     hot.sampler.temperature = -1.0;
     assert!(matches!(e.submit(hot), Err(Error::Config(_))));
     let err = Engine::new(
-        model(),
+        m.clone(),
         EngineOptions {
             context: 256,
             kv_budget: Some(10),
@@ -285,7 +340,7 @@ fn bad_requests_are_refused_and_the_kv_budget_bounds_the_running() {
     .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
 
-    let p = ids("Hello");
+    let p = ids(m, "Hello");
     for _ in 0..3 {
         e.submit(request(p.clone(), 5)).unwrap();
     }
@@ -296,4 +351,14 @@ fn bad_requests_are_refused_and_the_kv_budget_bounds_the_running() {
         e.step(&mut events).unwrap();
         assert!(e.running() <= 2);
     }
+}
+#[test]
+fn bad_requests_are_refused_and_the_kv_budget_bounds_the_running() {
+    check_bad_requests_are_refused_and_the_kv_budget_bounds_the_running(&synthetic_model());
+}
+
+#[test]
+fn network_bad_requests_are_refused_and_the_kv_budget_bounds_the_running() {
+    let Some(m) = real_model() else { return };
+    check_bad_requests_are_refused_and_the_kv_budget_bounds_the_running(&m);
 }

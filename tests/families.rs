@@ -10,8 +10,8 @@
 //! continuation must be transformers' exactly.
 //!
 //! The fixtures are read from `QKV_FAMILIES_DIR`, else `$QKV_CACHE/families` (`QKV_CACHE`
-//! defaulting to `~/.cache/qkv`). Without them the tests skip with a message, except under
-//! CI (`CI=true`), where they fail.
+//! defaulting to `~/.cache/qkv`; made with the network). Without them the tests, named
+//! `network_…`, skip with a message, except under CI (`CI=true`), where they fail.
 
 use qkv::model::{Model, ModelOptions};
 use qkv::sample::argmax;
@@ -45,7 +45,7 @@ fn fixtures() -> Option<PathBuf> {
         dir.display()
     );
     eprintln!(
-        "skipping: the family fixtures are not at {} (run python3 tools/family_fixtures.py)",
+        "skipped: the family fixtures are not at {} (run python3 tools/family_fixtures.py)",
         dir.display()
     );
     None
@@ -170,7 +170,7 @@ fn check(family: &str, path: &Path, r: &Reference) -> f32 {
 }
 
 #[test]
-fn every_family_matches_transformers_in_both_layouts() {
+fn network_every_family_matches_transformers_in_both_layouts() {
     let Some(root) = fixtures() else { return };
     let mut report = Vec::new();
     for family in FAMILIES {
@@ -188,7 +188,7 @@ fn every_family_matches_transformers_in_both_layouts() {
 /// What transformers' classes store beside the weights matches the configuration qkv reads
 /// from the converted GGUF: the same network either way.
 #[test]
-fn gguf_and_hf_configurations_agree() {
+fn network_gguf_and_hf_configurations_agree() {
     let Some(root) = fixtures() else { return };
     for family in FAMILIES {
         let dir = root.join(family);

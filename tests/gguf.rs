@@ -19,8 +19,9 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 #[test]
-fn real_model_metadata() {
-    let f = GgufFile::open(&default_gguf()).unwrap();
+fn network_real_model_metadata() {
+    let Some(path) = default_gguf() else { return };
+    let f = GgufFile::open(&path).unwrap();
     assert_eq!(f.version(), 3);
     assert_eq!(f.get_str("general.architecture").unwrap(), "llama");
     assert_eq!(f.get_u32("llama.block_count").unwrap(), 30);
@@ -80,8 +81,9 @@ fn real_model_metadata() {
 }
 
 #[test]
-fn real_model_tensors_load() {
-    let f = GgufFile::open(&default_gguf()).unwrap();
+fn network_real_model_tensors_load() {
+    let Some(path) = default_gguf() else { return };
+    let f = GgufFile::open(&path).unwrap();
     let norm = f.tensor("blk.0.attn_norm.weight").unwrap();
     assert!(norm.is_mapped());
     assert_eq!(norm.format(), WeightFormat::F32);
@@ -604,14 +606,15 @@ fn hostile_files_are_errors_not_panics() {
 }
 
 #[test]
-fn dequantization_matches_gguf_py() {
+fn network_dequantization_matches_gguf_py() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/gguf/dequant.json"
     );
     let fx: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let f = GgufFile::open(&default_gguf()).unwrap();
+    let Some(model) = default_gguf() else { return };
+    let f = GgufFile::open(&model).unwrap();
     let mut types = std::collections::HashSet::new();
     for slice in fx["slices"].as_array().unwrap() {
         let name = slice["name"].as_str().unwrap();
@@ -689,8 +692,10 @@ fn threads_writing_one_path_never_mix_their_files() {
 }
 
 #[test]
-fn convert_real_model_to_f16() {
-    let src_path = default_gguf();
+fn network_convert_real_model_to_f16() {
+    let Some(src_path) = default_gguf() else {
+        return;
+    };
     let dir = temp_dir("convert");
     let out = dir.join("model.f16.gguf");
     convert(&src_path, &out, FloatType::F16).unwrap();

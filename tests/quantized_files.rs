@@ -5,20 +5,21 @@
 //!
 //! Each file runs on its own blocks and is checked against the same file widened to f32 at
 //! load (exact dequantization, the f32 kernels): last-position logits within 1e-3 of their
-//! range, the same greedy tokens, and `decode` end to end with its peak memory within the
-//! file plus the KV cache plus 64 MB.
+//! range and the same greedy tokens (`decode` on each, with its peak memory within the file
+//! plus the KV cache plus 64 MB, is in cli/tests/formats.rs).
 //!
 //! The files live in `$QKV_QUANT_MODELS`, else `<cache>/llamacpp/models`. Without them these
-//! tests print why and pass, unless `QKV_REQUIRE_QUANT_MODELS=1` (set by `.ci/run`, which
-//! makes them) turns a missing file into a failure.
+//! tests (named `network_…`: the files are made from the fetched model) print why and pass,
+//! unless `QKV_REQUIRE_QUANT_MODELS=1` (set by `.ci/run`, which makes them) turns a missing
+//! file into a failure. tests/synthetic.rs runs every block format offline.
+
+mod common;
 
 use qkv::model::{Model, ModelOptions};
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::{FloatType, WeightFormat};
 use qkv_kernels::QuantFormat;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 
 /// Each file, with the formats its matrices must hold.
@@ -48,29 +49,6 @@ const FILES: [(&str, &[QuantFormat]); 7] = [
     ("Q6_K", &[QuantFormat::Q6_K, QuantFormat::Q8_0]),
 ];
 
-fn path_of(kind: &str) -> Option<PathBuf> {
-    let path = if kind == "Q4_1" {
-        qkv::fetch::default_model().ok()?
-    } else {
-        let dir = std::env::var_os("QKV_QUANT_MODELS")
-            .map(PathBuf::from)
-            .or_else(|| Some(qkv::fetch::cache_dir().ok()?.join("llamacpp/models")))?;
-        dir.join(format!("SmolLM2-135M-Instruct.{kind}.gguf"))
-    };
-    if path.is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "{} is missing (make it with `python3 tools/quantized_models.py`)",
-        path.display()
-    );
-    if std::env::var_os("QKV_REQUIRE_QUANT_MODELS").is_some_and(|v| v == "1") {
-        panic!("{why}");
-    }
-    eprintln!("skipped {kind}: {why}");
-    None
-}
-
 fn session(model: &Arc<Model>) -> Session {
     let options = SessionOptions {
         context: Some(128),
@@ -80,9 +58,11 @@ fn session(model: &Arc<Model>) -> Session {
 }
 
 #[test]
-fn every_format_matches_its_own_weights_widened_to_f32() {
+fn network_every_format_matches_its_own_weights_widened_to_f32() {
     for (kind, formats) in FILES {
-        let Some(path) = path_of(kind) else { continue };
+        let Some(path) = common::quant_model(kind) else {
+            continue;
+        };
         let quant = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
         let (found, _) = quant.decoder().weight_formats();
         let mut seen: Vec<QuantFormat> = Vec::new();
@@ -131,56 +111,6 @@ fn every_format_matches_its_own_weights_widened_to_f32() {
                 ta = argmax(a.step(ta).unwrap());
                 tb = argmax(b.step(tb).unwrap());
             }
-        }
-    }
-}
-
-#[test]
-fn decode_runs_every_format_within_its_memory_bound() {
-    for (kind, _) in FILES {
-        let Some(path) = path_of(kind) else { continue };
-        let out = Command::new(env!("CARGO_BIN_EXE_decode"))
-            .args(["--model", path.to_str().unwrap()])
-            .args(["--prompt", "The capital of France is", "-n", "24"])
-            .args([
-                "--temperature",
-                "0",
-                "--ctx",
-                "256",
-                "--json",
-                "--ignore-eos",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{kind}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-        let stats = &last["stats"];
-        assert_eq!(stats["generated_tokens"], 24, "{kind}: {stats}");
-        let file = std::fs::metadata(&path).unwrap().len();
-        let kv = stats["kv_cache_bytes"].as_u64().unwrap();
-        let weights = stats["weight_bytes"].as_u64().unwrap();
-        // The matrices a step reads are the file's blocks, not a widened copy.
-        assert!(
-            weights <= file,
-            "{kind}: {weights} bytes of matrices > file {file}"
-        );
-        if let Some(rss) = stats["peak_rss_bytes"].as_u64() {
-            let bound = file + kv + 64 * 1024 * 1024;
-            assert!(
-                rss <= bound,
-                "{kind}: peak RSS {rss} > file {file} + KV {kv} + 64 MiB"
-            );
-            eprintln!(
-                "{kind}: peak RSS {:.1} MB (file {:.1} MB, KV {:.1} MB)",
-                rss as f64 / 1e6,
-                file as f64 / 1e6,
-                kv as f64 / 1e6
-            );
         }
     }
 }

