@@ -11,14 +11,18 @@
 //!   while its resident memory is sampled: it may grow only by the KV cache pages the steps
 //!   touch for the first time.
 
+mod common;
+
 use qkv::model::{Model, ModelOptions};
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};
 use std::sync::Arc;
 
-fn model() -> Arc<Model> {
-    let path = qkv::fetch::default_model().expect("the default model");
-    Arc::new(Model::load(&path, &ModelOptions::default()).expect("the default model loads"))
+/// The default model, or `None` after a printed skip when it cannot be fetched.
+fn model() -> Option<Arc<Model>> {
+    let path = common::default_gguf()?;
+    let model = Model::load(&path, &ModelOptions::default()).expect("the default model loads");
+    Some(Arc::new(model))
 }
 
 /// One greedy run's trace: the chosen token and a hash of the logits' bits at every step.
@@ -65,10 +69,10 @@ fn run(model: &Arc<Model>, prompt: &[u32], steps: usize) -> Trace {
 
 #[test]
 #[ignore = "soak: minutes in release mode; run with --ignored"]
-fn eight_concurrent_sessions_equal_their_solo_runs_bit_for_bit() {
+fn network_eight_concurrent_sessions_equal_their_solo_runs_bit_for_bit() {
     const SESSIONS: usize = 8;
     const STEPS: usize = 2000;
-    let model = model();
+    let Some(model) = model() else { return };
     let t0 = std::time::Instant::now();
     let together: Vec<Trace> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..SESSIONS)
@@ -111,7 +115,7 @@ fn rss_bytes() -> Option<usize> {
 
 #[test]
 #[ignore = "soak: minutes in release mode; run with --ignored"]
-fn resident_memory_stays_flat_over_ten_thousand_decode_steps() {
+fn network_resident_memory_stays_flat_over_ten_thousand_decode_steps() {
     const STEPS: usize = 10_000;
     const SAMPLE_EVERY: usize = 500;
     /// Slack for the allocator's and the OS's own bookkeeping, beyond the cache pages.
@@ -120,7 +124,7 @@ fn resident_memory_stays_flat_over_ten_thousand_decode_steps() {
         eprintln!("skipped: no /proc/self/status on this system");
         return;
     };
-    let model = model();
+    let Some(model) = model() else { return };
     let context = 4096;
     let options = SessionOptions {
         context: Some(context),
