@@ -8,6 +8,7 @@ use qkv::models::decoder::{Decoder, DecoderConfig, Segment, WeightLayout, MAX_CO
 use qkv::perplexity::{evaluate, Scoring};
 use qkv::sample::{Sampler, SamplerConfig};
 use qkv::session::{Session, SessionOptions};
+use qkv::tokenizer::Tokenizer;
 use qkv::weights::{FloatType, Tensor, TensorSource};
 use qkv::Error;
 use std::sync::Arc;
@@ -173,9 +174,24 @@ impl TensorSource for Poisoned {
     }
 }
 
+/// The poisoned model, with a tokenizer of one token per letter (`a` = 0 … `z` = 25,
+/// `A` = 26 … `N` = 39): `h` is the poisoned token.
 fn poisoned_model() -> Arc<Model> {
     let decoder = Decoder::load(small(), &Poisoned(small()), None).unwrap();
-    Arc::new(Model::from_parts(decoder, None))
+    let letters = ('a'..='z').chain('A'..='N');
+    let vocab: serde_json::Map<String, serde_json::Value> = letters
+        .enumerate()
+        .map(|(i, c)| (c.to_string(), i.into()))
+        .collect();
+    let json = serde_json::json!({ "model": { "type": "BPE", "vocab": vocab, "merges": [] } });
+    let dir = std::env::temp_dir().join(format!("qkv-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    let tokenizer = Tokenizer::from_tokenizer_json(&path).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(tokenizer.encode("bcd").unwrap(), [1, 2, 3]);
+    Arc::new(Model::from_parts(decoder, Some(tokenizer)))
 }
 
 #[test]
@@ -199,6 +215,24 @@ fn non_finite_logits_are_never_sampled() {
             other => panic!("{other:?}"),
         }
     }
+
+    // Generation yields the error, naming the position, and ends.
+    let mut generate = session
+        .generate("d", SamplerConfig::greedy())
+        .unwrap()
+        .max_tokens(3);
+    match generate.next() {
+        Some(Err(Error::NonFiniteLogits {
+            sequence: None,
+            position: Some(3),
+            token: POISONED,
+            value,
+        })) => assert!(value.is_nan()),
+        other => panic!("{other:?}"),
+    }
+    assert!(generate.next().is_none());
+    drop(generate);
+    assert_eq!(session.tokens(), &[1, 2, 3, 3]);
 
     // The engine fails that sequence alone, saying where.
     let mut engine = Engine::new(
