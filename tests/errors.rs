@@ -3,13 +3,14 @@
 //! refuses, and logits that are not finite wherever a token is chosen or scored.
 
 use qkv::engine::{Engine, EngineOptions, Event, GenRequest};
+use qkv::kernels::QuantFormat;
 use qkv::model::Model;
 use qkv::models::decoder::{Decoder, DecoderConfig, Segment, WeightLayout, MAX_CONTEXT};
 use qkv::perplexity::{evaluate, Scoring};
 use qkv::sample::{Sampler, SamplerConfig};
 use qkv::session::{Session, SessionOptions};
 use qkv::tokenizer::Tokenizer;
-use qkv::weights::{FloatType, Tensor, TensorSource};
+use qkv::weights::{map_file, FloatType, Tensor, TensorSource};
 use qkv::Error;
 use std::sync::Arc;
 
@@ -73,6 +74,43 @@ fn a_state_made_by_another_model_is_refused() {
 }
 
 #[test]
+fn a_tensor_past_the_end_of_its_file_names_it_with_its_numbers() {
+    let dir = std::env::temp_dir().join(format!("qkv-errors-map-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("raw.bin");
+    let bytes: Vec<u8> = (0..10u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let map = map_file(&path).unwrap();
+    match Tensor::from_mapped("w", vec![2, 2], map.clone(), 4, FloatType::F16) {
+        Err(Error::TensorPastEnd {
+            path: p,
+            tensor,
+            offset,
+            length,
+            file_size,
+        }) => {
+            assert_eq!(p, path);
+            assert_eq!(
+                (tensor.as_str(), offset, length, file_size),
+                ("w", 4, 8, 10)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    match Tensor::from_mapped_quant("q", vec![1, 32], map.clone(), 0, QuantFormat::Q8_0) {
+        Err(Error::TensorPastEnd { length: 34, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    // In the file but misaligned for f16: copied, not refused.
+    let t = Tensor::from_mapped("w", vec![4], map.clone(), 1, FloatType::F16).unwrap();
+    assert!(!t.is_mapped());
+    let aligned = Tensor::from_mapped("w", vec![4], map, 2, FloatType::F16).unwrap();
+    assert!(aligned.is_mapped());
+    assert_eq!(t.to_f32_vec().unwrap().len(), 4);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn an_absurd_cache_or_scratch_is_an_allocation_error_not_an_abort() {
     // Small weights, a huge cache: 4096 layers × 2^20 positions × 64 values × 4 bytes is a
     // TiB for the keys alone, which the allocator refuses (Linux's default overcommit
@@ -102,6 +140,14 @@ fn an_absurd_cache_or_scratch_is_an_allocation_error_not_an_abort() {
             assert_eq!(bytes, (1usize << 48) * 16 * 4);
         }
         other => panic!("{other:?}"),
+    }
+    // Padding flags for 2^60 positions.
+    match qkv::nn::KeyPadding::all(1 << 40, 1 << 20) {
+        Err(Error::AllocationRefused { what, bytes }) => {
+            assert!(what.contains("key padding"), "{what}");
+            assert_eq!(bytes, 1 << 60);
+        }
+        other => panic!("{:?}", other.map(|p| p.batch())),
     }
     // One whose size overflows is refused the same way.
     let err = synthetic(2).new_scratch(usize::MAX / 2).unwrap_err();
