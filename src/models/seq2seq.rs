@@ -673,8 +673,8 @@ impl Seq2Seq {
     /// Teacher-forced logits `[B, T, tgt_vocab]` for targets `tgt` over an encoded source.
     ///
     /// [`Error::ForeignState`] when `memory` was made by another model; [`Error::Shape`] when
-    /// it holds another number of sources; [`Error::TokenOutOfRange`] for an id outside the target vocabulary;
-    /// [`Error::ContextFull`] for targets longer than `max_tgt_len`.
+    /// it holds another number of sources; [`Error::TokenOutOfRange`] for an id outside the
+    /// target vocabulary; [`Error::ContextFull`] for targets longer than `max_tgt_len`.
     pub fn decode_teacher_forced(
         &self,
         memory: &EncoderMemory,
@@ -778,8 +778,8 @@ impl Seq2Seq {
     /// row `position` of [`Seq2Seq::decode_teacher_forced`] on the same prefix.
     ///
     /// Errors: [`Error::Shape`] for a wrong number of tokens, [`Error::ForeignState`] for a
-    /// state another model made, [`Error::TokenOutOfRange`], [`Error::ContextFull`] when the state's capacity is used
-    /// up.
+    /// state another model made, [`Error::TokenOutOfRange`], [`Error::ContextFull`] when the
+    /// state's capacity is used up.
     pub fn step<'s>(&self, state: &'s mut DecodeState, tokens: &[u32]) -> Result<&'s [f32]> {
         // On one of rayon's workers, the kernels' parallel loops queue their jobs locally
         // instead of injecting them into the pool from outside, once per call (as `Session`

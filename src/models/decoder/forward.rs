@@ -32,7 +32,8 @@ impl Decoder {
     /// Validates everything before touching the cache: token ids ([`Error::TokenOutOfRange`]),
     /// capacity ([`Error::ContextFull`]), the logits length, `pos0`, and that `state` was made
     /// by this very model ([`Error::ForeignState`]; another one's cache, even of the same
-    /// shape, holds other keys). Prompts longer than the state's chunk run as several matrix passes.
+    /// shape, holds other keys). Prompts longer than the state's chunk run as several matrix
+    /// passes.
     pub fn forward(
         &self,
         state: &mut DecoderState,

@@ -7,12 +7,13 @@
 //! [`GgufFile::open`] maps the file and parses everything but the tensor data. Every read is
 //! bounds-checked against the map: a truncated or hostile file (huge counts, lengths past the
 //! end, overflowing dimensions, unknown types, duplicate names) gives [`Error::Format`] saying
-//! what is wrong, and a tensor whose data runs past the end gives [`Error::TensorPastEnd`]; counts never drive an allocation larger than what
-//! the remaining bytes could hold. Tensors must not overlap, so the tensor data qkv loads or
-//! converts is never larger than the file. A header holds at most [`MAX_METADATA_VALUES`]
-//! metadata values (top-level entries plus array elements at every nesting level): each
-//! parsed value costs a [`MetaValue`] (32 bytes) however few bytes it takes on disk, so this
-//! bounds the metadata's memory whatever the file claims.
+//! what is wrong, and a tensor whose data runs past the end gives [`Error::TensorPastEnd`];
+//! counts never drive an allocation larger than what the remaining bytes could hold. Tensors
+//! must not overlap, so the tensor data qkv loads or converts is never larger than the file.
+//! A header holds at most [`MAX_METADATA_VALUES`] metadata values (top-level entries plus
+//! array elements at every nesting level): each parsed value costs a [`MetaValue`] (32 bytes)
+//! however few bytes it takes on disk, so this bounds the metadata's memory whatever the file
+//! claims.
 //!
 //! As a [`TensorSource`], F32 and F16 tensors are zero-copy views of the map, and so are the
 //! quantized formats qkv's kernels run in place (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
