@@ -51,10 +51,12 @@ impl Model {
     /// Loads a GGUF file or a Hugging Face directory (see the module docs).
     ///
     /// Errors name the file at fault: [`Error::Io`] for an unreadable path, [`Error::Format`]
-    /// for a malformed file, [`Error::Unsupported`] for another architecture, and
-    /// [`Error::InFile`] around [`Error::MissingTensor`], [`Error::TensorShape`],
-    /// [`Error::UnsupportedDType`] or [`Error::Config`] for weights or hyper-parameters that
-    /// do not fit.
+    /// for a malformed file, [`Error::TensorPastEnd`] for a tensor whose data runs past the end
+    /// of its file, [`Error::AllocationRefused`] when weights widened at load (bf16, or to
+    /// `options.dtype`) do not fit in memory, [`Error::Unsupported`] for another
+    /// architecture, and [`Error::InFile`] around [`Error::MissingTensor`],
+    /// [`Error::TensorShape`], [`Error::UnsupportedDType`] or [`Error::Config`] for weights or
+    /// hyper-parameters that do not fit.
     ///
     /// The weights are memory-mapped and read in place, so the files must not be truncated
     /// or rewritten in place while the model lives (see [`map_file`](crate::weights::map_file));
