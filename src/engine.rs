@@ -225,7 +225,8 @@ impl Engine {
     /// An engine over `model` (with or without a tokenizer: ids in, ids out; the tokenizer's
     /// end-of-sequence token, when there is one, ends a sequence). [`Error::Config`] when a
     /// size is 0, when `context` exceeds the model's context length, or when the KV budget
-    /// does not hold one cache.
+    /// does not hold one cache; [`Error::AllocationRefused`] when the memory of a KV cache,
+    /// the scratch or the logits cannot be had.
     pub fn new(model: Arc<Model>, options: EngineOptions) -> Result<Engine> {
         let o = &options;
         for (what, v) in [
@@ -258,8 +259,11 @@ impl Engine {
         };
         let vocab = model.vocab_size();
         let scratch = decoder.new_scratch(o.step_tokens.max(max_slots))?;
+        let logits = crate::models::zeroed_for(&[max_slots, vocab], || {
+            format!("the logits of {max_slots} sequences")
+        })?;
         Ok(Engine {
-            logits: vec![0.0; max_slots * vocab],
+            logits,
             slots: vec![Slot {
                 cache: first,
                 tokens: Vec::new(),
@@ -370,7 +374,8 @@ impl Engine {
     /// One step: admits waiting requests, runs one forward pass over every running
     /// sequence's next tokens, samples, and appends what happened to `events` (which it does
     /// not clear). Errors only for failures of the pass itself; a sequence whose logits are
-    /// not finite fails alone with [`Event::Failed`].
+    /// not finite fails alone with [`Event::Failed`], whose message is that of
+    /// [`Error::NonFiniteLogits`] naming the token and the position.
     pub fn step(&mut self, events: &mut Vec<Event>) -> Result<()> {
         self.retire_cancelled(events);
         self.admit(events)?;
@@ -456,6 +461,16 @@ impl Engine {
                 Ok(s) => s,
                 Err(e) => {
                     let seq = r.seq;
+                    // The logits follow the slot's last token.
+                    let e = match e {
+                        Error::NonFiniteLogits { token, value, .. } => Error::NonFiniteLogits {
+                            sequence: None,
+                            position: slot.tokens.len().checked_sub(1),
+                            token,
+                            value,
+                        },
+                        other => other,
+                    };
                     slot.running = None;
                     events.push(Event::Failed {
                         seq,

@@ -91,6 +91,65 @@ pub enum Error {
     },
     /// A kernel rejected its arguments.
     Kernel(KernelError),
+    /// A state (a KV cache, a decoder state, an engine's or session's cache, a seq2seq
+    /// encoder memory) made by one model was handed to another. Each model's keys and values
+    /// are its own, even between models of the same shape, so it is refused.
+    ForeignState {
+        /// What kind of state (`"KV cache"`, `"encoder memory"`).
+        state: &'static str,
+        /// The number of the model that made it (unique within the process).
+        made_by: u64,
+        /// The number of the model it was given to.
+        used_with: u64,
+    },
+    /// A tensor's data runs past the end of its file (a truncated or hostile file).
+    TensorPastEnd {
+        /// The file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// Byte offset in the file where its data starts (saturating at `u64::MAX`).
+        offset: u64,
+        /// Bytes its data takes (saturating at `u64::MAX`).
+        length: u64,
+        /// Bytes in the file.
+        file_size: u64,
+    },
+    /// A tensor's data in a mapped file is not aligned for its element type, so it cannot be
+    /// read in place ([`Tensor::from_mapped`](crate::weights::Tensor::from_mapped) copies it
+    /// instead).
+    MisalignedTensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// Byte offset in the file where its data starts.
+        offset: u64,
+        /// The alignment its element type needs, in bytes.
+        align: usize,
+    },
+    /// The allocator refused the memory for a large buffer (a KV cache, scratch, logits,
+    /// widened weights): ask for a shorter context, fewer sequences or a narrower dtype.
+    AllocationRefused {
+        /// What the memory was for.
+        what: String,
+        /// Bytes asked for (saturating at `usize::MAX` when the size itself overflows).
+        bytes: usize,
+    },
+    /// A model produced a logit that is NaN or infinite where a token was to be chosen or
+    /// scored (broken weights, or an overflow in the forward pass): no token is picked from
+    /// it.
+    NonFiniteLogits {
+        /// Which sequence of a batch, when the logits are one of several.
+        sequence: Option<usize>,
+        /// The position whose logits these are (they follow the token at this index of the
+        /// sequence or text), when known.
+        position: Option<usize>,
+        /// The index in the vocabulary of the first logit that is not finite.
+        token: usize,
+        /// Its value.
+        value: f32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -127,6 +186,57 @@ impl fmt::Display for Error {
             Error::Tokenizer(msg) => write!(f, "tokenizer: {msg}"),
             Error::ChatTemplate { template, msg } => write!(f, "chat template {template}: {msg}"),
             Error::Kernel(e) => write!(f, "kernel: {e}"),
+            Error::ForeignState {
+                state,
+                made_by,
+                used_with,
+            } => write!(
+                f,
+                "a {state} made by another model (#{made_by}) was given to model #{used_with}; \
+                 a state serves only the model that made it"
+            ),
+            Error::TensorPastEnd {
+                path,
+                tensor,
+                offset,
+                length,
+                file_size,
+            } => write!(
+                f,
+                "{}: tensor `{tensor}` ({length} bytes at offset {offset}) runs past the end of \
+                 the file ({file_size} bytes)",
+                path.display()
+            ),
+            Error::MisalignedTensor {
+                path,
+                tensor,
+                offset,
+                align,
+            } => write!(
+                f,
+                "{}: tensor `{tensor}` at offset {offset} is not aligned to {align} bytes",
+                path.display()
+            ),
+            Error::AllocationRefused { what, bytes } => write!(
+                f,
+                "{what} needs {bytes} bytes, more than this machine gives; ask for a shorter \
+                 context or fewer sequences"
+            ),
+            Error::NonFiniteLogits {
+                sequence,
+                position,
+                token,
+                value,
+            } => {
+                write!(f, "logit {token} is {value}, not a finite number")?;
+                if let Some(s) = sequence {
+                    write!(f, ", in sequence {s}")?;
+                }
+                if let Some(p) = position {
+                    write!(f, ", after position {p}")?;
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -19,6 +19,8 @@
 //! dimension or token at fault. [`session`] has a runnable example.
 
 #![warn(missing_docs)]
+// Only `weights::mmap`, which maps files, may use `unsafe` (it says so with an `allow`).
+#![deny(unsafe_code)]
 
 pub mod engine;
 pub mod error;

@@ -16,9 +16,8 @@ use crate::models::decoder::config::in_file;
 use crate::models::decoder::{Decoder, DecoderConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::gguf::GgufFile;
-use crate::weights::safetensors::SafeTensorsFile;
-use crate::weights::{FloatType, Tensor, TensorSource};
-use std::collections::HashMap;
+use crate::weights::hf_dir::SafeTensorsDir;
+use crate::weights::{FloatType, TensorSource};
 use std::path::{Path, PathBuf};
 
 /// How to load a model.
@@ -52,10 +51,12 @@ impl Model {
     /// Loads a GGUF file or a Hugging Face directory (see the module docs).
     ///
     /// Errors name the file at fault: [`Error::Io`] for an unreadable path, [`Error::Format`]
-    /// for a malformed file, [`Error::Unsupported`] for another architecture, and
-    /// [`Error::InFile`] around [`Error::MissingTensor`], [`Error::TensorShape`],
-    /// [`Error::UnsupportedDType`] or [`Error::Config`] for weights or hyper-parameters that
-    /// do not fit.
+    /// for a malformed file, [`Error::TensorPastEnd`] for a tensor whose data runs past the end
+    /// of its file, [`Error::AllocationRefused`] when weights widened at load (bf16, or to
+    /// `options.dtype`) do not fit in memory, [`Error::Unsupported`] for another
+    /// architecture, and [`Error::InFile`] around [`Error::MissingTensor`],
+    /// [`Error::TensorShape`], [`Error::UnsupportedDType`] or [`Error::Config`] for weights or
+    /// hyper-parameters that do not fit.
     ///
     /// The weights are memory-mapped and read in place, so the files must not be truncated
     /// or rewritten in place while the model lives (see [`map_file`](crate::weights::map_file));
@@ -155,63 +156,6 @@ impl Model {
     /// Vocabulary size of the network (length of a logits vector).
     pub fn vocab_size(&self) -> usize {
         self.decoder.config().vocab
-    }
-}
-
-/// All `*.safetensors` files of a directory as one tensor source.
-struct SafeTensorsDir {
-    files: Vec<SafeTensorsFile>,
-    /// Tensor name → index into `files`.
-    index: HashMap<String, usize>,
-}
-
-impl SafeTensorsDir {
-    fn open(dir: &Path) -> Result<SafeTensorsDir> {
-        let io = |source| Error::Io {
-            path: dir.to_owned(),
-            source,
-        };
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(io)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
-            .collect();
-        paths.sort();
-        if paths.is_empty() {
-            return Err(Error::Format {
-                path: dir.to_owned(),
-                msg: "no *.safetensors file in the directory".into(),
-            });
-        }
-        let mut files = Vec::with_capacity(paths.len());
-        let mut index = HashMap::new();
-        for p in paths {
-            let f = SafeTensorsFile::open(&p)?;
-            for name in f.names() {
-                index.insert(name, files.len());
-            }
-            files.push(f);
-        }
-        Ok(SafeTensorsDir { files, index })
-    }
-}
-
-impl TensorSource for SafeTensorsDir {
-    fn tensor(&self, name: &str) -> Result<Tensor> {
-        match self.index.get(name) {
-            Some(&i) => self.files[i].tensor(name),
-            None => Err(Error::MissingTensor {
-                name: name.to_owned(),
-            }),
-        }
-    }
-
-    fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(name)
-    }
-
-    fn names(&self) -> Vec<String> {
-        self.files.iter().flat_map(|f| f.names()).collect()
     }
 }
 

@@ -120,7 +120,7 @@ impl Moments {
 /// `log_softmax(logits)` into `out` (f64 sums), returning nothing; errors on a non-finite
 /// logit, which would otherwise turn every figure into NaN without saying where.
 fn log_softmax(logits: &[f32], out: &mut [f64]) -> std::result::Result<(), usize> {
-    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+    if let Some(i) = crate::sample::first_non_finite(logits) {
         return Err(i);
     }
     let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
@@ -215,8 +215,10 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 ///
 /// Errors: [`Error::Config`] when there are fewer than `2·ctx` tokens, or `ctx` is below 8 or
 /// past the model's context; [`Error::Format`] when a base file is not one, or was made from
-/// other tokens, another context or another vocabulary; [`Error::Shape`] when a logit is not
-/// finite (naming the window and position); the session's errors otherwise.
+/// other tokens, another context or another vocabulary; [`Error::NonFiniteLogits`] when a
+/// logit is not finite (its `sequence` is the window, its `position` the token it follows in
+/// the window); [`Error::AllocationRefused`] when the logits of a window do not fit in
+/// memory; the session's errors otherwise.
 pub fn evaluate(
     model: &Arc<Model>,
     tokens: &[u32],
@@ -290,8 +292,16 @@ pub fn evaluate(
     let mut session = Session::new(model.clone(), options)?;
     let first = ctx / 2;
     let n_scored = ctx - 1 - first;
-    let mut logits = vec![0.0f32; ctx * vocab];
-    let mut base_bytes = vec![0u8; n_scored * vocab * 2];
+    let mut logits = crate::models::zeroed_for(&[ctx, vocab], || {
+        format!("the logits of a window of {ctx} tokens")
+    })?;
+    let mut base_bytes = if reader.is_some() {
+        crate::models::zeroed_for(&[n_scored, vocab, 2], || {
+            format!("the base log-probabilities of a window of {ctx} tokens")
+        })?
+    } else {
+        Vec::new()
+    };
     let mut nll = Moments::default();
     let mut base_nll = Moments::default();
     let mut kld = Moments::default();
@@ -306,24 +316,27 @@ pub fn evaluate(
                 msg: format!("ends inside window {w}"),
             })?;
         }
-        // The scored positions, in parallel; each gives its figures or the bad position.
+        // The scored positions, in parallel; each gives its figures or the non-finite logit.
         let base = reader.as_ref().map(|_| &base_bytes[..]);
         let save = writer.is_some();
-        let rows: Vec<std::result::Result<Scored, usize>> = (0..n_scored)
+        let rows: Vec<Result<Scored>> = (0..n_scored)
             .into_par_iter()
             .map(|s| {
                 let j = first + s;
                 let row = &logits[j * vocab..(j + 1) * vocab];
                 let base = base.map(|b| &b[s * vocab * 2..(s + 1) * vocab * 2]);
-                score(row, window[j + 1] as usize, base, save).map_err(|_| j)
+                score(row, window[j + 1] as usize, base, save).map_err(|token| {
+                    Error::NonFiniteLogits {
+                        sequence: Some(w),
+                        position: Some(j),
+                        token,
+                        value: row[token],
+                    }
+                })
             })
             .collect();
         for r in rows {
-            let scored = r.map_err(|pos| {
-                Error::Shape(format!(
-                    "perplexity: a logit after position {pos} of window {w} is not finite"
-                ))
-            })?;
+            let scored = r?;
             nll.add(scored.nll);
             if let Some((b_nll, k, top)) = scored.vs_base {
                 base_nll.add(b_nll);

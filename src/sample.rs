@@ -17,7 +17,7 @@
 //!
 //! A [`Sampler`] keeps its scratch buffers, so sampling allocates nothing after the first call.
 //! Configurations outside the ranges above, empty logits and logits that are not all finite
-//! are errors ([`Error::Config`], [`Error::Shape`]).
+//! are errors ([`Error::Config`], [`Error::Shape`], [`Error::NonFiniteLogits`]).
 //!
 //! ```
 //! use qkv::sample::{Sampler, SamplerConfig};
@@ -205,8 +205,9 @@ impl Sampler {
 
     /// Picks a token from `logits`; `recent` is the token history the repetition penalty
     /// looks at (its last `repeat_last_n` entries). Ids in `recent` outside `logits` are
-    /// ignored. [`Error::Shape`] when `logits` is empty, holds more entries than token ids
-    /// can number, or has a value that is not finite (a model that produced NaN or ±∞).
+    /// ignored. [`Error::Shape`] when `logits` is empty or holds more entries than token ids
+    /// can number; [`Error::NonFiniteLogits`] (with no position: the sampler does not know
+    /// it) when a value is not finite (a model that produced NaN or ±∞), greedy or not.
     pub fn sample(&mut self, logits: &[f32], recent: &[u32]) -> Result<Sampled> {
         if logits.is_empty() || u32::try_from(logits.len()).is_err() {
             return Err(Error::Shape(format!(
@@ -214,15 +215,13 @@ impl Sampler {
                 logits.len()
             )));
         }
-        // One branch-free pass, which the compiler vectorises (an early-exit search over the
-        // 49152 logits of a decode step took 26 µs, this 7.5); the culprit is looked up only
-        // when there is one.
-        if !logits.iter().fold(true, |ok, x| ok & x.is_finite()) {
-            let i = logits.iter().position(|x| !x.is_finite()).unwrap_or(0);
-            return Err(Error::Shape(format!(
-                "sampler: logit {i} is {}, not a finite number",
-                logits[i]
-            )));
+        if let Some(token) = first_non_finite(logits) {
+            return Err(Error::NonFiniteLogits {
+                sequence: None,
+                position: None,
+                token,
+                value: logits[token],
+            });
         }
         let c = &self.config;
         let penalty = c.repeat_penalty != 1.0 && c.repeat_last_n > 0;
@@ -321,6 +320,19 @@ pub fn apply_repeat_penalty(logits: &mut [f32], recent: &[u32], penalty: f32) ->
         *x = y.clamp(f32::MIN, f32::MAX);
     }
     Ok(())
+}
+
+/// The index of the first value of `logits` that is NaN or infinite, if any: what every place
+/// that picks or scores a token checks first, so that broken logits are reported
+/// ([`Error::NonFiniteLogits`]) instead of yielding a token.
+pub fn first_non_finite(logits: &[f32]) -> Option<usize> {
+    // One branch-free pass, which the compiler vectorises (an early-exit search over the
+    // 49152 logits of a decode step took 26 µs, this 7.5); the culprit is looked up only
+    // when there is one.
+    if logits.iter().fold(true, |ok, x| ok & x.is_finite()) {
+        return None;
+    }
+    logits.iter().position(|x| !x.is_finite())
 }
 
 /// The index of the largest value (the first on ties; NaN never wins; 0 if nothing is a
@@ -630,17 +642,35 @@ mod tests {
             );
         }
         let mut s = Sampler::new(SamplerConfig::default()).unwrap();
-        for logits in [
-            &[][..],
-            &[f32::NAN, 1.0],
-            &[0.0, f32::INFINITY],
-            &[f32::NEG_INFINITY],
-        ] {
-            assert!(
-                matches!(s.sample(logits, &[]), Err(Error::Shape(_))),
-                "{logits:?}"
-            );
+        assert!(matches!(s.sample(&[], &[]), Err(Error::Shape(_))));
+    }
+
+    #[test]
+    fn non_finite_logits_are_refused_greedy_or_sampled() {
+        for config in [SamplerConfig::default(), SamplerConfig::greedy(), free(1)] {
+            let mut s = Sampler::new(config.clone()).unwrap();
+            for (logits, at) in [
+                (&[f32::NAN, 1.0][..], 0),
+                (&[0.0, 5.0, f32::INFINITY], 2),
+                (&[f32::NEG_INFINITY], 0),
+                (&[1.0, f32::NAN, f32::INFINITY], 1),
+            ] {
+                match s.sample(logits, &[]) {
+                    Err(Error::NonFiniteLogits {
+                        sequence: None,
+                        position: None,
+                        token,
+                        value,
+                    }) => {
+                        assert_eq!(token, at, "{config:?} {logits:?}");
+                        assert_eq!(value.to_bits(), logits[at].to_bits());
+                    }
+                    other => panic!("{config:?} {logits:?}: {other:?}"),
+                }
+            }
         }
+        assert_eq!(first_non_finite(&[0.0, -1.0, 3.5]), None);
+        assert_eq!(first_non_finite(&[0.0, f32::NAN]), Some(1));
     }
 
     #[test]

@@ -134,8 +134,9 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// A session with an empty cache. Allocates the whole KV cache and scratch now.
     ///
-    /// [`Error::Config`] when the requested context exceeds the model's, when the context or
-    /// the prefill chunk is 0, or when the KV cache's memory cannot be had; [`Error::Kernel`]
+    /// [`Error::Config`] when the requested context exceeds the model's or when the context or
+    /// the prefill chunk is 0; [`Error::AllocationRefused`] when the memory of the KV cache,
+    /// the scratch or the logits cannot be had; [`Error::Kernel`]
     /// when the attention kernel's per-thread scratch cannot be allocated.
     pub fn new(model: Arc<Model>, options: SessionOptions) -> Result<Session> {
         let config = model.config();
@@ -157,7 +158,7 @@ impl Session {
             core: Core {
                 state,
                 tokens: Vec::with_capacity(capacity),
-                logits: vec![0.0; vocab],
+                logits: crate::models::zeroed(vocab, || "the logits of a session".into())?,
                 logits_at: None,
             },
         })
@@ -261,7 +262,8 @@ impl Session {
     /// come back at once. [`Error::Unsupported`] when the model has no tokenizer,
     /// [`Error::Config`] when `config` is out of range (see
     /// [`SamplerConfig::validate`](crate::sample::SamplerConfig::validate)); a step whose
-    /// logits are not all finite yields [`Error::Shape`] and ends the iteration.
+    /// logits are not all finite yields [`Error::NonFiniteLogits`] (naming the position they
+    /// follow) and ends the iteration.
     pub fn generate(&mut self, prompt: &str, config: SamplerConfig) -> Result<Generate<'_>> {
         let ids = tokenizer_of(&self.model)?.encode(prompt)?;
         self.generate_tokens(&ids, config)
@@ -293,6 +295,25 @@ impl Session {
             remaining: usize::MAX,
             done: false,
         })
+    }
+}
+
+/// `e` with the position of the logits it is about, when it is about logits (they follow the
+/// token at `tokens - 1`).
+fn at_position(e: Error, tokens: usize) -> Error {
+    match e {
+        Error::NonFiniteLogits {
+            sequence,
+            position: None,
+            token,
+            value,
+        } => Error::NonFiniteLogits {
+            sequence,
+            position: tokens.checked_sub(1),
+            token,
+            value,
+        },
+        other => other,
     }
 }
 
@@ -365,7 +386,7 @@ impl Iterator for Generate<'_> {
             Ok(s) => s,
             Err(e) => {
                 self.done = true;
-                return Some(Err(e));
+                return Some(Err(at_position(e, core.tokens.len())));
             }
         };
         self.remaining -= 1;

@@ -305,6 +305,26 @@ fn expect_format_error(tag: &str, bytes: &[u8], needle: &str) {
     }
 }
 
+/// Opens `bytes` and expects [`Error::TensorPastEnd`] for `tensor`, `length` bytes at `offset`.
+#[track_caller]
+fn expect_past_end(tag: &str, bytes: &[u8], tensor: &str, offset: u64, length: u64) {
+    match open_bytes(tag, bytes) {
+        Err(Error::TensorPastEnd {
+            path,
+            tensor: t,
+            offset: o,
+            length: l,
+            file_size,
+        }) => {
+            assert!(path.ends_with("f.gguf"), "{tag}: {path:?}");
+            assert_eq!((t.as_str(), o, l), (tensor, offset, length), "{tag}");
+            assert_eq!(file_size, bytes.len() as u64, "{tag}");
+        }
+        Err(e) => panic!("{tag}: wrong error kind {e:?}"),
+        Ok(_) => panic!("{tag}: a bad file was accepted"),
+    }
+}
+
 #[test]
 fn every_truncation_is_an_error() {
     let dir = temp_dir("trunc");
@@ -316,7 +336,8 @@ fn every_truncation_is_an_error() {
     for n in 0..full.len() {
         std::fs::write(&cut, &full[..n]).unwrap();
         match GgufFile::open(&cut) {
-            Err(Error::Format { .. }) => {}
+            // A cut in the header, or in a tensor's data.
+            Err(Error::Format { .. } | Error::TensorPastEnd { .. }) => {}
             Err(e) => panic!("prefix of {n} bytes: wrong error kind {e:?}"),
             Ok(_) => panic!("prefix of {n} of {} bytes was accepted", full.len()),
         }
@@ -534,19 +555,20 @@ fn hostile_files_are_errors_not_panics() {
             .pad_and_data(32),
         "block size",
     );
-    expect_format_error(
-        "data past end",
-        &Raw::header(3, 1, 0)
-            .tensor("t", &[8], 0, 0)
-            .pad_and_data(31),
-        "past the end",
-    );
-    expect_format_error(
+    // A tensor past the end of the file: its own error, with the numbers as fields.
+    let raw = Raw::header(3, 1, 0)
+        .tensor("t", &[8], 0, 0)
+        .pad_and_data(31);
+    let data_start = raw.len() as u64 - 31;
+    expect_past_end("data past end", &raw, "t", data_start, 32);
+    expect_past_end(
         "offset past end",
         &Raw::header(3, 1, 0)
             .tensor("t", &[8], 0, u64::MAX - 31)
             .pad_and_data(32),
-        "past the end",
+        "t",
+        u64::MAX,
+        32,
     );
     expect_format_error(
         "offset unaligned",
@@ -591,13 +613,11 @@ fn hostile_files_are_errors_not_panics() {
         "block size",
     );
     // Blocks past the end of the file.
-    expect_format_error(
-        "blocks past the end",
-        &Raw::header(3, 1, 0)
-            .tensor("w", &[256, 4], 14, 0)
-            .pad_and_data(210),
-        "past the end",
-    );
+    let raw = Raw::header(3, 1, 0)
+        .tensor("w", &[256, 4], 14, 0)
+        .pad_and_data(210);
+    let data_start = raw.len() as u64 - 210;
+    expect_past_end("blocks past the end", &raw, "w", data_start, 4 * 210);
     // Not a file at all.
     assert!(matches!(
         GgufFile::open(Path::new("/nonexistent/x.gguf")),

@@ -193,18 +193,28 @@ fn a_model_refuses_another_models_memory_and_state() {
     let memory = a.encode(&src).unwrap();
     assert!(matches!(
         b.decode_teacher_forced(&memory, &tgt),
-        Err(Error::Shape(_))
+        Err(Error::ForeignState {
+            state: "encoder memory",
+            ..
+        })
     ));
     let mut state = a.start(memory, 4).unwrap();
     match b.step(&mut state, &[1]) {
-        Err(Error::Shape(msg)) => assert!(msg.contains("another model"), "{msg}"),
+        Err(
+            e @ Error::ForeignState {
+                made_by, used_with, ..
+            },
+        ) => {
+            assert_ne!(made_by, used_with);
+            assert!(e.to_string().contains("another model"), "{e}");
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(state.position(), 0);
     assert!(a.step(&mut state, &[1]).is_ok());
     assert!(matches!(
         b.start(a.encode(&src).unwrap(), 4),
-        Err(Error::Shape(_))
+        Err(Error::ForeignState { .. })
     ));
 }
 
@@ -239,7 +249,12 @@ fn hostile_sizes_and_broken_weights_are_errors() {
     let lens = [2];
     let src = TokenBatch::new(&[3, 4], 1, 2, &lens).unwrap();
     match m.greedy(&src, 1, 2, 5) {
-        Err(Error::Shape(msg)) => assert!(msg.contains("logit 7"), "{msg}"),
+        Err(Error::NonFiniteLogits {
+            sequence: Some(0),
+            position: Some(0),
+            token: 7,
+            value,
+        }) => assert!(value.is_nan()),
         other => panic!("{other:?}"),
     }
 }

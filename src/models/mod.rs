@@ -7,7 +7,6 @@ pub mod decoder;
 pub mod seq2seq;
 
 use crate::error::{Error, Result};
-use half::f16;
 
 /// A number no other model loaded by this process has. States and encoder memories record
 /// their model's, so that a model refuses another's, even one of the same shape.
@@ -17,38 +16,31 @@ pub(crate) fn next_model_id() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Element types for which all-zero bits are a valid value (0).
-///
-/// # Safety
-/// Implement only for types where every all-zero bit pattern is a valid value.
-pub(crate) unsafe trait ZeroBits: Copy {}
-// SAFETY: all-zero bits are +0.0 in both formats.
-unsafe impl ZeroBits for f32 {}
-unsafe impl ZeroBits for f16 {}
+/// `len` zeros for a large buffer (a KV cache, scratch, logits, widened weights), or
+/// [`Error::AllocationRefused`] naming `what()` and the bytes asked for when the allocator
+/// refuses, instead of the abort of `vec![0; len]`. The pages come zeroed from the OS as with
+/// `vec!`, so a large cache costs memory only as positions fill.
+pub(crate) fn zeroed<T: bytemuck::Zeroable>(
+    len: usize,
+    what: impl Fn() -> String,
+) -> Result<Vec<T>> {
+    bytemuck::allocation::try_zeroed_vec(len).map_err(|()| Error::AllocationRefused {
+        what: what(),
+        bytes: len.saturating_mul(std::mem::size_of::<T>()),
+    })
+}
 
-/// `len` zeros for a cache, or [`Error::Config`] naming `what()` when the allocator refuses,
-/// instead of the abort of `vec![0; len]`. The pages come zeroed from the OS as with `vec!`,
-/// so a large cache costs memory only as positions fill.
-pub(crate) fn zeroed<T: ZeroBits>(len: usize, what: impl Fn() -> String) -> Result<Vec<T>> {
-    let refused = || {
-        Error::Config(format!(
-            "{} needs {} bytes, more than this machine gives; ask for a shorter context",
-            what(),
-            len.saturating_mul(std::mem::size_of::<T>())
-        ))
-    };
-    let layout = std::alloc::Layout::array::<T>(len).map_err(|_| refused())?;
-    if layout.size() == 0 {
-        return Ok(Vec::new());
-    }
-    // SAFETY: the layout has a non-zero size. If the allocation succeeds, the pointer holds
-    // `len` elements of `T` with `T`'s alignment (the layout `Vec<T>` itself would use), all
-    // zero bits, which `ZeroBits` makes valid zeros; capacity and length are both `len`.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout).cast::<T>();
-        if ptr.is_null() {
-            return Err(refused());
-        }
-        Ok(Vec::from_raw_parts(ptr, len, len))
+/// As [`zeroed`], for `dims.iter().product()` elements; a product that overflows is refused
+/// as well (with `bytes` saturated to `usize::MAX`).
+pub(crate) fn zeroed_for<T: bytemuck::Zeroable>(
+    dims: &[usize],
+    what: impl Fn() -> String,
+) -> Result<Vec<T>> {
+    match dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
+        Some(len) => zeroed(len, what),
+        None => Err(Error::AllocationRefused {
+            what: what(),
+            bytes: usize::MAX,
+        }),
     }
 }

@@ -511,13 +511,15 @@ impl Seq2Seq {
         &self.cfg
     }
 
-    /// [`Error::Shape`] unless this model made `memory` (directly or through a decode
+    /// [`Error::ForeignState`] unless this model made `memory` (directly or through a decode
     /// state): another model's has other cross-attention K/V, perhaps another layer count.
     fn check_memory(&self, memory: &EncoderMemory) -> Result<()> {
         if memory.model != self.id {
-            return Err(Error::Shape(
-                "seq2seq: the encoder memory (or decode state) was made by another model".into(),
-            ));
+            return Err(Error::ForeignState {
+                state: "encoder memory",
+                made_by: memory.model,
+                used_with: self.id,
+            });
         }
         Ok(())
     }
@@ -670,9 +672,9 @@ impl Seq2Seq {
 
     /// Teacher-forced logits `[B, T, tgt_vocab]` for targets `tgt` over an encoded source.
     ///
-    /// [`Error::Shape`] when `memory` was made by another model or holds another number of
-    /// sources; [`Error::TokenOutOfRange`] for an id outside the target vocabulary;
-    /// [`Error::ContextFull`] for targets longer than `max_tgt_len`.
+    /// [`Error::ForeignState`] when `memory` was made by another model; [`Error::Shape`] when
+    /// it holds another number of sources; [`Error::TokenOutOfRange`] for an id outside the
+    /// target vocabulary; [`Error::ContextFull`] for targets longer than `max_tgt_len`.
     pub fn decode_teacher_forced(
         &self,
         memory: &EncoderMemory,
@@ -724,8 +726,8 @@ impl Seq2Seq {
 
     /// A decode state over `memory` for up to `max_len` target positions (at most
     /// `max_tgt_len`, else [`Error::ContextFull`]). Every buffer a step needs is sized here.
-    /// [`Error::Shape`] for a memory another model made; [`Error::Config`] when the cache
-    /// does not fit in memory.
+    /// [`Error::ForeignState`] for a memory another model made; [`Error::AllocationRefused`]
+    /// when the cache or the logits do not fit in memory.
     pub fn start(&self, memory: EncoderMemory, max_len: usize) -> Result<DecodeState> {
         self.check_memory(&memory)?;
         if max_len == 0 || max_len > self.cfg.max_tgt_len {
@@ -737,20 +739,22 @@ impl Seq2Seq {
         let b = memory.batch();
         let d = self.cfg.d_model;
         let layers = self.decoder.len();
+        let what = || format!("seq2seq: a decode cache of {b} × {max_len} positions");
         let cache = b
             .checked_mul(max_len)
             .and_then(|n| n.checked_mul(d))
-            .ok_or_else(|| {
-                Error::Config(format!(
-                    "seq2seq: a cache of {b} × {max_len} × {d} values overflows"
-                ))
+            .ok_or_else(|| Error::AllocationRefused {
+                what: what(),
+                bytes: usize::MAX,
             })?;
-        let what = || format!("seq2seq: a decode cache of {b} × {max_len} positions");
         let caches = || {
             (0..layers)
                 .map(|_| super::zeroed(cache, what))
                 .collect::<Result<Vec<_>>>()
         };
+        let logits = super::zeroed_for(&[b, self.cfg.tgt_vocab], || {
+            format!("seq2seq: the logits of {b} sequences")
+        })?;
         Ok(DecodeState {
             self_k: caches()?,
             self_v: caches()?,
@@ -765,7 +769,7 @@ impl Seq2Seq {
             ctx: vec![0.0; b * d],
             delta: vec![0.0; b * d],
             ffn_hidden: vec![0.0; b * d * self.cfg.ffn_scale],
-            logits: vec![0.0; b * self.cfg.tgt_vocab],
+            logits,
         })
     }
 
@@ -773,9 +777,9 @@ impl Seq2Seq {
     /// the logits `[B, tgt_vocab]` for the position after it. Equal, within float rounding, to
     /// row `position` of [`Seq2Seq::decode_teacher_forced`] on the same prefix.
     ///
-    /// Errors: [`Error::Shape`] for a wrong number of tokens or a state another model made,
-    /// [`Error::TokenOutOfRange`], [`Error::ContextFull`] when the state's capacity is used
-    /// up.
+    /// Errors: [`Error::Shape`] for a wrong number of tokens, [`Error::ForeignState`] for a
+    /// state another model made, [`Error::TokenOutOfRange`], [`Error::ContextFull`] when the
+    /// state's capacity is used up.
     pub fn step<'s>(&self, state: &'s mut DecodeState, tokens: &[u32]) -> Result<&'s [f32]> {
         // On one of rayon's workers, the kernels' parallel loops queue their jobs locally
         // instead of injecting them into the pool from outside, once per call (as `Session`
@@ -872,8 +876,8 @@ impl Seq2Seq {
     /// result) or after `max_len` tokens. Returns one token list per source.
     ///
     /// Errors: [`Error::TokenOutOfRange`] when `bos` or `eos` lie outside the target
-    /// vocabulary, [`Error::ContextFull`] when `max_len > max_tgt_len`, [`Error::Shape`] when
-    /// a step's logits are not all finite (broken weights).
+    /// vocabulary, [`Error::ContextFull`] when `max_len > max_tgt_len`,
+    /// [`Error::NonFiniteLogits`] when a step's logits are not all finite (broken weights).
     pub fn greedy(
         &self,
         src: &TokenBatch<'_>,
@@ -916,11 +920,12 @@ impl Seq2Seq {
                 let row = &logits[i * vocab..(i + 1) * vocab];
                 // Broken weights (NaN, ±inf) would otherwise decode as token 0 forever.
                 if let Some(j) = row.iter().position(|v| !v.is_finite()) {
-                    return Err(Error::Shape(format!(
-                        "seq2seq greedy: logit {j} of sequence {i} at target position {pos} \
-                         is {}",
-                        row[j]
-                    )));
+                    return Err(Error::NonFiniteLogits {
+                        sequence: Some(i),
+                        position: Some(pos),
+                        token: j,
+                        value: row[j],
+                    });
                 }
                 let next = qkv_kernels::activation::argmax(row) as u32;
                 tokens[i] = next;

@@ -27,18 +27,19 @@ pub struct KeyPadding {
     len: usize,
 }
 
-/// `batch·len` flags set to `value`; [`Error::Shape`] when the product overflows or the
-/// flags cannot be allocated (instead of a capacity panic or an allocation abort).
+/// `batch·len` flags set to `value`; [`Error::Shape`] when the product overflows,
+/// [`Error::AllocationRefused`] when the flags cannot be allocated (instead of a capacity
+/// panic or an allocation abort).
 fn flags(batch: usize, len: usize, value: bool) -> Result<Vec<bool>> {
     let n = batch
         .checked_mul(len)
         .ok_or_else(|| Error::Shape(format!("key padding: [{batch}, {len}] overflows")))?;
     let mut keep = Vec::new();
-    keep.try_reserve_exact(n).map_err(|_| {
-        Error::Shape(format!(
-            "key padding: [{batch}, {len}] flags cannot be allocated"
-        ))
-    })?;
+    keep.try_reserve_exact(n)
+        .map_err(|_| Error::AllocationRefused {
+            what: format!("key padding of [{batch}, {len}] flags"),
+            bytes: n,
+        })?;
     keep.resize(n, value);
     Ok(keep)
 }
@@ -81,7 +82,8 @@ impl KeyPadding {
         Ok(KeyPadding { keep, batch, len })
     }
 
-    /// All real: no padding.
+    /// All real: no padding. [`Error::Shape`] when `batch·len` overflows,
+    /// [`Error::AllocationRefused`] when the flags do not fit in memory.
     pub fn all(batch: usize, len: usize) -> Result<Self> {
         Self::from_flags(flags(batch, len, true)?, batch, len)
     }

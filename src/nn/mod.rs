@@ -32,7 +32,7 @@ pub mod mask;
 pub mod norm;
 pub mod seq;
 
-pub use crate::weights::safetensors::Scope;
+pub use crate::weights::Scope;
 pub use attention::{
     Attention, AttentionCore, AttentionScratch, CrossAttention, MultiHeadAttention,
     MultiHeadAttentionWithProbs, MultiHeadCrossAttention, SelfAttention, TransformerAttention,

@@ -8,16 +8,26 @@
 //! into an owned buffer.
 //!
 //! - [`safetensors`]: PyTorch / Hugging Face `.safetensors` files.
+//! - [`hf_dir`]: a Hugging Face model directory (sharded `*.safetensors`) as one source.
 //! - [`gguf`]: llama.cpp's GGUF (v2, v3).
+//! - [`scope`]: [`Scope`], a source seen through a name prefix, which modules load through.
+//! - `mmap`: the one module of the crate allowed `unsafe` code: it maps files
+//!   ([`map_file`], [`MappedFile`]) and hands out typed views of mapped bytes.
 
 pub mod gguf;
+pub mod hf_dir;
+#[allow(unsafe_code)]
+mod mmap;
 pub mod safetensors;
+pub mod scope;
+
+pub use mmap::{map_file, MappedFile};
+pub use scope::Scope;
 
 use crate::error::{Error, Result};
 use half::f16;
-use memmap2::Mmap;
+use mmap::MappedSlice;
 use qkv_kernels::{QuantFormat, Weights};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -115,41 +125,23 @@ pub(crate) fn temp_sibling(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp-{}-{call}", std::process::id()))
 }
 
-/// Maps a whole file read-only, with errors that name it.
-///
-/// The file must not change while the map lives: tensors read it in place, so a file that
-/// another process truncates makes reads fault (SIGBUS), and one rewritten in place changes
-/// the weights under the model. Replace model files by renaming a new file over the old
-/// path (as `decode convert` does), which leaves existing maps on the old contents.
-pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
-    let file = File::open(path).map_err(|source| Error::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    // SAFETY: the map is read-only and qkv never writes to it. A file truncated or rewritten
-    // in place by another process while mapped is outside what any mmap-based reader can
-    // defend against; this function's docs, `Model::load`'s and the README say so.
-    let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    Ok(Arc::new(map))
+/// bf16 values (little-endian bytes, two per value) widened exactly to f32, or
+/// [`Error::AllocationRefused`] when the memory for them cannot be had.
+pub(crate) fn widen_bf16(name: &str, bytes: &[u8]) -> Result<Vec<f32>> {
+    let mut out = crate::models::zeroed(bytes.len() / 2, || format!("tensor `{name}` in f32"))?;
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+    }
+    Ok(out)
 }
 
 enum Storage {
-    /// Borrowed from a mapped file: `count` elements of `dtype` at byte `offset`, aligned.
-    Mapped {
-        map: Arc<Mmap>,
-        offset: usize,
-        dtype: FloatType,
-    },
-    /// Quantized blocks borrowed from a mapped file: `len` bytes at byte `offset`.
-    Quant {
-        map: Arc<Mmap>,
-        offset: usize,
-        len: usize,
-        format: QuantFormat,
-    },
+    /// f32 elements borrowed from a mapped file.
+    MappedF32(MappedSlice<f32>),
+    /// f16 elements borrowed from a mapped file.
+    MappedF16(MappedSlice<f16>),
+    /// Quantized blocks borrowed from a mapped file.
+    Quant(MappedSlice<u8>, QuantFormat),
     F32(Vec<f32>),
     F16(Vec<f16>),
 }
@@ -182,42 +174,37 @@ fn numel_of(name: &str, shape: &[usize]) -> Result<usize> {
 impl Tensor {
     /// A view of `shape` elements of `dtype` at byte `offset` of `map`. Borrows the bytes when
     /// they are suitably aligned, and copies them otherwise (a file that packs tensors at odd
-    /// offsets still loads). Errors if the range lies outside the map.
+    /// offsets still loads). [`Error::TensorPastEnd`] if the range runs past the end of the
+    /// file.
     pub fn from_mapped(
         name: &str,
         shape: Vec<usize>,
-        map: Arc<Mmap>,
+        map: Arc<MappedFile>,
         offset: usize,
         dtype: FloatType,
     ) -> Result<Tensor> {
         let count = numel_of(name, &shape)?;
-        let bytes = count
-            .checked_mul(dtype.size())
-            .and_then(|b| b.checked_add(offset))
-            .filter(|&end| end <= map.len())
-            .ok_or_else(|| {
-                Error::Config(format!(
-                    "tensor `{name}` ({dtype}, shape {shape:?}) at byte {offset} runs past the end of its file ({} bytes)",
-                    map.len()
-                ))
-            })?;
-        let raw = &map[offset..bytes];
-        let aligned = (raw.as_ptr() as usize).is_multiple_of(dtype.size());
-        let storage = if aligned {
-            Storage::Mapped { map, offset, dtype }
-        } else {
-            match dtype {
-                FloatType::F32 => Storage::F32(
-                    raw.chunks_exact(4)
+        let storage = match dtype {
+            FloatType::F32 => match MappedSlice::new(map.clone(), name, offset, count) {
+                Ok(view) => Storage::MappedF32(view),
+                Err(Error::MisalignedTensor { .. }) => Storage::F32(
+                    map[offset..offset + count * 4]
+                        .chunks_exact(4)
                         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                         .collect(),
                 ),
-                FloatType::F16 => Storage::F16(
-                    raw.chunks_exact(2)
+                Err(e) => return Err(e),
+            },
+            FloatType::F16 => match MappedSlice::new(map.clone(), name, offset, count) {
+                Ok(view) => Storage::MappedF16(view),
+                Err(Error::MisalignedTensor { .. }) => Storage::F16(
+                    map[offset..offset + count * 2]
+                        .chunks_exact(2)
                         .map(|b| f16::from_le_bytes([b[0], b[1]]))
                         .collect(),
                 ),
-            }
+                Err(e) => return Err(e),
+            },
         };
         Ok(Tensor {
             name: name.to_owned(),
@@ -234,7 +221,7 @@ impl Tensor {
     pub fn from_mapped_quant(
         name: &str,
         shape: Vec<usize>,
-        map: Arc<Mmap>,
+        map: Arc<MappedFile>,
         offset: usize,
         format: QuantFormat,
     ) -> Result<Tensor> {
@@ -247,13 +234,8 @@ impl Tensor {
             )));
         }
         let len = count / format.block_elems() * format.block_bytes();
-        let end = offset.checked_add(len).filter(|&end| end <= map.len()).ok_or_else(|| {
-            Error::Config(format!(
-                "tensor `{name}` ({format}, shape {shape:?}) at byte {offset} runs past the end of its file ({} bytes)",
-                map.len()
-            ))
-        })?;
-        if let Some((block, field)) = format.first_nonfinite_scale(&map[offset..end]) {
+        let blocks = MappedSlice::<u8>::new(map, name, offset, len)?;
+        if let Some((block, field)) = format.first_nonfinite_scale(blocks.get()) {
             return Err(Error::Config(format!(
                 "tensor `{name}` ({format}): block {block} has a NaN or infinite scale (the f16 at byte {field} of the block)"
             )));
@@ -261,12 +243,7 @@ impl Tensor {
         Ok(Tensor {
             name: name.to_owned(),
             shape,
-            storage: Storage::Quant {
-                map,
-                offset,
-                len,
-                format,
-            },
+            storage: Storage::Quant(blocks, format),
         })
     }
 
@@ -318,8 +295,9 @@ impl Tensor {
     /// How its elements are stored.
     pub fn format(&self) -> WeightFormat {
         match &self.storage {
-            Storage::Mapped { dtype, .. } => WeightFormat::float(*dtype),
-            Storage::Quant { format, .. } => WeightFormat::Quant(*format),
+            Storage::MappedF32(_) => WeightFormat::F32,
+            Storage::MappedF16(_) => WeightFormat::F16,
+            Storage::Quant(_, format) => WeightFormat::Quant(*format),
             Storage::F32(_) => WeightFormat::F32,
             Storage::F16(_) => WeightFormat::F16,
         }
@@ -327,7 +305,10 @@ impl Tensor {
 
     /// True when the data is borrowed from a mapped file (no copy was made).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.storage, Storage::Mapped { .. } | Storage::Quant { .. })
+        matches!(
+            self.storage,
+            Storage::MappedF32(_) | Storage::MappedF16(_) | Storage::Quant(..)
+        )
     }
 
     /// Bytes its data takes (mapped or owned).
@@ -338,27 +319,9 @@ impl Tensor {
     /// The data as a kernel operand.
     pub fn weights(&self) -> Weights<'_> {
         match &self.storage {
-            Storage::Mapped { map, offset, dtype } => {
-                let n = self.numel();
-                let ptr = map[*offset..].as_ptr();
-                match dtype {
-                    // SAFETY: `from_mapped` checked that offset + n·4 bytes lie inside the
-                    // map and that `ptr` is 4-aligned; the map lives as long as `self`.
-                    FloatType::F32 => {
-                        Weights::F32(unsafe { std::slice::from_raw_parts(ptr as *const f32, n) })
-                    }
-                    // SAFETY: as above with 2-byte elements; f16 is a plain 16-bit value.
-                    FloatType::F16 => {
-                        Weights::F16(unsafe { std::slice::from_raw_parts(ptr as *const f16, n) })
-                    }
-                }
-            }
-            Storage::Quant {
-                map,
-                offset,
-                len,
-                format,
-            } => Weights::Quant(*format, &map[*offset..*offset + *len]),
+            Storage::MappedF32(v) => Weights::F32(v.get()),
+            Storage::MappedF16(v) => Weights::F16(v.get()),
+            Storage::Quant(blocks, format) => Weights::Quant(*format, blocks.get()),
             Storage::F32(v) => Weights::F32(v),
             Storage::F16(v) => Weights::F16(v),
         }
@@ -446,23 +409,21 @@ impl Tensor {
         let mut r0 = 0;
         for &r in rows {
             let name = format!("{}[{r0}..{}]", self.name, r0 + r);
+            // Rows r0..r0 + r of the matrix: in range, as the parts add up to its rows.
+            let out_of_range = || self.shape_error(n);
             let storage = match &self.storage {
-                Storage::Mapped { map, offset, dtype } => Storage::Mapped {
-                    map: map.clone(),
-                    offset: offset + r0 * row_bytes,
-                    dtype: *dtype,
-                },
-                Storage::Quant {
-                    map,
-                    offset,
-                    format,
-                    ..
-                } => Storage::Quant {
-                    map: map.clone(),
-                    offset: offset + r0 * row_bytes,
-                    len: r * row_bytes,
-                    format: *format,
-                },
+                Storage::MappedF32(v) => {
+                    Storage::MappedF32(v.sub(r0 * k, r * k).ok_or_else(out_of_range)?)
+                }
+                Storage::MappedF16(v) => {
+                    Storage::MappedF16(v.sub(r0 * k, r * k).ok_or_else(out_of_range)?)
+                }
+                Storage::Quant(blocks, format) => Storage::Quant(
+                    blocks
+                        .sub(r0 * row_bytes, r * row_bytes)
+                        .ok_or_else(out_of_range)?,
+                    *format,
+                ),
                 Storage::F32(v) => Storage::F32(v[r0 * k..(r0 + r) * k].to_vec()),
                 Storage::F16(v) => Storage::F16(v[r0 * k..(r0 + r) * k].to_vec()),
             };

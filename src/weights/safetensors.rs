@@ -38,19 +38,21 @@
 //! # }
 //! ```
 
-use super::{map_file, FloatType, Tensor, TensorSource};
+use super::{map_file, FloatType, MappedFile, Tensor, TensorSource};
 use crate::error::{Error, Result};
-use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata};
 use safetensors::SafeTensors;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// [`Scope`] lives in [`crate::weights::scope`]; this path is kept for code written before.
+pub use super::scope::Scope;
+
 /// A `.safetensors` file, mapped read-only, handing out tensors by their stored names.
 pub struct SafeTensorsFile {
     path: PathBuf,
-    map: Arc<Mmap>,
+    map: Arc<MappedFile>,
     /// Byte offset of the data section (8 + header length).
     data_start: usize,
     header: Metadata,
@@ -70,6 +72,8 @@ impl SafeTensorsFile {
     ///
     /// Errors: [`Error::Io`] if the file cannot be opened or mapped, [`Error::Format`] if the
     /// header is malformed, the offsets overlap or leave gaps, or the data is truncated.
+    /// A tensor whose data runs past the end of the file is [`Error::TensorPastEnd`] when it
+    /// is loaded.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_owned();
         let map = map_file(&path)?;
@@ -111,10 +115,6 @@ impl SafeTensorsFile {
     }
 }
 
-fn bf16_bits_to_f32(lo: u8, hi: u8) -> f32 {
-    f32::from_bits((u32::from(u16::from_le_bytes([lo, hi]))) << 16)
-}
-
 impl TensorSource for SafeTensorsFile {
     fn tensor(&self, name: &str) -> Result<Tensor> {
         let info = self.header.info(name).ok_or_else(|| Error::MissingTensor {
@@ -130,25 +130,31 @@ impl TensorSource for SafeTensorsFile {
             .data_start
             .checked_add(end)
             .filter(|&s| s <= self.map.len())
-            .ok_or_else(|| {
-                self.format_error(format!("tensor `{name}` runs past the end of the file"))
+            .ok_or_else(|| Error::TensorPastEnd {
+                path: self.path.clone(),
+                tensor: name.to_owned(),
+                offset: offset as u64,
+                length: (end - start) as u64,
+                file_size: self.map.len() as u64,
             })?;
         let shape = info.shape.clone();
+        // The bounds errors of the mapped views name the file already.
+        let in_file = |e: Error| match e {
+            Error::TensorPastEnd { .. } => e,
+            other => self.format_error(other.to_string()),
+        };
         match info.dtype {
             Dtype::F32 => {
                 Tensor::from_mapped(name, shape, self.map.clone(), offset, FloatType::F32)
-                    .map_err(|e| self.format_error(e.to_string()))
+                    .map_err(in_file)
             }
             Dtype::F16 => {
                 Tensor::from_mapped(name, shape, self.map.clone(), offset, FloatType::F16)
-                    .map_err(|e| self.format_error(e.to_string()))
+                    .map_err(in_file)
             }
             Dtype::BF16 => {
-                let data: Vec<f32> = self.map[offset..stop]
-                    .chunks_exact(2)
-                    .map(|b| bf16_bits_to_f32(b[0], b[1]))
-                    .collect();
-                Tensor::from_f32(name, shape, data).map_err(|e| self.format_error(e.to_string()))
+                let data = super::widen_bf16(name, &self.map[offset..stop])?;
+                Tensor::from_f32(name, shape, data).map_err(in_file)
             }
             other => Err(Error::UnsupportedDType {
                 name: name.to_owned(),
@@ -163,74 +169,5 @@ impl TensorSource for SafeTensorsFile {
 
     fn names(&self) -> Vec<String> {
         self.header.offset_keys()
-    }
-}
-
-/// A [`TensorSource`] seen through a name prefix: `scope.pp("layers.0").tensor("q.weight")`
-/// reads `layers.0.q.weight` (candle's `VarBuilder::pp` idea). Modules load their weights
-/// through one of these, so a module never needs to know where in a model it sits.
-///
-/// ```
-/// # use qkv::weights::safetensors::Scope;
-/// # fn demo(src: &dyn qkv::weights::TensorSource) {
-/// let layer = Scope::new(src).pp("Encoder").pp("Layers.0");
-/// assert_eq!(layer.name("attn.wq.weight"), "Encoder.Layers.0.attn.wq.weight");
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct Scope<'a> {
-    source: &'a dyn TensorSource,
-    prefix: String,
-}
-
-impl std::fmt::Debug for Scope<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scope")
-            .field("prefix", &self.prefix)
-            .finish()
-    }
-}
-
-impl<'a> Scope<'a> {
-    /// The root scope: names are looked up as given.
-    pub fn new(source: &'a dyn TensorSource) -> Self {
-        Scope {
-            source,
-            prefix: String::new(),
-        }
-    }
-
-    /// The full name `prefix.name` (or `name` at the root).
-    pub fn name(&self, name: &str) -> String {
-        if self.prefix.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{}.{name}", self.prefix)
-        }
-    }
-
-    /// A child scope: `self.pp("attn")` resolves `x` as `prefix.attn.x`.
-    pub fn pp(&self, sub: &str) -> Scope<'a> {
-        Scope {
-            source: self.source,
-            prefix: self.name(sub),
-        }
-    }
-
-    /// The tensor `prefix.name`, or [`Error::MissingTensor`] naming the full name.
-    pub fn tensor(&self, name: &str) -> Result<Tensor> {
-        self.source.tensor(&self.name(name))
-    }
-
-    /// The tensor `prefix.name`, checked to have `shape` ([`Error::TensorShape`] otherwise).
-    pub fn tensor_shaped(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self.tensor(name)?;
-        t.expect_shape(shape)?;
-        Ok(t)
-    }
-
-    /// True when `prefix.name` exists.
-    pub fn contains(&self, name: &str) -> bool {
-        self.source.contains(&self.name(name))
     }
 }

@@ -31,8 +31,9 @@ impl Decoder {
     ///
     /// Validates everything before touching the cache: token ids ([`Error::TokenOutOfRange`]),
     /// capacity ([`Error::ContextFull`]), the logits length, `pos0`, and that `state` was made
-    /// by this very model ([`Error::Shape`]; another one's cache, even of the same shape,
-    /// holds other keys). Prompts longer than the state's chunk run as several matrix passes.
+    /// by this very model ([`Error::ForeignState`]; another one's cache, even of the same
+    /// shape, holds other keys). Prompts longer than the state's chunk run as several matrix
+    /// passes.
     pub fn forward(
         &self,
         state: &mut DecoderState,
@@ -191,8 +192,8 @@ impl Decoder {
 
     /// Checks one sequence's tokens against its cache and this model, before anything runs:
     /// token ids ([`Error::TokenOutOfRange`]), capacity ([`Error::ContextFull`]), `pos0`, and
-    /// that the cache was made by this very model ([`Error::Shape`]; another one's cache,
-    /// even of the same shape, holds other keys).
+    /// that the cache was made by this very model ([`Error::ForeignState`]; another one's
+    /// cache, even of the same shape, holds other keys).
     fn check_segment(&self, cache: &KvCache, tokens: &[u32], pos0: usize) -> Result<()> {
         let c = &self.config;
         if tokens.is_empty() {
@@ -209,12 +210,11 @@ impl Decoder {
             });
         }
         if cache.model != self.id {
-            return Err(Error::Shape(format!(
-                "decoder forward: the state was made by another model (of [dim, kv dim, ffn \
-                 dim, layers] = {:?}; this one is {:?}), whose cache this one cannot use",
-                cache.shape,
-                self.state_shape()
-            )));
+            return Err(Error::ForeignState {
+                state: "KV cache",
+                made_by: cache.model,
+                used_with: self.id,
+            });
         }
         if pos0 > cache.filled {
             return Err(Error::Shape(format!(
@@ -223,12 +223,6 @@ impl Decoder {
             )));
         }
         Ok(())
-    }
-
-    /// What a [`KvCache`] made by this model records of it.
-    pub(super) fn state_shape(&self) -> [usize; 4] {
-        let c = &self.config;
-        [c.dim, c.kv_dim(), c.ffn_dim, c.layers]
     }
 
     /// The blocks over the segments' tokens (already checked, at most `s.rows` in all), one

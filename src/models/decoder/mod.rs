@@ -487,8 +487,8 @@ impl Decoder {
 
     /// A fresh state: a KV cache of `capacity` positions in `kv_dtype`, and scratch for
     /// prefill chunks of up to `chunk` positions. [`Error::Config`] when `capacity` exceeds
-    /// the model's context length (the RoPE table ends there), when either is 0, or when the
-    /// cache's memory cannot be had.
+    /// the model's context length (the RoPE table ends there) or when either is 0;
+    /// [`Error::AllocationRefused`] when the memory of the cache or the scratch cannot be had.
     pub fn new_state(
         &self,
         capacity: usize,
@@ -501,8 +501,8 @@ impl Decoder {
     }
 
     /// An empty KV cache of `capacity` positions in `kv_dtype`. [`Error::Config`] when
-    /// `capacity` is 0 or exceeds the model's context length, or when the memory cannot be
-    /// had.
+    /// `capacity` is 0 or exceeds the model's context length; [`Error::AllocationRefused`]
+    /// when the memory cannot be had.
     pub fn new_cache(&self, capacity: usize, kv_dtype: FloatType) -> Result<KvCache> {
         let c = &self.config;
         if capacity == 0 {
@@ -518,29 +518,32 @@ impl Decoder {
             .layers
             .checked_mul(capacity)
             .and_then(|n| n.checked_mul(c.kv_dim()))
-            .ok_or_else(|| Error::Config(format!("KV cache of {capacity} positions overflows")))?;
+            .ok_or_else(|| Error::AllocationRefused {
+                what: state::kv_cache(capacity),
+                bytes: usize::MAX,
+            })?;
         let store = || KvStore::new(kv_dtype, cache_len, capacity, c.kv_heads, c.head_dim);
         let (keys, values) = (store()?, store()?);
         Ok(KvCache {
             capacity,
             model: self.id,
-            shape: self.state_shape(),
             filled: 0,
             keys,
             values,
         })
     }
 
-    /// Activations for passes of up to `rows` positions. [`Error::Config`] when `rows` is 0.
+    /// Activations for passes of up to `rows` positions. [`Error::Config`] when `rows` is 0,
+    /// [`Error::AllocationRefused`] when their memory cannot be had.
     pub fn new_scratch(&self, rows: usize) -> Result<Scratch> {
         let c = &self.config;
         if rows == 0 {
             return Err(Error::Config("a pass of 0 positions".into()));
         }
         let buf = |width: usize| -> Result<Vec<f32>> {
-            rows.checked_mul(width)
-                .map(|n| vec![0.0; n])
-                .ok_or_else(|| Error::Config(format!("a pass of {rows} positions overflows")))
+            super::zeroed_for(&[rows, width], || {
+                format!("the scratch of a pass of {rows} positions")
+            })
         };
         Ok(Scratch {
             rows,

@@ -3,6 +3,8 @@
 use super::super::zeroed;
 #[cfg(doc)]
 use super::Decoder;
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
 use crate::weights::FloatType;
 use half::f16;
@@ -35,7 +37,8 @@ enum KvBuf {
 
 impl KvStore {
     /// A zeroed cache of `len` elements (whole layers of `heads · capacity · dim`; the caller
-    /// checked that the count fits). [`Error::Config`] when the memory cannot be had.
+    /// checked that the count fits). [`Error::AllocationRefused`] when the memory cannot be
+    /// had.
     pub(super) fn new(
         dtype: FloatType,
         len: usize,
@@ -108,8 +111,6 @@ pub struct KvCache {
     pub(super) capacity: usize,
     /// The id of the model that made it.
     pub(super) model: u64,
-    /// `[dim, kv_dim, ffn_dim, layers]` of the model that made it (for error messages).
-    pub(super) shape: [usize; 4],
     /// Positions `0..filled` hold keys and values.
     pub(super) filled: usize,
     pub(super) keys: KvStore,

@@ -2,7 +2,7 @@
 
 use super::state::kv_cache;
 use super::*;
-use crate::models::zeroed;
+use crate::models::{zeroed, zeroed_for};
 use half::f16;
 
 #[test]
@@ -148,16 +148,23 @@ fn an_absurd_block_count_is_refused_before_any_allocation() {
 }
 
 #[test]
-fn a_cache_the_allocator_refuses_is_a_config_error() {
+fn a_cache_the_allocator_refuses_is_an_allocation_error() {
     assert_eq!(zeroed::<f16>(5, || kv_cache(1)).unwrap(), [f16::ZERO; 5]);
     assert!(zeroed::<f32>(0, || kv_cache(1)).unwrap().is_empty());
     // Past the address space: the layout itself overflows, or the allocator says no.
     // (black_box: an allocation nobody reads may be optimised away, failure included.)
     for len in [usize::MAX / 2, 1 << 60] {
         match std::hint::black_box(zeroed::<f32>(len, || kv_cache(12345))) {
-            Err(Error::Config(msg)) => assert!(msg.contains("12345 positions"), "{msg}"),
+            Err(Error::AllocationRefused { what, bytes }) => {
+                assert!(what.contains("12345 positions"), "{what}");
+                assert_eq!(bytes, len.saturating_mul(4));
+            }
             other => panic!("{len} elements: {:?}", other.map(|v| v.len())),
         }
+    }
+    match zeroed_for::<f32>(&[usize::MAX, 2], || "a product that overflows".into()) {
+        Err(Error::AllocationRefused { bytes, .. }) => assert_eq!(bytes, usize::MAX),
+        other => panic!("{:?}", other.map(|v| v.len())),
     }
 }
 
@@ -168,10 +175,15 @@ fn forward_refuses_a_foreign_state_and_a_gap_in_the_cache() {
     let mut state = small.new_state(16, FloatType::F32, 4).unwrap();
     let err = big.forward(&mut state, &[1, 2], 0, None).unwrap_err();
     assert!(err.to_string().contains("made by another model"), "{err}");
+    assert!(
+        matches!(err, Error::ForeignState { state: "KV cache", made_by, used_with }
+            if made_by == small.id && used_with == big.id),
+        "{err}"
+    );
     // The same shape, other weights: its cache would be wrong for this model.
     let twin = Decoder::synthetic(tiny(1), 2, FloatType::F32).unwrap();
     let err = twin.forward(&mut state, &[1, 2], 0, None).unwrap_err();
-    assert!(matches!(err, Error::Shape(_)), "{err}");
+    assert!(matches!(err, Error::ForeignState { .. }), "{err}");
 
     let mut logits = vec![0.0; 10];
     let err = small.forward(&mut state, &[1], 1, None).unwrap_err();
