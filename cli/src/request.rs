@@ -90,8 +90,10 @@ impl From<qkv::Error> for ApiError {
             E::TokenOutOfRange { .. } | E::Config(_) | E::Shape(_) | E::ChatTemplate { .. } => {
                 ApiError::status(StatusCode::BAD_REQUEST, e.to_string())
             }
-            // The engine thread gone.
-            E::Unsupported(_) => ApiError::status(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            // The engine thread gone, or no memory for this request's cache now.
+            E::Unsupported(_) | E::AllocationRefused { .. } => {
+                ApiError::status(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
             _ => ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         }
     }
@@ -675,5 +677,10 @@ mod tests {
         });
         assert_eq!(ctx.code, Some("context_length_exceeded"));
         assert_eq!(ctx.param.as_deref(), Some("messages"));
+        let memory = ApiError::from(qkv::Error::AllocationRefused {
+            what: "KV cache".into(),
+            bytes: 1 << 40,
+        });
+        assert_eq!(memory.status.as_u16(), 503);
     }
 }

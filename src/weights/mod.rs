@@ -116,8 +116,9 @@ impl std::fmt::Display for WeightFormat {
 
 /// A hidden name beside `path` for writing it before a rename into place. Unique per process
 /// and per call, so that threads (two sessions fetching the default model at once, say) and
-/// processes writing the same file never share one.
-pub(crate) fn temp_sibling(path: &Path) -> PathBuf {
+/// processes writing the same file never share one. Public for the CLI's fetch, which writes
+/// the downloaded model the same way.
+pub fn temp_sibling(path: &Path) -> PathBuf {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static CALLS: AtomicUsize = AtomicUsize::new(0);
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
