@@ -1,0 +1,66 @@
+//! Inputs found by the fuzz targets (fuzz/, see FUZZING.md) or that the targets' bounds are
+//! about, kept as regression tests. Each holds its (minimized) input inline and checks for a
+//! typed error where there was a crash, a hang or an out-of-memory abort.
+
+use qkv::tokenizer::{ChatOptions, ChatTemplate, MAX_TEMPLATE_OUTPUT};
+use qkv::Error;
+use serde_json::json;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Renders `source` on a thread and gives its result, or fails the test when it takes more
+/// than a minute (an unbounded render would otherwise hang the suite).
+fn render_within_a_minute(source: &'static str) -> qkv::Result<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let messages = [json!({"role": "user", "content": "hi"})];
+        let result = ChatTemplate::new("hostile", source).render(&messages, &ChatOptions::default());
+        tx.send(result).ok();
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the render did not finish within a minute: it has no time bound")
+}
+
+fn assert_bound_error(result: qkv::Result<String>, what: &str) {
+    match result {
+        Err(Error::ChatTemplate { template, msg }) => {
+            assert_eq!(template, "hostile");
+            assert!(msg.contains(what), "{msg}");
+        }
+        Err(other) => panic!("expected a chat template error about {what}, got {other}"),
+        Ok(text) => panic!("a hostile template rendered {} bytes", text.len()),
+    }
+}
+
+#[test]
+fn a_template_looping_for_ever_runs_out_of_fuel() {
+    // Ten billion empty iterations: no output and no data, only instructions.
+    let r = render_within_a_minute(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    );
+    assert_bound_error(r, "fuel");
+}
+
+#[test]
+fn a_template_doubling_a_string_runs_out_of_fuel_before_memory() {
+    // 2^60 bytes if nothing stopped it.
+    let r = render_within_a_minute(
+        "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}\
+         {% endfor %}{{ ns.s | length }}",
+    );
+    assert_bound_error(r, "fuel");
+}
+
+#[test]
+fn a_template_writing_gigabytes_stops_at_the_output_bound() {
+    // 10 GB of output, 100 KB per write.
+    let r = render_within_a_minute("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}");
+    assert_bound_error(r, &MAX_TEMPLATE_OUTPUT.to_string());
+}
+
+#[test]
+fn a_template_just_under_the_output_bound_renders() {
+    // 1 MB: a long prompt, far under both bounds.
+    let r = render_within_a_minute("{% for i in range(1000) %}{{ 'y' * 1000 }}{% endfor %}");
+    assert_eq!(r.expect("a 1 MB prompt renders").len(), 1_000_000);
+}
