@@ -14,7 +14,8 @@ fn render_within_a_minute(source: &'static str) -> qkv::Result<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let messages = [json!({"role": "user", "content": "hi"})];
-        let result = ChatTemplate::new("hostile", source).render(&messages, &ChatOptions::default());
+        let result =
+            ChatTemplate::new("hostile", source).render(&messages, &ChatOptions::default());
         tx.send(result).ok();
     });
     rx.recv_timeout(Duration::from_secs(60))
@@ -63,4 +64,17 @@ fn a_template_just_under_the_output_bound_renders() {
     // 1 MB: a long prompt, far under both bounds.
     let r = render_within_a_minute("{% for i in range(1000) %}{{ 'y' * 1000 }}{% endfor %}");
     assert_eq!(r.expect("a 1 MB prompt renders").len(), 1_000_000);
+}
+
+#[test]
+fn a_long_conversation_stays_within_the_bounds() {
+    // 5,000 turns of 200 characters through ChatML: a real prompt of 1 MB, far from the fuel
+    // budget; the bounds must never refuse an honest conversation.
+    let messages: Vec<_> = (0..5000)
+        .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "z".repeat(200)}))
+        .collect();
+    let text = ChatTemplate::chatml()
+        .render(&messages, &ChatOptions::default())
+        .expect("a long conversation renders");
+    assert!(text.len() > 5000 * 200, "{}", text.len());
 }
