@@ -112,7 +112,31 @@ fn an_empty_tensor_of_long_rows_converts_without_allocating_its_row() {
     let file = GgufFile::open(&path).expect("an empty tensor is a valid file");
     let t = file.tensor("z").expect("it loads");
     assert_eq!((t.shape(), t.numel()), (&[0, 1usize << 38][..], 0));
-    let h = t.into_dtype(FloatType::F16).expect("an empty tensor converts");
+    let h = t
+        .into_dtype(FloatType::F16)
+        .expect("an empty tensor converts");
     assert_eq!(h.numel(), 0);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Found by the `template` target within seconds (minimized by hand): a `{%` whose `%` also
+/// starts a `%}`, in a template that mentions `generation`. The rewrite of transformers'
+/// `{% generation %}` tags took the overlapping `%}` for the tag's end and sliced backwards
+/// (`byte range starts at 2 but ends at 1`): a panic on a model file's template.
+#[test]
+fn a_tag_opener_overlapping_its_closer_is_a_template_error() {
+    for source in [
+        "{%}generation",
+        "{%}{% generation %}x{% endgeneration %}",
+        "a{%}",
+    ] {
+        let r = ChatTemplate::new("hostile", source).render(
+            &[json!({"role": "user", "content": "hi"})],
+            &ChatOptions::default(),
+        );
+        assert!(
+            matches!(r, Err(Error::ChatTemplate { .. })),
+            "{source:?}: {r:?}"
+        );
+    }
 }
