@@ -265,7 +265,8 @@ fn generation_tags_as_blocks(source: &str) -> Cow<'_, str> {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // The closer is searched after the opener: in `{%}` the `%` is the opener's.
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             rest = tag;
             break;
         };
