@@ -82,7 +82,7 @@ mod spm;
 mod template;
 mod wordpiece;
 
-pub use template::{ChatOptions, ChatTemplate};
+pub use template::{ChatOptions, ChatTemplate, MAX_TEMPLATE_FUEL, MAX_TEMPLATE_OUTPUT};
 
 pub use parts::MAX_VOCAB;
 

@@ -10,6 +10,12 @@
 //! variables. Here the same runs on [minijinja], with minijinja-contrib's `pycompat` for the
 //! Python string and dict methods templates call (`.strip()`, `.split()`, `.items()`, …).
 //!
+//! A template is untrusted input (it comes with the model file), so every render is bounded:
+//! it may spend at most [`MAX_TEMPLATE_FUEL`] of minijinja's fuel (about one unit per
+//! instruction run and per 64 bytes of data it creates, which bounds both its time and its
+//! memory), and its output may take at most [`MAX_TEMPLATE_OUTPUT`] bytes. Past either bound
+//! the render stops with [`Error::ChatTemplate`] saying which.
+//!
 //! `tests/chat_templates.rs` renders every template in llama.cpp's `models/templates/` and
 //! compares each with transformers' output (`tools/template_fixtures.py`).
 
@@ -23,6 +29,16 @@ use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::SystemTime;
+
+/// The fuel one render may spend: minijinja charges about one unit per instruction and one
+/// per 64 bytes of data the template creates (output, captured blocks, strings and lists
+/// built by operators and filters), so this bounds a render's time and its allocations (about
+/// 256 MB). A 5,000-turn ChatML conversation (1 MB of prompt) renders within it.
+pub const MAX_TEMPLATE_FUEL: u64 = 4_000_000;
+
+/// Bytes a rendered prompt may take: far more than any context window holds as text
+/// (a million tokens are about 4 MB).
+pub const MAX_TEMPLATE_OUTPUT: usize = 16 << 20;
 
 /// What a chat template is rendered with besides the messages.
 #[derive(Clone, Debug, Default)]
@@ -116,7 +132,9 @@ impl ChatTemplate {
     ///
     /// [`Error::ChatTemplate`] with minijinja's message when the template does not compile,
     /// fails while rendering, or calls `raise_exception` (a template refusing, say, a system
-    /// message).
+    /// message); also when the render spends more than [`MAX_TEMPLATE_FUEL`] or writes more
+    /// than [`MAX_TEMPLATE_OUTPUT`] bytes (a hostile or broken template looping for ever or
+    /// building a huge prompt).
     pub fn render(&self, messages: &[Value], options: &ChatOptions) -> Result<String> {
         let fail = |e: minijinja::Error| Error::ChatTemplate {
             template: self.name.clone(),
@@ -158,7 +176,59 @@ impl ChatTemplate {
             ctx.retain(|(k, _)| k != key);
             ctx.push((key.clone(), to_value(value)));
         }
-        template.render(JValue::from_pairs(ctx)).map_err(fail)
+        let mut out = Bounded {
+            bytes: Vec::new(),
+            limit: MAX_TEMPLATE_OUTPUT,
+            full: false,
+        };
+        match template.render_captured_to(JValue::from_pairs(ctx), &mut out) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                return Err(Error::ChatTemplate {
+                    template: self.name.clone(),
+                    msg: format!(
+                        "the render used up its budget of {MAX_TEMPLATE_FUEL} fuel (instructions \
+                         run and data created){}",
+                        e.line().map_or(String::new(), |l| format!(" at line {l}"))
+                    ),
+                })
+            }
+            Err(_) if out.full => {
+                return Err(Error::ChatTemplate {
+                    template: self.name.clone(),
+                    msg: format!("the rendered text passed {MAX_TEMPLATE_OUTPUT} bytes"),
+                })
+            }
+            Err(e) => return Err(fail(e)),
+        }
+        // minijinja writes whole `str`s, so the bytes are UTF-8; lossy only to avoid a panic.
+        Ok(match String::from_utf8(out.bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+}
+
+/// The render's output, refusing writes that would take it past `limit` bytes (and then
+/// `full`).
+struct Bounded {
+    bytes: Vec<u8>,
+    limit: usize,
+    full: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() > self.limit - self.bytes.len() {
+            self.full = true;
+            return Err(std::io::Error::other("the output bound was reached"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -194,7 +264,8 @@ fn generation_tags_as_blocks(source: &str) -> Cow<'_, str> {
     while let Some(start) = rest.find("{%") {
         out.push_str(&rest[..start]);
         let tag = &rest[start..];
-        let Some(end) = tag.find("%}") else {
+        // The closer is searched after the opener: in `{%}` the `%` is the opener's.
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             rest = tag;
             break;
         };
@@ -221,6 +292,7 @@ fn generation_tags_as_blocks(source: &str) -> Cow<'_, str> {
 /// The environment transformers sets up, on minijinja.
 fn environment(now: SystemTime) -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(MAX_TEMPLATE_FUEL));
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)

@@ -373,7 +373,8 @@ impl Tensor {
                 let mut out = crate::models::zeroed(self.numel(), what)?;
                 let k = self.row_len();
                 let rows_per = (1usize << 14).div_ceil(k);
-                let mut scratch = vec![0.0f32; rows_per * k];
+                // No longer than the tensor: a tensor of no rows may have rows of any length.
+                let mut scratch = crate::models::zeroed((rows_per * k).min(out.len()), what)?;
                 for (i, dst) in out.chunks_mut(rows_per * k).enumerate() {
                     let tmp = &mut scratch[..dst.len()];
                     self.rows_to_f32(i * rows_per, tmp)?;

@@ -1,0 +1,141 @@
+//! qkv-server's request bodies: a body is parsed (`qkv_cli::request::Body::parse`), read as
+//! each route reads it (chat `messages`, completion `prompt` forms, tokenize and detokenize
+//! fields, the shared parameters in chat and legacy spellings), and, when accepted, the
+//! generation answered (`openai::generate`: stop strings, log probabilities, usage, whole or
+//! streamed as SSE) on a tiny synthetic model whose context (64 positions) bounds every run.
+//!
+//! The response code is a binary's module (cli/src/bin/qkv-server/), compiled in with
+//! `#[path]` below; the parsing is qkv-cli's library.
+#![no_main]
+
+#[allow(dead_code)]
+#[path = "../../cli/src/bin/qkv-server/openai.rs"]
+mod openai;
+#[allow(dead_code)]
+#[path = "../../cli/src/bin/qkv-server/worker.rs"]
+mod worker;
+
+use libfuzzer_sys::fuzz_target;
+use qkv_cli::request::{self, Body, Prompt};
+use qkv::engine::{Engine, EngineOptions};
+use qkv::model::Model;
+use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
+use qkv::tokenizer::Tokenizer;
+use qkv::weights::gguf::{write_gguf, GgufFile, MetaValue, MetaValueType};
+use qkv::weights::FloatType;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
+
+/// What the handlers see: the same fields as `AppState` in cli/src/bin/qkv-server/main.rs.
+pub struct AppState {
+    pub model: Arc<Model>,
+    pub model_name: String,
+    pub context: usize,
+    pub worker: worker::Worker,
+    pub draining: AtomicBool,
+}
+
+const CONTEXT: usize = 64;
+
+/// A byte-level vocabulary (the 256 bytes and ChatML's markers) and a one-layer Llama of
+/// width 8 over it, with random weights.
+fn setup() -> (tokio::runtime::Runtime, Arc<AppState>) {
+    let mut tokens: Vec<String> = qkv::tokenizer::gpt2_byte_chars()
+        .iter()
+        .map(char::to_string)
+        .collect();
+    tokens.extend(["<|im_start|>", "<|im_end|>"].map(String::from));
+    let mut types = vec![MetaValue::I32(1); 256];
+    types.extend([MetaValue::I32(3), MetaValue::I32(3)]);
+    let vocab = tokens.len();
+    let meta = vec![
+        (
+            "tokenizer.ggml.model".to_string(),
+            MetaValue::String("gpt2".into()),
+        ),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            MetaValue::Array(
+                MetaValueType::String,
+                tokens.into_iter().map(MetaValue::String).collect(),
+            ),
+        ),
+        (
+            "tokenizer.ggml.token_type".to_string(),
+            MetaValue::Array(MetaValueType::I32, types),
+        ),
+        (
+            "tokenizer.ggml.merges".to_string(),
+            MetaValue::Array(MetaValueType::String, Vec::new()),
+        ),
+        (
+            "tokenizer.ggml.eos_token_id".to_string(),
+            MetaValue::U32(257),
+        ),
+    ];
+    let path = qkv_fuzz::scratch_dir().join("server-vocab.gguf");
+    write_gguf(&path, &meta, &[]).expect("writing the vocabulary");
+    let tokenizer = Tokenizer::from_gguf(&GgufFile::open(&path).expect("reading it back"))
+        .expect("building the tokenizer");
+    let config = DecoderConfig {
+        head_dim: 4,
+        ..DecoderConfig::llama(8, 1, 2, 1, 16, vocab, CONTEXT, WeightLayout::Gguf)
+    };
+    let decoder = Decoder::synthetic(config, 1, FloatType::F32).expect("a synthetic decoder");
+    let model = Arc::new(Model::from_parts(decoder, Some(tokenizer)));
+    let options = EngineOptions {
+        max_sequences: 2,
+        context: CONTEXT,
+        step_tokens: 64,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::new(model.clone(), options).expect("an engine");
+    let state = AppState {
+        model,
+        model_name: "tiny".into(),
+        context: CONTEXT,
+        worker: worker::Worker::spawn(engine),
+        draining: AtomicBool::new(false),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    (runtime, Arc::new(state))
+}
+
+static STATE: OnceLock<(tokio::runtime::Runtime, Arc<AppState>)> = OnceLock::new();
+
+fuzz_target!(|data: &[u8]| {
+    let (runtime, state) = STATE.get_or_init(setup);
+    let Ok(body) = Body::parse(data) else {
+        return;
+    };
+    // What each route reads of a body, besides the shared parameters.
+    let _ = request::chat_messages(&body);
+    let _ = request::tokenize_fields(&body);
+    let _ = request::detokenize_tokens(&body);
+    let _ = body.str("suffix");
+    let _ = body.bool("echo", false);
+    let chat_params = request::params(&body, &state.model_name, true, || 7);
+    let legacy_params = request::params(&body, &state.model_name, false, || 7);
+    let tokenizer = state.model.tokenizer().expect("the model has a tokenizer");
+    let prompt = match request::completion_prompt(&body) {
+        Ok(Prompt::Text(text)) => tokenizer.encode(&text).unwrap_or_default(),
+        Ok(Prompt::Ids(ids)) if !ids.is_empty() && ids.len() < CONTEXT => ids,
+        _ => vec![256, 72, 105, 257],
+    };
+    for (kind, params) in [
+        (openai::Kind::Chat, chat_params),
+        (openai::Kind::Completion, legacy_params),
+    ] {
+        let Ok(params) = params else { continue };
+        runtime.block_on(async {
+            if let Ok(response) =
+                openai::generate(state.clone(), kind, prompt.clone(), params).await
+            {
+                let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+            }
+        });
+    }
+});

@@ -1,0 +1,140 @@
+//! Inputs found by the fuzz targets (fuzz/, see FUZZING.md) or that the targets' bounds are
+//! about, kept as regression tests. Each holds its (minimized) input inline and checks for a
+//! typed error where there was a crash, a hang or an out-of-memory abort.
+
+use qkv::tokenizer::{ChatOptions, ChatTemplate, MAX_TEMPLATE_OUTPUT};
+use qkv::weights::gguf::GgufFile;
+use qkv::weights::{FloatType, TensorSource};
+use qkv::Error;
+use serde_json::json;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Renders `source` on a thread and gives its result, or fails the test when it takes more
+/// than a minute (an unbounded render would otherwise hang the suite).
+fn render_within_a_minute(source: &'static str) -> qkv::Result<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let messages = [json!({"role": "user", "content": "hi"})];
+        let result =
+            ChatTemplate::new("hostile", source).render(&messages, &ChatOptions::default());
+        tx.send(result).ok();
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the render did not finish within a minute: it has no time bound")
+}
+
+fn assert_bound_error(result: qkv::Result<String>, what: &str) {
+    match result {
+        Err(Error::ChatTemplate { template, msg }) => {
+            assert_eq!(template, "hostile");
+            assert!(msg.contains(what), "{msg}");
+        }
+        Err(other) => panic!("expected a chat template error about {what}, got {other}"),
+        Ok(text) => panic!("a hostile template rendered {} bytes", text.len()),
+    }
+}
+
+#[test]
+fn a_template_looping_for_ever_runs_out_of_fuel() {
+    // Ten billion empty iterations: no output and no data, only instructions.
+    let r = render_within_a_minute(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    );
+    assert_bound_error(r, "fuel");
+}
+
+#[test]
+fn a_template_doubling_a_string_runs_out_of_fuel_before_memory() {
+    // 2^60 bytes if nothing stopped it.
+    let r = render_within_a_minute(
+        "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}\
+         {% endfor %}{{ ns.s | length }}",
+    );
+    assert_bound_error(r, "fuel");
+}
+
+#[test]
+fn a_template_writing_gigabytes_stops_at_the_output_bound() {
+    // 10 GB of output, 100 KB per write.
+    let r = render_within_a_minute("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}");
+    assert_bound_error(r, &MAX_TEMPLATE_OUTPUT.to_string());
+}
+
+#[test]
+fn a_template_just_under_the_output_bound_renders() {
+    // 1 MB: a long prompt, far under both bounds.
+    let r = render_within_a_minute("{% for i in range(1000) %}{{ 'y' * 1000 }}{% endfor %}");
+    assert_eq!(r.expect("a 1 MB prompt renders").len(), 1_000_000);
+}
+
+#[test]
+fn a_long_conversation_stays_within_the_bounds() {
+    // 5,000 turns of 200 characters through ChatML: a real prompt of 1 MB, far from the fuel
+    // budget; the bounds must never refuse an honest conversation.
+    let messages: Vec<_> = (0..5000)
+        .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "z".repeat(200)}))
+        .collect();
+    let text = ChatTemplate::chatml()
+        .render(&messages, &ChatOptions::default())
+        .expect("a long conversation renders");
+    assert!(text.len() > 5000 * 200, "{}", text.len());
+}
+
+/// Found by the `gguf` target (minimized by hand): a GGUF file whose one tensor `z` is F32 of
+/// GGUF shape [2^38, 0], so no elements and no bytes, in rows of 2^38 elements. It parses and
+/// loads (rightly: it is empty), but `Tensor::into_dtype(F16)` sized its scratch buffer by
+/// the row, one row of 2^38 f32 (1 TiB), and the allocation aborted the process.
+///
+/// The scratch of `Tensor::into_dtype` is no longer than the tensor.
+#[test]
+fn an_empty_tensor_of_long_rows_converts_without_allocating_its_row() {
+    #[rustfmt::skip]
+    let mut bytes: Vec<u8> = vec![
+        b'G', b'G', b'U', b'F', 3, 0, 0, 0,     // magic, version 3
+        1, 0, 0, 0, 0, 0, 0, 0,                 // one tensor
+        0, 0, 0, 0, 0, 0, 0, 0,                 // no metadata
+        1, 0, 0, 0, 0, 0, 0, 0, b'z',           // name "z"
+        2, 0, 0, 0,                             // two dimensions
+        0, 0, 0, 0, 0x40, 0, 0, 0,              // ne[0] = 2^38 (the row)
+        0, 0, 0, 0, 0, 0, 0, 0,                 // ne[1] = 0 rows
+        0, 0, 0, 0,                             // F32
+        0, 0, 0, 0, 0, 0, 0, 0,                 // data offset 0
+    ];
+    bytes.resize(96, 0); // the data section starts at the next multiple of 32
+    let dir = std::env::temp_dir().join(format!("qkv-fuzz-regressions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("empty-long-rows.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+
+    let file = GgufFile::open(&path).expect("an empty tensor is a valid file");
+    let t = file.tensor("z").expect("it loads");
+    assert_eq!((t.shape(), t.numel()), (&[0, 1usize << 38][..], 0));
+    let h = t
+        .into_dtype(FloatType::F16)
+        .expect("an empty tensor converts");
+    assert_eq!(h.numel(), 0);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Found by the `template` target within seconds (minimized by hand): a `{%` whose `%` also
+/// starts a `%}`, in a template that mentions `generation`. The rewrite of transformers'
+/// `{% generation %}` tags took the overlapping `%}` for the tag's end and sliced backwards
+/// (`byte range starts at 2 but ends at 1`): a panic on a model file's template.
+#[test]
+fn a_tag_opener_overlapping_its_closer_is_a_template_error() {
+    for source in [
+        "{%}generation",
+        "{%}{% generation %}x{% endgeneration %}",
+        "a{%}",
+    ] {
+        let r = ChatTemplate::new("hostile", source).render(
+            &[json!({"role": "user", "content": "hi"})],
+            &ChatOptions::default(),
+        );
+        assert!(
+            matches!(r, Err(Error::ChatTemplate { .. })),
+            "{source:?}: {r:?}"
+        );
+    }
+}
