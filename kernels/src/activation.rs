@@ -534,6 +534,9 @@ pub(crate) mod avx2 {
 
     /// Applies `M` to every element; the tail (< 8 elements) goes through a padded register
     /// so it gets exactly the same arithmetic as the body.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn map_inplace<M: Map8>(x: &mut [f32]) {
         let n8 = x.len() / 8 * 8;
@@ -556,10 +559,17 @@ pub(crate) mod avx2 {
     }
 
     /// `x / (1 + e^(−x))`.
+    ///
+    /// # Safety
+    /// The caller must have AVX2 and FMA.
     #[inline(always)]
     unsafe fn silu8(x: __m256) -> __m256 {
-        let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+        // SAFETY: the caller has AVX2 and FMA (this function's contract); the intrinsics only compute
+        // on registers.
+        unsafe {
+            let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+        }
     }
 
     /// SiLU.
@@ -567,7 +577,9 @@ pub(crate) mod avx2 {
     impl Map8 for Silu {
         #[inline(always)]
         unsafe fn f(x: __m256) -> __m256 {
-            silu8(x)
+            // SAFETY: the caller has AVX2 and FMA (this function's contract); the intrinsics only compute
+            // on registers.
+            unsafe { silu8(x) }
         }
     }
 
@@ -576,16 +588,20 @@ pub(crate) mod avx2 {
     impl Map8 for GeluTanh {
         #[inline(always)]
         unsafe fn f(x: __m256) -> __m256 {
-            let beta = _mm256_set1_ps(super::GELU_TANH_BETA);
-            let x2 = _mm256_mul_ps(x, x);
-            // −2u = x · (−2β − 2βκ·x²)
-            let c = _mm256_fmadd_ps(
-                x2,
-                _mm256_set1_ps(-2.0 * super::GELU_TANH_BETA * super::GELU_TANH_KAPPA),
-                _mm256_mul_ps(beta, _mm256_set1_ps(-2.0)),
-            );
-            let e = exp(_mm256_mul_ps(x, c));
-            _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+            // SAFETY: the caller has AVX2 and FMA (this function's contract); the intrinsics only compute
+            // on registers.
+            unsafe {
+                let beta = _mm256_set1_ps(super::GELU_TANH_BETA);
+                let x2 = _mm256_mul_ps(x, x);
+                // −2u = x · (−2β − 2βκ·x²)
+                let c = _mm256_fmadd_ps(
+                    x2,
+                    _mm256_set1_ps(-2.0 * super::GELU_TANH_BETA * super::GELU_TANH_KAPPA),
+                    _mm256_mul_ps(beta, _mm256_set1_ps(-2.0)),
+                );
+                let e = exp(_mm256_mul_ps(x, c));
+                _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+            }
         }
     }
 
@@ -623,15 +639,23 @@ pub(crate) mod avx2 {
     const H_SCALE: f32 = 2.238_095_3;
     const H_SHIFT: f32 = 1.238_095_3;
 
+    /// `c[0] + c[1]·x + … + c[N−1]·x^(N−1)` for 8 lanes, in Horner form.
+    ///
+    /// # Safety
+    /// The caller must have AVX2 and FMA.
     #[inline(always)]
     unsafe fn horner<const N: usize>(c: &[f32; N], x: __m256) -> __m256 {
-        let mut p = _mm256_set1_ps(c[N - 1]);
-        let mut k = N - 1;
-        while k > 0 {
-            k -= 1;
-            p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(c[k]));
+        // SAFETY: the caller has AVX2 and FMA (this function's contract); the intrinsics only compute
+        // on registers.
+        unsafe {
+            let mut p = _mm256_set1_ps(c[N - 1]);
+            let mut k = N - 1;
+            while k > 0 {
+                k -= 1;
+                p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(c[k]));
+            }
+            p
         }
-        p
     }
 
     /// Exact GELU: `0.5·x·w` with `w = 1 + erf(x/√2)`, i.e. `erfc(t)` for `x < 0` and
@@ -640,37 +664,45 @@ pub(crate) mod avx2 {
     impl Map8 for GeluErf {
         #[inline(always)]
         unsafe fn f(x: __m256) -> __m256 {
-            let one = _mm256_set1_ps(1.0);
-            let half = _mm256_set1_ps(0.5);
-            let ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
-            let t = _mm256_mul_ps(ax, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-            // t² = x²/2 kept as hi + lo (FMA gives the exact rounding error of x·x).
-            let xx_hi = _mm256_mul_ps(x, x);
-            let xx_lo = _mm256_fmsub_ps(x, x, xx_hi);
-            let t2 = _mm256_mul_ps(xx_hi, half);
+            // SAFETY: the caller has AVX2 and FMA (this function's contract); the intrinsics only compute
+            // on registers.
+            unsafe {
+                let one = _mm256_set1_ps(1.0);
+                let half = _mm256_set1_ps(0.5);
+                let ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0), x);
+                let t = _mm256_mul_ps(ax, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
+                // t² = x²/2 kept as hi + lo (FMA gives the exact rounding error of x·x).
+                let xx_hi = _mm256_mul_ps(x, x);
+                let xx_lo = _mm256_fmsub_ps(x, x, xx_hi);
+                let t2 = _mm256_mul_ps(xx_hi, half);
 
-            // Small branch: erfc = 1 − t·P(t²).
-            let small = _mm256_fnmadd_ps(t, horner(&ERF_SMALL, t2), one);
+                // Small branch: erfc = 1 − t·P(t²).
+                let small = _mm256_fnmadd_ps(t, horner(&ERF_SMALL, t2), one);
 
-            // Large branch: erfc = e^(−t²) · h(u) · u, u = 1/t, t clamped to [1, T_MAX].
-            let tc = _mm256_min_ps(_mm256_max_ps(t, one), _mm256_set1_ps(H_T_MAX));
-            let u = _mm256_div_ps(one, tc);
-            let v = _mm256_fmsub_ps(u, _mm256_set1_ps(H_SCALE), _mm256_set1_ps(H_SHIFT));
-            let h = horner(&ERFC_LARGE, v);
-            // e^(−(hi+lo)/2) ≈ e^(−hi/2)·(1 − lo/2)
-            let g = exp(_mm256_sub_ps(_mm256_setzero_ps(), t2));
-            let g = _mm256_fnmadd_ps(g, _mm256_mul_ps(xx_lo, half), g);
-            let large = _mm256_mul_ps(_mm256_mul_ps(g, h), u);
+                // Large branch: erfc = e^(−t²) · h(u) · u, u = 1/t, t clamped to [1, T_MAX].
+                let tc = _mm256_min_ps(_mm256_max_ps(t, one), _mm256_set1_ps(H_T_MAX));
+                let u = _mm256_div_ps(one, tc);
+                let v = _mm256_fmsub_ps(u, _mm256_set1_ps(H_SCALE), _mm256_set1_ps(H_SHIFT));
+                let h = horner(&ERFC_LARGE, v);
+                // e^(−(hi+lo)/2) ≈ e^(−hi/2)·(1 − lo/2)
+                let g = exp(_mm256_sub_ps(_mm256_setzero_ps(), t2));
+                let g = _mm256_fnmadd_ps(g, _mm256_mul_ps(xx_lo, half), g);
+                let large = _mm256_mul_ps(_mm256_mul_ps(g, h), u);
 
-            let is_small = _mm256_cmp_ps::<_CMP_LT_OQ>(t, one);
-            let erfc_t = _mm256_blendv_ps(large, small, is_small);
-            let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_setzero_ps());
-            let w = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(2.0), erfc_t), erfc_t, neg);
-            _mm256_mul_ps(_mm256_mul_ps(half, x), w)
+                let is_small = _mm256_cmp_ps::<_CMP_LT_OQ>(t, one);
+                let erfc_t = _mm256_blendv_ps(large, small, is_small);
+                let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_setzero_ps());
+                let w = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(2.0), erfc_t), erfc_t, neg);
+                _mm256_mul_ps(_mm256_mul_ps(half, x), w)
+            }
         }
     }
 
     /// `out = M(gate) · up`, equal lengths (SwiGLU with [`Silu`], GeGLU with [`GeluTanh`]).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C, and `gate` and `up` must hold at least
+    /// `out.len()` values (their vector loads run to `out.len()` rounded down to 8).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn glu<M: Map8>(out: &mut [f32], gate: &[f32], up: &[f32]) {
         let n = out.len();
@@ -717,23 +749,33 @@ pub(crate) mod avx2 {
     /// `tanh(x)` for 8 lanes: the polynomial above for `|x| < 1/4`, else
     /// `(1 − t)/(1 + t)` with `t = e^(−2|x|)` and the sign of `x` (no cancellation: `t ≤ 0.61`
     /// there). NaN lanes stay NaN.
+    ///
+    /// # Safety
+    /// The caller must have AVX2 and FMA.
     #[inline(always)]
     pub unsafe fn tanh8(x: __m256) -> __m256 {
-        let sign = _mm256_set1_ps(-0.0);
-        let ax = _mm256_andnot_ps(sign, x);
-        let x2 = _mm256_mul_ps(x, x);
-        let small = _mm256_mul_ps(x, horner(&TANH_SMALL, x2));
-        let one = _mm256_set1_ps(1.0);
-        let t = exp_nonpositive(_mm256_mul_ps(ax, _mm256_set1_ps(-2.0)));
-        let large = _mm256_div_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t));
-        let large = _mm256_or_ps(large, _mm256_and_ps(x, sign));
-        let is_small = _mm256_cmp_ps::<_CMP_LT_OQ>(ax, _mm256_set1_ps(0.25));
-        let r = _mm256_blendv_ps(large, small, is_small);
-        let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
-        _mm256_blendv_ps(r, x, nan)
+        // SAFETY: the caller has AVX2 and FMA (this function's contract); the intrinsics only compute
+        // on registers.
+        unsafe {
+            let sign = _mm256_set1_ps(-0.0);
+            let ax = _mm256_andnot_ps(sign, x);
+            let x2 = _mm256_mul_ps(x, x);
+            let small = _mm256_mul_ps(x, horner(&TANH_SMALL, x2));
+            let one = _mm256_set1_ps(1.0);
+            let t = exp_nonpositive(_mm256_mul_ps(ax, _mm256_set1_ps(-2.0)));
+            let large = _mm256_div_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t));
+            let large = _mm256_or_ps(large, _mm256_and_ps(x, sign));
+            let is_small = _mm256_cmp_ps::<_CMP_LT_OQ>(ax, _mm256_set1_ps(0.25));
+            let r = _mm256_blendv_ps(large, small, is_small);
+            let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+            _mm256_blendv_ps(r, x, nan)
+        }
     }
 
     /// See [`super::softcap_inplace`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn softcap(x: &mut [f32], cap: f32) {
         // SAFETY: the function's contract.
@@ -743,10 +785,14 @@ pub(crate) mod avx2 {
     /// The body of [`softcap`], inlined into callers that have the features (the attention
     /// kernel's score soft-capping). The tail goes through a padded register, so every
     /// element gets the same arithmetic.
+    ///
+    /// # Safety
+    /// The caller must have AVX2 and FMA.
     #[inline(always)]
     pub unsafe fn softcap_body(x: &mut [f32], cap: f32) {
         // x / cap as x · (1/cap) would round twice; divide exactly like the reference.
-        let c = _mm256_set1_ps(cap);
+        // SAFETY: the caller has AVX (this function's contract); a register broadcast.
+        let c = unsafe { _mm256_set1_ps(cap) };
         let n8 = x.len() / 8 * 8;
         let p = x.as_mut_ptr();
         let mut i = 0;
@@ -773,6 +819,9 @@ pub(crate) mod avx2 {
     }
 
     /// Row softmax; see [`super::softmax_inplace`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn softmax(x: &mut [f32]) {
         let n = x.len();
@@ -831,24 +880,28 @@ pub(crate) mod avx2 {
     }
 
     /// The largest non-NaN entry (`-inf` if none) and whether any entry is NaN.
+    ///
+    /// # Safety
+    /// The caller must have AVX2.
     #[inline(always)]
     unsafe fn max_and_nan(x: &[f32]) -> (f32, bool) {
         let n8 = x.len() / 8 * 8;
         let p = x.as_ptr();
-        let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
-        let mut nan = _mm256_setzero_ps();
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ n8 ≤ len.
-            let v = unsafe { _mm256_loadu_ps(p.add(i)) };
-            // max_ps returns its second operand when either is NaN: NaN lanes keep vmax.
-            vmax = _mm256_max_ps(v, vmax);
-            nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-            i += 8;
-        }
-        // SAFETY: AVX2 is available (the function's contract).
-        let mut max = unsafe { hmax(vmax) };
-        let mut has_nan = _mm256_movemask_ps(nan) != 0;
+        // SAFETY: the caller has AVX2 (this function's contract); every load reads 8 f32 at
+        // i with i + 8 ≤ n8 ≤ len.
+        let (mut max, mut has_nan) = unsafe {
+            let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+            let mut nan = _mm256_setzero_ps();
+            let mut i = 0;
+            while i < n8 {
+                let v = _mm256_loadu_ps(p.add(i));
+                // max_ps returns its second operand when either is NaN: NaN lanes keep vmax.
+                vmax = _mm256_max_ps(v, vmax);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+                i += 8;
+            }
+            (hmax(vmax), _mm256_movemask_ps(nan) != 0)
+        };
         for &v in &x[n8..] {
             if v.is_nan() {
                 has_nan = true;
@@ -860,6 +913,9 @@ pub(crate) mod avx2 {
     }
 
     /// See [`super::log_sum_exp`].
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn log_sum_exp(x: &[f32]) -> f32 {
         // SAFETY: the function's contract.
@@ -884,21 +940,20 @@ pub(crate) mod avx2 {
             i += 16;
         }
         if i < n8 {
-            // SAFETY: i + 8 ≤ n8 ≤ len.
-            a0 = _mm256_add_ps(
-                a0,
-                exp(_mm256_sub_ps(unsafe { _mm256_loadu_ps(p.add(i)) }, m)),
-            );
+            // SAFETY: i + 8 ≤ n8 ≤ len; `exp` needs AVX2 and FMA, which this function has.
+            a0 = _mm256_add_ps(a0, unsafe {
+                exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m))
+            });
         }
         if n8 < n {
             // Pad with -inf: exp(-inf - max) is exactly 0.
             let mut buf = [f32::NEG_INFINITY; 8];
             buf[..n - n8].copy_from_slice(&x[n8..]);
-            // SAFETY: `buf` holds exactly 8 f32.
-            a1 = _mm256_add_ps(
-                a1,
-                exp(_mm256_sub_ps(unsafe { _mm256_loadu_ps(buf.as_ptr()) }, m)),
-            );
+            // SAFETY: `buf` holds exactly 8 f32; `exp` needs AVX2 and FMA, which this
+            // function has.
+            a1 = _mm256_add_ps(a1, unsafe {
+                exp(_mm256_sub_ps(_mm256_loadu_ps(buf.as_ptr()), m))
+            });
         }
         // SAFETY: AVX2 is available (the function's contract).
         let sum = unsafe { hsum(_mm256_add_ps(a0, a1)) };
@@ -906,6 +961,9 @@ pub(crate) mod avx2 {
     }
 
     /// See [`super::argmax`]: one pass for the maximum, one for its first position.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn argmax(x: &[f32]) -> usize {
         // SAFETY: the function's contract.

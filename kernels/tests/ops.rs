@@ -91,19 +91,41 @@ fn conversions_match_scalar_bitwise() {
         }
         let (mut fast, mut slow) = (vec![f16::ZERO; n], vec![f16::ZERO; n]);
         f32_to_f16(&x, &mut fast).unwrap();
-        f32_to_f16_scalar(&x, &mut slow);
+        f32_to_f16_scalar(&x, &mut slow).unwrap();
         let bits = |h: &[f16]| h.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&fast), bits(&slow), "f32_to_f16, n = {n}");
 
         let (mut wide, mut wide_ref) = (vec![0.0f32; n], vec![0.0f32; n]);
         f16_to_f32(&slow, &mut wide).unwrap();
-        f16_to_f32_scalar(&slow, &mut wide_ref);
+        f16_to_f32_scalar(&slow, &mut wide_ref).unwrap();
         let fbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(fbits(&wide), fbits(&wide_ref), "f16_to_f32, n = {n}");
     }
     let mut short = [0.0f32; 2];
     assert!(matches!(
         f16_to_f32(&[f16::ONE; 3], &mut short),
+        Err(KernelError::Length { .. })
+    ));
+    // The scalar references refuse a wrong length too, naming both lengths.
+    assert_eq!(
+        f16_to_f32_scalar(&[f16::ONE; 3], &mut short),
+        Err(KernelError::Length {
+            what: "dst",
+            expected: 3,
+            actual: 2
+        })
+    );
+    let mut short_h = [f16::ZERO; 4];
+    assert_eq!(
+        f32_to_f16_scalar(&[1.0; 5], &mut short_h),
+        Err(KernelError::Length {
+            what: "dst",
+            expected: 5,
+            actual: 4
+        })
+    );
+    assert!(matches!(
+        f32_to_f16(&[1.0; 9], &mut short_h),
         Err(KernelError::Length { .. })
     ));
 }

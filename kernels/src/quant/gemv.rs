@@ -265,7 +265,7 @@ mod tests {
                         .collect();
                     let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
                     let mut acts = QuantizedActs::default();
-                    acts.quantize(&x, m, k);
+                    acts.quantize(&x, m, k).unwrap();
                     let mut want = vec![f32::NAN; m * n];
                     // SAFETY: want is m·n, w holds n rows of k, all columns are ours.
                     unsafe {
@@ -330,7 +330,7 @@ mod tests {
                 let mut x: Vec<f32> = (0..m * k).map(|_| rng.uniform()).collect();
                 x[k + 300] = bad;
                 let mut acts = QuantizedActs::default();
-                acts.quantize(&x, m, k);
+                acts.quantize(&x, m, k).unwrap();
                 for (name, kernel) in kernels() {
                     let mut y = vec![0.0f32; m * n];
                     // SAFETY: y is m·n, w holds n rows of k; the CPU runs `kernel`.
