@@ -60,13 +60,17 @@ fn pool(threads: usize) -> rayon::ThreadPool {
 
 #[test]
 fn quantized_gemv_matches_exact_dequantization() {
-    let pools = [pool(1), pool(2), pool(3)];
+    // Under Miri (about a million times slower): one and three threads, k = 256 (8 blocks,
+    // or one super-block), one ragged n, one row and 11 (a GEMV group of 8, then 3).
+    let pools = if cfg!(miri) {
+        vec![pool(1), pool(3)]
+    } else {
+        vec![pool(1), pool(2), pool(3)]
+    };
     let mut rng = Rng(0x0DDB_1A5E_5BAD_5EED);
     let mut checked = 0;
-    // Under Miri (about a million times slower): one and two blocks or super-blocks, a row
-    // count on each side of the 4-row pass and past the 8-row GEMV group.
     let (ks, ns, ms): (&[usize], &[usize], &[usize]) = if cfg!(miri) {
-        (&[32, 256], &[1, 7], &[1, 5, 11])
+        (&[256], &[3], &[1, 11])
     } else {
         (
             &[32, 96, 576, 256, 768, 1536],
@@ -112,7 +116,7 @@ fn quantized_gemv_matches_exact_dequantization() {
             }
         }
     }
-    assert!(checked > if cfg!(miri) { 100 } else { 1000 });
+    assert!(checked >= if cfg!(miri) { 32 } else { 1000 });
 }
 
 /// `linear_many` over quantized parts of different formats equals `linear` on each.
@@ -163,20 +167,26 @@ fn quantized_groups_match_single_products() {
 #[test]
 fn non_finite_activations_are_never_hidden() {
     let mut rng = Rng(99);
-    // Under Miri: fewer rows of W and positions (first, middle and last of the row).
+    // Under Miri: fewer rows of W, one position and NaN only (the infinities take the same
+    // path through the activation scale).
     let (m, k, n) = if cfg!(miri) {
         (3, 512, 3)
     } else {
         (3, 512, 40)
     };
     let ats: &[usize] = if cfg!(miri) {
-        &[0, 200, 511]
+        &[200]
     } else {
         &[0, 31, 200, 511]
     };
+    let bads: &[f32] = if cfg!(miri) {
+        &[f32::NAN]
+    } else {
+        &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY]
+    };
     for format in QuantFormat::ALL {
         let w = random_blocks(format, n, k, &mut rng);
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        for &bad in bads {
             for &at in ats {
                 let mut x = activations(m * k, &mut rng);
                 x[k + at] = bad;
