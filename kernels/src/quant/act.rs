@@ -285,6 +285,11 @@ mod tests {
             .collect()
     }
 
+    /// Half a step, plus the f32 roundings of a step count near 32767 (`x·inv`, `inv` itself
+    /// and `t ± 0.5` each round by up to 2⁻¹⁰ of a step there, `q·s` by 2⁻²⁴ of the value):
+    /// 1/128 of a step covers them, far below the whole step an off-by-one would cost. (The
+    /// bound was 0.5·1.0001 steps, which a Miri run broke on slightly different inputs: Miri's
+    /// float functions such as `powi` are deliberately not bit-exact.)
     #[test]
     fn error_is_within_half_a_step() {
         let x = values(32 * 40, 7);
@@ -294,7 +299,11 @@ mod tests {
             let s = acts.scale[b];
             for (j, &v) in xb.iter().enumerate() {
                 let back = f32::from(acts.q[32 * b + j]) * s;
-                assert!((back - v).abs() <= 0.5 * s * 1.0001, "block {b} elem {j}");
+                let err = (back - v).abs();
+                assert!(
+                    err <= (0.5 + 1.0 / 128.0) * s,
+                    "block {b} elem {j}: {err} of {s}"
+                );
             }
             let exact: f64 = xb.iter().map(|&v| f64::from(v)).sum();
             assert!((f64::from(acts.sum[b]) - exact).abs() <= 1e-6 * (1.0 + exact.abs()));
