@@ -8,78 +8,88 @@ pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) -> Result<()> {
     check_len("dst", src.len(), dst.len())?;
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma_f16c() {
-        // SAFETY: F16C/AVX2 checked above; lengths equal (checked).
+        // SAFETY: AVX2 and F16C were detected at run time just above.
         unsafe { avx2::widen(src, dst) };
         return Ok(());
     }
-    f16_to_f32_scalar(src, dst);
-    Ok(())
+    f16_to_f32_scalar(src, dst)
 }
 
 /// Rounds `src` to the nearest f16 (ties to even) into `dst` (same length).
 pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) -> Result<()> {
     check_len("dst", src.len(), dst.len())?;
+    // Miri does not interpret F16C's f32 → f16 instruction (`vcvtps2ph`), so under Miri the
+    // narrowing takes the scalar loop, which writes the same bits.
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
-        // SAFETY: F16C/AVX2 checked above; lengths equal (checked).
+    if crate::simd::has_avx2_fma_f16c() && !cfg!(miri) {
+        // SAFETY: AVX2 and F16C were detected at run time just above.
         unsafe { avx2::narrow(src, dst) };
         return Ok(());
     }
-    f32_to_f16_scalar(src, dst);
-    Ok(())
+    f32_to_f16_scalar(src, dst)
 }
 
-/// Scalar reference for [`f16_to_f32`]. Panics if the lengths differ.
-pub fn f16_to_f32_scalar(src: &[f16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len());
+/// Scalar reference for [`f16_to_f32`]. Errors as it does if the lengths differ.
+pub fn f16_to_f32_scalar(src: &[f16], dst: &mut [f32]) -> Result<()> {
+    check_len("dst", src.len(), dst.len())?;
     for (d, s) in dst.iter_mut().zip(src) {
         *d = s.to_f32();
     }
+    Ok(())
 }
 
-/// Scalar reference for [`f32_to_f16`]. Panics if the lengths differ.
-pub fn f32_to_f16_scalar(src: &[f32], dst: &mut [f16]) {
-    assert_eq!(src.len(), dst.len());
+/// Scalar reference for [`f32_to_f16`]. Errors as it does if the lengths differ.
+pub fn f32_to_f16_scalar(src: &[f32], dst: &mut [f16]) -> Result<()> {
+    check_len("dst", src.len(), dst.len())?;
     for (d, s) in dst.iter_mut().zip(src) {
         *d = f16::from_f32(*s);
     }
+    Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    //! The F16C loops. They are safe functions with `#[target_feature]`: calling one is
+    //! `unsafe` only where the caller has not itself enabled AVX2 and F16C. Each walks whole
+    //! chunks of 8 of both slices (zipped, so a shorter `dst` just stops the loop early), and
+    //! the tail converts element by element.
     use core::arch::x86_64::*;
     use half::f16;
 
+    /// `dst = src` widened to f32, over the common length.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn widen(src: &[f16], dst: &mut [f32]) {
-        let n8 = src.len() / 8 * 8;
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ len for both slices.
-            let h = _mm_loadu_si128(s.add(i) as *const __m128i);
-            _mm256_storeu_ps(d.add(i), _mm256_cvtph_ps(h));
-            i += 8;
+    pub fn widen(src: &[f16], dst: &mut [f32]) {
+        let mut s8 = src.chunks_exact(8);
+        let mut d8 = dst.chunks_exact_mut(8);
+        for (s, d) in (&mut s8).zip(&mut d8) {
+            // SAFETY: `s` is 8 f16 = 16 readable bytes and `d` 8 writable f32 (chunks of
+            // exactly 8); both intrinsics are unaligned accesses.
+            unsafe {
+                let h = _mm_loadu_si128(s.as_ptr() as *const __m128i);
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
         }
-        for j in n8..src.len() {
-            dst[j] = src[j].to_f32();
+        for (d, s) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
+            *d = s.to_f32();
         }
     }
 
+    /// `dst = src` rounded to f16 (nearest, ties to even), over the common length.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
-        let n8 = src.len() / 8 * 8;
-        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 ≤ len for both slices.
-            let v = _mm256_loadu_ps(s.add(i));
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-            _mm_storeu_si128(d.add(i) as *mut __m128i, h);
-            i += 8;
+    pub fn narrow(src: &[f32], dst: &mut [f16]) {
+        let mut s8 = src.chunks_exact(8);
+        let mut d8 = dst.chunks_exact_mut(8);
+        for (s, d) in (&mut s8).zip(&mut d8) {
+            // SAFETY: `s` is 8 readable f32 and `d` 8 f16 = 16 writable bytes (chunks of
+            // exactly 8); both intrinsics are unaligned accesses.
+            unsafe {
+                let v = _mm256_loadu_ps(s.as_ptr());
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+                _mm_storeu_si128(d.as_mut_ptr() as *mut __m128i, h);
+            }
         }
-        for j in n8..src.len() {
-            dst[j] = f16::from_f32(src[j]);
+        for (d, s) in d8.into_remainder().iter_mut().zip(s8.remainder()) {
+            *d = f16::from_f32(*s);
         }
     }
 }

@@ -67,7 +67,9 @@ pub fn prefer_avx512() -> bool {
 }
 
 /// AMD family 0x19 (Zen 3 and Zen 4; only Zen 4 has AVX-512) splits 512-bit operations.
-#[cfg(target_arch = "x86_64")]
+/// (Not under Miri, which cannot run `cpuid`: there the answer is false, so a Miri run
+/// with AVX-512 enabled interprets the 512-bit kernels.)
+#[cfg(all(target_arch = "x86_64", not(miri)))]
 fn splits_512_bit_ops() -> bool {
     use core::arch::x86_64::__cpuid;
     // CPUID leaves 0 (vendor) and 1 (signature) exist on every x86-64 CPU.
@@ -82,7 +84,7 @@ fn splits_512_bit_ops() -> bool {
     amd && family == 0x19
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(any(not(target_arch = "x86_64"), miri))]
 fn splits_512_bit_ops() -> bool {
     false
 }
@@ -154,56 +156,77 @@ pub(crate) mod avx2 {
     }
 
     /// Horizontal sum of 8 lanes.
+    ///
+    /// # Safety
+    /// The caller must have AVX2 (it is inlined into `#[target_feature]` functions).
     #[inline(always)]
     pub unsafe fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps::<1>(v);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
+        // SAFETY: the caller has the CPU features (this function's contract); these intrinsics only
+        // compute on registers.
+        unsafe {
+            let lo = _mm256_castps256_ps128(v);
+            let hi = _mm256_extractf128_ps::<1>(v);
+            let s = _mm_add_ps(lo, hi);
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s)
+        }
     }
 
     /// Horizontal max of 8 lanes.
+    ///
+    /// # Safety
+    /// The caller must have AVX2 (it is inlined into `#[target_feature]` functions).
     #[inline(always)]
     pub unsafe fn hmax(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps::<1>(v);
-        let s = _mm_max_ps(lo, hi);
-        let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_max_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
+        // SAFETY: the caller has the CPU features (this function's contract); these intrinsics only
+        // compute on registers.
+        unsafe {
+            let lo = _mm256_castps256_ps128(v);
+            let hi = _mm256_extractf128_ps::<1>(v);
+            let s = _mm_max_ps(lo, hi);
+            let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_max_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s)
+        }
     }
 
     /// `exp(x)` for 8 lanes, relative error below 2.5e-7 on [-87, 88] (a sweep in steps of
     /// 3e-5 found at most 2.3e-7, near x = −81); inputs below -87 give 0 (including -inf), so
     /// masked scores vanish instead of producing NaN.
+    ///
+    /// # Safety
+    /// The caller must have AVX2 and FMA (it is inlined into `#[target_feature]` functions).
     #[inline(always)]
     pub unsafe fn exp(x: __m256) -> __m256 {
-        // exp(x) = 2^n · exp(r), n = round(x / ln 2), r = x - n·ln 2 in [-ln2/2, ln2/2].
-        let lo = _mm256_set1_ps(-87.0);
-        let hi = _mm256_set1_ps(88.0);
-        let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
-        let x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        // Cody–Waite split of ln 2 keeps r exact to f32 precision.
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
-        // Degree-6 Taylor polynomial of exp on the reduced range, Horner form.
-        let mut p = _mm256_set1_ps(1.0 / 720.0);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 120.0));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 24.0));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 6.0));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        )));
-        _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2))
+        // SAFETY: the caller has the CPU features (this function's contract); these intrinsics only
+        // compute on registers.
+        unsafe {
+            // exp(x) = 2^n · exp(r), n = round(x / ln 2), r = x - n·ln 2 in [-ln2/2, ln2/2].
+            let lo = _mm256_set1_ps(-87.0);
+            let hi = _mm256_set1_ps(88.0);
+            let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
+            let x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            );
+            // Cody–Waite split of ln 2 keeps r exact to f32 precision.
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+            // Degree-6 Taylor polynomial of exp on the reduced range, Horner form.
+            let mut p = _mm256_set1_ps(1.0 / 720.0);
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 120.0));
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 24.0));
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 6.0));
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
+            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            )));
+            _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2))
+        }
     }
 
     /// `exp(x)` for 8 lanes of `x ≤ 0` (softmax numerators: a score minus the running max),
@@ -212,28 +235,35 @@ pub(crate) mod avx2 {
     /// the result, plus the rounding of `x·log₂e` and of the constant, which grow with |x|
     /// (a sweep in steps of 2e-5 found 0.89 of that bound at most, near x = −44.7). Lanes
     /// below −87 (and −∞) give exactly 0.
+    ///
+    /// # Safety
+    /// The caller must have AVX2 and FMA (it is inlined into `#[target_feature]` functions).
     #[inline(always)]
     pub unsafe fn exp_nonpositive(x: __m256) -> __m256 {
-        let lo = _mm256_set1_ps(-87.0);
-        let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
-        let t = _mm256_mul_ps(
-            _mm256_max_ps(x, lo),
-            _mm256_set1_ps(std::f32::consts::LOG2_E),
-        );
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-        let f = _mm256_sub_ps(t, n);
-        // 2^f on [-1/2, 1/2]: degree-5 polynomial fitted for relative error (2.3e-7).
-        let mut p = _mm256_set1_ps(1.327_646_4e-3);
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.675_541e-3));
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550_713_5e-2));
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402_212e-1));
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931_469_4e-1));
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.000_000_1));
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        )));
-        _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2))
+        // SAFETY: the caller has the CPU features (this function's contract); these intrinsics only
+        // compute on registers.
+        unsafe {
+            let lo = _mm256_set1_ps(-87.0);
+            let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
+            let t = _mm256_mul_ps(
+                _mm256_max_ps(x, lo),
+                _mm256_set1_ps(std::f32::consts::LOG2_E),
+            );
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+            let f = _mm256_sub_ps(t, n);
+            // 2^f on [-1/2, 1/2]: degree-5 polynomial fitted for relative error (2.3e-7).
+            let mut p = _mm256_set1_ps(1.327_646_4e-3);
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.675_541e-3));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550_713_5e-2));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402_212e-1));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931_469_4e-1));
+            p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.000_000_1));
+            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            )));
+            _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2))
+        }
     }
 }
 
@@ -243,10 +273,15 @@ mod tests {
     use core::arch::x86_64::*;
 
     /// Applies one of the vector `exp`s to 8 values.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn lanes(f: unsafe fn(__m256) -> __m256, x: [f32; 8]) -> [f32; 8] {
         let mut out = [0.0f32; 8];
-        _mm256_storeu_ps(out.as_mut_ptr(), f(_mm256_loadu_ps(x.as_ptr())));
+        // SAFETY: `x` and `out` hold the 8 f32 each unaligned access touches; `f` needs
+        // AVX2 and FMA, which this function enables.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), f(_mm256_loadu_ps(x.as_ptr()))) };
         out
     }
 
@@ -284,10 +319,12 @@ mod tests {
         if !super::has_avx2_fma_f16c() {
             return;
         }
-        let xs = sweep(-87.0, 88.0, 3.1e-5);
+        // Miri interprets every lane: a sweep 10⁴ times coarser there (still ~600 points).
+        let coarse = if cfg!(miri) { 1e4 } else { 1.0 };
+        let xs = sweep(-87.0, 88.0, 3.1e-5 * coarse);
         let w = worst(avx2::exp, &xs, |_| 2.5e-7);
         assert!(w <= 1.0, "exp: {w} × the bound");
-        let xs = sweep(-87.0, 0.0, 1.7e-5);
+        let xs = sweep(-87.0, 0.0, 1.7e-5 * coarse);
         let w = worst(avx2::exp_nonpositive, &xs, |x| 3e-7 + 8e-8 * x.abs());
         assert!(w <= 1.0, "exp_nonpositive: {w} × the bound");
     }

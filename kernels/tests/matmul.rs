@@ -66,9 +66,16 @@ fn check(m: usize, k: usize, n: usize, half: bool, with_bias: bool, rng: &mut Rn
 #[test]
 fn gemv_shapes() {
     let mut rng = Rng(1);
+    // Under Miri (about a million times slower): k around the 8-lane width and its unrolls,
+    // n around the thread split, every row count.
+    let (ks, ns): (&[usize], &[usize]) = if cfg!(miri) {
+        (&[1, 9, 17, 33], &[1, 3, 5])
+    } else {
+        (&[1, 7, 8, 9, 17, 64, 577], &[1, 2, 3, 5, 63, 64, 65, 129])
+    };
     for m in 1..=GEMV_MAX_ROWS {
-        for &k in &[1, 7, 8, 9, 17, 64, 577] {
-            for &n in &[1, 2, 3, 5, 63, 64, 65, 129] {
+        for &k in ks {
+            for &n in ns {
                 check(m, k, n, (m + k + n) % 2 == 0, n % 3 != 0, &mut rng);
             }
         }
@@ -78,13 +85,19 @@ fn gemv_shapes() {
 #[test]
 fn gemv_large_parallel() {
     // Large enough to split across threads; n not a multiple of the tile or thread count.
+    // Under Miri one shape just past the split threshold (n·k ≥ 2¹⁵).
     let mut rng = Rng(2);
-    for &(m, k, n) in &[
-        (1, 576, 1537),
-        (3, 576, 2049),
-        (8, 1536, 577),
-        (1, 1000, 4099),
-    ] {
+    let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
+        &[(1, 64, 513)]
+    } else {
+        &[
+            (1, 576, 1537),
+            (3, 576, 2049),
+            (8, 1536, 577),
+            (1, 1000, 4099),
+        ]
+    };
+    for &(m, k, n) in shapes {
         check(m, k, n, true, true, &mut rng);
         check(m, k, n, false, false, &mut rng);
     }
@@ -93,6 +106,14 @@ fn gemv_large_parallel() {
 #[test]
 fn gemm_shapes() {
     let mut rng = Rng(3);
+    if cfg!(miri) {
+        // Under Miri: the gemm path (m past the GEMV rows) on f32 and f16 weights, small.
+        for &(k, n) in &[(1, 7), (9, 5)] {
+            check(GEMV_MAX_ROWS + 1, k, n, false, true, &mut rng);
+            check(GEMV_MAX_ROWS + 1, k, n, true, false, &mut rng);
+        }
+        return;
+    }
     for &m in &[GEMV_MAX_ROWS + 1, 17, 64] {
         for &k in &[1, 9, 576] {
             for &n in &[1, 7, 300] {
@@ -128,6 +149,13 @@ fn splits_on_pools_of_one_to_five_threads() {
     let mut rng = Rng(4);
     for threads in 1..=5 {
         pool(threads).install(|| {
+            if cfg!(miri) {
+                // Under Miri: the column split of the gemm path (m past the GEMV rows, small
+                // k) and a GEMV just past its split threshold, both ragged.
+                check(GEMV_MAX_ROWS + 2, 4, 37, true, false, &mut rng);
+                check(1, 64, 513, false, true, &mut rng);
+                return;
+            }
             check(512, 64, 300, true, false, &mut rng);
             check(96, 576, 191, false, true, &mut rng);
             check(1, 576, 1537, true, true, &mut rng);
@@ -141,7 +169,13 @@ fn splits_on_pools_of_one_to_five_threads() {
 /// panel buffer still borrowed and panicked.
 #[test]
 fn concurrent_f16_calls_on_one_pool_nest_safely() {
-    let (m, k, n) = (200, 512, 2048);
+    // Under Miri: a small prefill (still the f16 panel path) and fewer concurrent calls.
+    let (m, k, n) = if cfg!(miri) {
+        (12, 16, 40)
+    } else {
+        (200, 512, 2048)
+    };
+    let calls = if cfg!(miri) { 6 } else { 64 };
     let mut rng = Rng(5);
     let x = rng.vec(m * k);
     let w: Vec<f16> = rng.vec(n * k).iter().map(|&v| f16::from_f32(v)).collect();
@@ -149,7 +183,7 @@ fn concurrent_f16_calls_on_one_pool_nest_safely() {
     linear_scalar(&mut want, &x, Weights::F16(&w), None, m, k, n).unwrap();
     pool(4).install(|| {
         use rayon::prelude::*;
-        (0..64).into_par_iter().for_each(|_| {
+        (0..calls).into_par_iter().for_each(|_| {
             let mut y = vec![0.0; m * n];
             linear(&mut y, &x, Weights::F16(&w), None, m, k, n).unwrap();
             let worst = y
@@ -194,8 +228,17 @@ fn linear_many_equals_separate_calls() {
     use qkv_kernels::{linear_many, Projection};
     let mut rng = Rng(4);
     // Q/K/V-like group (n = 576, 192, 192) and a ragged one, in GEMV and gemm regimes.
-    for &(m, k) in &[(1, 576), (3, 64), (8, 130), (12, 64)] {
-        for ns in [&[576usize, 192, 192][..], &[1, 37, 1000][..]] {
+    // Under Miri: the same regimes (one row, a GEMV group, the gemm path) with small shapes.
+    let (mks, groups): (&[(usize, usize)], &[&[usize]]) = if cfg!(miri) {
+        (&[(1, 24), (3, 9), (12, 8)], &[&[9, 3, 3], &[1, 5, 17]])
+    } else {
+        (
+            &[(1, 576), (3, 64), (8, 130), (12, 64)],
+            &[&[576, 192, 192], &[1, 37, 1000]],
+        )
+    };
+    for &(m, k) in mks {
+        for &ns in groups {
             let x = rng.vec(m * k);
             let ws: Vec<Vec<f16>> = ns
                 .iter()

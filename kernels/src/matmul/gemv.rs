@@ -81,7 +81,7 @@ pub(super) fn with_quantized<R>(
     f: impl FnOnce(&QuantizedActs) -> R,
 ) -> R {
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
-    acts.quantize(x, m, k);
+    acts.quantize_validated(x, m, k);
     let out = f(&acts);
     ACTS.with(|kept| {
         let mut kept = kept.borrow_mut();
@@ -231,11 +231,15 @@ mod gemv_avx2 {
                 let mr = (m - i).min(4);
                 // Accumulators: rows × k-unroll ≤ 8: enough independent FMA chains, and for
                 // m = 1 a deep unroll keeps many loads of the stream in flight.
-                match mr {
-                    1 => row::<T, 1, 8>(y, x, w, k, n, i, j, b),
-                    2 => row::<T, 2, 4>(y, x, w, k, n, i, j, b),
-                    3 => row::<T, 3, 2>(y, x, w, k, n, i, j, b),
-                    _ => row::<T, 4, 2>(y, x, w, k, n, i, j, b),
+                // SAFETY: this function has the features; i + mr ≤ m and j < j1 ≤ n, and
+                // the sizes of x, w and y are this function's contract.
+                unsafe {
+                    match mr {
+                        1 => row::<T, 1, 8>(y, x, w, k, n, i, j, b),
+                        2 => row::<T, 2, 4>(y, x, w, k, n, i, j, b),
+                        3 => row::<T, 3, 2>(y, x, w, k, n, i, j, b),
+                        _ => row::<T, 4, 2>(y, x, w, k, n, i, j, b),
+                    }
                 }
                 i += mr;
             }
@@ -243,6 +247,11 @@ mod gemv_avx2 {
     }
 
     /// `y[i, j] = x[i, :]·W[j, :] + b` for `i` in `i0..i0+M`, with `U` accumulators per row.
+    ///
+    /// # Safety
+    /// The caller must have AVX2, FMA and F16C; `w` holds row `j` (`(j + 1)·k` values), `x`
+    /// rows `i0..i0 + M` (`(i0 + M)·k` values), and `y` points to `m·n` floats whose column
+    /// `j` only this call touches, with `i0 + M ≤ m` and `j < n`.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn row<T: Lane, const M: usize, const U: usize>(
@@ -255,38 +264,44 @@ mod gemv_avx2 {
         j: usize,
         b: f32,
     ) {
-        let wp = w.as_ptr().add(j * k);
-        let xp = x.as_ptr().add(i0 * k);
-        let mut acc = [[_mm256_setzero_ps(); U]; M];
-        let step = 8 * U;
-        let mut p = 0;
-        while p + step <= k {
-            for u in 0..U {
-                // SAFETY: p + 8·U ≤ k, inside row j of W and rows i0.. of x.
-                let wv = T::load8(wp.add(p + 8 * u));
-                for (mi, a) in acc.iter_mut().enumerate() {
-                    a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p + 8 * u)), wv, a[u]);
+        // SAFETY: the caller has the CPU features and the bounds above (this function's
+        // contract). Every vector load reads 8 values at `p (+ 8u) < k` with `p + 8 ≤ k`, inside row
+        // `j` of W and rows `i0..i0 + M` of x; the tail reads `q < k`; the store writes
+        // `y[(i0 + mi)·n + j]`, in this call's own column.
+        unsafe {
+            let wp = w.as_ptr().add(j * k);
+            let xp = x.as_ptr().add(i0 * k);
+            let mut acc = [[_mm256_setzero_ps(); U]; M];
+            let step = 8 * U;
+            let mut p = 0;
+            while p + step <= k {
+                for u in 0..U {
+                    let wv = T::load8(wp.add(p + 8 * u));
+                    for (mi, a) in acc.iter_mut().enumerate() {
+                        a[u] =
+                            _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p + 8 * u)), wv, a[u]);
+                    }
                 }
+                p += step;
             }
-            p += step;
-        }
-        while p + 8 <= k {
-            let wv = T::load8(wp.add(p));
-            for (mi, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p)), wv, a[0]);
+            while p + 8 <= k {
+                let wv = T::load8(wp.add(p));
+                for (mi, a) in acc.iter_mut().enumerate() {
+                    a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p)), wv, a[0]);
+                }
+                p += 8;
             }
-            p += 8;
-        }
-        for (mi, a) in acc.iter().enumerate() {
-            let mut v = a[0];
-            for au in &a[1..] {
-                v = _mm256_add_ps(v, *au);
+            for (mi, a) in acc.iter().enumerate() {
+                let mut v = a[0];
+                for au in &a[1..] {
+                    v = _mm256_add_ps(v, *au);
+                }
+                let mut s = hsum(v);
+                for q in p..k {
+                    s += *xp.add(mi * k + q) * (*wp.add(q)).to_f32();
+                }
+                *y.get().add((i0 + mi) * n + j) = s + b;
             }
-            let mut s = hsum(v);
-            for q in p..k {
-                s += *xp.add(mi * k + q) * (*wp.add(q)).to_f32();
-            }
-            *y.get().add((i0 + mi) * n + j) = s + b;
         }
     }
 }

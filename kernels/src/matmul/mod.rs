@@ -192,7 +192,7 @@ pub fn linear(
             Weights::Quant(format, blocks) if quant::gemm::available() => {
                 gemv::with_quantized(x, m, k, |acts| {
                     quant::gemm::gemm(y, acts, format, blocks, bias, n)
-                });
+                })?;
             }
             _ => gemm_panels(y, x, w, bias, m, k, n),
         }

@@ -23,6 +23,7 @@ mod vnni;
 
 use super::act::QuantizedActs;
 use super::QuantFormat;
+use crate::error::{check_len, KernelError, Result};
 
 /// Rows of `W` per packed panel: two 512-bit vectors of 16 i32 sums per row of `x`.
 pub const NR: usize = 32;
@@ -35,11 +36,12 @@ pub fn available() -> bool {
 
 /// `y[m, n] = x·Wᵀ (+ b)` for `x` quantized in `acts` (`m = acts.m`, `k = acts.k`) and `W`
 /// the `n` rows of `k` elements of `format` in `w`, split by panels of [`NR`] rows of `W`
-/// across rayon's current pool. Returns false, touching nothing, when [`available`] is
-/// false; the caller then takes another path.
+/// across rayon's current pool. Returns `Ok(false)`, touching nothing, when [`available`]
+/// is false; the caller then takes another path.
 ///
-/// The caller has validated the shapes: `y` holds `m·n` floats, `w` exactly `n` rows, `bias`
-/// (if any) `n` values, and `k` is a whole number of `format`'s blocks.
+/// Errors, touching nothing, unless the shapes agree: `acts` as
+/// [`QuantizedActs::quantize`] leaves it ([`QuantizedActs::check`]), `y` holding `m·n`
+/// floats, `w` exactly `n` rows of `k` elements of `format`, and `bias` (if any) `n` values.
 pub fn gemm(
     y: &mut [f32],
     acts: &QuantizedActs,
@@ -47,22 +49,37 @@ pub fn gemm(
     w: &[u8],
     bias: Option<&[f32]>,
     n: usize,
-) -> bool {
+) -> Result<bool> {
     #[cfg(target_arch = "x86_64")]
     if available() {
-        assert!(
-            y.len() == acts.m * n
-                && format
-                    .row_bytes(acts.k)
-                    .is_ok_and(|row| row.checked_mul(n) == Some(w.len()))
-                && bias.is_none_or(|b| b.len() == n),
-            "quantized gemm: shapes disagree"
-        );
+        check_shapes(y, acts, format, w, bias, n)?;
         vnni::gemm(y, acts, format, w, bias, n);
-        return true;
+        return Ok(true);
     }
     let _ = (y, acts, format, w, bias, n);
-    false
+    Ok(false)
+}
+
+/// The shape checks of [`gemm()`], one error per argument.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn check_shapes(
+    y: &[f32],
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+) -> Result<()> {
+    acts.check()?;
+    let overflow = || KernelError::Invalid(format!("quantized gemm: {}·{n} overflows", acts.m));
+    check_len("y", acts.m.checked_mul(n).ok_or_else(overflow)?, y.len())?;
+    let row = format.row_bytes(acts.k)?;
+    let overflow = || KernelError::Invalid(format!("quantized gemm: {n} rows of {row} bytes"));
+    check_len("w", row.checked_mul(n).ok_or_else(overflow)?, w.len())?;
+    if let Some(b) = bias {
+        check_len("bias", n, b.len())?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -95,7 +112,7 @@ mod tests {
                         .collect();
                     let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
                     let mut acts = QuantizedActs::default();
-                    acts.quantize(&x, m, k);
+                    acts.quantize(&x, m, k).unwrap();
                     let mut want = vec![f32::NAN; m * n];
                     // SAFETY: want is m·n, w holds n rows of k, all columns are ours.
                     unsafe {
@@ -111,7 +128,7 @@ mod tests {
                         )
                     };
                     let mut got = vec![f32::NAN; m * n];
-                    assert!(gemm(&mut got, &acts, format, &w, Some(&bias), n));
+                    assert!(gemm(&mut got, &acts, format, &w, Some(&bias), n).unwrap());
                     for i in 0..m {
                         for j in 0..n {
                             let (g, e) = (got[i * n + j], want[i * n + j]);
@@ -142,9 +159,9 @@ mod tests {
                 let mut x: Vec<f32> = (0..m * k).map(|_| rng.uniform()).collect();
                 x[5 * k + 300] = bad;
                 let mut acts = QuantizedActs::default();
-                acts.quantize(&x, m, k);
+                acts.quantize(&x, m, k).unwrap();
                 let mut y = vec![0.0f32; m * n];
-                assert!(gemm(&mut y, &acts, format, &w, None, n));
+                assert!(gemm(&mut y, &acts, format, &w, None, n).unwrap());
                 for (i, row) in y.chunks_exact(n).enumerate() {
                     assert_eq!(
                         row.iter().all(|v| v.is_finite()),
@@ -154,5 +171,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Shapes that disagree are typed errors, whether or not the CPU has the kernel.
+    #[test]
+    fn wrong_shapes_are_errors() {
+        let (m, n, k) = (2, 3, 32);
+        let format = QuantFormat::Q8_0;
+        let w = weight_blocks(format, n, k, &mut Rng(5));
+        let mut acts = QuantizedActs::default();
+        acts.quantize(&vec![0.5f32; m * k], m, k).unwrap();
+        let mut y = vec![0.0f32; m * n];
+        for (name, got) in [
+            ("y", check_shapes(&y[1..], &acts, format, &w, None, n)),
+            ("w", check_shapes(&y, &acts, format, &w[1..], None, n)),
+            (
+                "bias",
+                check_shapes(&y, &acts, format, &w, Some(&[0.0; 2]), n),
+            ),
+        ] {
+            assert!(
+                matches!(got, Err(crate::KernelError::Length { what, .. }) if what == name),
+                "{name}: {got:?}"
+            );
+        }
+        check_shapes(&y, &acts, format, &w, Some(&[0.0; 3]), n).unwrap();
+        // Activations whose public fields were edited out of step with their buffers.
+        let mut bad = acts.clone();
+        bad.q.pop();
+        assert!(gemm(&mut y, &bad, format, &w, None, n).is_err() || !available());
+        assert!(check_shapes(&y, &bad, format, &w, None, n).is_err());
+        bad = acts.clone();
+        bad.k = 64;
+        assert!(check_shapes(&y, &bad, format, &w, None, n).is_err());
     }
 }

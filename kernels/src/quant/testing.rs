@@ -29,26 +29,43 @@ impl Rng {
 
 /// `n` rows of `k` elements of `format`, weight-like: random integers with finite scales and
 /// minimums of sensible sizes (values of order 0.1–1).
+///
+/// The scales are drawn as f16 bit patterns, not rounded with `f16::from_f32`: built with F16C
+/// enabled (the Miri run of the AVX2 kernels), `half` rounds with `vcvtps2ph`, which Miri
+/// does not implement.
 pub fn weight_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     let bytes = n * format.row_bytes(k).expect("whole blocks");
     let mut w: Vec<u8> = (0..bytes).map(|_| rng.next_u64() as u8).collect();
-    let put = |block: &mut [u8], at: usize, v: f32| {
-        block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes())
+    // A positive f16 with bits in lo..hi (the order of positive f16 bits is their value's),
+    // negated half of the time with `signed`.
+    let mut bits = |lo: u16, hi: u16, signed: bool| {
+        let r = rng.next_u64();
+        let b = lo + (r % u64::from(hi - lo)) as u16;
+        if signed && r >> 63 == 1 {
+            b | 0x8000
+        } else {
+            b
+        }
     };
+    // 2^-7 and 2^-4 (0.0078 to 0.0625), 2^-1 (0.5); the K-formats' super-block scales are
+    // 16 times smaller (exponent − 4), Q6_K's 64 times (exponent − 6).
+    const D: (u16, u16) = (0x2000, 0x2C00);
+    const HALF: u16 = 0x3800;
     for block in w.chunks_exact_mut(format.block_bytes()) {
-        let d = 0.01 + 0.05 * rng.uniform().abs();
-        let m = 0.5 * rng.uniform();
+        let mut put = |at: usize, v: u16| block[at..at + 2].copy_from_slice(&v.to_le_bytes());
         match format {
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => put(block, 0, d),
+            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => {
+                put(0, bits(D.0, D.1, false))
+            }
             QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
-                put(block, 0, d);
-                put(block, 2, m);
+                put(0, bits(D.0, D.1, false));
+                put(2, bits(0, HALF, true));
             }
             QuantFormat::Q4_K | QuantFormat::Q5_K => {
-                put(block, 0, d / 16.0);
-                put(block, 2, m.abs() / 16.0);
+                put(0, bits(D.0 - 0x1000, D.1 - 0x1000, false));
+                put(2, bits(0, HALF - 0x1000, false));
             }
-            QuantFormat::Q6_K => put(block, 208, d / 64.0),
+            QuantFormat::Q6_K => put(208, bits(D.0 - 0x1800, D.1 - 0x1800, false)),
         }
     }
     w

@@ -238,8 +238,9 @@ unsafe fn tile<F: Format, const M: usize>(
     let k = acts.k;
     let groups = k / ACT_BLOCK;
     let (halves, pairs) = if F::HALVES { (2, 8) } else { (1, 16) };
-    // SAFETY (every pointer below): rows i0..i0 + M of the activations and groups < groups
-    // of the panel exist (the caller's contract and `pack`'s sizes).
+    // SAFETY: (every pointer below) rows i0..i0 + M of the activations and groups < groups
+    // of the panel exist (the caller's contract and `pack`'s sizes); the CPU features are
+    // the caller's contract too.
     unsafe {
         let xq = acts.q.as_ptr().add(i0 * k);
         let xs = acts.scale.as_ptr().add(i0 * groups);

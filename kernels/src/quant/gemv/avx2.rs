@@ -19,6 +19,10 @@
 //! the [`Unpack`] implementations; [`columns_with`] is the frame, inlined into each ISA's
 //! `#[target_feature]` entry point.
 
+mod unpack;
+
+pub(in crate::quant) use unpack::{bytes, k_pair, q6k_half, W2};
+
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
 use crate::SharedOut;
 use core::arch::x86_64::*;
@@ -180,71 +184,78 @@ unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
     i0: usize,
     b: f32,
 ) {
-    let k = acts.k;
-    let bpr = acts.blocks_per_row();
-    let nblocks = k / F::BE;
-    let gpb = F::BE / ACT_BLOCK;
-    let per_chunk = CHUNK / gpb;
-    let mut acc0 = [I::zero(); M];
-    let mut acc1 = [I::zero(); M];
-    let mut cv = [_mm256_setzero_ps(); M];
-    let mut cs = [0.0f32; M];
-    let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
-    let mut b0 = 0;
-    while b0 < nblocks {
-        let nb = per_chunk.min(nblocks - b0);
-        let (g0, ng) = (b0 * gpb, nb * gpb);
-        let p = row.add(b0 * F::BB);
-        F::scales(p, nb, ch);
+    // SAFETY: the caller has the features and the shapes (this function's contract):
+    // `row` holds `k / BE` blocks, read a chunk of `nb` blocks at a time from block `b0`;
+    // activation scales and sums are read at `(i0 + r)·bpr + g0 + t` with `t < ng`, and the
+    // integers at row `i0 + r`, group `g0 + g < k / 32`, all inside `acts` for rows `< m`; the
+    // `Chunk` arrays hold `CHUNK ≥ ng` groups.
+    unsafe {
+        let k = acts.k;
+        let bpr = acts.blocks_per_row();
+        let nblocks = k / F::BE;
+        let gpb = F::BE / ACT_BLOCK;
+        let per_chunk = CHUNK / gpb;
+        let mut acc0 = [I::zero(); M];
+        let mut acc1 = [I::zero(); M];
+        let mut cv = [_mm256_setzero_ps(); M];
+        let mut cs = [0.0f32; M];
+        let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
+        let mut b0 = 0;
+        while b0 < nblocks {
+            let nb = per_chunk.min(nblocks - b0);
+            let (g0, ng) = (b0 * gpb, nb * gpb);
+            let p = row.add(b0 * F::BB);
+            F::scales(p, nb, ch);
+            for r in 0..M {
+                let at = (i0 + r) * bpr + g0;
+                combine::<F>(xs.add(at), ch, r, ng);
+                if F::MIN {
+                    constants(xsum.add(at), &ch.c, ng, &mut cv[r], &mut cs[r]);
+                }
+            }
+            let mut x = [xq; M];
+            for (r, xr) in x.iter_mut().enumerate() {
+                *xr = xq.add((i0 + r) * k + g0 * ACT_BLOCK);
+            }
+            let mut sink = Groups::<I, M> {
+                acc0,
+                acc1,
+                x,
+                s: &ch.s,
+                base: 0,
+                halves: F::HALVES,
+            };
+            if gpb == 1 {
+                // One group per block: alternate the accumulators by block.
+                let mut bi = 0;
+                while bi + 2 <= nb {
+                    sink.base = bi;
+                    F::block(p.add(bi * F::BB), &mut sink);
+                    sink.base = bi + 1;
+                    F::block(p.add((bi + 1) * F::BB), &mut Odd(&mut sink));
+                    bi += 2;
+                }
+                if bi < nb {
+                    sink.base = bi;
+                    F::block(p.add(bi * F::BB), &mut sink);
+                }
+            } else {
+                for bi in 0..nb {
+                    sink.base = bi * gpb;
+                    F::block(p.add(bi * F::BB), &mut sink);
+                }
+            }
+            (acc0, acc1) = (sink.acc0, sink.acc1);
+            b0 += nb;
+        }
         for r in 0..M {
-            let at = (i0 + r) * bpr + g0;
-            combine::<F>(xs.add(at), ch, r, ng);
+            let mut v = I::hsum2(acc0[r], acc1[r]);
             if F::MIN {
-                constants(xsum.add(at), &ch.c, ng, &mut cv[r], &mut cs[r]);
+                v += crate::simd::avx2::hsum(cv[r]) + cs[r];
             }
+            // i0 + r < m and j < n: inside y, in this call's own column j.
+            *y.get().add((i0 + r) * n + j) = v + b;
         }
-        let mut x = [xq; M];
-        for (r, xr) in x.iter_mut().enumerate() {
-            *xr = xq.add((i0 + r) * k + g0 * ACT_BLOCK);
-        }
-        let mut sink = Groups::<I, M> {
-            acc0,
-            acc1,
-            x,
-            s: &ch.s,
-            base: 0,
-            halves: F::HALVES,
-        };
-        if gpb == 1 {
-            // One group per block: alternate the accumulators by block.
-            let mut bi = 0;
-            while bi + 2 <= nb {
-                sink.base = bi;
-                F::block(p.add(bi * F::BB), &mut sink);
-                sink.base = bi + 1;
-                F::block(p.add((bi + 1) * F::BB), &mut Odd(&mut sink));
-                bi += 2;
-            }
-            if bi < nb {
-                sink.base = bi;
-                F::block(p.add(bi * F::BB), &mut sink);
-            }
-        } else {
-            for bi in 0..nb {
-                sink.base = bi * gpb;
-                F::block(p.add(bi * F::BB), &mut sink);
-            }
-        }
-        (acc0, acc1) = (sink.acc0, sink.acc1);
-        b0 += nb;
-    }
-    for r in 0..M {
-        let mut v = I::hsum2(acc0[r], acc1[r]);
-        if F::MIN {
-            v += crate::simd::avx2::hsum(cv[r]) + cs[r];
-        }
-        // SAFETY: i0 + r < m and j < n: inside y, in this call's own column j.
-        *y.get().add((i0 + r) * n + j) = v + b;
     }
 }
 
@@ -264,12 +275,17 @@ struct Groups<'a, I: Isa, const M: usize> {
 impl<I: Isa, const M: usize> Sink<I::W> for Groups<'_, I, M> {
     #[inline(always)]
     unsafe fn group(&mut self, g: usize, odd: bool, w: I::W) {
-        let g = self.base + g;
-        let step = if self.halves { 2 } else { 1 };
-        let acc = if odd { &mut self.acc1 } else { &mut self.acc0 };
-        for (r, a) in acc.iter_mut().enumerate() {
-            let x = self.x[r].add(g * ACT_BLOCK);
-            *a = I::group(*a, w, x, self.s[r].as_ptr().add(step * g), self.halves);
+        // SAFETY: the caller has the ISA (the trait's contract); `x[r]` points at the chunk's
+        // first group of row `r` and `base + g` is a group of this chunk, so the 32 activations and
+        // the scale (two with `halves`) read lie inside `acts` and `s[r]`.
+        unsafe {
+            let g = self.base + g;
+            let step = if self.halves { 2 } else { 1 };
+            let acc = if odd { &mut self.acc1 } else { &mut self.acc0 };
+            for (r, a) in acc.iter_mut().enumerate() {
+                let x = self.x[r].add(g * ACT_BLOCK);
+                *a = I::group(*a, w, x, self.s[r].as_ptr().add(step * g), self.halves);
+            }
         }
     }
 }
@@ -280,7 +296,10 @@ struct Odd<'s, S>(&'s mut S);
 impl<W, S: Sink<W>> Sink<W> for Odd<'_, S> {
     #[inline(always)]
     unsafe fn group(&mut self, g: usize, _: bool, w: W) {
-        self.0.group(g, true, w);
+        // SAFETY: forwarded with this function's own contract.
+        unsafe {
+            self.0.group(g, true, w);
+        }
     }
 }
 
@@ -290,32 +309,37 @@ impl<W, S: Sink<W>> Sink<W> for Odd<'_, S> {
 /// `xs` points to `ng` activation scales; AVX2.
 #[inline(always)]
 unsafe fn combine<F: Format>(xs: *const f32, ch: &mut Chunk, r: usize, ng: usize) {
-    let a = ch.a.as_ptr();
-    let s = ch.s[r].as_mut_ptr();
-    let mut t = 0;
-    if F::HALVES {
-        // ng is a multiple of 8 (whole super-blocks); each xs serves two half-groups.
-        let dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-        while t + 4 <= ng {
-            let x4 = _mm256_castps128_ps256(_mm_loadu_ps(xs.add(t)));
-            let x8 = _mm256_permutevar8x32_ps(x4, dup);
-            _mm256_storeu_ps(
-                s.add(2 * t),
-                _mm256_mul_ps(x8, _mm256_loadu_ps(a.add(2 * t))),
-            );
-            t += 4;
+    // SAFETY: the caller has AVX2 and `ng` readable scales at `xs` (this function's
+    // contract); `ch.a` and `ch.s[r]` hold `2·CHUNK ≥ 2·ng` values and every load or store
+    // reads 8 (or 4) at `t` with `t + 8 ≤ ng` (or `2t + 8 ≤ 2ng`).
+    unsafe {
+        let a = ch.a.as_ptr();
+        let s = ch.s[r].as_mut_ptr();
+        let mut t = 0;
+        if F::HALVES {
+            // ng is a multiple of 8 (whole super-blocks); each xs serves two half-groups.
+            let dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+            while t + 4 <= ng {
+                let x4 = _mm256_castps128_ps256(_mm_loadu_ps(xs.add(t)));
+                let x8 = _mm256_permutevar8x32_ps(x4, dup);
+                _mm256_storeu_ps(
+                    s.add(2 * t),
+                    _mm256_mul_ps(x8, _mm256_loadu_ps(a.add(2 * t))),
+                );
+                t += 4;
+            }
+            debug_assert_eq!(t, ng);
+            return;
         }
-        debug_assert_eq!(t, ng);
-        return;
-    }
-    while t + 8 <= ng {
-        let v = _mm256_mul_ps(_mm256_loadu_ps(xs.add(t)), _mm256_loadu_ps(a.add(t)));
-        _mm256_storeu_ps(s.add(t), v);
-        t += 8;
-    }
-    while t < ng {
-        *s.add(t) = *xs.add(t) * *a.add(t);
-        t += 1;
+        while t + 8 <= ng {
+            let v = _mm256_mul_ps(_mm256_loadu_ps(xs.add(t)), _mm256_loadu_ps(a.add(t)));
+            _mm256_storeu_ps(s.add(t), v);
+            t += 8;
+        }
+        while t < ng {
+            *s.add(t) = *xs.add(t) * *a.add(t);
+            t += 1;
+        }
     }
 }
 
@@ -325,31 +349,43 @@ unsafe fn combine<F: Format>(xs: *const f32, ch: &mut Chunk, r: usize, ng: usize
 /// `sum` points to `ng` activation sums; AVX2 and FMA.
 #[inline(always)]
 unsafe fn constants(sum: *const f32, c: &[f32; CHUNK], ng: usize, cv: &mut __m256, cs: &mut f32) {
-    let mut t = 0;
-    while t + 8 <= ng {
-        *cv = _mm256_fmadd_ps(
-            _mm256_loadu_ps(c.as_ptr().add(t)),
-            _mm256_loadu_ps(sum.add(t)),
-            *cv,
-        );
-        t += 8;
-    }
-    while t < ng {
-        *cs += c[t] * *sum.add(t);
-        t += 1;
+    // SAFETY: the caller has AVX2 and FMA and `ng ≤ CHUNK` readable sums at `sum` (this
+    // function's contract); the loads read 8 at `t` with `t + 8 ≤ ng`, inside both.
+    unsafe {
+        let mut t = 0;
+        while t + 8 <= ng {
+            *cv = _mm256_fmadd_ps(
+                _mm256_loadu_ps(c.as_ptr().add(t)),
+                _mm256_loadu_ps(sum.add(t)),
+                *cv,
+            );
+            t += 8;
+        }
+        while t < ng {
+            *cs += c[t] * *sum.add(t);
+            t += 1;
+        }
     }
 }
 
 /// The little-endian u16 at `p`.
+///
+/// # Safety
+/// `p..p + 2` must be readable.
 #[inline(always)]
 unsafe fn u16_at(p: *const u8) -> u16 {
-    u16::from_le((p as *const u16).read_unaligned())
+    // SAFETY: the caller guarantees 2 readable bytes at `p`; the read is unaligned.
+    unsafe { u16::from_le((p as *const u16).read_unaligned()) }
 }
 
 /// The little-endian u32 at `p`.
+///
+/// # Safety
+/// `p..p + 4` must be readable.
 #[inline(always)]
 pub(super) unsafe fn u32_at(p: *const u8) -> u32 {
-    u32::from_le((p as *const u32).read_unaligned())
+    // SAFETY: the caller guarantees 4 readable bytes at `p`; the read is unaligned.
+    unsafe { u32::from_le((p as *const u32).read_unaligned()) }
 }
 
 /// Scales of the 32-element formats: the f16 `d` at offset 0 of each block and, with `min`,
@@ -359,22 +395,28 @@ pub(super) unsafe fn u32_at(p: *const u8) -> u32 {
 /// `p` points to `nb ≤ CHUNK` blocks of `bb` bytes; AVX2 and F16C.
 #[inline(always)]
 unsafe fn scales32(p: *const u8, nb: usize, bb: usize, min: bool, ch: &mut Chunk) {
-    for b in 0..nb {
-        ch.bits_a[b] = u16_at(p.add(b * bb));
-        if min {
-            ch.bits_c[b] = u16_at(p.add(b * bb + 2));
+    // SAFETY: the caller guarantees `nb ≤ CHUNK` blocks of `bb` bytes at `p` and AVX2 and
+    // F16C (this function's contract). The f16 fields read are at offsets 0 and 2 of a block.
+    // The vector loop reads and writes 8 entries at `t < nb`, `t` a multiple of 8, so
+    // `t + 8 ≤ CHUNK` (CHUNK is a multiple of 8) keeps it inside the `Chunk` arrays.
+    unsafe {
+        for b in 0..nb {
+            ch.bits_a[b] = u16_at(p.add(b * bb));
+            if min {
+                ch.bits_c[b] = u16_at(p.add(b * bb + 2));
+            }
         }
-    }
-    // Whole vectors of 8: t + 8 ≤ CHUNK, entries past nb are stale and never used.
-    let mut t = 0;
-    while t < nb {
-        let d = _mm_loadu_si128(ch.bits_a.as_ptr().add(t) as *const __m128i);
-        _mm256_storeu_ps(ch.a.as_mut_ptr().add(t), _mm256_cvtph_ps(d));
-        if min {
-            let m = _mm_loadu_si128(ch.bits_c.as_ptr().add(t) as *const __m128i);
-            _mm256_storeu_ps(ch.c.as_mut_ptr().add(t), _mm256_cvtph_ps(m));
+        // Whole vectors of 8: t + 8 ≤ CHUNK, entries past nb are stale and never used.
+        let mut t = 0;
+        while t < nb {
+            let d = _mm_loadu_si128(ch.bits_a.as_ptr().add(t) as *const __m128i);
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(t), _mm256_cvtph_ps(d));
+            if min {
+                let m = _mm_loadu_si128(ch.bits_c.as_ptr().add(t) as *const __m128i);
+                _mm256_storeu_ps(ch.c.as_mut_ptr().add(t), _mm256_cvtph_ps(m));
+            }
+            t += 8;
         }
-        t += 8;
     }
 }
 
@@ -385,23 +427,28 @@ unsafe fn scales32(p: *const u8, nb: usize, bb: usize, min: bool, ch: &mut Chunk
 /// `p` points to `nb ≤ CHUNK / 8` blocks of `bb` bytes; AVX2 and F16C.
 #[inline(always)]
 unsafe fn scales_k45(p: *const u8, nb: usize, bb: usize, ch: &mut Chunk) {
-    for b in 0..nb {
-        let q = p.add(b * bb);
-        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(q) as i32));
-        let d = _mm256_broadcastss_ps(dm);
-        let neg_dmin = _mm256_broadcastss_ps(_mm_sub_ps(_mm_setzero_ps(), _mm_movehdup_ps(dm)));
-        let (w0, w1, w2) = (u32_at(q.add(4)), u32_at(q.add(8)), u32_at(q.add(12)));
-        // Bytes 0–3: low 6 bits of sub-blocks 0–3; sub-blocks 4–7 take their low 4 bits
-        // from bytes 8–11 and their top 2 from the top bits of bytes 0–3 (scales) or 4–7
-        // (minimums). Shifting whole words moves no bit across the masked fields.
-        let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
-        let mn_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
-        let sc = u64::from(w0 & 0x3F3F_3F3F) | (u64::from(sc_hi) << 32);
-        let mn = u64::from(w1 & 0x3F3F_3F3F) | (u64::from(mn_hi) << 32);
-        let scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)));
-        let mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)));
-        _mm256_storeu_ps(ch.a.as_mut_ptr().add(8 * b), _mm256_mul_ps(d, scf));
-        _mm256_storeu_ps(ch.c.as_mut_ptr().add(8 * b), _mm256_mul_ps(neg_dmin, mnf));
+    // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of `bb ≥ 16` bytes at `p` and
+    // AVX2 and F16C; the words read are bytes 0–15 of a block, and the stores write 8 entries
+    // at `8b < CHUNK` of `ch.a` (2·CHUNK entries) and `ch.c` (CHUNK entries).
+    unsafe {
+        for b in 0..nb {
+            let q = p.add(b * bb);
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(q) as i32));
+            let d = _mm256_broadcastss_ps(dm);
+            let neg_dmin = _mm256_broadcastss_ps(_mm_sub_ps(_mm_setzero_ps(), _mm_movehdup_ps(dm)));
+            let (w0, w1, w2) = (u32_at(q.add(4)), u32_at(q.add(8)), u32_at(q.add(12)));
+            // Bytes 0–3: low 6 bits of sub-blocks 0–3; sub-blocks 4–7 take their low 4 bits
+            // from bytes 8–11 and their top 2 from the top bits of bytes 0–3 (scales) or 4–7
+            // (minimums). Shifting whole words moves no bit across the masked fields.
+            let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
+            let mn_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
+            let sc = u64::from(w0 & 0x3F3F_3F3F) | (u64::from(sc_hi) << 32);
+            let mn = u64::from(w1 & 0x3F3F_3F3F) | (u64::from(mn_hi) << 32);
+            let scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)));
+            let mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)));
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(8 * b), _mm256_mul_ps(d, scf));
+            _mm256_storeu_ps(ch.c.as_mut_ptr().add(8 * b), _mm256_mul_ps(neg_dmin, mnf));
+        }
     }
 }
 
@@ -411,15 +458,20 @@ unsafe fn scales_k45(p: *const u8, nb: usize, bb: usize, ch: &mut Chunk) {
 /// `p` points to `nb ≤ CHUNK / 8` blocks of 210 bytes; AVX2 and F16C.
 #[inline(always)]
 unsafe fn scales_q6k(p: *const u8, nb: usize, ch: &mut Chunk) {
-    for b in 0..nb {
-        let q = p.add(b * 210);
-        let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16_at(
-            q.add(208),
-        )))));
-        for h in 0..2 {
-            let sc = _mm_loadl_epi64(q.add(192 + 8 * h) as *const __m128i);
-            let scf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
-            _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b + 8 * h), _mm256_mul_ps(d, scf));
+    // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of 210 bytes at `p` and AVX2
+    // and F16C; the reads are bytes 192–199, 200–207 and 208–209 of a block, the stores 8
+    // entries at `16b + 8h < 2·CHUNK` of `ch.a`.
+    unsafe {
+        for b in 0..nb {
+            let q = p.add(b * 210);
+            let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16_at(
+                q.add(208),
+            )))));
+            for h in 0..2 {
+                let sc = _mm_loadl_epi64(q.add(192 + 8 * h) as *const __m128i);
+                let scf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
+                _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b + 8 * h), _mm256_mul_ps(d, scf));
+            }
         }
     }
 }
@@ -436,7 +488,9 @@ macro_rules! layout {
             const HALVES: bool = $halves;
             #[inline(always)]
             unsafe fn scales($p: *const u8, $nb: usize, $ch: &mut Chunk) {
-                $scales
+                // SAFETY: the trait's contract (`nb` whole blocks at `p`, AVX2 and F16C) is
+                // the contract of the scale decoder it forwards to.
+                unsafe { $scales }
             }
         }
     };
@@ -467,234 +521,6 @@ layout!(Q6_K, 256, 210, min = false, halves = true, |p, nb, ch| {
     scales_q6k(p, nb, ch)
 });
 
-// ---------------------------------------------------------------------------------------
-// 256-bit unpacking: a group is two vectors of 16 i16, elements 0–15 and 16–31.
-
-/// A group as two vectors of 16 i16: elements 0–15 and 16–31.
-pub(super) type W2 = (__m256i, __m256i);
-
-/// `set1_epi8` of a byte given as `u8`.
-#[inline(always)]
-pub(super) unsafe fn bytes(v: u8) -> __m256i {
-    _mm256_set1_epi8(v as i8)
-}
-
-/// The 16 bytes at `p` as 16 i16 of their low nibbles and 16 of their high nibbles.
-#[inline(always)]
-unsafe fn nibbles16(p: *const u8) -> W2 {
-    let t = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
-    (
-        _mm256_and_si256(t, _mm256_set1_epi16(0x0F)),
-        _mm256_srli_epi16::<4>(t),
-    )
-}
-
-/// Lanes `e` (0–15) of the result are 16 where bit `e` of `h` is set, else 0 (`set` true);
-/// or the other way round (`set` false).
-#[inline(always)]
-unsafe fn fifth16(h: u32, set: bool) -> __m256i {
-    let bits = _mm256_setr_epi16(
-        1,
-        2,
-        4,
-        8,
-        16,
-        32,
-        64,
-        128,
-        256,
-        512,
-        1024,
-        2048,
-        4096,
-        8192,
-        16384,
-        i16::MIN,
-    );
-    let eq = _mm256_cmpeq_epi16(
-        _mm256_and_si256(_mm256_set1_epi16(h as u16 as i16), bits),
-        bits,
-    );
-    if set {
-        _mm256_and_si256(eq, _mm256_set1_epi16(16))
-    } else {
-        _mm256_andnot_si256(eq, _mm256_set1_epi16(16))
-    }
-}
-
-/// 32 bytes of unsigned values as two vectors of 16 i16.
-#[inline(always)]
-unsafe fn widen_u8(v: __m256i) -> W2 {
-    (
-        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
-        _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v)),
-    )
-}
-
-/// 32 bytes of signed values as two vectors of 16 i16.
-#[inline(always)]
-unsafe fn widen_i8(v: __m256i) -> W2 {
-    (
-        _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
-        _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(v)),
-    )
-}
-
-/// Bit `s` of every byte of `qh`, moved to bit 4 (the fifth bit of a Q5_K value).
-#[inline(always)]
-pub(super) unsafe fn k_fifth(qh: __m256i, s: usize) -> __m256i {
-    // 16-bit shifts: the masked bit 4 of each byte comes from bit s of the same byte.
-    let moved = match s {
-        0 => _mm256_slli_epi16::<4>(qh),
-        1 => _mm256_slli_epi16::<3>(qh),
-        2 => _mm256_slli_epi16::<2>(qh),
-        3 => _mm256_slli_epi16::<1>(qh),
-        4 => qh,
-        5 => _mm256_srli_epi16::<1>(qh),
-        6 => _mm256_srli_epi16::<2>(qh),
-        _ => _mm256_srli_epi16::<3>(qh),
-    };
-    _mm256_and_si256(moved, bytes(0x10))
-}
-
-/// The 32 unsigned values (0–15, or 0–31 with `qh`) of sub-blocks `2c` (low nibbles) and
-/// `2c + 1` (high nibbles) of a Q4_K/Q5_K block, as bytes.
-#[inline(always)]
-pub(super) unsafe fn k_pair(qs: *const u8, qh: Option<__m256i>, c: usize) -> (__m256i, __m256i) {
-    let v = _mm256_loadu_si256(qs.add(32 * c) as *const __m256i);
-    let mut lo = _mm256_and_si256(v, bytes(0x0F));
-    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), bytes(0x0F));
-    if let Some(qh) = qh {
-        lo = _mm256_or_si256(lo, k_fifth(qh, 2 * c));
-        hi = _mm256_or_si256(hi, k_fifth(qh, 2 * c + 1));
-    }
-    (lo, hi)
-}
-
-/// The signed values (−32..31) of the four groups of half `h` of a Q6_K block, as bytes.
-#[inline(always)]
-pub(super) unsafe fn q6k_half(p: *const u8, h: usize) -> [__m256i; 4] {
-    let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
-    let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
-    let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
-    let (low, top) = (bytes(0x0F), bytes(0x30));
-    // Group g takes bits 2g, 2g+1 of qh as bits 4–5; every shift's masked bits come from
-    // the same byte.
-    let g = [
-        _mm256_or_si256(
-            _mm256_and_si256(ql0, low),
-            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), top),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(ql1, low),
-            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), top),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low),
-            _mm256_and_si256(qh, top),
-        ),
-        _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
-            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), top),
-        ),
-    ];
-    let off = bytes(32);
-    [
-        _mm256_sub_epi8(g[0], off),
-        _mm256_sub_epi8(g[1], off),
-        _mm256_sub_epi8(g[2], off),
-        _mm256_sub_epi8(g[3], off),
-    ]
-}
-
-impl Unpack<W2> for Q8_0 {
-    #[inline(always)]
-    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
-        let lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(2) as *const __m128i));
-        let hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(18) as *const __m128i));
-        f.group(0, false, (lo, hi));
-    }
-}
-
-impl Unpack<W2> for Q4_0 {
-    #[inline(always)]
-    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
-        let (lo, hi) = nibbles16(p.add(2));
-        let eight = _mm256_set1_epi16(8);
-        f.group(
-            0,
-            false,
-            (_mm256_sub_epi16(lo, eight), _mm256_sub_epi16(hi, eight)),
-        );
-    }
-}
-
-impl Unpack<W2> for Q4_1 {
-    #[inline(always)]
-    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
-        f.group(0, false, nibbles16(p.add(4)));
-    }
-}
-
-impl Unpack<W2> for Q5_0 {
-    #[inline(always)]
-    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
-        let qh = u32_at(p.add(2));
-        let (lo, hi) = nibbles16(p.add(6));
-        // q − 16 = nibble − 16·(1 − fifth bit).
-        let lo = _mm256_sub_epi16(lo, fifth16(qh, false));
-        let hi = _mm256_sub_epi16(hi, fifth16(qh >> 16, false));
-        f.group(0, false, (lo, hi));
-    }
-}
-
-impl Unpack<W2> for Q5_1 {
-    #[inline(always)]
-    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
-        let qh = u32_at(p.add(4));
-        let (lo, hi) = nibbles16(p.add(8));
-        let lo = _mm256_or_si256(lo, fifth16(qh, true));
-        let hi = _mm256_or_si256(hi, fifth16(qh >> 16, true));
-        f.group(0, false, (lo, hi));
-    }
-}
-
-impl Unpack<W2> for Q4_K {
-    #[inline(always)]
-    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
-        for c in 0..4 {
-            let (lo, hi) = k_pair(p.add(16), None, c);
-            f.group(2 * c, false, widen_u8(lo));
-            f.group(2 * c + 1, true, widen_u8(hi));
-        }
-    }
-}
-
-impl Unpack<W2> for Q5_K {
-    #[inline(always)]
-    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
-        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
-        for c in 0..4 {
-            let (lo, hi) = k_pair(p.add(48), Some(qh), c);
-            f.group(2 * c, false, widen_u8(lo));
-            f.group(2 * c + 1, true, widen_u8(hi));
-        }
-    }
-}
-
-impl Unpack<W2> for Q6_K {
-    #[inline(always)]
-    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
-        for h in 0..2 {
-            let [g0, g1, g2, g3] = q6k_half(p, h);
-            f.group(4 * h, false, widen_i8(g0));
-            f.group(4 * h + 1, true, widen_i8(g1));
-            f.group(4 * h + 2, false, widen_i8(g2));
-            f.group(4 * h + 3, true, widen_i8(g3));
-        }
-    }
-}
-
 /// AVX2: `madd` of each half, the halves' i32 lanes added (same scale) or scaled apart.
 pub(super) struct Avx2;
 
@@ -704,26 +530,32 @@ impl Isa for Avx2 {
 
     #[inline(always)]
     unsafe fn zero() -> __m256 {
-        _mm256_setzero_ps()
+        // SAFETY: the caller has AVX (the trait's contract).
+        unsafe { _mm256_setzero_ps() }
     }
 
     #[inline(always)]
     unsafe fn group(acc: __m256, w: W2, x: *const i16, s: *const f32, halves: bool) -> __m256 {
-        let p0 = _mm256_madd_epi16(w.0, _mm256_loadu_si256(x as *const __m256i));
-        let p1 = _mm256_madd_epi16(w.1, _mm256_loadu_si256(x.add(16) as *const __m256i));
-        if halves {
-            let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcast_ss(&*s), acc);
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&*s.add(1)), acc)
-        } else {
-            // |q| ≤ 128 and |xq| ≤ 32767: 32 products sum well inside i32.
-            let p = _mm256_add_epi32(p0, p1);
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&*s), acc)
+        // SAFETY: the trait's contract: AVX2 and FMA, 32 readable i16 at `x` (two unaligned
+        // loads of 16) and 1 (2 with `halves`) readable f32 at `s`.
+        unsafe {
+            let p0 = _mm256_madd_epi16(w.0, _mm256_loadu_si256(x as *const __m256i));
+            let p1 = _mm256_madd_epi16(w.1, _mm256_loadu_si256(x.add(16) as *const __m256i));
+            if halves {
+                let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_broadcast_ss(&*s), acc);
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_broadcast_ss(&*s.add(1)), acc)
+            } else {
+                // |q| ≤ 128 and |xq| ≤ 32767: 32 products sum well inside i32.
+                let p = _mm256_add_epi32(p0, p1);
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&*s), acc)
+            }
         }
     }
 
     #[inline(always)]
     unsafe fn hsum2(a: __m256, b: __m256) -> f32 {
-        crate::simd::avx2::hsum(_mm256_add_ps(a, b))
+        // SAFETY: the caller has AVX2 (the trait's contract).
+        unsafe { crate::simd::avx2::hsum(_mm256_add_ps(a, b)) }
     }
 }
 
@@ -780,7 +612,7 @@ pub(super) unsafe fn columns(
 ) {
     use super::row1::columns as one_row;
     use crate::quant::QuantFormat as Qf;
-    // SAFETY (both arms): the features are enabled on this function; the rest is the
+    // SAFETY: (every arm) the features are enabled on this function; the rest is the
     // caller's contract (and, for `one_row`, m = 1 with a 32-element format, as matched).
     unsafe {
         match format {

@@ -33,7 +33,9 @@ impl Sink<W2> for Dot {
             )
         };
         // |q| ≤ 128 and |xq| ≤ 32767: 32 products sum well inside i32.
-        self.out = _mm256_add_epi32(_mm256_madd_epi16(w.0, x0), _mm256_madd_epi16(w.1, x1));
+        // SAFETY: the caller has AVX2 (the trait's contract); register arithmetic only.
+        self.out =
+            unsafe { _mm256_add_epi32(_mm256_madd_epi16(w.0, x0), _mm256_madd_epi16(w.1, x1)) };
     }
 }
 
@@ -44,13 +46,16 @@ impl Sink<W2> for Dot {
 /// `p` points to one block of `F`, `x` to 32 readable i16; AVX2.
 #[inline(always)]
 unsafe fn block_dot<F: Unpack<W2>>(p: *const u8, x: *const i16) -> __m256i {
-    let mut dot = Dot {
-        x,
-        out: _mm256_setzero_si256(),
-    };
-    // SAFETY: the caller's contract.
-    unsafe { F::block(p, &mut dot) };
-    dot.out
+    // SAFETY: the caller's contract (one block at `p`, 32 i16 at `x`, AVX2) is what
+    // `F::block` and the `Dot` sink's loads need.
+    unsafe {
+        let mut dot = Dot {
+            x,
+            out: _mm256_setzero_si256(),
+        };
+        F::block(p, &mut dot);
+        dot.out
+    }
 }
 
 /// The f16 at byte `at` of each of the 8 blocks from `p` (stride `bb`), widened; blocks at
@@ -65,21 +70,30 @@ unsafe fn halfs8(p: *const u8, bb: usize, at: usize, count: usize) -> __m256 {
         // SAFETY: block t < count lies inside the row.
         *h = unsafe { (p.add(t * bb + at) as *const i16).read_unaligned() };
     }
-    _mm256_cvtph_ps(_mm_setr_epi16(
-        v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7],
-    ))
+    // SAFETY: the caller has AVX2 and F16C (this function's contract); registers only.
+    unsafe {
+        _mm256_cvtph_ps(_mm_setr_epi16(
+            v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7],
+        ))
+    }
 }
 
 /// One lane per block: lane `t` is the sum of the 8 lanes of `p[t]`.
+///
+/// # Safety
+/// The caller must have AVX2.
 #[inline(always)]
 unsafe fn reduce8(p: &[__m256i; 8]) -> __m256i {
-    let lo = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    let hi = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    // Each 128-bit half holds lane t's partial sum over that half of p[t] (t + 4 in `hi`).
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256::<0x20>(lo, hi),
-        _mm256_permute2x128_si256::<0x31>(lo, hi),
-    )
+    // SAFETY: the caller has AVX2 (this function's contract); registers only.
+    unsafe {
+        let lo = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        let hi = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+        // Each 128-bit half holds lane t's partial sum over that half of p[t] (t + 4 in `hi`).
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(lo, hi),
+            _mm256_permute2x128_si256::<0x31>(lo, hi),
+        )
+    }
 }
 
 /// `y[j] = x·W[j]ᵀ (+ b[j])` for `j` in `j0..j1`, with `x` one row.
@@ -103,8 +117,9 @@ pub(super) unsafe fn columns<F: Unpack<W2>>(
     let row_bytes = nb * F::BB;
     let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
     for j in j0..j1 {
-        // SAFETY (every access below): row j < n lies inside w; block b < nb inside it;
-        // activation block b < nb inside xq (32 each), xs and xsum (the caller's contract).
+        // SAFETY: (every access below) row j < n lies inside w; block b < nb inside it;
+        // activation block b < nb inside xq (32 each), xs and xsum (the caller's contract);
+        // the features are the caller's contract too.
         unsafe {
             let row = w.as_ptr().add(j * row_bytes);
             let mut acc = _mm256_setzero_ps();

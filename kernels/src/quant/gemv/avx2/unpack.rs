@@ -1,0 +1,321 @@
+//! 256-bit unpacking: a group of 32 weights becomes two vectors of 16 i16 (elements 0–15
+//! and 16–31), one [`Unpack`] implementation per format, with the bit-twiddling helpers
+//! that the 512-bit kernel shares.
+
+use super::{u32_at, Sink, Unpack, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use core::arch::x86_64::*;
+
+/// A group as two vectors of 16 i16: elements 0–15 and 16–31.
+pub(in crate::quant) type W2 = (__m256i, __m256i);
+
+/// `set1_epi8` of a byte given as `u8`.
+///
+/// # Safety
+/// The caller must have AVX.
+#[inline(always)]
+pub(in crate::quant) unsafe fn bytes(v: u8) -> __m256i {
+    // SAFETY: the caller has AVX2 (this function's contract); these intrinsics only compute on
+    // registers.
+    unsafe { _mm256_set1_epi8(v as i8) }
+}
+
+/// The 16 bytes at `p` as 16 i16 of their low nibbles and 16 of their high nibbles.
+///
+/// # Safety
+/// `p..p + 16` must be readable and the caller must have AVX2.
+#[inline(always)]
+unsafe fn nibbles16(p: *const u8) -> W2 {
+    // SAFETY: the caller guarantees 16 readable bytes at `p` (one unaligned load) and AVX2.
+    unsafe {
+        let t = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+        (
+            _mm256_and_si256(t, _mm256_set1_epi16(0x0F)),
+            _mm256_srli_epi16::<4>(t),
+        )
+    }
+}
+
+/// Lanes `e` (0–15) of the result are 16 where bit `e` of `h` is set, else 0 (`set` true);
+/// or the other way round (`set` false).
+///
+/// # Safety
+/// The caller must have AVX2.
+#[inline(always)]
+unsafe fn fifth16(h: u32, set: bool) -> __m256i {
+    // SAFETY: the caller has AVX2 (this function's contract); these intrinsics only compute on
+    // registers.
+    unsafe {
+        let bits = _mm256_setr_epi16(
+            1,
+            2,
+            4,
+            8,
+            16,
+            32,
+            64,
+            128,
+            256,
+            512,
+            1024,
+            2048,
+            4096,
+            8192,
+            16384,
+            i16::MIN,
+        );
+        let eq = _mm256_cmpeq_epi16(
+            _mm256_and_si256(_mm256_set1_epi16(h as u16 as i16), bits),
+            bits,
+        );
+        if set {
+            _mm256_and_si256(eq, _mm256_set1_epi16(16))
+        } else {
+            _mm256_andnot_si256(eq, _mm256_set1_epi16(16))
+        }
+    }
+}
+
+/// 32 bytes of unsigned values as two vectors of 16 i16.
+///
+/// # Safety
+/// The caller must have AVX2.
+#[inline(always)]
+unsafe fn widen_u8(v: __m256i) -> W2 {
+    // SAFETY: the caller has AVX2 (this function's contract); these intrinsics only compute on
+    // registers.
+    unsafe {
+        (
+            _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
+            _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v)),
+        )
+    }
+}
+
+/// 32 bytes of signed values as two vectors of 16 i16.
+///
+/// # Safety
+/// The caller must have AVX2.
+#[inline(always)]
+unsafe fn widen_i8(v: __m256i) -> W2 {
+    // SAFETY: the caller has AVX2 (this function's contract); these intrinsics only compute on
+    // registers.
+    unsafe {
+        (
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(v)),
+        )
+    }
+}
+
+/// Bit `s` of every byte of `qh`, moved to bit 4 (the fifth bit of a Q5_K value).
+///
+/// # Safety
+/// The caller must have AVX2.
+#[inline(always)]
+unsafe fn k_fifth(qh: __m256i, s: usize) -> __m256i {
+    // SAFETY: the caller has AVX2 (this function's contract); these intrinsics only compute on
+    // registers.
+    unsafe {
+        // 16-bit shifts: the masked bit 4 of each byte comes from bit s of the same byte.
+        let moved = match s {
+            0 => _mm256_slli_epi16::<4>(qh),
+            1 => _mm256_slli_epi16::<3>(qh),
+            2 => _mm256_slli_epi16::<2>(qh),
+            3 => _mm256_slli_epi16::<1>(qh),
+            4 => qh,
+            5 => _mm256_srli_epi16::<1>(qh),
+            6 => _mm256_srli_epi16::<2>(qh),
+            _ => _mm256_srli_epi16::<3>(qh),
+        };
+        _mm256_and_si256(moved, bytes(0x10))
+    }
+}
+
+/// The 32 unsigned values (0–15, or 0–31 with `qh`) of sub-blocks `2c` (low nibbles) and
+/// `2c + 1` (high nibbles) of a Q4_K/Q5_K block, as bytes.
+///
+/// # Safety
+/// `qs + 32c..qs + 32c + 32` must be readable and the caller must have AVX2.
+#[inline(always)]
+pub(in crate::quant) unsafe fn k_pair(
+    qs: *const u8,
+    qh: Option<__m256i>,
+    c: usize,
+) -> (__m256i, __m256i) {
+    // SAFETY: the caller guarantees AVX2 and 32 readable bytes at `qs + 32c` (one unaligned
+    // load).
+    unsafe {
+        let v = _mm256_loadu_si256(qs.add(32 * c) as *const __m256i);
+        let mut lo = _mm256_and_si256(v, bytes(0x0F));
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), bytes(0x0F));
+        if let Some(qh) = qh {
+            lo = _mm256_or_si256(lo, k_fifth(qh, 2 * c));
+            hi = _mm256_or_si256(hi, k_fifth(qh, 2 * c + 1));
+        }
+        (lo, hi)
+    }
+}
+
+/// The signed values (−32..31) of the four groups of half `h` of a Q6_K block, as bytes.
+///
+/// # Safety
+/// `p` must point to a whole Q6_K block (210 readable bytes), `h < 2`, and the caller must
+/// have AVX2.
+#[inline(always)]
+pub(in crate::quant) unsafe fn q6k_half(p: *const u8, h: usize) -> [__m256i; 4] {
+    // SAFETY: the caller guarantees AVX2 and a whole Q6_K block at `p`: the loads read
+    // bytes `64h..64h + 64` and `128 + 32h..160 + 32h`, inside its 210 bytes for `h < 2`.
+    unsafe {
+        let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+        let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+        let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+        let (low, top) = (bytes(0x0F), bytes(0x30));
+        // Group g takes bits 2g, 2g+1 of qh as bits 4–5; every shift's masked bits come from
+        // the same byte.
+        let g = [
+            _mm256_or_si256(
+                _mm256_and_si256(ql0, low),
+                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), top),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(ql1, low),
+                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), top),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low),
+                _mm256_and_si256(qh, top),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), top),
+            ),
+        ];
+        let off = bytes(32);
+        [
+            _mm256_sub_epi8(g[0], off),
+            _mm256_sub_epi8(g[1], off),
+            _mm256_sub_epi8(g[2], off),
+            _mm256_sub_epi8(g[3], off),
+        ]
+    }
+}
+
+impl Unpack<W2> for Q8_0 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read bytes 2–33 of the 34-byte block.
+        unsafe {
+            let lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(2) as *const __m128i));
+            let hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(18) as *const __m128i));
+            f.group(0, false, (lo, hi));
+        }
+    }
+}
+
+impl Unpack<W2> for Q4_0 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read bytes 2–17 of the 18-byte block.
+        unsafe {
+            let (lo, hi) = nibbles16(p.add(2));
+            let eight = _mm256_set1_epi16(8);
+            f.group(
+                0,
+                false,
+                (_mm256_sub_epi16(lo, eight), _mm256_sub_epi16(hi, eight)),
+            );
+        }
+    }
+}
+
+impl Unpack<W2> for Q4_1 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read bytes 4–19 of the 20-byte block.
+        unsafe {
+            f.group(0, false, nibbles16(p.add(4)));
+        }
+    }
+}
+
+impl Unpack<W2> for Q5_0 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read bytes 2–21 of the 22-byte block.
+        unsafe {
+            let qh = u32_at(p.add(2));
+            let (lo, hi) = nibbles16(p.add(6));
+            // q − 16 = nibble − 16·(1 − fifth bit).
+            let lo = _mm256_sub_epi16(lo, fifth16(qh, false));
+            let hi = _mm256_sub_epi16(hi, fifth16(qh >> 16, false));
+            f.group(0, false, (lo, hi));
+        }
+    }
+}
+
+impl Unpack<W2> for Q5_1 {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read bytes 4–23 of the 24-byte block.
+        unsafe {
+            let qh = u32_at(p.add(4));
+            let (lo, hi) = nibbles16(p.add(8));
+            let lo = _mm256_or_si256(lo, fifth16(qh, true));
+            let hi = _mm256_or_si256(hi, fifth16(qh >> 16, true));
+            f.group(0, false, (lo, hi));
+        }
+    }
+}
+
+impl Unpack<W2> for Q4_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read bytes 16–143 of the 144-byte block.
+        unsafe {
+            for c in 0..4 {
+                let (lo, hi) = k_pair(p.add(16), None, c);
+                f.group(2 * c, false, widen_u8(lo));
+                f.group(2 * c + 1, true, widen_u8(hi));
+            }
+        }
+    }
+}
+
+impl Unpack<W2> for Q5_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read bytes 16–175 of the 176-byte block.
+        unsafe {
+            let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+            for c in 0..4 {
+                let (lo, hi) = k_pair(p.add(48), Some(qh), c);
+                f.group(2 * c, false, widen_u8(lo));
+                f.group(2 * c + 1, true, widen_u8(hi));
+            }
+        }
+    }
+}
+
+impl Unpack<W2> for Q6_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read the 210-byte block as `q6k_half` reads it.
+        unsafe {
+            for h in 0..2 {
+                let [g0, g1, g2, g3] = q6k_half(p, h);
+                f.group(4 * h, false, widen_i8(g0));
+                f.group(4 * h + 1, true, widen_i8(g1));
+                f.group(4 * h + 2, false, widen_i8(g2));
+                f.group(4 * h + 3, true, widen_i8(g3));
+            }
+        }
+    }
+}
