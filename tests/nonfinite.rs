@@ -85,7 +85,10 @@ fn seq2seq_encoder_propagates_nan_to_the_rows_that_see_it() {
     let out = m
         .encode_embedded(Seq::new(&x, B, S, d).unwrap(), &padding)
         .unwrap();
-    assert_eq!(nan_rows(out.data(), d), expect(B, S, |b, t| b == 1 && t == 6));
+    assert_eq!(
+        nan_rows(out.data(), d),
+        expect(B, S, |b, t| b == 1 && t == 6)
+    );
 }
 
 #[test]
@@ -204,7 +207,10 @@ fn seed_attention_probabilities_show_nan_where_the_output_does() {
             if i == 4 {
                 assert!(row.iter().all(|p| p.is_nan()), "{row:?}");
             } else {
-                assert!(row.iter().all(|p| p.is_finite()) && row[4] == 0.0, "{row:?}");
+                assert!(
+                    row.iter().all(|p| p.is_finite()) && row[4] == 0.0,
+                    "{row:?}"
+                );
             }
         }
     }

@@ -78,7 +78,6 @@ pub(super) fn run_with<M: Micro + ProcessItem>(
             blocks,
         });
     }
-    let ctx = ctx;
     let n_items = plan.items();
     let optr = SharedOut(out.as_mut_ptr());
 
@@ -100,7 +99,6 @@ pub(super) fn run_with<M: Micro + ProcessItem>(
         } else {
             (0..n_items).for_each(body);
         }
-        drop(ctx);
         if !packed_bufs.0.is_empty() {
             PACKED.with(|p| *p.borrow_mut() = packed_bufs);
         }
