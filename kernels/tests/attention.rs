@@ -464,7 +464,7 @@ fn explicit_scale_is_used() {
         &mut out,
     )
     .unwrap();
-    assert_eq!(out, [0.5, 0.5]); // scale 0: uniform weights
+    assert_same(&out, &[0.5, 0.5]); // scale 0: uniform weights
 }
 
 #[test]
@@ -636,7 +636,17 @@ fn causal_offset_overflow_is_a_typed_error() {
         &mut out,
     )
     .unwrap();
-    assert_eq!(out, all);
+    assert_same(&out, &all);
+}
+
+/// Bit-equal, or under Miri (whose `exp` varies slightly from call to call, as platforms
+/// do) within 1e-6.
+fn assert_same(got: &[f32], want: &[f32]) {
+    if cfg!(miri) {
+        assert!(max_abs_diff(got, want) <= 1e-6, "{got:?} vs {want:?}");
+    } else {
+        assert_eq!(got, want);
+    }
 }
 
 /// `AttentionMask::visible` never panics: pairs outside the shapes are not visible.
@@ -729,11 +739,10 @@ fn reserve_scratch_rejects_absurd_sizes() {
 /// decode still computes the reference result.
 #[test]
 fn decode_on_a_wide_pool_matches_the_reference() {
-    let (tk, heads, d, threads) = if cfg!(miri) {
-        (600, 2, 64, 6)
-    } else {
-        (20_000, 2, 8, 100)
-    };
+    if cfg!(miri) {
+        return; // a hundred threads: the split path runs under Miri in `nonfinite`
+    }
+    let (tk, heads, d, threads) = (20_000, 2, 8, 100);
     let mut rng = Rng(91);
     let q = rng.vec(heads * d, 1.0);
     let k = rng.vec(tk * d, 1.0);
