@@ -1,6 +1,6 @@
 //! The driver: runs a [`Plan`] — packs key blocks, runs every item's loop over its key
 //! blocks with the micro-kernels, masks the scores, and turns each row's running state into
-//! output (merging split keys first), by the rule in [`crate::attention`]'s documentation.
+//! output (merging split keys first), by the rule in [`mod@crate::attention`]'s documentation.
 
 use super::exact::{exact_row, has_visible_key};
 use super::micro::{Block, Micro, Scalar};

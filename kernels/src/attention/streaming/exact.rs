@@ -14,7 +14,7 @@ pub(super) fn has_visible_key(mask: &AttentionMask<'_>, i: usize, tk: usize) -> 
 }
 
 /// Query `i` of head `h` (its query `qs` already scaled) against every key, by the rule in
-/// [`crate::attention`]'s documentation: `o` (`d_v` floats) gets the output and `probs`,
+/// [`mod@crate::attention`]'s documentation: `o` (`d_v` floats) gets the output and `probs`,
 /// when given, the `tk` probabilities.
 ///
 /// Two passes over the keys: the first folds every block into the row's running maximum and
