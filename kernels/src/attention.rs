@@ -1,4 +1,9 @@
 //! Scaled dot-product attention, `softmax(Q·Kᵀ·scale + mask)·V`, as one streaming kernel.
+#![deny(
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks,
+    clippy::missing_safety_doc
+)]
 //!
 //! [`attention`] serves every attention in qkv: self-, cross- and causal attention,
 //! multi-head, grouped-query and multi-query, prefill (many queries) and decode (one query
@@ -18,6 +23,35 @@
 //!   be soft-capped (`cap·tanh(s/cap)`) on the way, in the same loop.
 //! - **A query row whose keys are all masked returns zeros** (PyTorch would return NaN with
 //!   `-inf` fills, or the mean of V with `-1e9` fills).
+//!
+//! # NaN and infinities
+//!
+//! Non-finite values are never hidden: they propagate as in PyTorch's math path of
+//! `scaled_dot_product_attention` (the softmax of the scores with masked positions at −∞,
+//! times V), except that a masked key takes no part at all. Precisely, for one query row:
+//!
+//! - **Masked keys are never used.** Whatever a masked key's K or V row holds (NaN, ±∞),
+//!   it changes nothing: its score is −∞ and its V is not added, not even as `0·V`.
+//!   (PyTorch's math path adds `0·V`, so a NaN in a masked V row reaches its output; its
+//!   fused kernels, like this one, skip masked blocks.)
+//! - **A NaN score makes the row NaN**: a NaN in the query, or in the K row of a visible
+//!   key, or `0·∞` in a dot product, gives NaN in every output element of that row (and, in
+//!   [`attention_with_probs`], in every probability of it).
+//! - **A +∞ score makes the row NaN** (`∞ − ∞` in the softmax), as does a visible key
+//!   whose K holds ±∞ when the dot product comes out +∞ (a score of −∞ instead gives that
+//!   key weight 0, like a masked one).
+//! - **A row with visible keys whose scores are all −∞ is NaN** (`0/0`), unlike a row
+//!   with no visible key at all, which is zeros (above).
+//! - **NaN or ±∞ in the V row of a visible key reaches the output** as `p·V` does: NaN,
+//!   or ±∞, or NaN where its probability is 0 (`0·∞`), even if that probability
+//!   underflowed.
+//! - Soft-capping maps the scores before the masks, as its formula does: ±∞ becomes ±cap
+//!   (so a +∞ score no longer poisons the row), NaN stays NaN.
+//!
+//! The SIMD and scalar paths, prefill, decode and split keys, f32 and f16 caches all follow
+//! this rule; where a row's output is not finite it is computed again by the scalar exact
+//! path, which decides it, so the paths agree on where NaN appears. Overflow is not
+//! guarded: finite inputs whose scores or sums overflow behave like the ∞ they become.
 //! - Work is split over (KV head, query block) across rayon's pool; when that gives too few
 //!   pieces (decode), the keys are split too and the partial softmax states are merged.
 //!   Decode reads K and V in place rather than packing them; a head-major cache
@@ -548,8 +582,11 @@ pub fn reserve_scratch(heads: usize, kv_heads: usize, d_qk: usize, d_v: usize) -
 }
 
 /// The slow path: the same result as [`attention`] plus the probabilities `[heads, tq, tk]`
-/// (row `(h, i)` sums to 1, or is all zeros when every key is masked). It materializes the
-/// whole score matrix, so it is for inspection and tests, not for speed; errors as
+/// (row `(h, i)` sums to 1, is all zeros when every key is masked, and is all NaN when the
+/// row's output is NaN by the rule of the [module documentation](self)). Each row is
+/// computed by the kernel's own exact-row path (the scalar score, mask and softmax steps,
+/// in two passes over the keys), so there is one softmax in the crate. It keeps the whole
+/// probability matrix, so it is for inspection and tests, not for speed; errors as
 /// [`attention`] does, and when that matrix cannot be allocated.
 pub fn attention_with_probs(
     q: &QueryView<'_>,
@@ -560,60 +597,12 @@ pub fn attention_with_probs(
     out: &mut [f32],
 ) -> Result<Vec<f32>> {
     let dims = validate(q, k, v, mask, scale, out.len())?;
-    let Dims {
-        tq,
-        tk,
-        heads,
-        kv_heads,
-        d_qk,
-        d_v,
-        scale,
-    } = dims;
-    let group = heads / kv_heads;
+    let Dims { tq, tk, heads, .. } = dims;
     let len = heads.checked_mul(tq).and_then(|n| n.checked_mul(tk));
     let mut probs = try_zeros_f32(len, || {
         format!("the probabilities of heads {heads} × tq {tq} × tk {tk}")
     })?;
-    for h in 0..heads {
-        let g = h / group;
-        for i in 0..tq {
-            let row = &mut probs[(h * tq + i) * tk..(h * tq + i + 1) * tk];
-            let qo = i * q.row_stride + h * q.head_stride;
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in row.iter_mut().enumerate() {
-                if mask.visible(i, j, tk) {
-                    let mut dot = 0.0f32;
-                    for d in 0..d_qk {
-                        dot += q.data[qo + d] * k.get(j, g, d);
-                    }
-                    *s = dot * scale;
-                    if let Some(cap) = mask.softcap {
-                        *s = cap * (*s / cap).tanh();
-                    }
-                    max = max.max(*s);
-                } else {
-                    *s = f32::NEG_INFINITY;
-                }
-            }
-            let o = &mut out[(i * heads + h) * d_v..(i * heads + h + 1) * d_v];
-            o.fill(0.0);
-            if max == f32::NEG_INFINITY {
-                row.fill(0.0);
-                continue;
-            }
-            let mut sum = 0.0f32;
-            for s in row.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            for (j, s) in row.iter_mut().enumerate() {
-                *s /= sum;
-                for (d, od) in o.iter_mut().enumerate() {
-                    *od += *s * v.get(j, g, d);
-                }
-            }
-        }
-    }
+    streaming::with_probs(q, k, v, mask, &dims, out, &mut probs);
     Ok(probs)
 }
 

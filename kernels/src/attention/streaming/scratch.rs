@@ -1,14 +1,9 @@
-//! Per-thread scratch of the streaming kernel, and how a decode call splits its keys
-//! (which bounds that scratch).
+//! Per-thread scratch of the streaming kernel, sized for the largest item the planner makes.
 
+use super::plan::max_key_splits;
 use super::{KB, ROWS_TARGET};
 use std::cell::RefCell;
 use std::collections::TryReserveError;
-
-/// Work items per thread a decode call aims for when it splits the keys.
-pub(super) const SPLIT_ITEMS_PER_THREAD: usize = 2;
-/// Key splits are at least this many keys long.
-const MIN_SPLIT_KEYS: usize = 4 * KB;
 
 /// Per-thread buffers, grown once and reused: the decode path allocates nothing after warm-up.
 #[derive(Default)]
@@ -64,12 +59,6 @@ thread_local! {
     pub(super) static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     pub(super) static PACKED: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
-
-/// The most ranges a call splits its keys into, whatever the thread count: it bounds the
-/// per-thread `PARTIALS` buffer (which holds every split of a call), so that memory does not
-/// grow with the pool. Above every split count of pools up to 16 threads (at most
-/// `2 · split_guess ≤ 4 · threads`), so those split exactly as without the cap.
-const MAX_KEY_SPLITS: usize = 64;
 
 /// Floats of one thread's buffers for calls with `heads` query heads over `kv_heads`, sized
 /// for the largest work item such a call makes (any query count) and for split decode
@@ -135,71 +124,9 @@ pub(super) fn try_grow(v: &mut Vec<f32>, n: usize) -> std::result::Result<(), Tr
     Ok(())
 }
 
-/// How many ranges a decode call splits its keys into, given `base` (KV head, query block)
-/// items: about [`SPLIT_ITEMS_PER_THREAD`] items per thread, and a multiple of the thread
-/// count when the key count allows it, never more than twice the first guess.
-///
-/// Cache-cold decode calls, 3 KV heads on 2 threads, alternating in one process: at
-/// tk = 2048, 6 items took 61–63 µs, 12 items 67–70 and 9 items (one thread idle for the
-/// last) 70–73; at tk = 8192, 6 and 12 items tied and 24 were 10% slower.
-pub(super) fn key_splits(base: usize, tk: usize, threads: usize) -> usize {
-    let most = (tk / MIN_SPLIT_KEYS).clamp(1, MAX_KEY_SPLITS);
-    let want = split_guess(base, threads).min(most);
-    let balanced = |s: &usize| (base * s).is_multiple_of(threads.max(1));
-    (want..=most.min(2 * want))
-        .find(balanced)
-        .or_else(|| (1..want).rev().find(balanced))
-        .unwrap_or(want)
-}
-
-/// [`key_splits`]' first guess: enough ranges for about [`SPLIT_ITEMS_PER_THREAD`] items
-/// per thread.
-fn split_guess(base: usize, threads: usize) -> usize {
-    SPLIT_ITEMS_PER_THREAD
-        .saturating_mul(threads)
-        .div_ceil(base.max(1))
-}
-
-/// The most ranges [`key_splits`] returns for `base` items: twice its first guess, and
-/// never more than [`MAX_KEY_SPLITS`].
-fn max_key_splits(base: usize, threads: usize) -> usize {
-    split_guess(base, threads)
-        .saturating_mul(2)
-        .min(MAX_KEY_SPLITS)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{key_splits, ScratchSizes, MAX_KEY_SPLITS, MIN_SPLIT_KEYS, SPLIT_ITEMS_PER_THREAD};
-
-    /// `key_splits` as it was before [`MAX_KEY_SPLITS`]: no bound but the key count.
-    fn uncapped_key_splits(base: usize, tk: usize, threads: usize) -> usize {
-        let most = (tk / MIN_SPLIT_KEYS).max(1);
-        let guess = (SPLIT_ITEMS_PER_THREAD * threads).div_ceil(base.max(1));
-        let want = guess.min(most);
-        let balanced = |s: &usize| (base * s).is_multiple_of(threads.max(1));
-        (want..=most.min(2 * want))
-            .find(balanced)
-            .or_else(|| (1..want).rev().find(balanced))
-            .unwrap_or(want)
-    }
-
-    #[test]
-    fn the_split_cap_changes_nothing_up_to_sixteen_threads() {
-        for threads in 1..=16 {
-            for base in 1..=40 {
-                for tk in [1, 255, 256, 700, 2048, 8192, 65_536, 1 << 20, usize::MAX] {
-                    assert_eq!(
-                        key_splits(base, tk, threads),
-                        uncapped_key_splits(base, tk, threads),
-                        "base {base}, tk {tk}, threads {threads}"
-                    );
-                }
-            }
-        }
-        // Wider pools are capped.
-        assert_eq!(key_splits(1, 1 << 20, 1000), MAX_KEY_SPLITS);
-    }
+    use super::ScratchSizes;
 
     #[test]
     fn scratch_does_not_grow_with_the_thread_count() {
@@ -209,30 +136,11 @@ mod tests {
                 .unwrap()
                 .partials
         };
-        let bound = 8 * MAX_KEY_SPLITS * 4 * 130;
+        // 64: the planner's cap on key splits.
+        let bound = 8 * 64 * 4 * 130;
         assert!(size(1000) <= bound && size(100_000) == size(1000));
         assert!(size(usize::MAX) <= bound);
         // Up to the cap, as before: 8 KV heads × 2·⌈16/8⌉ splits on 8 threads.
         assert_eq!(size(8), 8 * 4 * 4 * 130);
-    }
-
-    #[test]
-    fn key_splits_give_a_multiple_of_the_threads_when_they_can() {
-        // 3 KV heads on 2 threads: 6 items, whatever the (long enough) key count.
-        assert_eq!(key_splits(3, 2048, 2), 2);
-        assert_eq!(key_splits(3, 8192, 2), 2);
-        // Too few keys to split: one range, even if that leaves the items unbalanced.
-        assert_eq!(key_splits(3, 300, 2), 1);
-        // One KV head: 4 ranges for 2 threads; 5 heads: 2 ranges (10 items, not 5).
-        assert_eq!(key_splits(1, 4096, 2), 4);
-        assert_eq!(key_splits(5, 4096, 2), 2);
-        // 3 heads on 4 threads: 8 wanted → ⌈8/3⌉ = 3 ranges (9 items) is odd; 4 ranges
-        // give 12, a multiple of 4.
-        assert_eq!(key_splits(3, 8192, 4), 4);
-        // Capped by the key count: 768 keys allow 3 ranges at most, and no count of 1–3
-        // ranges makes 3 heads a multiple of 4 threads, so the first guess stands.
-        assert_eq!(key_splits(3, 768, 4), 3);
-        // 2 heads on 4 threads, 512 keys: 2 ranges wanted and allowed, 4 items.
-        assert_eq!(key_splits(2, 512, 4), 2);
     }
 }
