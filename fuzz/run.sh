@@ -29,8 +29,9 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 cd "$here" || exit 1
-# The crate builds against its own target dir (fuzz/target), never the workspace's.
-unset CARGO_TARGET_DIR
+# The crate builds against its own target dir, never the workspace's: fuzz/target, or
+# QKV_FUZZ_TARGET (which .ci/run keeps in its cache, so that reruns skip the ASan build).
+export CARGO_TARGET_DIR="${QKV_FUZZ_TARGET:-$here/target}"
 if ! cargo +nightly fuzz build -O -a --fuzz-dir "$here"; then
     echo "fuzz/run.sh: the fuzz targets do not build" >&2
     exit 1

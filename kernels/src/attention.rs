@@ -1,9 +1,4 @@
 //! Scaled dot-product attention, `softmax(Q·Kᵀ·scale + mask)·V`, as one streaming kernel.
-#![deny(
-    unsafe_op_in_unsafe_fn,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc
-)]
 //!
 //! [`attention`] serves every attention in qkv: self-, cross- and causal attention,
 //! multi-head, grouped-query and multi-query, prefill (many queries) and decode (one query

@@ -29,13 +29,6 @@
 )]
 
 pub mod activation;
-// The attention files belong to another branch of issue 18, which puts the same `deny` at the
-// top of its modules and makes them clean; this `allow` goes when that branch is merged.
-#[allow(
-    unsafe_op_in_unsafe_fn,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc
-)]
 pub mod attention;
 pub mod convert;
 pub mod error;

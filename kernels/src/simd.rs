@@ -206,7 +206,9 @@ pub(crate) mod avx2 {
             let lo = _mm256_set1_ps(-87.0);
             let hi = _mm256_set1_ps(88.0);
             let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
-            let x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+            // max_ps/min_ps return their second operand when one is NaN: x goes second, so a
+            // NaN lane stays NaN instead of being clamped into a number.
+            let x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
             let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
                 _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
             );
@@ -245,8 +247,9 @@ pub(crate) mod avx2 {
         unsafe {
             let lo = _mm256_set1_ps(-87.0);
             let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo);
+            // x second: a NaN lane stays NaN (max_ps returns its second operand then).
             let t = _mm256_mul_ps(
-                _mm256_max_ps(x, lo),
+                _mm256_max_ps(lo, x),
                 _mm256_set1_ps(std::f32::consts::LOG2_E),
             );
             let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
@@ -351,6 +354,33 @@ mod tests {
             // SAFETY: the features were checked above.
             let got = unsafe { lanes(f, x) };
             assert_eq!(got, [0.0; 8]);
+        }
+    }
+
+    #[test]
+    fn exp_of_nan_is_nan() {
+        if !super::has_avx2_fma_f16c() {
+            return;
+        }
+        let x = [
+            f32::NAN,
+            -1.0,
+            f32::NAN,
+            0.0,
+            -100.0,
+            f32::NAN,
+            -0.5,
+            f32::NAN,
+        ];
+        for f in [
+            avx2::exp as unsafe fn(__m256) -> __m256,
+            avx2::exp_nonpositive,
+        ] {
+            // SAFETY: the features were checked above.
+            let got = unsafe { lanes(f, x) };
+            for (xi, g) in x.iter().zip(got) {
+                assert_eq!(xi.is_nan(), g.is_nan(), "exp({xi}) gave {g}");
+            }
         }
     }
 }
