@@ -262,6 +262,7 @@ pub(crate) mod merge_object;
 pub(crate) mod namespace_object;
 mod object;
 pub(crate) mod ops;
+pub(crate) mod walk;
 
 mod serialize;
 mod tuple;
@@ -733,6 +734,9 @@ impl PartialEq for Value {
                                 return rv == Ordering::Equal;
                             }
                         }
+                        let Some(_level) = walk::Level::enter() else {
+                            return false;
+                        };
                         match (a.repr(), b.repr()) {
                             (ObjectRepr::Map, ObjectRepr::Map) => {
                                 // only if we have known lengths can we compare the enumerators
@@ -753,7 +757,8 @@ impl PartialEq for Value {
                                 if !a.try_iter_pairs().is_some_and(|mut ak| {
                                     ak.all(|(k, v1)| {
                                         a_count += 1;
-                                        b.get_value(&k) == Some(v1)
+                                        walk::charge(walk::ITEM_UNITS)
+                                            && b.get_value(&k) == Some(v1)
                                     })
                                 }) {
                                     return false;
@@ -769,7 +774,14 @@ impl PartialEq for Value {
                                 ObjectRepr::Seq | ObjectRepr::Iterable,
                             ) => {
                                 if let (Some(ak), Some(bk)) = (a.try_iter(), b.try_iter()) {
-                                    ak.eq(bk)
+                                    let mut charged = true;
+                                    let rv = ak
+                                        .take_while(|_| {
+                                            charged = walk::charge(walk::ITEM_UNITS);
+                                            charged
+                                        })
+                                        .eq(bk);
+                                    rv && charged
                                 } else {
                                     false
                                 }
@@ -942,6 +954,9 @@ impl Ord for Value {
                                 return rv;
                             }
                         }
+                        let Some(_level) = walk::Level::enter() else {
+                            return Ordering::Equal;
+                        };
                         match (a.repr(), b.repr()) {
                             (ObjectRepr::Map, ObjectRepr::Map) => {
                                 // This is not really correct.  Because the keys can be in arbitrary
@@ -949,7 +964,9 @@ impl Ord for Value {
                                 // we don't want to pay the cost of actually sorting the keys for
                                 // ordering so we just accept this for now.
                                 match (a.try_iter_pairs(), b.try_iter_pairs()) {
-                                    (Some(a), Some(b)) => a.cmp(b),
+                                    (Some(a), Some(b)) => {
+                                        a.take_while(|_| walk::charge(walk::ITEM_UNITS)).cmp(b)
+                                    }
                                     _ => unreachable!(),
                                 }
                             }
@@ -957,7 +974,9 @@ impl Ord for Value {
                                 ObjectRepr::Seq | ObjectRepr::Iterable,
                                 ObjectRepr::Seq | ObjectRepr::Iterable,
                             ) => match (a.try_iter(), b.try_iter()) {
-                                (Some(a), Some(b)) => a.cmp(b),
+                                (Some(a), Some(b)) => {
+                                    a.take_while(|_| walk::charge(walk::ITEM_UNITS)).cmp(b)
+                                }
                                 _ => unreachable!(),
                             },
                             // terrible fallback for plain objects

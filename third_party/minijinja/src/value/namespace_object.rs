@@ -26,6 +26,16 @@ impl Object for Namespace {
 }
 
 impl Namespace {
+    /// The namespace's attributes, taken out of it.
+    pub(crate) fn into_data(self) -> BTreeMap<Arc<str>, Value> {
+        self.data.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many attributes the namespace has.
+    pub(crate) fn len(&self) -> usize {
+        self.data.lock().map_or(0, |d| d.len())
+    }
+
     pub(crate) fn set_value(&self, key: &str, value: Value) {
         self.data.lock().unwrap().insert(key.into(), value);
     }

@@ -302,13 +302,23 @@ pub trait Object: fmt::Debug + Send + Sync {
 
 #[inline(never)]
 fn default_render(obj: &DynObject, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let Some(level) = crate::value::walk::Level::enter() else {
+        return Ok(());
+    };
+    let depth = level.depth() as u64;
     match obj.repr() {
         ObjectRepr::Map => render_container(f, "{...}", |f| {
+            let pretty = f.alternate();
             let mut dbg = f.debug_map();
             for (idx, (key, value)) in obj.try_iter_pairs().into_iter().flatten().enumerate() {
                 if is_over_item_limit(idx) {
                     let count = obj.enumerator_len().map(|x| x - idx);
                     dbg.entry(&OmittedKey, &Omitted { count, prefix: "" });
+                    break;
+                }
+                if !charge_formatted(&key, pretty, depth)
+                    || !charge_formatted(&value, pretty, depth)
+                {
                     break;
                 }
                 dbg.entry(&key, &value);
@@ -320,6 +330,7 @@ fn default_render(obj: &DynObject, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // debug print.
         ObjectRepr::Seq | ObjectRepr::Iterable if obj.enumerator_len().is_some() => {
             render_container(f, "[...]", |f| {
+                let pretty = f.alternate();
                 let mut dbg = f.debug_list();
                 for (idx, value) in obj.try_iter().into_iter().flatten().enumerate() {
                     if is_over_item_limit(idx) {
@@ -328,6 +339,9 @@ fn default_render(obj: &DynObject, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                             count,
                             prefix: "... ",
                         });
+                        break;
+                    }
+                    if !charge_formatted(&value, pretty, depth) {
                         break;
                     }
                     dbg.entry(&value);
@@ -339,6 +353,34 @@ fn default_render(obj: &DynObject, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             write!(f, "{obj:?}")
         }
     }
+}
+
+/// Charges formatting one item of a container `depth` levels deep to the
+/// fuel of the evaluation running on this thread (see [`walk`]), and says
+/// whether fuel is left.
+///
+/// A shared list formats as often as it is referenced, so formatting is
+/// charged per item formatted, not per item created.  Pretty printing
+/// (`{:#?}`, as `pprint` does) indents every line by the depth and passes
+/// every byte through one adapter per level, so there an item costs the
+/// square of its depth.
+///
+/// [`walk`]: crate::value::walk
+fn charge_formatted(value: &Value, pretty: bool, depth: u64) -> bool {
+    use crate::value::walk;
+    #[cfg(feature = "fuel")]
+    let cost = walk::ITEM_UNITS.saturating_add(crate::vm::fuel::value_cost(value));
+    #[cfg(not(feature = "fuel"))]
+    let cost = {
+        let _ = value;
+        walk::ITEM_UNITS
+    };
+    let levels = if pretty {
+        depth.saturating_mul(depth)
+    } else {
+        1
+    };
+    walk::charge(cost.saturating_mul(levels))
 }
 
 /// Renders the items of a container, honoring debug info size limits.
@@ -953,8 +995,14 @@ impl DynObject {
 
 impl Hash for DynObject {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let Some(_level) = crate::value::walk::Level::enter() else {
+            return;
+        };
         if let Some(iter) = self.try_iter_pairs() {
             for (key, value) in iter {
+                if !crate::value::walk::charge(crate::value::walk::ITEM_UNITS) {
+                    return;
+                }
                 key.hash(state);
                 value.hash(state);
             }

@@ -681,35 +681,26 @@ fn repeat_iterable(n: &Value, seq: &DynObject) -> Result<Value, Error> {
             "repeated sequence is too large"
         )));
 
-    if let Some(tuple) = seq.downcast_ref::<Tuple>() {
-        let mut values = Vec::with_capacity(repeated_len);
-        for _ in 0..n {
-            values.extend(tuple.iter().cloned());
-        }
-        return Ok(Value::from(Tuple::from(values)));
-    }
-
-    // This is not optimal.  We only query the enumerator for the length once
-    // but we support repeated iteration.  We could both lie about our length
-    // here and we could actually deal with an object that changes how much
-    // data it returns.  This is not really permissible so we won't try to
-    // improve on this here.
-    Ok(Value::make_object_iterable(seq.clone(), move |seq| {
-        Box::new(LenIterWrap(
-            repeated_len,
-            (0..n).flat_map(move |_| {
-                seq.try_iter().unwrap_or_else(|| {
-                    Box::new(
-                        std::iter::repeat(Value::from(Error::new(
-                            ErrorKind::InvalidOperation,
-                            "iterable did not iterate against expectations",
-                        )))
-                        .take(len),
-                    )
-                })
-            }),
-        ))
+    // Repeated like Python does it: eagerly.  A lazy repetition would stand
+    // for up to 100 million items that were never charged to the fuel, and
+    // every walk over it (indexing from the end, formatting, `~`) would visit
+    // them all in a single instruction.
+    let items: Vec<Value> = ok!(seq.try_iter().ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            "cannot repeat unsized iterables",
+        )
     }))
+    .collect();
+    let mut values = Vec::with_capacity(repeated_len);
+    for _ in 0..n {
+        values.extend(items.iter().cloned());
+    }
+    if seq.downcast_ref::<Tuple>().is_some() {
+        Ok(Value::from(Tuple::from(values)))
+    } else {
+        Ok(Value::from(values))
+    }
 }
 
 pub fn div(lhs: &Value, rhs: &Value) -> Result<Value, Error> {
@@ -885,13 +876,11 @@ pub(crate) fn binop_alloc_estimate(op: &str, lhs: &Value, rhs: &Value) -> u64 {
             let n = n.as_usize().unwrap_or(0) as u64;
             if let Some(len) = str_len(repeated) {
                 len.saturating_mul(n)
-            } else if repeated.is_tuple() {
+            } else {
+                // lists and tuples are repeated eagerly
                 (repeated.len().unwrap_or(0) as u64)
                     .saturating_mul(n)
                     .saturating_mul(SLOT_COST)
-            } else {
-                // repeating lists is lazy
-                0
             }
         }
         "add" | "string_concat" => match (str_len(lhs), str_len(rhs)) {

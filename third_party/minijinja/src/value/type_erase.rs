@@ -59,7 +59,7 @@ macro_rules! type_erase {
                             std::sync::Arc::<T>::increment_strong_count(ptr as *const T);
                         },
                         __decref: |ptr| unsafe {
-                            std::sync::Arc::from_raw(ptr as *const T);
+                            crate::value::walk::release(std::sync::Arc::from_raw(ptr as *const T));
                         },
                     };
 

@@ -23,10 +23,13 @@
 //! Once the fuel runs out, the tracker stays exhausted: every later charge
 //! fails.  That way code that cannot propagate an error directly (such as an
 //! iterator) can stop early and the engine fails at the next check.
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use crate::compiler::instructions::Instruction;
 use crate::error::{Error, ErrorKind};
+use crate::value::namespace_object::Namespace;
 use crate::value::{Value, ValueMap, ValueRepr};
 
 /// The internal resolution of fuel.
@@ -56,6 +59,9 @@ pub(crate) const SLOT_COST: u64 = crate::value::ops::SLOT_COST;
 /// slower than copying bytes.
 pub(crate) const SERIALIZED_BYTE_COST: u64 = 16;
 
+/// Cost of a namespace object, beside its attributes.
+pub(crate) const NAMESPACE_COST: u64 = 8 * UNITS_PER_FUEL;
+
 /// Cost of one format specifier in the `format` filter.
 pub(crate) const FORMAT_SPEC_COST: u64 = 4 * UNITS_PER_FUEL;
 
@@ -63,8 +69,9 @@ pub(crate) const FORMAT_SPEC_COST: u64 = 4 * UNITS_PER_FUEL;
 pub(crate) struct FuelTracker {
     // The initial fuel level.
     initial: u64,
-    // The remaining fuel in units.
-    remaining: Cell<i64>,
+    // The remaining fuel in units, shared with the thread's current fuel
+    // while an evaluation runs (see `make_current`).
+    remaining: Arc<AtomicI64>,
 }
 
 impl FuelTracker {
@@ -72,9 +79,9 @@ impl FuelTracker {
     pub fn new(fuel: u64) -> FuelTracker {
         FuelTracker {
             initial: fuel,
-            remaining: Cell::new(
+            remaining: Arc::new(AtomicI64::new(
                 i64::try_from(fuel.saturating_mul(UNITS_PER_FUEL)).unwrap_or(i64::MAX),
-            ),
+            )),
         }
     }
 
@@ -85,9 +92,9 @@ impl FuelTracker {
     pub fn consume(&self, units: u64) -> Result<(), Error> {
         let remaining = self
             .remaining
-            .get()
+            .load(Relaxed)
             .saturating_sub(i64::try_from(units).unwrap_or(i64::MAX));
-        self.remaining.set(remaining);
+        self.remaining.store(remaining, Relaxed);
         if remaining <= 0 {
             Err(Error::from(ErrorKind::OutOfFuel))
         } else {
@@ -102,9 +109,9 @@ impl FuelTracker {
     /// fuel would run out, the tracker is exhausted immediately.
     #[inline]
     pub fn ensure(&self, units: u64) -> Result<(), Error> {
-        let remaining = self.remaining.get();
+        let remaining = self.remaining.load(Relaxed);
         if remaining <= 0 || units >= remaining as u64 {
-            self.remaining.set(0);
+            self.remaining.store(0, Relaxed);
             Err(Error::from(ErrorKind::OutOfFuel))
         } else {
             Ok(())
@@ -124,18 +131,68 @@ impl FuelTracker {
     /// Returns the remaining fuel in units.
     #[inline]
     pub fn remaining_units(&self) -> u64 {
-        self.remaining.get().max(0) as u64
+        self.remaining.load(Relaxed).max(0) as u64
     }
 
     /// Returns the remaining fuel.
     pub fn remaining(&self) -> u64 {
-        self.remaining.get().max(0) as u64 / UNITS_PER_FUEL
+        self.remaining.load(Relaxed).max(0) as u64 / UNITS_PER_FUEL
     }
 
     /// Returns the consumed fuel.
     pub fn consumed(&self) -> u64 {
         self.initial.saturating_sub(self.remaining())
     }
+
+    /// Makes this tracker the thread's current fuel until the returned guard
+    /// is dropped, so that work done where no state is at hand (formatting a
+    /// container) is charged to it.
+    pub(crate) fn make_current(&self) -> CurrentFuel {
+        CURRENT_FUEL.with(|current| CurrentFuel(current.replace(Some(self.remaining.clone()))))
+    }
+}
+
+thread_local! {
+    // The fuel of the innermost evaluation running on this thread.
+    static CURRENT_FUEL: RefCell<Option<Arc<AtomicI64>>> = const { RefCell::new(None) };
+}
+
+/// Restores the thread's previous current fuel when dropped.
+pub(crate) struct CurrentFuel(Option<Arc<AtomicI64>>);
+
+impl Drop for CurrentFuel {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        // the thread local is gone only while the thread exits
+        let _ = CURRENT_FUEL.try_with(|current| *current.borrow_mut() = previous);
+    }
+}
+
+/// Charges `units` to the evaluation running on this thread, if any.
+///
+/// Returns `false` once that evaluation's fuel is used up, so that a loop
+/// which cannot return an error (a `Display` impl) stops; the engine then
+/// fails with [`ErrorKind::OutOfFuel`] at its next check.
+pub(crate) fn charge_current(units: u64) -> bool {
+    CURRENT_FUEL
+        .try_with(|current| match *current.borrow() {
+            Some(ref remaining) => {
+                let left = remaining
+                    .load(Relaxed)
+                    .saturating_sub(i64::try_from(units).unwrap_or(i64::MAX));
+                remaining.store(left, Relaxed);
+                left > 0
+            }
+            None => true,
+        })
+        .unwrap_or(true)
+}
+
+/// Is an evaluation with fuel running on this thread?
+pub(crate) fn has_current() -> bool {
+    CURRENT_FUEL
+        .try_with(|current| current.borrow().is_some())
+        .unwrap_or(false)
 }
 
 /// Does an instruction consume fuel?
@@ -197,7 +254,8 @@ pub(crate) fn lookup_cost(n: usize) -> u64 {
 /// This is the cost of the value itself, not of the values it contains: a
 /// string costs its length and a list costs a slot per item.  Items were
 /// already charged when they were created.  Objects other than the built-in
-/// lists and maps are free as the engine cannot know how large they are.
+/// lists, maps and namespaces are free as the engine cannot know how large
+/// they are.
 pub(crate) fn value_cost(value: &Value) -> u64 {
     match value.0 {
         ValueRepr::String(ref s, _) => cost_of(s.len(), BYTE_COST),
@@ -210,6 +268,9 @@ pub(crate) fn value_cost(value: &Value) -> u64 {
                 cost_of(map.len(), 2 * SLOT_COST)
             } else if let Some(tuple) = obj.downcast_ref::<crate::value::Tuple>() {
                 cost_of(tuple.len(), SLOT_COST)
+            } else if let Some(ns) = obj.downcast_ref::<Namespace>() {
+                // a namespace is a locked map of its own, several hundred bytes
+                NAMESPACE_COST.saturating_add(cost_of(ns.len(), 2 * SLOT_COST))
             } else {
                 0
             }

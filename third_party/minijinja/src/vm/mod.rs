@@ -258,6 +258,9 @@ impl<'env> Executor<'env> {
         mut pc: u32,
     ) -> Result<Option<Value>, Error> {
         let initial_auto_escape = state.auto_escape.clone();
+        // formatting values (which has no state at hand) charges this fuel.
+        #[cfg(feature = "fuel")]
+        let _current_fuel = state.fuel_tracker.as_ref().map(|t| t.make_current());
         let undefined_behavior = state.undefined_behavior();
         let strict_undefined = matches!(
             undefined_behavior,
