@@ -54,6 +54,119 @@ fn a_template_doubling_a_string_runs_out_of_fuel_before_memory() {
     assert_bound_error(r, "fuel");
 }
 
+/// Found by the `template` target after 8.5 million executions: `range(1) * 20000100`.
+/// minijinja repeated a list lazily and charged no fuel for it, so one instruction stood for
+/// up to 100 million items that every later walk (printing it, indexing it from the end,
+/// `~`, `| string`) visited in full: 47 s for this input in the fuzzing build.
+///
+/// Lists repeat eagerly now, charged like any list they build (third_party/minijinja).
+#[test]
+fn a_template_repeating_a_list_millions_of_times_runs_out_of_fuel() {
+    for source in [
+        "{{ range(1)* 020000100 }}",
+        "{{ (range(1) * 100000000)[-1] }}",
+        "{{ ([0] * 99999999) ~ '' }}",
+        "{{ ((1,) * 90000000) | last }}",
+        "{% for x in [0] * 99999999 %}{% endfor %}",
+    ] {
+        assert_bound_error(render_within_a_minute(source), "fuel");
+    }
+    // Small repetitions stay what Python makes of them.
+    let r = render_within_a_minute("{{ [1, 2] * 2 }}{{ (1,) * 2 }}{{ [] * 3 }}{{ [1] * -1 }}");
+    assert_eq!(
+        r.expect("small repetitions render"),
+        "[1, 2, 1, 2](1, 1)[][]"
+    );
+}
+
+/// A list shared by reference: forty doublings build `[x, x]` nested forty times, 2^40 items
+/// in forty lists and little fuel. Every walk over it (formatting, `| string`, `~`, `tojson`,
+/// `pprint`, comparing, sorting, hashing it as a key) ran for hours.
+///
+/// Walks charge the items they visit to the fuel (third_party/minijinja), and `tojson`
+/// bounds its text.
+#[test]
+fn walks_over_a_shared_list_run_out_of_fuel() {
+    let build = "{% set ns = namespace(x=[0], y=[0]) %}{% for i in range(40) %}\
+                 {% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}";
+    for (walk, bound) in [
+        ("{{ ns.x | string | length }}", "fuel"),
+        ("{{ (ns.x ~ '') | length }}", "fuel"),
+        ("{{ ns.x | join | length }}", "fuel"),
+        ("{{ ns.x | pprint | length }}", "fuel"),
+        ("{{ ns.x == ns.y }}", "fuel"),
+        ("{{ [ns.x, ns.y] | sort | length }}", "fuel"),
+        ("{{ [ns.x, ns.y] | unique | list | length }}", "fuel"),
+        ("{{ {ns.x: 1} | length }}", "fuel"),
+        ("{{ ns.x | tojson | length }}", "4194304 bytes"),
+    ] {
+        let source: &'static str = format!("{build}{walk}").leak();
+        assert_bound_error(render_within_a_minute(source), bound);
+    }
+    // Printed, it meets the output bound and the fuel at about the same item: either stops it.
+    let source: &'static str = format!("{build}{{{{ ns.x }}}}").leak();
+    match render_within_a_minute(source) {
+        Err(Error::ChatTemplate { msg, .. })
+            if msg.contains("fuel") || msg.contains(&MAX_TEMPLATE_OUTPUT.to_string()) => {}
+        other => panic!("expected the fuel or the output bound to stop it, got {other:?}"),
+    }
+}
+
+/// A list nested in a list a million times (the fuel allows that many levels) overflowed the
+/// stack when minijinja dropped it, and when formatting, comparing or serializing it: a crash.
+///
+/// Dropping is iterative, walks stop at 1,000 levels (Python's recursion limit), as `tojson`
+/// does, and the render runs on a thread of its own with room for the rest.
+#[test]
+fn a_list_nested_a_million_levels_deep_is_an_error_not_a_stack_overflow() {
+    let deepest = |body: &str| -> &'static str {
+        format!(
+            "{{% set ns = namespace(x=[], y=[]) %}}{{% for i in range(1000) %}}\
+             {{% for j in range(1000) %}}{body}{{% endfor %}}{{% endfor %}}"
+        )
+        .leak()
+    };
+    // Each runs out of fuel while building, then drops what it built.
+    for body in [
+        "{% set ns.x = [ns.x] %}",
+        "{% set ns.x = [[[[[[[[[[ns.x]]]]]]]]]] %}",
+        "{% set ns.x = {'a': ns.x} %}",
+        "{% set ns.x = (ns.x,) %}",
+        "{% set ns.x = namespace(y=ns.x) %}",
+    ] {
+        assert_bound_error(render_within_a_minute(deepest(body)), "fuel");
+    }
+    let deep = "{% set ns = namespace(x=[], y=[]) %}{% for i in range(100000) %}\
+                {% set ns.x = [ns.x] %}{% set ns.y = [ns.y] %}{% endfor %}";
+    for (walk, bound) in [
+        ("{{ ns.x }}", "fuel"),
+        ("{{ ns.x | string | length }}", "fuel"),
+        ("{{ ns.x == ns.y }}", "fuel"),
+        ("{{ [ns.x, ns.y, ns.x] | sort | length }}", "fuel"),
+        ("{{ ns.x | tojson }}", "nested deeper than 1000 levels"),
+    ] {
+        let source: &'static str = format!("{deep}{walk}").leak();
+        assert_bound_error(render_within_a_minute(source), bound);
+    }
+    // 999 levels are still a value like any other.
+    let r = render_within_a_minute(
+        "{% set ns = namespace(x=[]) %}{% for i in range(998) %}{% set ns.x = [ns.x] %}\
+         {% endfor %}{{ ns.x | string | length }} {{ ns.x | tojson | length }}",
+    );
+    assert_eq!(r.expect("999 levels render"), "1998 1998");
+}
+
+/// `tojson(indent=N)` allocated N spaces up front: a capacity overflow panic for a huge N.
+#[test]
+fn a_huge_tojson_indent_is_an_error() {
+    for source in [
+        "{{ [1] | tojson(indent=99999999999) }}",
+        "{{ [[[[[[[[[[1]]]]]]]]]] | tojson(indent=3000000) }}",
+    ] {
+        assert_bound_error(render_within_a_minute(source), "4194304 bytes");
+    }
+}
+
 #[test]
 fn a_template_writing_gigabytes_stops_at_the_output_bound() {
     // 10 GB of output, 100 KB per write.

@@ -16,13 +16,13 @@ mod openai;
 mod worker;
 
 use libfuzzer_sys::fuzz_target;
-use qkv_cli::request::{self, Body, Prompt};
 use qkv::engine::{Engine, EngineOptions};
 use qkv::model::Model;
 use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
 use qkv::tokenizer::Tokenizer;
 use qkv::weights::gguf::{write_gguf, GgufFile, MetaValue, MetaValueType};
 use qkv::weights::FloatType;
+use qkv_cli::request::{self, Body, Prompt};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 

@@ -12,9 +12,12 @@
 //!
 //! A template is untrusted input (it comes with the model file), so every render is bounded:
 //! it may spend at most [`MAX_TEMPLATE_FUEL`] of minijinja's fuel (about one unit per
-//! instruction run and per 64 bytes of data it creates, which bounds both its time and its
-//! memory), and its output may take at most [`MAX_TEMPLATE_OUTPUT`] bytes. Past either bound
-//! the render stops with [`Error::ChatTemplate`] saying which.
+//! instruction run, per 64 bytes of data it creates and per two items the engine walks over
+//! when it formats, compares or hashes a value, which bounds both its time and its memory),
+//! and its output may take at most [`MAX_TEMPLATE_OUTPUT`] bytes. Past either bound the render
+//! stops with [`Error::ChatTemplate`] saying which. Walks over values also stop at 1,000 levels
+//! of nesting, as Python's do. The walks are charged by a patch to minijinja that qkv carries
+//! (`third_party/minijinja/QKV-PATCH.md`).
 //!
 //! `tests/chat_templates.rs` renders every template in llama.cpp's `models/templates/` and
 //! compares each with transformers' output (`tools/template_fixtures.py`).
@@ -30,15 +33,20 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
-/// The fuel one render may spend: minijinja charges about one unit per instruction and one
-/// per 64 bytes of data the template creates (output, captured blocks, strings and lists
-/// built by operators and filters), so this bounds a render's time and its allocations (about
-/// 256 MB). A 5,000-turn ChatML conversation (1 MB of prompt) renders within it.
+/// The fuel one render may spend: minijinja charges about one unit per instruction, one per
+/// 64 bytes of data the template creates (output, captured blocks, strings and lists built by
+/// operators and filters) and one per two items it walks over, so this bounds a render's time
+/// and its allocations (about 256 MB). A 5,000-turn ChatML conversation (1 MB of prompt)
+/// renders within it.
 pub const MAX_TEMPLATE_FUEL: u64 = 4_000_000;
 
-/// Bytes a rendered prompt may take: far more than any context window holds as text
-/// (a million tokens are about 4 MB).
-pub const MAX_TEMPLATE_OUTPUT: usize = 16 << 20;
+/// Bytes a rendered prompt may take: several times what the longest context window of the
+/// supported families (128k tokens, under 1 MB of text) holds. Fuel charges output at the
+/// next instruction, so this also bounds what one instruction may print.
+pub const MAX_TEMPLATE_OUTPUT: usize = 4 << 20;
+
+/// The stack of the thread a render runs on (see [`ChatTemplate::render`]).
+const RENDER_STACK: usize = 64 << 20;
 
 /// What a chat template is rendered with besides the messages.
 #[derive(Clone, Debug, Default)]
@@ -85,6 +93,7 @@ pub struct ChatTemplate {
     source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    fuel: u64,
 }
 
 /// ChatML, for a model that has no template of its own but whose vocabulary has the markers.
@@ -101,6 +110,7 @@ impl ChatTemplate {
             source: source.into(),
             bos_token: None,
             eos_token: None,
+            fuel: MAX_TEMPLATE_FUEL,
         }
     }
 
@@ -114,6 +124,13 @@ impl ChatTemplate {
     pub fn with_special_tokens(mut self, bos: Option<&str>, eos: Option<&str>) -> ChatTemplate {
         self.bos_token = bos.map(str::to_owned);
         self.eos_token = eos.map(str::to_owned);
+        self
+    }
+
+    /// Sets the fuel a render may spend, in place of [`MAX_TEMPLATE_FUEL`] (a server may want
+    /// a tighter bound; the fuzz target uses one to catch work the fuel does not see).
+    pub fn with_fuel(mut self, fuel: u64) -> ChatTemplate {
+        self.fuel = fuel;
         self
     }
 
@@ -132,16 +149,49 @@ impl ChatTemplate {
     ///
     /// [`Error::ChatTemplate`] with minijinja's message when the template does not compile,
     /// fails while rendering, or calls `raise_exception` (a template refusing, say, a system
-    /// message); also when the render spends more than [`MAX_TEMPLATE_FUEL`] or writes more
-    /// than [`MAX_TEMPLATE_OUTPUT`] bytes (a hostile or broken template looping for ever or
-    /// building a huge prompt).
+    /// message); also when the render spends more than its fuel ([`MAX_TEMPLATE_FUEL`] unless
+    /// set otherwise) or writes more than [`MAX_TEMPLATE_OUTPUT`] bytes (a hostile or broken
+    /// template looping for ever or building a huge prompt).
     pub fn render(&self, messages: &[Value], options: &ChatOptions) -> Result<String> {
+        // The render recurses: minijinja's VM once per macro call or include (up to its
+        // recursion limit), and its walks over values (formatting, comparing, hashing) and
+        // `tojson` once per level of nesting, up to 1,000 levels. That takes more stack than
+        // a caller's thread may have (a test thread has 2 MB), so the render gets a thread of
+        // its own whose stack holds the deepest of them; the stack is reserved, and touched
+        // only as used.
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("qkv-chat-template".into())
+                .stack_size(RENDER_STACK)
+                .spawn_scoped(scope, || self.render_here(messages, options))
+                .map_err(|e| Error::ChatTemplate {
+                    template: self.name.clone(),
+                    msg: format!("could not start the thread that renders it: {e}"),
+                })?
+                .join()
+                // A panic in the template engine is a bug there, but the template is the
+                // caller's input: it gets an error, never a crashed process.
+                .unwrap_or_else(|panic| {
+                    let msg = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    Err(Error::ChatTemplate {
+                        template: self.name.clone(),
+                        msg: format!("the template engine panicked: {msg}"),
+                    })
+                })
+        })
+    }
+
+    fn render_here(&self, messages: &[Value], options: &ChatOptions) -> Result<String> {
         let fail = |e: minijinja::Error| Error::ChatTemplate {
             template: self.name.clone(),
             msg: describe(&e),
         };
         let source = generation_tags_as_blocks(&self.source);
-        let env = environment(options.now.unwrap_or_else(SystemTime::now));
+        let env = environment(options.now.unwrap_or_else(SystemTime::now), self.fuel);
         let template = env
             .template_from_named_str(&self.name, &source)
             .map_err(fail)?;
@@ -187,8 +237,9 @@ impl ChatTemplate {
                 return Err(Error::ChatTemplate {
                     template: self.name.clone(),
                     msg: format!(
-                        "the render used up its budget of {MAX_TEMPLATE_FUEL} fuel (instructions \
-                         run and data created){}",
+                        "the render used up its budget of {} fuel (instructions run, data \
+                         created and walked){}",
+                        self.fuel,
                         e.line().map_or(String::new(), |l| format!(" at line {l}"))
                     ),
                 })
@@ -290,9 +341,9 @@ fn generation_tags_as_blocks(source: &str) -> Cow<'_, str> {
 }
 
 /// The environment transformers sets up, on minijinja.
-fn environment(now: SystemTime) -> Environment<'static> {
+fn environment(now: SystemTime, fuel: u64) -> Environment<'static> {
     let mut env = Environment::new();
-    env.set_fuel(Some(MAX_TEMPLATE_FUEL));
+    env.set_fuel(Some(fuel));
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)

@@ -22,7 +22,13 @@ pub(super) fn tojson(
         Some(v) if v.is_none() => None,
         Some(v) => match v.as_str() {
             Some(s) => Some(s.to_owned()),
-            None => Some(" ".repeat(i64::try_from(v)?.max(0) as usize)),
+            None => {
+                let n = i64::try_from(v)?.max(0);
+                if n > MAX_JSON as i64 {
+                    return Err(too_long());
+                }
+                Some(" ".repeat(n as usize))
+            }
         },
     };
     let separators: Option<JValue> = kwargs.get("separators")?;
@@ -59,6 +65,20 @@ pub(super) fn tojson(
     Ok(JValue::from_safe_string(out))
 }
 
+/// The longest JSON text `tojson` writes: the bound on a whole rendered prompt.
+const MAX_JSON: usize = super::MAX_TEMPLATE_OUTPUT;
+
+/// How deep `tojson` follows nested values: Python's default recursion limit, past which
+/// `json.dumps` raises `RecursionError`.
+const MAX_JSON_DEPTH: usize = 1000;
+
+fn too_long() -> minijinja::Error {
+    minijinja::Error::new(
+        ErrorKind::InvalidOperation,
+        format!("tojson: the JSON text would pass {MAX_JSON} bytes"),
+    )
+}
+
 /// Python's `json.dumps` settings.
 struct Json {
     indent: Option<String>,
@@ -76,13 +96,17 @@ fn not_serializable(v: &JValue) -> minijinja::Error {
 }
 
 impl Json {
-    fn newline(&self, out: &mut String, depth: usize) {
+    fn newline(&self, out: &mut String, depth: usize) -> std::result::Result<(), minijinja::Error> {
         if let Some(indent) = &self.indent {
             out.push('\n');
             for _ in 0..depth {
+                if out.len() + indent.len() > MAX_JSON {
+                    return Err(too_long());
+                }
                 out.push_str(indent);
             }
         }
+        Ok(())
     }
 
     fn write(
@@ -91,6 +115,17 @@ impl Json {
         v: &JValue,
         depth: usize,
     ) -> std::result::Result<(), minijinja::Error> {
+        // A shared list is written as often as it is referenced, so a small value can stand
+        // for an exponentially long text: the length is checked at every item.
+        if out.len() > MAX_JSON {
+            return Err(too_long());
+        }
+        if depth > MAX_JSON_DEPTH {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: a value nested deeper than {MAX_JSON_DEPTH} levels"),
+            ));
+        }
         match v.kind() {
             ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
@@ -155,10 +190,10 @@ impl Json {
             if i > 0 {
                 out.push_str(&self.item_sep);
             }
-            self.newline(out, depth + 1);
+            self.newline(out, depth + 1)?;
             each(out, item, depth + 1)?;
         }
-        self.newline(out, depth);
+        self.newline(out, depth)?;
         out.push(close);
         Ok(())
     }
