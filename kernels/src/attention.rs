@@ -75,6 +75,7 @@
 
 use crate::error::{check_covers, check_len, check_nonzero, try_zeros_f32, KernelError, Result};
 use half::f16;
+use streaming::Call;
 
 /// Queries: `rows × heads × dim` f32 values, element `(r, h, d)` at
 /// `r·row_stride + h·head_stride + d`.
@@ -348,14 +349,15 @@ fn view_span(
         .checked_add(dim)
 }
 
-fn validate(
-    q: &QueryView<'_>,
-    k: &KvView<'_>,
-    v: &KvView<'_>,
-    mask: &AttentionMask<'_>,
+/// Checks a call's views, mask and output length against each other, and gives the call.
+fn validate<'a>(
+    q: &'a QueryView<'a>,
+    k: &'a KvView<'a>,
+    v: &'a KvView<'a>,
+    mask: &'a AttentionMask<'a>,
     scale: Option<f32>,
     out_len: usize,
-) -> Result<Dims> {
+) -> Result<Call<'a>> {
     check_nonzero("tq (query rows)", q.rows)?;
     check_nonzero("heads", q.heads)?;
     check_nonzero("d_qk (query dim)", q.dim)?;
@@ -492,7 +494,7 @@ fn validate(
             "scale must be finite, got {scale}"
         )));
     }
-    Ok(Dims {
+    let dims = Dims {
         tq: q.rows,
         tk: k.rows,
         heads: q.heads,
@@ -500,6 +502,13 @@ fn validate(
         d_qk: q.dim,
         d_v: v.dim,
         scale,
+    };
+    Ok(Call {
+        q,
+        k,
+        v,
+        mask,
+        dims,
     })
 }
 
@@ -513,8 +522,8 @@ pub fn attention(
     scale: Option<f32>,
     out: &mut [f32],
 ) -> Result<()> {
-    let dims = validate(q, k, v, mask, scale, out.len())?;
-    streaming::run(q, k, v, mask, &dims, out);
+    let call = validate(q, k, v, mask, scale, out.len())?;
+    streaming::run(&call, out);
     Ok(())
 }
 
@@ -529,8 +538,8 @@ pub fn attention_scalar(
     scale: Option<f32>,
     out: &mut [f32],
 ) -> Result<()> {
-    let dims = validate(q, k, v, mask, scale, out.len())?;
-    streaming::run_scalar(q, k, v, mask, &dims, out);
+    let call = validate(q, k, v, mask, scale, out.len())?;
+    streaming::run_scalar(&call, out);
     Ok(())
 }
 
@@ -591,13 +600,13 @@ pub fn attention_with_probs(
     scale: Option<f32>,
     out: &mut [f32],
 ) -> Result<Vec<f32>> {
-    let dims = validate(q, k, v, mask, scale, out.len())?;
-    let Dims { tq, tk, heads, .. } = dims;
+    let call = validate(q, k, v, mask, scale, out.len())?;
+    let Dims { tq, tk, heads, .. } = call.dims;
     let len = heads.checked_mul(tq).and_then(|n| n.checked_mul(tk));
     let mut probs = try_zeros_f32(len, || {
         format!("the probabilities of heads {heads} × tq {tq} × tk {tk}")
     })?;
-    streaming::with_probs(q, k, v, mask, &dims, out, &mut probs);
+    streaming::with_probs(&call, out, &mut probs);
     Ok(probs)
 }
 

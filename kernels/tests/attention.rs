@@ -110,6 +110,55 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// K and V as the kernel reads them: f32, or rounded to f16, and then `k` and `v` hold the
+/// rounded values, which are what the reference must see.
+struct Kv {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    k16: Vec<f16>,
+    v16: Vec<f16>,
+    half: bool,
+}
+
+impl Kv {
+    /// Rounds only when `f16` (Miri's AVX2 run has no F16C to round with).
+    fn new(k: Vec<f32>, v: Vec<f32>, f16: bool) -> Kv {
+        if !f16 {
+            return Kv {
+                k,
+                v,
+                k16: Vec::new(),
+                v16: Vec::new(),
+                half: false,
+            };
+        }
+        let halves = |x: &[f32]| -> Vec<f16> { x.iter().map(|&x| f16::from_f32(x)).collect() };
+        let (k16, v16) = (halves(&k), halves(&v));
+        Kv {
+            k: k16.iter().map(|x| x.to_f32()).collect(),
+            v: v16.iter().map(|x| x.to_f32()).collect(),
+            k16,
+            v16,
+            half: true,
+        }
+    }
+
+    /// The views of `tk` keys over `kv_heads` heads of `d` (keys) and `dv` (values) floats.
+    fn views(&self, tk: usize, kv_heads: usize, d: usize, dv: usize) -> (KvView<'_>, KvView<'_>) {
+        if self.half {
+            (
+                KvView::contiguous_f16(&self.k16, tk, kv_heads, d),
+                KvView::contiguous_f16(&self.v16, tk, kv_heads, dv),
+            )
+        } else {
+            (
+                KvView::contiguous_f32(&self.k, tk, kv_heads, d),
+                KvView::contiguous_f32(&self.v, tk, kv_heads, dv),
+            )
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Case {
     tq: usize,
@@ -143,22 +192,10 @@ fn check(case: Case, rng: &mut Rng) {
         dense,
     } = case;
     let q = rng.vec(tq * heads * d, 2.0);
-    let mut k = rng.vec(tk * kv_heads * d, 2.0);
-    let mut v = rng.vec(tk * kv_heads * dv, 1.0);
-    // Converted only when used (Miri's AVX2 run has no F16C).
-    let halves = |x: &[f32]| -> Vec<f16> {
-        if f16_kv {
-            x.iter().map(|&x| f16::from_f32(x)).collect()
-        } else {
-            Vec::new()
-        }
-    };
-    let (k16, v16) = (halves(&k), halves(&v));
-    if f16_kv {
-        // The reference sees exactly the values the kernel reads.
-        k = k16.iter().map(|x| x.to_f32()).collect();
-        v = v16.iter().map(|x| x.to_f32()).collect();
-    }
+    let k = rng.vec(tk * kv_heads * d, 2.0);
+    let v = rng.vec(tk * kv_heads * dv, 1.0);
+    let kv_data = Kv::new(k, v, f16_kv);
+    let (k, v) = (&kv_data.k, &kv_data.v);
     // Pads anywhere: every third key in the middle region, plus the last one.
     let keep: Vec<bool> = (0..tk)
         .map(|j| !(pads && ((j % 3 == 1 && j > tk / 4) || j + 1 == tk && tk > 1)))
@@ -177,22 +214,11 @@ fn check(case: Case, rng: &mut Rng) {
         mask.dense_keep = Some(&dense_keep);
     }
     let visible = |i: usize, j: usize| mask.visible(i, j, tk);
-    let (expected, expected_probs) = naive(
-        &q, &k, &v, tq, tk, heads, kv_heads, d, dv, &visible, softcap,
-    );
+    let (expected, expected_probs) =
+        naive(&q, k, v, tq, tk, heads, kv_heads, d, dv, &visible, softcap);
 
     let qv = QueryView::contiguous(&q, tq, heads, d);
-    let (kv, vv) = if f16_kv {
-        (
-            KvView::contiguous_f16(&k16, tk, kv_heads, d),
-            KvView::contiguous_f16(&v16, tk, kv_heads, dv),
-        )
-    } else {
-        (
-            KvView::contiguous_f32(&k, tk, kv_heads, d),
-            KvView::contiguous_f32(&v, tk, kv_heads, dv),
-        )
-    };
+    let (kv, vv) = kv_data.views(tk, kv_heads, d, dv);
     let mut fast = vec![f32::NAN; tq * heads * dv];
     let mut scalar = vec![f32::NAN; tq * heads * dv];
     let mut slow = vec![f32::NAN; tq * heads * dv];

@@ -41,6 +41,15 @@ struct Packed<'a> {
     blocks: usize,
 }
 
+/// A call that [`super::validate`] accepted: its views, its mask and their dimensions.
+pub(super) struct Call<'a> {
+    pub(super) q: &'a QueryView<'a>,
+    pub(super) k: &'a KvView<'a>,
+    pub(super) v: &'a KvView<'a>,
+    pub(super) mask: &'a AttentionMask<'a>,
+    pub(super) dims: Dims,
+}
+
 /// Everything an item needs to know about the call.
 struct Ctx<'a> {
     q: &'a QueryView<'a>,
@@ -57,19 +66,14 @@ struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     /// The context of a call that packs per item.
-    fn new(
-        q: &'a QueryView<'a>,
-        k: &'a KvView<'a>,
-        v: &'a KvView<'a>,
-        mask: &'a AttentionMask<'a>,
-        dims: &Dims,
-    ) -> Self {
+    fn new(call: &Call<'a>) -> Self {
+        let dims = call.dims;
         Ctx {
-            q,
-            k,
-            v,
-            mask,
-            dims: *dims,
+            q: call.q,
+            k: call.k,
+            v: call.v,
+            mask: call.mask,
+            dims,
             group: dims.heads / dims.kv_heads,
             dvp: dims.d_v.div_ceil(8) * 8,
             packed: None,
@@ -98,31 +102,17 @@ struct Item {
 }
 
 /// Runs attention with the fastest micro-kernels this CPU has.
-pub(super) fn run(
-    q: &QueryView<'_>,
-    k: &KvView<'_>,
-    v: &KvView<'_>,
-    mask: &AttentionMask<'_>,
-    dims: &Dims,
-    out: &mut [f32],
-) {
+pub(super) fn run(call: &Call<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma_f16c() {
-        return driver::run_with::<avx2::Avx2>(q, k, v, mask, dims, out);
+        return driver::run_with::<avx2::Avx2>(call, out);
     }
-    driver::run_with::<Scalar>(q, k, v, mask, dims, out)
+    driver::run_with::<Scalar>(call, out)
 }
 
 /// Runs attention with the scalar micro-kernels only (the reference path).
-pub(super) fn run_scalar(
-    q: &QueryView<'_>,
-    k: &KvView<'_>,
-    v: &KvView<'_>,
-    mask: &AttentionMask<'_>,
-    dims: &Dims,
-    out: &mut [f32],
-) {
-    driver::run_with::<Scalar>(q, k, v, mask, dims, out)
+pub(super) fn run_scalar(call: &Call<'_>, out: &mut [f32]) {
+    driver::run_with::<Scalar>(call, out)
 }
 
 pub(super) use exact::with_probs;

@@ -1,8 +1,8 @@
 //! Non-finite inputs on every path of the kernel, against the rule in its documentation.
 
-use super::{naive, Rng, F16};
+use super::{naive, Kv, Rng, F16};
 use qkv_kernels::attention::attention_scalar;
-use qkv_kernels::{attention, attention_with_probs, f16, AttentionMask, KvView, QueryView};
+use qkv_kernels::{attention, attention_with_probs, AttentionMask, KvView, QueryView};
 
 /// One attention path of the kernel, chosen by its shape (see `streaming::plan`).
 #[derive(Clone, Copy, Debug)]
@@ -160,39 +160,13 @@ fn nonfinite_case(shape: PathShape, poison: Poison) -> Vec<f32> {
     });
     let mut rule_f32 = Vec::new();
     for f16_kv in [false, true].into_iter().filter(|&f| !f || F16) {
-        // Converted only when used (Miri's AVX2 run has no F16C).
-        let halves = |x: &[f32]| -> Vec<f16> {
-            if f16_kv {
-                x.iter().map(|&x| f16::from_f32(x)).collect()
-            } else {
-                Vec::new()
-            }
-        };
-        let (k16, v16) = (halves(&k), halves(&v));
-        let (kr, vr): (Vec<f32>, Vec<f32>) = if f16_kv {
-            (
-                k16.iter().map(|x| x.to_f32()).collect(),
-                v16.iter().map(|x| x.to_f32()).collect(),
-            )
-        } else {
-            (k.clone(), v.clone())
-        };
+        let kv_data = Kv::new(k.clone(), v.clone(), f16_kv);
         let visible = |i: usize, j: usize| mask.visible(i, j, tk);
         let (want, want_probs) = naive(
-            &q, &kr, &vr, tq, tk, heads, kv_heads, d, dv, &visible, softcap,
+            &q, &kv_data.k, &kv_data.v, tq, tk, heads, kv_heads, d, dv, &visible, softcap,
         );
         let qv = QueryView::contiguous(&q, tq, heads, d);
-        let (kv, vv) = if f16_kv {
-            (
-                KvView::contiguous_f16(&k16, tk, kv_heads, d),
-                KvView::contiguous_f16(&v16, tk, kv_heads, dv),
-            )
-        } else {
-            (
-                KvView::contiguous_f32(&k, tk, kv_heads, d),
-                KvView::contiguous_f32(&v, tk, kv_heads, dv),
-            )
-        };
+        let (kv, vv) = kv_data.views(tk, kv_heads, d, dv);
         let n = tq * heads * dv;
         let (mut simd, mut scalar, mut slow) = (vec![0.5; n], vec![0.5; n], vec![0.5; n]);
         let mut calls = || {

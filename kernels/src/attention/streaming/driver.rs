@@ -6,22 +6,16 @@ use super::exact::{exact_row, has_visible_key};
 use super::micro::{Block, Micro, Scalar};
 use super::plan::Plan;
 use super::scratch::{try_grow, Scratch, PACKED, PARTIALS, SCRATCH};
-use super::{Ctx, Dims, Item, Packed, IN_PLACE_MAX_ROWS, KB};
-use crate::attention::{AttentionMask, KvView, QueryView};
+use super::{Call, Ctx, Dims, Item, Packed, IN_PLACE_MAX_ROWS, KB};
+use crate::attention::AttentionMask;
 use crate::SharedOut;
 use rayon::prelude::*;
 
 /// Runs the call with the micro-kernels `M`.
-pub(super) fn run_with<M: Micro + ProcessItem>(
-    q: &QueryView<'_>,
-    k: &KvView<'_>,
-    v: &KvView<'_>,
-    mask: &AttentionMask<'_>,
-    dims: &Dims,
-    out: &mut [f32],
-) {
-    let plan = Plan::new(dims, mask, rayon::current_num_threads());
-    let mut ctx = Ctx::new(q, k, v, mask, dims);
+pub(super) fn run_with<M: Micro + ProcessItem>(call: &Call<'_>, out: &mut [f32]) {
+    let dims = &call.dims;
+    let plan = Plan::new(dims, call.mask, rayon::current_num_threads());
+    let mut ctx = Ctx::new(call);
     let dvp = ctx.dvp;
     let k_lo = plan.k_lo;
     // With three or more query blocks, packing every key block once up front is cheaper
@@ -49,8 +43,8 @@ pub(super) fn run_with<M: Micro + ProcessItem>(
                 return; // before every window: never read
             }
             let b = Block {
-                k,
-                v,
+                k: call.k,
+                v: call.v,
                 g,
                 j0,
                 nk: KB.min(dims.tk - j0),

@@ -5,8 +5,8 @@
 
 use super::driver::mask_row;
 use super::micro::{Block, Micro, Scalar};
-use super::{Ctx, Dims, KB};
-use crate::attention::{AttentionMask, KvView, QueryView};
+use super::{Call, Ctx, Dims, KB};
+use crate::attention::AttentionMask;
 
 /// True when query `i` may attend at least one of the `tk` keys.
 pub(super) fn has_visible_key(mask: &AttentionMask<'_>, i: usize, tk: usize) -> bool {
@@ -114,16 +114,8 @@ pub(super) fn exact_row(
 
 /// [`crate::attention::attention_with_probs`] on validated views: every row by
 /// [`exact_row`], the probabilities `[heads, tq, tk]` into `probs`.
-pub(in crate::attention) fn with_probs(
-    q: &QueryView<'_>,
-    k: &KvView<'_>,
-    v: &KvView<'_>,
-    mask: &AttentionMask<'_>,
-    dims: &Dims,
-    out: &mut [f32],
-    probs: &mut [f32],
-) {
-    let ctx = Ctx::new(q, k, v, mask, dims);
+pub(in crate::attention) fn with_probs(call: &Call<'_>, out: &mut [f32], probs: &mut [f32]) {
+    let ctx = Ctx::new(call);
     let Dims {
         tq,
         tk,
@@ -131,7 +123,7 @@ pub(in crate::attention) fn with_probs(
         d_qk,
         d_v,
         ..
-    } = *dims;
+    } = call.dims;
     let mut qs = vec![0.0f32; d_qk];
     for h in 0..heads {
         for i in 0..tq {
