@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::nn::KeyPadding;
 use std::collections::HashMap;
 
-/// Sizes of a [`Seq2Seq`] model.
+/// Sizes of a [`Seq2Seq`](super::Seq2Seq) model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Seq2SeqConfig {
     /// Hidden size `d_model` (the seed's `hidden_size`).
