@@ -2,7 +2,7 @@
 //! about, kept as regression tests. Each holds its (minimized) input inline and checks for a
 //! typed error where there was a crash, a hang or an out-of-memory abort.
 
-use qkv::tokenizer::{ChatOptions, ChatTemplate, MAX_TEMPLATE_OUTPUT};
+use qkv::tokenizer::{ChatOptions, ChatTemplate, MAX_TEMPLATE_OUTPUT, MAX_TEMPLATE_SOURCE};
 use qkv::weights::gguf::GgufFile;
 use qkv::weights::{FloatType, TensorSource};
 use qkv::Error;
@@ -154,6 +154,59 @@ fn a_list_nested_a_million_levels_deep_is_an_error_not_a_stack_overflow() {
          {% endfor %}{{ ns.x | string | length }} {{ ns.x | tojson | length }}",
     );
     assert_eq!(r.expect("999 levels render"), "1998 1998");
+}
+
+/// Found by reading the parser after the walks above: unary minuses (or `not`s, or `else`s
+/// of inline ifs) recursed once each with no bound (fifty thousand overflowed a 2 MB stack and
+/// aborted the process); chains that the parser builds in a loop (`x.x.x…`, `f()()…`, `1 + 1 + …`,
+/// `x|list|list…`) made a tree as deep as the source is long, which compiling and dropping
+/// then walked recursively.
+///
+/// The parser counts unary operators and inline `else`s against its nesting limit, constant
+/// folding is bounded (both in third_party/minijinja), a source may take MAX_TEMPLATE_SOURCE
+/// bytes, and the longest chains that fit compile and drop on the render's thread.
+#[test]
+fn deeply_nested_or_chained_sources_are_errors_not_stack_overflows() {
+    let render = |source: String| {
+        ChatTemplate::new("hostile", source).render(
+            &[json!({"role": "user", "content": "hi"})],
+            &ChatOptions::default(),
+        )
+    };
+    for (open, close) in [
+        ("-", ""),
+        ("not ", ""),
+        ("1 if 0 else ", ""),
+        ("[", "]"),
+        ("(", ")"),
+    ] {
+        let n = (MAX_TEMPLATE_SOURCE - 16) / (open.len() + close.len());
+        let source = format!("{{{{ {}1{} }}}}", open.repeat(n), close.repeat(n));
+        match render(source) {
+            Err(Error::ChatTemplate { msg, .. }) => assert!(msg.contains("recursion"), "{msg}"),
+            other => panic!("{open:?} × {n}: {other:?}"),
+        }
+    }
+    // Chains as long as the bound allows (the last link may not fit: leave room for it).
+    // Constant folding looked at each link's whole chain: `x + 1 + …` at this length compiled
+    // in six minutes; it now looks at 256 nodes at most.
+    for link in [
+        ".x", "()", " + 1", "|list", "[0]", " ~ 'a'", " and 1", " or 1",
+    ] {
+        let n = (MAX_TEMPLATE_SOURCE - 16) / link.len();
+        let source: &'static str = format!("{{{{ x{} }}}}", link.repeat(n)).leak();
+        assert!(source.len() <= MAX_TEMPLATE_SOURCE);
+        // Undefined values, unknown functions or text: anything but a crash or a hang.
+        let _ = render_within_a_minute(source);
+    }
+    // One byte past the bound is refused before it is parsed.
+    let source = "x".repeat(MAX_TEMPLATE_SOURCE + 1);
+    match render(source) {
+        Err(Error::ChatTemplate { msg, .. }) => {
+            assert!(msg.contains(&MAX_TEMPLATE_SOURCE.to_string()), "{msg}")
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// `tojson(indent=N)` allocated N spaces up front: a capacity overflow panic for a huge N.

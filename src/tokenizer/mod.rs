@@ -82,7 +82,9 @@ mod spm;
 mod template;
 mod wordpiece;
 
-pub use template::{ChatOptions, ChatTemplate, MAX_TEMPLATE_FUEL, MAX_TEMPLATE_OUTPUT};
+pub use template::{
+    ChatOptions, ChatTemplate, MAX_TEMPLATE_FUEL, MAX_TEMPLATE_OUTPUT, MAX_TEMPLATE_SOURCE,
+};
 
 pub use parts::MAX_VOCAB;
 

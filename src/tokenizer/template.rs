@@ -45,6 +45,13 @@ pub const MAX_TEMPLATE_FUEL: u64 = 4_000_000;
 /// next instruction, so this also bounds what one instruction may print.
 pub const MAX_TEMPLATE_OUTPUT: usize = 4 << 20;
 
+/// Bytes a template's source may take: fifteen times the largest chat template in llama.cpp's
+/// collection (16.7 KB). minijinja's parser bounds how deep brackets, unary operators and
+/// blocks nest, but chains such as `x.a.b.c…`, `f()()…` or `1 + 1 + …` build a tree one level
+/// per link that compiling and dropping walk recursively: this bound keeps them (128k links at
+/// most) within the render thread's stack.
+pub const MAX_TEMPLATE_SOURCE: usize = 256 << 10;
+
 /// The stack of the thread a render runs on (see [`ChatTemplate::render`]).
 const RENDER_STACK: usize = 64 << 20;
 
@@ -153,12 +160,12 @@ impl ChatTemplate {
     /// set otherwise) or writes more than [`MAX_TEMPLATE_OUTPUT`] bytes (a hostile or broken
     /// template looping for ever or building a huge prompt).
     pub fn render(&self, messages: &[Value], options: &ChatOptions) -> Result<String> {
-        // The render recurses: minijinja's VM once per macro call or include (up to its
-        // recursion limit), and its walks over values (formatting, comparing, hashing) and
-        // `tojson` once per level of nesting, up to 1,000 levels. That takes more stack than
-        // a caller's thread may have (a test thread has 2 MB), so the render gets a thread of
-        // its own whose stack holds the deepest of them; the stack is reserved, and touched
-        // only as used.
+        // The render recurses: minijinja's compiler once per link of a chain such as
+        // `x.a.b…` (up to 128k links in MAX_TEMPLATE_SOURCE), its VM once per macro call or
+        // include (up to its recursion limit), and its walks over values and `tojson` once per
+        // level of nesting (up to 1,000). The deepest chain takes more stack than a caller's
+        // thread may have (a test thread has 2 MB), so the render gets a thread of its own
+        // whose stack holds it; the stack is reserved, and touched only as used.
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("qkv-chat-template".into())
@@ -190,6 +197,16 @@ impl ChatTemplate {
             template: self.name.clone(),
             msg: describe(&e),
         };
+        if self.source.len() > MAX_TEMPLATE_SOURCE {
+            return Err(Error::ChatTemplate {
+                template: self.name.clone(),
+                msg: format!(
+                    "the template's source is {} bytes, past the {MAX_TEMPLATE_SOURCE} a chat \
+                     template may take",
+                    self.source.len()
+                ),
+            });
+        }
         let source = generation_tags_as_blocks(&self.source);
         let env = environment(options.now.unwrap_or_else(SystemTime::now), self.fuel);
         let template = env

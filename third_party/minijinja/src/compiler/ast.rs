@@ -212,25 +212,42 @@ impl Expr<'_> {
     }
 
     pub fn as_const(&self) -> Option<Value> {
+        self.as_const_within(&mut MAX_FOLDED_NODES.clone())
+    }
+
+    /// [`Expr::as_const`] looking at `budget` nodes at most (a qkv patch).
+    ///
+    /// The code generator asks every node of an expression whether it is
+    /// constant, and each answer walked the node's whole subtree: a chain such
+    /// as `x + 1 + 1 + …` took time quadratic in its length (65,000 links, a
+    /// 256 KiB template, compiled in six minutes).  Constant expressions in
+    /// templates are small, so past the budget an expression is not folded.
+    fn as_const_within(&self, budget: &mut usize) -> Option<Value> {
+        *budget = budget.checked_sub(1)?;
         match self {
             Expr::Const(c) => Some(c.value.clone()),
             Expr::List(l) => l.as_const(),
             Expr::Tuple(t) => t.as_const(),
             Expr::Map(m) => m.as_const(),
             Expr::UnaryOp(c) => match c.op {
-                UnaryOpKind::Not => c.expr.as_const().map(|value| Value::from(!value.is_true())),
-                UnaryOpKind::Neg => c.expr.as_const().and_then(|v| ops::neg(&v).ok()),
+                UnaryOpKind::Not => c
+                    .expr
+                    .as_const_within(budget)
+                    .map(|value| Value::from(!value.is_true())),
+                UnaryOpKind::Neg => c
+                    .expr
+                    .as_const_within(budget)
+                    .and_then(|v| ops::neg(&v).ok()),
             },
             Expr::BinOp(c) => {
-                let (Some(left), Some(right)) = (c.left.as_const(), c.right.as_const()) else {
-                    return None;
-                };
+                let left = c.left.as_const_within(budget)?;
+                let right = c.right.as_const_within(budget)?;
                 eval_binop(c.op, &left, &right)
             }
             Expr::Compare(c) => {
-                let mut left = c.expr.as_const()?;
+                let mut left = c.expr.as_const_within(budget)?;
                 for op in &c.ops {
-                    let right = op.expr.as_const()?;
+                    let right = op.expr.as_const_within(budget)?;
                     if !eval_compare(op.op, &left, &right)?.is_true() {
                         return Some(Value::from(false));
                     }
@@ -242,6 +259,10 @@ impl Expr<'_> {
         }
     }
 }
+
+/// How many nodes constant folding looks at in one expression (a qkv patch,
+/// see [`Expr::as_const_within`]).
+const MAX_FOLDED_NODES: usize = 256;
 
 /// Constant folding only creates strings and sequences up to this size.  Larger
 /// values are created at runtime where they are subject to fuel.

@@ -219,7 +219,8 @@ macro_rules! unaryop {
             Ok(ast::Expr::UnaryOp(Spanned::new(
                 ast::UnaryOp {
                     op,
-                    expr: ok!(self.$func()),
+                    // guarded: `not not not …` recursed once per operator
+                    expr: ok!(with_recursion_guard!(self, self.$func())),
                 },
                 self.stream.expand_span(span),
             )))
@@ -305,7 +306,8 @@ impl<'a> Parser<'a> {
             if skip_token!(self, Token::Ident("if")) {
                 let expr2 = ok!(self.parse_or());
                 let expr3 = if skip_token!(self, Token::Ident("else")) {
-                    Some(ok!(self.parse_ifexpr()))
+                    // guarded: `a if b else c if d else …` recursed once per `else`
+                    Some(ok!(with_recursion_guard!(self, self.parse_ifexpr())))
                 } else {
                     None
                 };
@@ -433,7 +435,8 @@ impl<'a> Parser<'a> {
         }
         ok!(self.stream.next());
         let operand_span = self.stream.current_span();
-        let operand = ok!(self.parse_unary_only());
+        // guarded: `- - - …` recursed once per operator
+        let operand = ok!(with_recursion_guard!(self, self.parse_unary_only()));
         let operand = ok!(self.parse_postfix(operand, operand_span));
         Ok(ast::Expr::UnaryOp(Spanned::new(
             ast::UnaryOp {
