@@ -349,6 +349,9 @@ pub unsafe fn softmax(x: &mut [f32]) {
     // SAFETY: AVX2 is available (the function's contract).
     let sum = unsafe { hsum(acc) };
     let inv = _mm256_set1_ps(1.0 / sum);
+    // Taken again: the tail above went through `x`, which ends what `p` may do (Miri found
+    // the write through the old pointer, an aliasing violation, in `softmax_matches_scalar`).
+    let p = x.as_mut_ptr();
     let mut i = 0;
     while i < n8 {
         // SAFETY: i + 8 ≤ n8 ≤ len.
