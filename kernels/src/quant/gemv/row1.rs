@@ -5,8 +5,11 @@
 //! Blocks are taken in runs of 8. Each block's integer dot product with `xq` stays an i32
 //! vector; the run's 8 vectors are then reduced with `hadd` into one vector whose lane `t` is
 //! block `t`'s sum, converted to f32 once and multiplied by the 8 blocks' scales
-//! (`d` widened 8 at a time with F16C, times the 8 contiguous activation scales). The
-//! minimums' term `m·Σx` takes one FMA per run. Against the general frame
+//! (the 8 blocks' first 4 bytes, `d` and `m`, read as 32-bit words and widened 8 at a time
+//! with F16C, times the 8 contiguous activation scales). The minimums' term `m·Σx` takes one
+//! FMA per run. The blocks after the last whole run (2 of the 18 in a row of 576) are scaled
+//! one at a time, and rows are taken 8 at a time so that their 8 lane sums are reduced
+//! together and stored as one vector. Against the general frame
 //! ([`super::avx2::columns_with`]), which converts and fuses every group on its own, this
 //! saves a conversion, a broadcast and a dependent FMA per block, and gathers no scales into
 //! memory first. The general frame still serves m > 1 and the K-formats.
@@ -58,23 +61,30 @@ unsafe fn block_dot<F: Unpack<W2>>(p: *const u8, x: *const i16) -> __m256i {
     }
 }
 
-/// The f16 at byte `at` of each of the 8 blocks from `p` (stride `bb`), widened; blocks at
-/// or past `count` give 0.
+/// The two f16 at the start of each of the 8 blocks from `p` (stride `bb`), widened: the
+/// blocks' `d` and the field after it (`m` in Q4_1 and Q5_1, else the first bytes of `qh`
+/// or of the quants, which callers without a minimum ignore). One 32-bit gather reads both.
 ///
 /// # Safety
-/// `p` points to `count ≤ 8` blocks of `bb ≥ at + 2` bytes; AVX2 and F16C.
+/// `p` points to 8 blocks of `bb ≥ 4` bytes; AVX2 and F16C.
 #[inline(always)]
-unsafe fn halfs8(p: *const u8, bb: usize, at: usize, count: usize) -> __m256 {
-    let mut v = [0i16; 8];
-    for (t, h) in v.iter_mut().enumerate().take(count) {
-        // SAFETY: block t < count lies inside the row.
-        *h = unsafe { (p.add(t * bb + at) as *const i16).read_unaligned() };
-    }
-    // SAFETY: the caller has AVX2 and F16C (this function's contract); registers only.
+unsafe fn heads8(p: *const u8, bb: usize) -> (__m256, __m256) {
+    // SAFETY: the caller guarantees 8 blocks of at least 4 bytes at `p`, so the 32-bit reads
+    // at `t·bb` (t < 8) lie inside them, and AVX2 and F16C.
     unsafe {
-        _mm256_cvtph_ps(_mm_setr_epi16(
-            v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7],
-        ))
+        let at = |t: usize| (p.add(t * bb) as *const i32).read_unaligned();
+        let v = _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7));
+        // Per 128-bit lane: the low halves (d) to bytes 0–7, the high halves to 8–15; then
+        // the 8 d's to the low 128 bits and the 8 second fields to the high ones.
+        let split = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3,
+            6, 7, 10, 11, 14, 15,
+        );
+        let t = _mm256_permute4x64_epi64::<0xD8>(_mm256_shuffle_epi8(v, split));
+        (
+            _mm256_cvtph_ps(_mm256_castsi256_si128(t)),
+            _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(t)),
+        )
     }
 }
 
@@ -96,7 +106,87 @@ unsafe fn reduce8(p: &[__m256i; 8]) -> __m256i {
     }
 }
 
+/// The sums of the 8 vectors, one per lane: lane `t` is the sum of the 8 lanes of `p[t]`.
+///
+/// # Safety
+/// The caller must have AVX.
+#[inline(always)]
+unsafe fn reduce8_ps(p: &[__m256; 8]) -> __m256 {
+    // SAFETY: the caller has AVX (this function's contract); registers only.
+    unsafe {
+        let lo = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+        let hi = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(lo, hi),
+            _mm256_permute2f128_ps::<0x31>(lo, hi),
+        )
+    }
+}
+
+/// The f16 at `p`, widened.
+///
+/// # Safety
+/// `p..p + 2` must be readable; F16C.
+#[inline(always)]
+unsafe fn half_at(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 2 readable bytes at `p` and F16C; the read is unaligned.
+    unsafe {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    }
+}
+
+/// One row of `W` against `x`: 8 lanes whose sum is `x·W[j]ᵀ` (without the bias).
+///
+/// # Safety
+/// AVX2, FMA and F16C; `row` points to `nb = acts.k / 32` blocks of `F`, and `acts` holds
+/// one row of `k` activations.
+#[inline(always)]
+unsafe fn row_lanes<F: Unpack<W2>>(row: *const u8, acts: &QuantizedActs, nb: usize) -> __m256 {
+    let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
+    // SAFETY: (every access below) block b < nb lies inside the row and activation block
+    // b < nb inside xq (32 each), xs and xsum (this function's contract); so do the features.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_min = _mm256_setzero_ps();
+        let mut b = 0;
+        // Whole runs of 8 (a constant trip count keeps the 8 sums in registers).
+        while b + 8 <= nb {
+            let mut p = [_mm256_setzero_si256(); 8];
+            for (t, pt) in p.iter_mut().enumerate() {
+                *pt = block_dot::<F>(row.add((b + t) * F::BB), xq.add((b + t) * ACT_BLOCK));
+            }
+            let (d, m) = heads8(row.add(b * F::BB), F::BB);
+            let sums = _mm256_cvtepi32_ps(reduce8(&p));
+            acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_loadu_ps(xs.add(b))), acc);
+            if F::MIN {
+                acc_min = _mm256_fmadd_ps(m, _mm256_loadu_ps(xsum.add(b)), acc_min);
+            }
+            b += 8;
+        }
+        // The tail, a block at a time: each block's 8 i32 lanes are exact in f32
+        // (|Σ| ≤ 4·128·32767 < 2²⁴) and scaled by its own `d·xs`.
+        let mut c = 0.0f32;
+        while b < nb {
+            let p = row.add(b * F::BB);
+            let dot = _mm256_cvtepi32_ps(block_dot::<F>(p, xq.add(b * ACT_BLOCK)));
+            acc = _mm256_fmadd_ps(dot, _mm256_set1_ps(half_at(p) * *xs.add(b)), acc);
+            if F::MIN {
+                c += half_at(p.add(2)) * *xsum.add(b);
+            }
+            b += 1;
+        }
+        _mm256_add_ps(
+            _mm256_add_ps(acc, acc_min),
+            _mm256_setr_ps(c, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+        )
+    }
+}
+
 /// `y[j] = x·W[j]ᵀ (+ b[j])` for `j` in `j0..j1`, with `x` one row.
+///
+/// Rows are taken 8 at a time so that their 8 sums are reduced together and stored as one
+/// vector.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `acts.m == 1`; `F` is a 32-element format; `w` holds `n` rows of
@@ -115,56 +205,31 @@ pub(super) unsafe fn columns<F: Unpack<W2>>(
     debug_assert!(acts.m == 1 && F::BE == ACT_BLOCK && j1 <= n);
     let nb = acts.k / ACT_BLOCK;
     let row_bytes = nb * F::BB;
-    let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
-    for j in j0..j1 {
-        // SAFETY: (every access below) row j < n lies inside w; block b < nb inside it;
-        // activation block b < nb inside xq (32 each), xs and xsum (the caller's contract);
-        // the features are the caller's contract too.
+    let mut j = j0;
+    while j < j1 {
+        let rows = (j1 - j).min(8);
+        // SAFETY: rows j..j + rows < n lie inside w, and y[j..j + rows] is this call's own
+        // (the caller's contract); the features are the caller's contract too.
         unsafe {
-            let row = w.as_ptr().add(j * row_bytes);
-            let mut acc = _mm256_setzero_ps();
-            let mut acc_min = _mm256_setzero_ps();
-            let mut b = 0;
-            // Whole runs of 8 (a constant trip count keeps the 8 sums in registers), then
-            // the tail.
-            while b + 8 <= nb {
-                let mut p = [_mm256_setzero_si256(); 8];
-                for (t, pt) in p.iter_mut().enumerate() {
-                    *pt = block_dot::<F>(row.add((b + t) * F::BB), xq.add((b + t) * ACT_BLOCK));
-                }
-                let first = row.add(b * F::BB);
-                let sums = _mm256_cvtepi32_ps(reduce8(&p));
-                let scale = _mm256_mul_ps(halfs8(first, F::BB, 0, 8), _mm256_loadu_ps(xs.add(b)));
-                acc = _mm256_fmadd_ps(sums, scale, acc);
-                if F::MIN {
-                    let x_sum = _mm256_loadu_ps(xsum.add(b));
-                    acc_min = _mm256_fmadd_ps(halfs8(first, F::BB, 2, 8), x_sum, acc_min);
-                }
-                b += 8;
+            let mut lanes = [_mm256_setzero_ps(); 8];
+            for (r, l) in lanes.iter_mut().enumerate().take(rows) {
+                *l = row_lanes::<F>(w.as_ptr().add((j + r) * row_bytes), acts, nb);
             }
-            if b < nb {
-                let count = nb - b;
-                let mut p = [_mm256_setzero_si256(); 8];
-                for (t, pt) in p.iter_mut().enumerate().take(count) {
-                    *pt = block_dot::<F>(row.add((b + t) * F::BB), xq.add((b + t) * ACT_BLOCK));
+            let mut v = reduce8_ps(&lanes);
+            let out = y.get().add(j);
+            if rows == 8 {
+                if let Some(b) = bias {
+                    v = _mm256_add_ps(v, _mm256_loadu_ps(b[j..j + 8].as_ptr()));
                 }
-                // Lanes past `count` have d = m = 0 and zero activation scales and sums.
-                let mut s = [0.0f32; 8];
-                let mut m = [0.0f32; 8];
-                s[..count].copy_from_slice(std::slice::from_raw_parts(xs.add(b), count));
-                m[..count].copy_from_slice(std::slice::from_raw_parts(xsum.add(b), count));
-                let first = row.add(b * F::BB);
-                let sums = _mm256_cvtepi32_ps(reduce8(&p));
-                let scale =
-                    _mm256_mul_ps(halfs8(first, F::BB, 0, count), _mm256_loadu_ps(s.as_ptr()));
-                acc = _mm256_fmadd_ps(sums, scale, acc);
-                if F::MIN {
-                    let x_sum = _mm256_loadu_ps(m.as_ptr());
-                    acc_min = _mm256_fmadd_ps(halfs8(first, F::BB, 2, count), x_sum, acc_min);
+                _mm256_storeu_ps(out, v);
+            } else {
+                let mut t = [0.0f32; 8];
+                _mm256_storeu_ps(t.as_mut_ptr(), v);
+                for (r, &s) in t.iter().enumerate().take(rows) {
+                    *out.add(r) = s + bias.map_or(0.0, |b| b[j + r]);
                 }
             }
-            let v = crate::simd::avx2::hsum(_mm256_add_ps(acc, acc_min));
-            *y.get().add(j) = v + bias.map_or(0.0, |b| b[j]);
         }
+        j += rows;
     }
 }

@@ -35,43 +35,39 @@ unsafe fn nibbles16(p: *const u8) -> W2 {
     }
 }
 
-/// Lanes `e` (0–15) of the result are 16 where bit `e` of `h` is set, else 0 (`set` true);
-/// or the other way round (`set` false).
+/// The 16 bytes at `p` as 32 bytes of nibbles: the low nibbles (elements 0–15) in the low
+/// 128 bits, the high nibbles (elements 16–31) in the high 128 bits.
+///
+/// # Safety
+/// `p..p + 16` must be readable and the caller must have AVX2.
+#[inline(always)]
+unsafe fn nibble_bytes(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 16 readable bytes at `p` (one unaligned load) and AVX2.
+    unsafe {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(v), v);
+        _mm256_and_si256(both, bytes(0x0F))
+    }
+}
+
+/// Byte `e` (0–31) of the result is 0xFF where bit `e` of `h` is set, else 0.
 ///
 /// # Safety
 /// The caller must have AVX2.
 #[inline(always)]
-unsafe fn fifth16(h: u32, set: bool) -> __m256i {
+unsafe fn bit_bytes(h: u32) -> __m256i {
     // SAFETY: the caller has AVX2 (this function's contract); these intrinsics only compute on
     // registers.
     unsafe {
-        let bits = _mm256_setr_epi16(
-            1,
-            2,
-            4,
-            8,
-            16,
-            32,
-            64,
-            128,
-            256,
-            512,
-            1024,
-            2048,
-            4096,
-            8192,
-            16384,
-            i16::MIN,
+        // Every 32-bit lane holds h; byte e takes byte e / 8 of it (within its 128-bit lane),
+        // then keeps bit e % 8.
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
         );
-        let eq = _mm256_cmpeq_epi16(
-            _mm256_and_si256(_mm256_set1_epi16(h as u16 as i16), bits),
-            bits,
-        );
-        if set {
-            _mm256_and_si256(eq, _mm256_set1_epi16(16))
-        } else {
-            _mm256_andnot_si256(eq, _mm256_set1_epi16(16))
-        }
+        let v = _mm256_shuffle_epi8(_mm256_set1_epi32(h as i32), spread);
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit)
     }
 }
 
@@ -247,12 +243,13 @@ impl Unpack<W2> for Q5_0 {
         // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
         // the loads read bytes 2–21 of the 22-byte block.
         unsafe {
-            let qh = u32_at(p.add(2));
-            let (lo, hi) = nibbles16(p.add(6));
-            // q − 16 = nibble − 16·(1 − fifth bit).
-            let lo = _mm256_sub_epi16(lo, fifth16(qh, false));
-            let hi = _mm256_sub_epi16(hi, fifth16(qh >> 16, false));
-            f.group(0, false, (lo, hi));
+            // q − 16 = nibble − 16·(1 − fifth bit), in bytes, then widened.
+            let clear = _mm256_andnot_si256(bit_bytes(u32_at(p.add(2))), bytes(16));
+            f.group(
+                0,
+                false,
+                widen_i8(_mm256_sub_epi8(nibble_bytes(p.add(6)), clear)),
+            );
         }
     }
 }
@@ -263,11 +260,12 @@ impl Unpack<W2> for Q5_1 {
         // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
         // the loads read bytes 4–23 of the 24-byte block.
         unsafe {
-            let qh = u32_at(p.add(4));
-            let (lo, hi) = nibbles16(p.add(8));
-            let lo = _mm256_or_si256(lo, fifth16(qh, true));
-            let hi = _mm256_or_si256(hi, fifth16(qh >> 16, true));
-            f.group(0, false, (lo, hi));
+            let set = _mm256_and_si256(bit_bytes(u32_at(p.add(4))), bytes(16));
+            f.group(
+                0,
+                false,
+                widen_u8(_mm256_or_si256(nibble_bytes(p.add(8)), set)),
+            );
         }
     }
 }
