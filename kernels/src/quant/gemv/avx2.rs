@@ -420,58 +420,85 @@ unsafe fn scales32(p: *const u8, nb: usize, bb: usize, min: bool, ch: &mut Chunk
     }
 }
 
-/// Scales of Q4_K and Q5_K: `a = d·sc` and `c = −dmin·mn` for the 8 sub-blocks of each of
-/// the `nb` super-blocks, the 6-bit fields unpacked 4 at a time in 32-bit words.
+/// One Q4_K or Q5_K super-block's scales: `a = d·sc` and `c = −dmin·mn` for its 8
+/// sub-blocks, the 6-bit fields unpacked 4 at a time in 32-bit words.
+///
+/// # Safety
+/// `q` points to one block (at least 16 readable bytes); AVX2 and F16C.
+#[inline(always)]
+pub(super) unsafe fn k45_scales(q: *const u8) -> (__m256, __m256) {
+    // SAFETY: the caller guarantees AVX2, F16C and bytes 0–15 of a block at `q`, which are
+    // all that is read.
+    unsafe {
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(q) as i32));
+        let d = _mm256_broadcastss_ps(dm);
+        let neg_dmin = _mm256_broadcastss_ps(_mm_sub_ps(_mm_setzero_ps(), _mm_movehdup_ps(dm)));
+        let (w0, w1, w2) = (u32_at(q.add(4)), u32_at(q.add(8)), u32_at(q.add(12)));
+        // Bytes 0–3: low 6 bits of sub-blocks 0–3; sub-blocks 4–7 take their low 4 bits from
+        // bytes 8–11 and their top 2 from the top bits of bytes 0–3 (scales) or 4–7
+        // (minimums). Shifting whole words moves no bit across the masked fields.
+        let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
+        let mn_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
+        let sc = u64::from(w0 & 0x3F3F_3F3F) | (u64::from(sc_hi) << 32);
+        let mn = u64::from(w1 & 0x3F3F_3F3F) | (u64::from(mn_hi) << 32);
+        let scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)));
+        let mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)));
+        (_mm256_mul_ps(d, scf), _mm256_mul_ps(neg_dmin, mnf))
+    }
+}
+
+/// Scales of Q4_K and Q5_K ([`k45_scales`]) for `nb` super-blocks, in group order.
 ///
 /// # Safety
 /// `p` points to `nb ≤ CHUNK / 8` blocks of `bb` bytes; AVX2 and F16C.
 #[inline(always)]
 unsafe fn scales_k45(p: *const u8, nb: usize, bb: usize, ch: &mut Chunk) {
     // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of `bb ≥ 16` bytes at `p` and
-    // AVX2 and F16C; the words read are bytes 0–15 of a block, and the stores write 8 entries
-    // at `8b < CHUNK` of `ch.a` (2·CHUNK entries) and `ch.c` (CHUNK entries).
+    // AVX2 and F16C; the stores write 8 entries at `8b < CHUNK` of `ch.a` (2·CHUNK entries)
+    // and `ch.c` (CHUNK entries).
     unsafe {
         for b in 0..nb {
-            let q = p.add(b * bb);
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(q) as i32));
-            let d = _mm256_broadcastss_ps(dm);
-            let neg_dmin = _mm256_broadcastss_ps(_mm_sub_ps(_mm_setzero_ps(), _mm_movehdup_ps(dm)));
-            let (w0, w1, w2) = (u32_at(q.add(4)), u32_at(q.add(8)), u32_at(q.add(12)));
-            // Bytes 0–3: low 6 bits of sub-blocks 0–3; sub-blocks 4–7 take their low 4 bits
-            // from bytes 8–11 and their top 2 from the top bits of bytes 0–3 (scales) or 4–7
-            // (minimums). Shifting whole words moves no bit across the masked fields.
-            let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
-            let mn_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
-            let sc = u64::from(w0 & 0x3F3F_3F3F) | (u64::from(sc_hi) << 32);
-            let mn = u64::from(w1 & 0x3F3F_3F3F) | (u64::from(mn_hi) << 32);
-            let scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)));
-            let mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)));
-            _mm256_storeu_ps(ch.a.as_mut_ptr().add(8 * b), _mm256_mul_ps(d, scf));
-            _mm256_storeu_ps(ch.c.as_mut_ptr().add(8 * b), _mm256_mul_ps(neg_dmin, mnf));
+            let (a, c) = k45_scales(p.add(b * bb));
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(8 * b), a);
+            _mm256_storeu_ps(ch.c.as_mut_ptr().add(8 * b), c);
         }
     }
 }
 
-/// Scales of Q6_K: `d·sc` for the 16 half-groups of each of the `nb` super-blocks.
+/// One Q6_K super-block's scales `d·sc` for its 16 half-groups, 8 per vector.
+///
+/// # Safety
+/// `q` points to one block of 210 bytes; AVX2 and F16C.
+#[inline(always)]
+pub(super) unsafe fn q6k_scales(q: *const u8) -> [__m256; 2] {
+    // SAFETY: the caller guarantees AVX2, F16C and a whole block at `q`; the reads are bytes
+    // 192–207 and 208–209.
+    unsafe {
+        let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16_at(
+            q.add(208),
+        )))));
+        let sc0 = _mm_loadl_epi64(q.add(192) as *const __m128i);
+        let sc1 = _mm_loadl_epi64(q.add(200) as *const __m128i);
+        [
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc0))),
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc1))),
+        ]
+    }
+}
+
+/// Scales of Q6_K ([`q6k_scales`]) for `nb` super-blocks, in half-group order.
 ///
 /// # Safety
 /// `p` points to `nb ≤ CHUNK / 8` blocks of 210 bytes; AVX2 and F16C.
 #[inline(always)]
 unsafe fn scales_q6k(p: *const u8, nb: usize, ch: &mut Chunk) {
     // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of 210 bytes at `p` and AVX2
-    // and F16C; the reads are bytes 192–199, 200–207 and 208–209 of a block, the stores 8
-    // entries at `16b + 8h < 2·CHUNK` of `ch.a`.
+    // and F16C; the stores write 8 entries at `16b + 8h < 2·CHUNK` of `ch.a`.
     unsafe {
         for b in 0..nb {
-            let q = p.add(b * 210);
-            let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16_at(
-                q.add(208),
-            )))));
-            for h in 0..2 {
-                let sc = _mm_loadl_epi64(q.add(192 + 8 * h) as *const __m128i);
-                let scf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
-                _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b + 8 * h), _mm256_mul_ps(d, scf));
-            }
+            let [a0, a1] = q6k_scales(p.add(b * 210));
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b), a0);
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b + 8), a1);
         }
     }
 }
@@ -610,19 +637,21 @@ pub(super) unsafe fn columns(
     j0: usize,
     j1: usize,
 ) {
-    use super::row1::columns as one_row;
+    use super::row1::{columns as one_row, Small};
     use crate::quant::QuantFormat as Qf;
     // SAFETY: (every arm) the features are enabled on this function; the rest is the
     // caller's contract (and, for `one_row`, m = 1 with a 32-element format, as matched).
     unsafe {
         match format {
             _ if acts.m != 1 => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
-            Qf::Q8_0 => one_row::<Q8_0>(y, acts, w, bias, n, j0, j1),
-            Qf::Q4_0 => one_row::<Q4_0>(y, acts, w, bias, n, j0, j1),
-            Qf::Q4_1 => one_row::<Q4_1>(y, acts, w, bias, n, j0, j1),
-            Qf::Q5_0 => one_row::<Q5_0>(y, acts, w, bias, n, j0, j1),
-            Qf::Q5_1 => one_row::<Q5_1>(y, acts, w, bias, n, j0, j1),
-            _ => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
+            Qf::Q8_0 => one_row::<Small<Q8_0>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q4_0 => one_row::<Small<Q4_0>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q4_1 => one_row::<Small<Q4_1>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q5_0 => one_row::<Small<Q5_0>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q5_1 => one_row::<Small<Q5_1>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q4_K => one_row::<Q4_K>(y, acts, w, bias, n, j0, j1),
+            Qf::Q5_K => one_row::<Q5_K>(y, acts, w, bias, n, j0, j1),
+            Qf::Q6_K => one_row::<Q6_K>(y, acts, w, bias, n, j0, j1),
         }
     }
 }

@@ -1,23 +1,27 @@
-//! The decode step's own case with 256-bit vectors: one row of `x` (m = 1) against a
-//! 32-element format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), where each block is one group with one
-//! f16 scale (and minimum) at its start.
+//! The decode step's own case with 256-bit vectors: one row of `x` (m = 1) against one
+//! row of `W` at a time ([`OneRow`]), 8 rows of `W` reduced and stored together.
 //!
-//! Blocks are taken in runs of 8. Each block's integer dot product with `xq` stays an i32
+//! For a 32-element format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: [`Small`]), each block is one
+//! group with one f16 scale (and minimum) at its start. Blocks are taken in runs of 8. Each block's integer dot product with `xq` stays an i32
 //! vector; the run's 8 vectors are then reduced with `hadd` into one vector whose lane `t` is
 //! block `t`'s sum, converted to f32 once and multiplied by the 8 blocks' scales
 //! (the 8 blocks' first 4 bytes, `d` and `m`, read as 32-bit words and widened 8 at a time
 //! with F16C, times the 8 contiguous activation scales). The minimums' term `m·Σx` takes one
 //! FMA per run. The blocks after the last whole run (2 of the 18 in a row of 576) are scaled
-//! one at a time, and rows are taken 8 at a time so that their 8 lane sums are reduced
-//! together and stored as one vector. Against the general frame
-//! ([`super::avx2::columns_with`]), which converts and fuses every group on its own, this
-//! saves a conversion, a broadcast and a dependent FMA per block, and gathers no scales into
-//! memory first. The general frame still serves m > 1 and the K-formats.
+//! one at a time.
+//!
+//! The K-formats reduce a super-block's 8 groups (Q6_K: 16 half-groups) the same way, and
+//! scale them with the super-block's scales decoded 8 at a time in registers.
+//!
+//! Against the general frame ([`super::avx2::columns_with`]), which converts and fuses every
+//! group on its own, this saves a conversion, a broadcast and a dependent FMA per group, and
+//! gathers no scales into memory first. The general frame serves m > 1.
 
-use super::avx2::{Sink, Unpack, W2};
+use super::avx2::{k45_scales, q6k_scales, Sink, Unpack, Q4_K, Q5_K, Q6_K, W2};
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
 use crate::SharedOut;
 use core::arch::x86_64::*;
+use core::marker::PhantomData;
 
 /// Receives one block's single group and keeps its integer dot product with `x`.
 struct Dot {
@@ -136,50 +140,70 @@ unsafe fn half_at(p: *const u8) -> f32 {
     }
 }
 
-/// One row of `W` against `x`: 8 lanes whose sum is `x·W[j]ᵀ` (without the bias).
-///
-/// # Safety
-/// AVX2, FMA and F16C; `row` points to `nb = acts.k / 32` blocks of `F`, and `acts` holds
-/// one row of `k` activations.
-#[inline(always)]
-unsafe fn row_lanes<F: Unpack<W2>>(row: *const u8, acts: &QuantizedActs, nb: usize) -> __m256 {
-    let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
-    // SAFETY: (every access below) block b < nb lies inside the row and activation block
-    // b < nb inside xq (32 each), xs and xsum (this function's contract); so do the features.
-    unsafe {
-        let mut acc = _mm256_setzero_ps();
-        let mut acc_min = _mm256_setzero_ps();
-        let mut b = 0;
-        // Whole runs of 8 (a constant trip count keeps the 8 sums in registers).
-        while b + 8 <= nb {
-            let mut p = [_mm256_setzero_si256(); 8];
-            for (t, pt) in p.iter_mut().enumerate() {
-                *pt = block_dot::<F>(row.add((b + t) * F::BB), xq.add((b + t) * ACT_BLOCK));
+/// A format's one-row kernel.
+pub(super) trait OneRow {
+    /// Bytes of a row of `k` elements.
+    fn row_bytes(k: usize) -> usize;
+
+    /// One row of `W` against the one row of `x`: 8 lanes whose sum is `x·W[j]ᵀ` (without
+    /// the bias).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `row` points to a whole row of `acts.k` elements, and `acts`
+    /// holds one row.
+    unsafe fn lanes(row: *const u8, acts: &QuantizedActs) -> __m256;
+}
+
+/// The one-row kernel of a 32-element format `F` (one group, one scale per block).
+pub(super) struct Small<F>(PhantomData<F>);
+
+impl<F: Unpack<W2>> OneRow for Small<F> {
+    fn row_bytes(k: usize) -> usize {
+        k / ACT_BLOCK * F::BB
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(row: *const u8, acts: &QuantizedActs) -> __m256 {
+        debug_assert!(F::BE == ACT_BLOCK);
+        let nb = acts.k / ACT_BLOCK;
+        let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
+        // SAFETY: (every access below) block b < nb lies inside the row and activation block
+        // b < nb inside xq (32 each), xs and xsum (this function's contract); so do the features.
+        unsafe {
+            let mut acc = _mm256_setzero_ps();
+            let mut acc_min = _mm256_setzero_ps();
+            let mut b = 0;
+            // Whole runs of 8 (a constant trip count keeps the 8 sums in registers).
+            while b + 8 <= nb {
+                let mut p = [_mm256_setzero_si256(); 8];
+                for (t, pt) in p.iter_mut().enumerate() {
+                    *pt = block_dot::<F>(row.add((b + t) * F::BB), xq.add((b + t) * ACT_BLOCK));
+                }
+                let (d, m) = heads8(row.add(b * F::BB), F::BB);
+                let sums = _mm256_cvtepi32_ps(reduce8(&p));
+                acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_loadu_ps(xs.add(b))), acc);
+                if F::MIN {
+                    acc_min = _mm256_fmadd_ps(m, _mm256_loadu_ps(xsum.add(b)), acc_min);
+                }
+                b += 8;
             }
-            let (d, m) = heads8(row.add(b * F::BB), F::BB);
-            let sums = _mm256_cvtepi32_ps(reduce8(&p));
-            acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(d, _mm256_loadu_ps(xs.add(b))), acc);
-            if F::MIN {
-                acc_min = _mm256_fmadd_ps(m, _mm256_loadu_ps(xsum.add(b)), acc_min);
+            // The tail, a block at a time: each block's 8 i32 lanes are exact in f32
+            // (|Σ| ≤ 4·128·32767 < 2²⁴) and scaled by its own `d·xs`.
+            let mut c = 0.0f32;
+            while b < nb {
+                let p = row.add(b * F::BB);
+                let dot = _mm256_cvtepi32_ps(block_dot::<F>(p, xq.add(b * ACT_BLOCK)));
+                acc = _mm256_fmadd_ps(dot, _mm256_set1_ps(half_at(p) * *xs.add(b)), acc);
+                if F::MIN {
+                    c += half_at(p.add(2)) * *xsum.add(b);
+                }
+                b += 1;
             }
-            b += 8;
+            _mm256_add_ps(
+                _mm256_add_ps(acc, acc_min),
+                _mm256_setr_ps(c, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+            )
         }
-        // The tail, a block at a time: each block's 8 i32 lanes are exact in f32
-        // (|Σ| ≤ 4·128·32767 < 2²⁴) and scaled by its own `d·xs`.
-        let mut c = 0.0f32;
-        while b < nb {
-            let p = row.add(b * F::BB);
-            let dot = _mm256_cvtepi32_ps(block_dot::<F>(p, xq.add(b * ACT_BLOCK)));
-            acc = _mm256_fmadd_ps(dot, _mm256_set1_ps(half_at(p) * *xs.add(b)), acc);
-            if F::MIN {
-                c += half_at(p.add(2)) * *xsum.add(b);
-            }
-            b += 1;
-        }
-        _mm256_add_ps(
-            _mm256_add_ps(acc, acc_min),
-            _mm256_setr_ps(c, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
-        )
     }
 }
 
@@ -189,11 +213,11 @@ unsafe fn row_lanes<F: Unpack<W2>>(row: *const u8, acts: &QuantizedActs, nb: usi
 /// vector.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `acts.m == 1`; `F` is a 32-element format; `w` holds `n` rows of
+/// AVX2, FMA and F16C; `acts.m == 1`; `w` holds `n` rows of
 /// `acts.k` elements; `y` points to `n` floats of which no one else touches `j0..j1`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn columns<F: Unpack<W2>>(
+pub(super) unsafe fn columns<R: OneRow>(
     y: SharedOut,
     acts: &QuantizedActs,
     w: &[u8],
@@ -202,9 +226,8 @@ pub(super) unsafe fn columns<F: Unpack<W2>>(
     j0: usize,
     j1: usize,
 ) {
-    debug_assert!(acts.m == 1 && F::BE == ACT_BLOCK && j1 <= n);
-    let nb = acts.k / ACT_BLOCK;
-    let row_bytes = nb * F::BB;
+    debug_assert!(acts.m == 1 && j1 <= n);
+    let row_bytes = R::row_bytes(acts.k);
     let mut j = j0;
     while j < j1 {
         let rows = (j1 - j).min(8);
@@ -213,7 +236,7 @@ pub(super) unsafe fn columns<F: Unpack<W2>>(
         unsafe {
             let mut lanes = [_mm256_setzero_ps(); 8];
             for (r, l) in lanes.iter_mut().enumerate().take(rows) {
-                *l = row_lanes::<F>(w.as_ptr().add((j + r) * row_bytes), acts, nb);
+                *l = R::lanes(w.as_ptr().add((j + r) * row_bytes), acts);
             }
             let mut v = reduce8_ps(&lanes);
             let out = y.get().add(j);
@@ -231,5 +254,128 @@ pub(super) unsafe fn columns<F: Unpack<W2>>(
             }
         }
         j += rows;
+    }
+}
+
+/// Receives a K-format super-block's groups and keeps each one's integer dot product with
+/// `x`: whole in `lo[g]`, or (with `HALVES`, for Q6_K's two scales per group) elements 0–15
+/// in `lo[g]` and 16–31 in `hi[g]`.
+struct Dots<const HALVES: bool> {
+    /// The super-block's 256 activations.
+    x: *const i16,
+    lo: [__m256i; 8],
+    hi: [__m256i; 8],
+}
+
+impl<const HALVES: bool> Sink<W2> for Dots<HALVES> {
+    #[inline(always)]
+    unsafe fn group(&mut self, g: usize, _: bool, w: W2) {
+        // SAFETY: `x` points to the super-block's 256 activations (set by the caller) and
+        // g < 8; the caller has AVX2 (the trait's contract).
+        unsafe {
+            let x = self.x.add(g * ACT_BLOCK);
+            let p0 = _mm256_madd_epi16(w.0, _mm256_loadu_si256(x as *const __m256i));
+            let p1 = _mm256_madd_epi16(w.1, _mm256_loadu_si256(x.add(16) as *const __m256i));
+            if HALVES {
+                self.lo[g] = p0;
+                self.hi[g] = p1;
+            } else {
+                self.lo[g] = _mm256_add_epi32(p0, p1);
+            }
+        }
+    }
+}
+
+impl<const HALVES: bool> Dots<HALVES> {
+    /// The dot products of the super-block at `p` of format `F` with the activations at `x`.
+    ///
+    /// # Safety
+    /// `p` points to one block of `F`, `x` to 256 readable i16; AVX2.
+    #[inline(always)]
+    unsafe fn of<F: Unpack<W2>>(p: *const u8, x: *const i16) -> Self {
+        // SAFETY: the caller has AVX (this function's contract); a register constant.
+        let zero = [unsafe { _mm256_setzero_si256() }; 8];
+        let mut dots = Dots {
+            x,
+            lo: zero,
+            hi: zero,
+        };
+        // SAFETY: the caller's contract is what `F::block` and the sink's loads need.
+        unsafe { F::block(p, &mut dots) };
+        dots
+    }
+}
+
+/// The one-row kernel of Q4_K and Q5_K: per super-block, the 8 groups' integer sums
+/// reduced into one vector (lane g is group g), times the 8 scales `d·sc` and the 8
+/// activation scales, plus the 8 minimums' terms `−dmin·mn·Σx` in one FMA.
+macro_rules! k45_one_row {
+    ($format:ty) => {
+        impl OneRow for $format {
+            fn row_bytes(k: usize) -> usize {
+                k / <$format as super::avx2::Format>::BE * <$format as super::avx2::Format>::BB
+            }
+
+            #[inline(always)]
+            unsafe fn lanes(row: *const u8, acts: &QuantizedActs) -> __m256 {
+                use super::avx2::Format;
+                let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
+                // SAFETY: super-block s < k / 256 lies inside the row, and its 256
+                // activations, 8 scales and 8 sums inside `acts` (the trait's contract); so
+                // do the features.
+                unsafe {
+                    let mut acc = _mm256_setzero_ps();
+                    let mut acc_min = _mm256_setzero_ps();
+                    for s in 0..acts.k / Self::BE {
+                        let p = row.add(s * Self::BB);
+                        let dots = Dots::<false>::of::<Self>(p, xq.add(s * Self::BE));
+                        let sums = _mm256_cvtepi32_ps(reduce8(&dots.lo));
+                        let (a, c) = k45_scales(p);
+                        let x_scale = _mm256_loadu_ps(xs.add(8 * s));
+                        acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(a, x_scale), acc);
+                        acc_min = _mm256_fmadd_ps(c, _mm256_loadu_ps(xsum.add(8 * s)), acc_min);
+                    }
+                    _mm256_add_ps(acc, acc_min)
+                }
+            }
+        }
+    };
+}
+k45_one_row!(Q4_K);
+k45_one_row!(Q5_K);
+
+/// The one-row kernel of Q6_K: per super-block, the 16 half-groups' integer sums reduced
+/// into two vectors (lane t of the first is half-group t, of the second t + 8), times their
+/// scales `d·sc` and the activation scale of the group each half belongs to.
+impl OneRow for Q6_K {
+    fn row_bytes(k: usize) -> usize {
+        k / 256 * 210
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(row: *const u8, acts: &QuantizedActs) -> __m256 {
+        let (xq, xs) = (acts.q.as_ptr(), acts.scale.as_ptr());
+        // SAFETY: super-block s < k / 256 lies inside the row, and its 256 activations and 8
+        // scales inside `acts` (the trait's contract); so do the features.
+        unsafe {
+            let dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+            let mut acc0 = _mm256_setzero_ps();
+            let mut acc1 = _mm256_setzero_ps();
+            for s in 0..acts.k / 256 {
+                let p = row.add(s * 210);
+                let d = Dots::<true>::of::<Q6_K>(p, xq.add(s * 256));
+                let (lo, hi) = (d.lo, d.hi);
+                let first = [lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], lo[3], hi[3]];
+                let second = [lo[4], hi[4], lo[5], hi[5], lo[6], hi[6], lo[7], hi[7]];
+                let [a0, a1] = q6k_scales(p);
+                let x0 = _mm256_castps128_ps256(_mm_loadu_ps(xs.add(8 * s)));
+                let x1 = _mm256_castps128_ps256(_mm_loadu_ps(xs.add(8 * s + 4)));
+                let s0 = _mm256_mul_ps(a0, _mm256_permutevar8x32_ps(x0, dup));
+                let s1 = _mm256_mul_ps(a1, _mm256_permutevar8x32_ps(x1, dup));
+                acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(&first)), s0, acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(&second)), s1, acc1);
+            }
+            _mm256_add_ps(acc0, acc1)
+        }
     }
 }
