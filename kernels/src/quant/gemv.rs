@@ -256,9 +256,10 @@ mod tests {
         // One row of x against 27 of W, split 9 + 18, takes the one-row kernel's groups of 8
         // rows whole and cut short. Under Miri (about a million times slower) a few shapes
         // still cover one super-block, a run of 8 blocks plus a tail (k = 288), 1 and 5 rows
-        // (the one-row kernel; a 4-row pass and a 1-row one) and a split of the columns.
+        // (the one-row kernel, whose split 4 + 8 stores one group of 8 rows whole and one cut
+        // short; a 4-row pass and a 1-row one) and a split of the columns.
         let (ks, shapes): (&[usize], &[(usize, usize)]) = if cfg!(miri) {
-            (&[256, 288], &[(1, 2), (5, 1)])
+            (&[256, 288], &[(1, 12), (5, 1)])
         } else {
             (
                 &[32, 96, 576, 256, 768, 1536, 2560],
