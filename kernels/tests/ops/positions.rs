@@ -251,7 +251,13 @@ fn sinusoidal_known_values() {
 
     // PyTorch 2.x f32, the seed-004 code with d = 512, at positions 500 and 37. Mimicking
     // PyTorch's f32 angle keeps these within ~1 ulp (an f64 angle would be ~1e-5 off).
-    let pe = sinusoidal_table(501, 512).unwrap();
+    // (Not under Miri, which is slow to interpret 256,512 sines and cosines; they check
+    // arithmetic, not memory, through the loop the d = 4 table above already ran.)
+    let pe = if cfg!(miri) {
+        Vec::new()
+    } else {
+        sinusoidal_table(501, 512).unwrap()
+    };
     for (p, c, want) in [
         (500, 0, -0.467_771_8f32),
         (500, 1, -0.883_849_26),
@@ -263,7 +269,10 @@ fn sinusoidal_known_values() {
         (500, 511, 0.998_657_05),
         (37, 64, -0.761_706_95),
         (37, 65, 0.647_921_7),
-    ] {
+    ]
+    .into_iter()
+    .filter(|_| !pe.is_empty())
+    {
         let got = pe[p * 512 + c];
         assert!(
             (got - want).abs() <= 1e-7,
