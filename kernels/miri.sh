@@ -27,8 +27,8 @@
 # Borrows' rules in its intrusive list (a known limitation of that crate, which follows Tree
 # Borrows), and would stop the run before any of our code. Isolation stays on, so the test that
 # reads the committed gguf-py fixtures is skipped under Miri (its decoders run on random blocks
-# in the next test). The attention tests are left out unless QKV_MIRI_ATTENTION=1: they are
-# sized for native runs.
+# in the next test). The attention tests are left out unless QKV_MIRI_ATTENTION=1: they take
+# Miri about 20 minutes more per mode, so raise QKV_MIRI_TIMEOUT with them.
 #
 # Environment: QKV_MIRI_TIMEOUT (seconds per mode, default 1800), CARGO_TARGET_DIR (default
 # target-miri; each mode builds in its own subdirectory, since the target features change
