@@ -640,7 +640,7 @@ pub(super) unsafe fn columns(
     use super::row1::{columns as one_row, Small};
     use crate::quant::QuantFormat as Qf;
     // SAFETY: (every arm) the features are enabled on this function; the rest is the
-    // caller's contract (and, for `one_row`, m = 1 with a 32-element format, as matched).
+    // caller's contract (and, for `one_row`, m = 1, as matched).
     unsafe {
         match format {
             _ if acts.m != 1 => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
