@@ -169,7 +169,8 @@ impl<F: Unpack<W2>> OneRow for Small<F> {
         let nb = acts.k / ACT_BLOCK;
         let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
         // SAFETY: (every access below) block b < nb lies inside the row and activation block
-        // b < nb inside xq (32 each), xs and xsum (this function's contract); so do the features.
+        // b < nb inside xq (32 each), xs and xsum (this function's contract); so do the
+        // features.
         unsafe {
             let mut acc = _mm256_setzero_ps();
             let mut acc_min = _mm256_setzero_ps();
@@ -214,8 +215,8 @@ impl<F: Unpack<W2>> OneRow for Small<F> {
 /// vector.
 ///
 /// # Safety
-/// AVX2, FMA and F16C; `acts.m == 1`; `w` holds `n` rows of
-/// `acts.k` elements; `y` points to `n` floats of which no one else touches `j0..j1`.
+/// AVX2, FMA and F16C; `acts.m == 1`; `w` holds `n` rows of `acts.k` elements; `y` points
+/// to `n` floats of which no one else touches `j0..j1`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn columns<R: OneRow>(
