@@ -3,12 +3,12 @@
 //!
 //! For a 32-element format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: [`Small`]), each block is one
 //! group with one f16 scale (and minimum) at its start. Blocks are taken in runs of 8. Each
-//! block's integer dot product with `xq` stays an i32 vector; the run's 8 vectors are then reduced with `hadd` into one vector whose lane `t` is
-//! block `t`'s sum, converted to f32 once and multiplied by the 8 blocks' scales
-//! (the 8 blocks' first 4 bytes, `d` and `m`, read as 32-bit words and widened 8 at a time
-//! with F16C, times the 8 contiguous activation scales). The minimums' term `m·Σx` takes one
-//! FMA per run. The blocks after the last whole run (2 of the 18 in a row of 576) are scaled
-//! one at a time.
+//! block's integer dot product with `xq` stays an i32 vector; the run's 8 vectors are then
+//! reduced with `hadd` into one vector whose lane `t` is block `t`'s sum, converted to f32
+//! once and multiplied by the 8 blocks' scales (the 8 blocks' first 4 bytes, `d` and `m`,
+//! read as 32-bit words and widened 8 at a time with F16C, times the 8 contiguous activation
+//! scales). The minimums' term `m·Σx` takes one FMA per run. The blocks after the last whole
+//! run (2 of the 18 in a row of 576) are scaled one at a time.
 //!
 //! The K-formats reduce a super-block's 8 groups (Q6_K: 16 half-groups) the same way, and
 //! scale them with the super-block's scales decoded 8 at a time in registers.
