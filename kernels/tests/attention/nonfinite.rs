@@ -96,7 +96,7 @@ const SPLIT: PathShape = PathShape {
 /// 64 elements and a pool of threads cost Miri too long; the split path's own code, the
 /// merge, holds no `unsafe`) and, unless `up_front`, all but the path that packs its key
 /// blocks up front. That path needs three query blocks of 96 rows, about 8 times the rows of
-/// the others, and takes most of a test's hour under Miri; its blocks run the same
+/// the others, and held each test for tens of minutes under Miri; its blocks run the same
 /// micro-kernels as the others, so under Miri it runs in one test (the NaN key) only.
 fn paths_with(up_front: bool) -> Vec<PathShape> {
     let mut all = PATHS.to_vec();

@@ -258,6 +258,11 @@ fn sinusoidal_known_values() {
     } else {
         sinusoidal_table(501, 512).unwrap()
     };
+    assert!(
+        cfg!(miri) || pe.len() == 501 * 512,
+        "pe 501 × 512: {}",
+        pe.len()
+    );
     for (p, c, want) in [
         (500, 0, -0.467_771_8f32),
         (500, 1, -0.883_849_26),
