@@ -373,7 +373,7 @@ unsafe fn constants(sum: *const f32, c: &[f32; CHUNK], ng: usize, cv: &mut __m25
 /// # Safety
 /// `p..p + 2` must be readable.
 #[inline(always)]
-unsafe fn u16_at(p: *const u8) -> u16 {
+pub(super) unsafe fn u16_at(p: *const u8) -> u16 {
     // SAFETY: the caller guarantees 2 readable bytes at `p`; the read is unaligned.
     unsafe { u16::from_le((p as *const u16).read_unaligned()) }
 }

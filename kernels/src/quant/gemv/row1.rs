@@ -17,7 +17,9 @@
 //! group on its own, this saves a conversion, a broadcast and a dependent FMA per group, and
 //! gathers no scales into memory first. The general frame serves m > 1.
 
-use super::avx2::{k45_scales, q6k_scales, Sink, Unpack, Q4_K, Q5_K, Q6_K, W2};
+use super::avx2::{
+    k45_scales, q6k_scales, u16_at, u32_at, Format, Sink, Unpack, Q4_K, Q5_K, Q6_K, W2,
+};
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
 use crate::SharedOut;
 use core::arch::x86_64::*;
@@ -77,7 +79,7 @@ unsafe fn heads8(p: *const u8, bb: usize) -> (__m256, __m256) {
     // SAFETY: the caller guarantees 8 blocks of at least 4 bytes at `p`, so the 32-bit reads
     // at `t·bb` (t < 8) lie inside them, and AVX2 and F16C.
     unsafe {
-        let at = |t: usize| (p.add(t * bb) as *const i32).read_unaligned();
+        let at = |t: usize| u32_at(p.add(t * bb)) as i32;
         let v = _mm256_setr_epi32(at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7));
         // Per 128-bit lane: the low halves (d) to bytes 0–7, the high halves to 8–15; then
         // the 8 d's to the low 128 bits and the 8 second fields to the high ones.
@@ -134,11 +136,8 @@ unsafe fn reduce8_ps(p: &[__m256; 8]) -> __m256 {
 /// `p..p + 2` must be readable; F16C.
 #[inline(always)]
 unsafe fn half_at(p: *const u8) -> f32 {
-    // SAFETY: the caller guarantees 2 readable bytes at `p` and F16C; the read is unaligned.
-    unsafe {
-        let bits = (p as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-    }
+    // SAFETY: the caller guarantees 2 readable bytes at `p` and F16C.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16_at(p))))) }
 }
 
 /// A format's one-row kernel.
@@ -315,12 +314,11 @@ macro_rules! k45_one_row {
     ($format:ty) => {
         impl OneRow for $format {
             fn row_bytes(k: usize) -> usize {
-                k / <$format as super::avx2::Format>::BE * <$format as super::avx2::Format>::BB
+                k / <$format>::BE * <$format>::BB
             }
 
             #[inline(always)]
             unsafe fn lanes(row: *const u8, acts: &QuantizedActs) -> __m256 {
-                use super::avx2::Format;
                 let (xq, xs, xsum) = (acts.q.as_ptr(), acts.scale.as_ptr(), acts.sum.as_ptr());
                 // SAFETY: super-block s < k / 256 lies inside the row, and its 256
                 // activations, 8 scales and 8 sums inside `acts` (the trait's contract); so
@@ -351,7 +349,7 @@ k45_one_row!(Q5_K);
 /// scales `d·sc` and the activation scale of the group each half belongs to.
 impl OneRow for Q6_K {
     fn row_bytes(k: usize) -> usize {
-        k / 256 * 210
+        k / Self::BE * Self::BB
     }
 
     #[inline(always)]
@@ -363,9 +361,9 @@ impl OneRow for Q6_K {
             let dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
             let mut acc0 = _mm256_setzero_ps();
             let mut acc1 = _mm256_setzero_ps();
-            for s in 0..acts.k / 256 {
-                let p = row.add(s * 210);
-                let d = Dots::<true>::of::<Q6_K>(p, xq.add(s * 256));
+            for s in 0..acts.k / Self::BE {
+                let p = row.add(s * Self::BB);
+                let d = Dots::<true>::of::<Q6_K>(p, xq.add(s * Self::BE));
                 let (lo, hi) = (d.lo, d.hi);
                 let first = [lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], lo[3], hi[3]];
                 let second = [lo[4], hi[4], lo[5], hi[5], lo[6], hi[6], lo[7], hi[7]];
