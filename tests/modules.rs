@@ -492,3 +492,46 @@ fn a_stored_positional_table_is_added_as_it_is() {
     stored.add_into(&mut from_table, max_len, 0).unwrap();
     assert_eq!(from_new, from_table);
 }
+
+/// A linear layer kept transposed for gemm computes what the stored layout computes, for one
+/// row (the gemm path even there), a few and many; f16 weights are left as they are, and a
+/// second call changes nothing.
+#[test]
+fn a_linear_kept_for_many_rows_computes_the_same() {
+    use qkv::nn::Linear;
+    use qkv::weights::Tensor;
+    let (n, k) = (37, 19);
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7919 % 113) as f32 - 56.0) / 64.0)
+        .collect();
+    let bias: Vec<f32> = (0..n).map(|j| j as f32 / 8.0).collect();
+    let stored = Linear::from_tensors(
+        Tensor::from_f32("w", vec![n, k], w.clone()).unwrap(),
+        Some(bias.clone()),
+    )
+    .unwrap();
+    let kept = Linear::from_tensors(Tensor::from_f32("w", vec![n, k], w).unwrap(), Some(bias))
+        .unwrap()
+        .for_many_rows()
+        .unwrap()
+        .for_many_rows()
+        .unwrap();
+    assert_eq!(kept.weight().shape(), &[k, n]);
+    assert_eq!((kept.in_dim(), kept.out_dim()), (k, n));
+    for rows in [1, 5, 40] {
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 31 % 17) as f32 - 8.0) / 9.0)
+            .collect();
+        let (mut a, mut b) = (vec![0.0; rows * n], vec![0.0; rows * n]);
+        stored.forward_into(&x, rows, &mut a).unwrap();
+        kept.forward_into(&x, rows, &mut b).unwrap();
+        assert_close(&b, &a, 1e-5, &format!("{rows} rows"));
+    }
+    let half = Tensor::from_f16("w16", vec![2, 3], vec![qkv_kernels::f16::ONE; 6]).unwrap();
+    let half = Linear::from_tensors(half, None)
+        .unwrap()
+        .for_many_rows()
+        .unwrap();
+    assert_eq!(half.weight().shape(), &[2, 3]);
+    assert_eq!(half.weight().format(), WeightFormat::F16);
+}

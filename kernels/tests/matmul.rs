@@ -1,5 +1,5 @@
-//! `linear` (GEMV and gemm paths, f32 and f16 weights) against its scalar reference and an
-//! f64 reference written here, on awkward shapes.
+//! `linear` (GEMV and gemm paths, f32 and f16 weights, f32 stored transposed) against its
+//! scalar reference and an f64 reference written here, on awkward shapes.
 
 use qkv_kernels::matmul::{linear_scalar, GEMV_MAX_ROWS};
 use qkv_kernels::{f16, linear, KernelError, Weights};
@@ -17,13 +17,30 @@ impl Rng {
     }
 }
 
+/// How [`check_stored`] stores `W`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stored {
+    F32,
+    F16,
+    /// f32 transposed, `[k, n]`.
+    F32T,
+}
+
+/// [`check_stored`] with `W` in f16 or f32.
+fn check(m: usize, k: usize, n: usize, half: bool, with_bias: bool, rng: &mut Rng) {
+    let stored = if half { Stored::F16 } else { Stored::F32 };
+    check_stored(m, k, n, stored, with_bias, rng);
+}
+
 /// Checks `linear` and `linear_scalar` against an f64 reference. Tolerance per element:
 /// 1e-6 · Σ|x·w| + 1e-6, well above f32 rounding of a k-term sum (~√k·6e-8 relative) and far
 /// below any indexing mistake.
-fn check(m: usize, k: usize, n: usize, half: bool, with_bias: bool, rng: &mut Rng) {
+fn check_stored(m: usize, k: usize, n: usize, stored: Stored, with_bias: bool, rng: &mut Rng) {
+    let half = stored == Stored::F16;
     let x = rng.vec(m * k);
     let w32 = rng.vec(n * k);
     let w16: Vec<f16> = w32.iter().map(|&v| f16::from_f32(v)).collect();
+    let wt: Vec<f32> = (0..k * n).map(|i| w32[(i % n) * k + i / n]).collect();
     let wref: Vec<f32> = if half {
         w16.iter().map(|v| v.to_f32()).collect()
     } else {
@@ -31,10 +48,10 @@ fn check(m: usize, k: usize, n: usize, half: bool, with_bias: bool, rng: &mut Rn
     };
     let bias = rng.vec(n);
     let b = with_bias.then_some(&bias[..]);
-    let w = if half {
-        Weights::F16(&w16)
-    } else {
-        Weights::F32(&w32)
+    let w = match stored {
+        Stored::F16 => Weights::F16(&w16),
+        Stored::F32 => Weights::F32(&w32),
+        Stored::F32T => Weights::F32T(&wt),
     };
     let mut fast = vec![f32::NAN; m * n];
     let mut scalar = vec![f32::NAN; m * n];
@@ -56,7 +73,7 @@ fn check(m: usize, k: usize, n: usize, half: bool, with_bias: bool, rng: &mut Rn
                 let err = (got as f64 - exact).abs();
                 assert!(
                     err <= tol,
-                    "{name} m={m} k={k} n={n} f16={half} bias={with_bias} at ({i},{j}): {got} vs {exact} (err {err:e} > {tol:e})"
+                    "{name} m={m} k={k} n={n} {stored:?} bias={with_bias} at ({i},{j}): {got} vs {exact} (err {err:e} > {tol:e})"
                 );
             }
         }
@@ -131,6 +148,52 @@ fn gemm_shapes() {
     // whose last block is ragged (n = 300 over 2 threads: 160 + 140 columns).
     check(2049, 9, 300, false, true, &mut rng);
     check(512, 64, 300, true, false, &mut rng);
+}
+
+/// f32 stored transposed goes to gemm for every row count, one row included, and splits by
+/// columns on pools of 1 to 5 threads (column blocks start at an offset into each row).
+#[test]
+fn transposed_f32_shapes() {
+    let mut rng = Rng(6);
+    let (ms, ks, ns): (&[usize], &[usize], &[usize]) = if cfg!(miri) {
+        (&[1, GEMV_MAX_ROWS + 1], &[1, 9], &[5, 37])
+    } else {
+        (&[1, 2, 8, 9, 64], &[1, 9, 576], &[1, 7, 300])
+    };
+    for &m in ms {
+        for &k in ks {
+            for &n in ns {
+                check_stored(m, k, n, Stored::F32T, n != 7, &mut rng);
+            }
+        }
+    }
+    for threads in 1..=5 {
+        pool(threads).install(|| {
+            if cfg!(miri) {
+                check_stored(GEMV_MAX_ROWS + 2, 4, 37, Stored::F32T, true, &mut rng);
+                return;
+            }
+            check_stored(512, 64, 300, Stored::F32T, false, &mut rng);
+            check_stored(3, 576, 1537, Stored::F32T, true, &mut rng);
+        });
+    }
+    if !cfg!(miri) {
+        // Taller than the column split takes: gemm's own split.
+        check_stored(2049, 9, 300, Stored::F32T, true, &mut rng);
+    }
+}
+
+/// Rows of a transposed matrix read back as rows of `W` (its reference and embedding path),
+/// and rows past its end are an error.
+#[test]
+fn transposed_rows_to_f32() {
+    let (k, n) = (3, 4);
+    let w: Vec<f32> = (0..n * k).map(|v| v as f32).collect(); // W[j][p] = j·k + p
+    let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+    let mut got = vec![0.0; 2 * k];
+    Weights::F32T(&wt).rows_to_f32(1, 2, k, &mut got).unwrap();
+    assert_eq!(got, w[k..3 * k]);
+    assert!(Weights::F32T(&wt).rows_to_f32(3, 2, k, &mut got).is_err());
 }
 
 fn pool(threads: usize) -> rayon::ThreadPool {

@@ -138,6 +138,30 @@ impl AttentionCore {
         Ok(AttentionCore { q, k, v, out, dims })
     }
 
+    /// Every projection's f32 weight kept transposed for gemm ([`Linear::for_many_rows`]),
+    /// for attention that always sees many rows: an encoder's.
+    pub fn for_many_rows(self) -> Result<Self> {
+        let AttentionCore { q, k, v, out, dims } = self;
+        Ok(AttentionCore {
+            q: q.for_many_rows()?,
+            k: k.for_many_rows()?,
+            v: v.for_many_rows()?,
+            out: out.map(Linear::for_many_rows).transpose()?,
+            dims,
+        })
+    }
+
+    /// The K and V projections' f32 weights kept transposed for gemm: for cross-attention,
+    /// whose keys and values are projected from a whole source at once while its queries
+    /// may come a few rows per decode step.
+    pub fn kv_for_many_rows(self) -> Result<Self> {
+        Ok(AttentionCore {
+            k: self.k.for_many_rows()?,
+            v: self.v.for_many_rows()?,
+            ..self
+        })
+    }
+
     /// The sizes.
     pub fn dims(&self) -> AttentionDims {
         self.dims
@@ -400,6 +424,22 @@ macro_rules! core_access {
         /// The underlying [`AttentionCore`].
         pub fn core(&self) -> &AttentionCore {
             &self.core
+        }
+
+        /// The module with every projection kept for many rows
+        /// ([`AttentionCore::for_many_rows`]).
+        pub fn for_many_rows(self) -> Result<Self> {
+            Ok(Self {
+                core: self.core.for_many_rows()?,
+            })
+        }
+
+        /// The module with its K and V projections kept for many rows
+        /// ([`AttentionCore::kv_for_many_rows`]).
+        pub fn kv_for_many_rows(self) -> Result<Self> {
+            Ok(Self {
+                core: self.core.kv_for_many_rows()?,
+            })
         }
     };
 }

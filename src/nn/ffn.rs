@@ -28,6 +28,15 @@ impl FeedForward {
         })
     }
 
+    /// Both layers' f32 weights kept transposed for gemm ([`Linear::for_many_rows`]), for a
+    /// block that always sees many rows: an encoder's.
+    pub fn for_many_rows(self) -> Result<Self> {
+        Ok(FeedForward {
+            linear1: self.linear1.for_many_rows()?,
+            linear2: self.linear2.for_many_rows()?,
+        })
+    }
+
     /// Inner size.
     pub fn inner_dim(&self) -> usize {
         self.linear1.out_dim()

@@ -1,4 +1,5 @@
-//! `nn.Linear`: `y = x·Wᵀ + b`, `W` stored `[out_features, in_features]` in f32 or f16.
+//! `nn.Linear`: `y = x·Wᵀ + b`, `W` stored `[out_features, in_features]` in f32, f16 or
+//! quantized blocks; an f32 weight may be kept transposed for gemm ([`Linear::for_many_rows`]).
 
 use super::{Scope, Seq, SeqBuf};
 use crate::error::{Error, Result};
@@ -8,7 +9,9 @@ use crate::weights::Tensor;
 /// (f16 is widened inside the kernel); the bias, when there is one, is kept in f32.
 #[derive(Debug)]
 pub struct Linear {
+    /// `[out_dim, in_dim]`, or `[in_dim, out_dim]` when `transposed`.
     weight: Tensor,
+    transposed: bool,
     bias: Option<Vec<f32>>,
     in_dim: usize,
     out_dim: usize,
@@ -30,6 +33,7 @@ impl Linear {
         };
         Ok(Linear {
             weight,
+            transposed: false,
             bias,
             in_dim,
             out_dim,
@@ -75,9 +79,57 @@ impl Linear {
         }
         Ok(Linear {
             weight,
+            transposed: false,
             bias,
             in_dim,
             out_dim,
+        })
+    }
+
+    /// The layer with an f32 weight copied into the transposed layout `[in_dim, out_dim]`,
+    /// for layers that only ever meet many rows at once (an encoder's): gemm packs that
+    /// layout by copying rows instead of gathering one value from each, which made the
+    /// seq2seq encoder's products 10–45% faster ([`Weights::F32T`](qkv_kernels::Weights)).
+    /// Few rows then go to gemm too, and a mapped weight becomes an owned copy of the same
+    /// size. Other formats are returned unchanged: f16 and quantized weights are widened
+    /// per panel anyway, and their GEMV reads the stored layout.
+    ///
+    /// ```
+    /// use qkv::nn::Linear;
+    /// use qkv::weights::Tensor;
+    /// # fn main() -> qkv::Result<()> {
+    /// // W = [[1, 2], [3, 4], [5, 6]]: 2 inputs, 3 outputs.
+    /// let w = Tensor::from_f32("w", vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+    /// let lin = Linear::from_tensors(w, None)?.for_many_rows()?;
+    /// assert_eq!(lin.weight().shape(), &[2, 3]);
+    /// let mut y = [0.0; 3];
+    /// lin.forward_into(&[1.0, 1.0], 1, &mut y)?;
+    /// assert_eq!(y, [3.0, 7.0, 11.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn for_many_rows(self) -> Result<Self> {
+        let Some(w) = self.weight.as_f32().filter(|_| !self.transposed) else {
+            return Ok(self);
+        };
+        let (n, k) = (self.out_dim, self.in_dim);
+        let name = self.weight.name();
+        let mut t = crate::models::zeroed(n * k, || format!("tensor `{name}` transposed"))?;
+        // In 32×32 tiles: both sides stay in cache lines already fetched.
+        const TILE: usize = 32;
+        for j0 in (0..n).step_by(TILE) {
+            for p0 in (0..k).step_by(TILE) {
+                for j in j0..(j0 + TILE).min(n) {
+                    for p in p0..(p0 + TILE).min(k) {
+                        t[p * n + j] = w[j * k + p];
+                    }
+                }
+            }
+        }
+        Ok(Linear {
+            weight: Tensor::from_f32(name, vec![k, n], t)?,
+            transposed: true,
+            ..self
         })
     }
 
@@ -96,7 +148,7 @@ impl Linear {
     /// the threads for the group. `y` is the output `[rows, out_dim]`.
     pub fn projection<'a, 'y>(&'a self, y: &'y mut [f32]) -> qkv_kernels::Projection<'a, 'y> {
         qkv_kernels::Projection {
-            w: self.weight.weights(),
+            w: self.operand(),
             bias: self.bias.as_deref(),
             n: self.out_dim,
             y,
@@ -108,9 +160,18 @@ impl Linear {
         self.bias.as_deref()
     }
 
-    /// The weight tensor.
+    /// The weight tensor: `[out_dim, in_dim]`, or `[in_dim, out_dim]` after
+    /// [`Linear::for_many_rows`] transposed it.
     pub fn weight(&self) -> &Tensor {
         &self.weight
+    }
+
+    /// The weight as the kernels' operand.
+    fn operand(&self) -> qkv_kernels::Weights<'_> {
+        match (self.transposed, self.weight.as_f32()) {
+            (true, Some(w)) => qkv_kernels::Weights::F32T(w),
+            _ => self.weight.weights(),
+        }
     }
 
     /// `y[rows, out] = x[rows, in]·Wᵀ + b`, overwriting `y`. [`Error::Shape`] when a slice
@@ -132,7 +193,7 @@ impl Linear {
         qkv_kernels::linear(
             y,
             x,
-            self.weight.weights(),
+            self.operand(),
             self.bias.as_deref(),
             rows,
             self.in_dim,

@@ -172,6 +172,7 @@ unsafe fn gemv_columns(
                 Weights::F32(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
                 Weights::F16(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
                 Weights::Quant(..) => unreachable!("handled above"),
+                Weights::F32T(_) => unreachable!("F32T always goes to gemm (gemv_rows)"),
             }
         }
         return;
@@ -180,6 +181,7 @@ unsafe fn gemv_columns(
         Weights::F32(w) => w[i],
         Weights::F16(w) => w[i].to_f32(),
         Weights::Quant(..) => unreachable!("handled above"),
+        Weights::F32T(_) => unreachable!("F32T always goes to gemm (gemv_rows)"),
     };
     for j in j0..j1 {
         for i in 0..m {

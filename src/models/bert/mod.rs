@@ -203,21 +203,25 @@ impl Bert {
                     v: "self.value",
                     out: Some("output.dense"),
                 };
+                // An encoder: every product sees a whole batch, so f32 weights are kept
+                // transposed for gemm.
                 Ok(BertLayer {
-                    attn: AttentionCore::load(&a, names, dims)?,
+                    attn: AttentionCore::load(&a, names, dims)?.for_many_rows()?,
                     attn_norm: norm(&a.pp("output"), "LayerNorm")?,
                     up: Linear::load_with_bias(
                         &l.pp("intermediate"),
                         "dense",
                         d,
                         cfg.intermediate_size,
-                    )?,
+                    )?
+                    .for_many_rows()?,
                     down: Linear::load_with_bias(
                         &l.pp("output"),
                         "dense",
                         cfg.intermediate_size,
                         d,
-                    )?,
+                    )?
+                    .for_many_rows()?,
                     out_norm: norm(&l.pp("output"), "LayerNorm")?,
                 })
             })

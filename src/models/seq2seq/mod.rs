@@ -232,9 +232,11 @@ impl Seq2Seq {
         let encoder = (0..cfg.encoder_layers)
             .map(|i| {
                 let l = enc.pp(&i.to_string());
+                // The encoder only ever sees whole sources: its weights kept for gemm.
                 Ok(EncoderLayer {
-                    attn: TransformerAttention::load(&l.pp("attn"), d, cfg.heads)?,
-                    ffn: FeedForward::load(&l.pp("FFN"), d, cfg.ffn_scale)?,
+                    attn: TransformerAttention::load(&l.pp("attn"), d, cfg.heads)?
+                        .for_many_rows()?,
+                    ffn: FeedForward::load(&l.pp("FFN"), d, cfg.ffn_scale)?.for_many_rows()?,
                     norm1: LayerNorm::load(&l, "norm1", d, eps)?,
                     norm2: LayerNorm::load(&l, "norm2", d, eps)?,
                 })
@@ -246,7 +248,9 @@ impl Seq2Seq {
                 let l = dec.pp(&i.to_string());
                 Ok(DecoderLayer {
                     self_attn: TransformerAttention::load(&l.pp("self_attn"), d, cfg.heads)?,
-                    cross_attn: TransformerAttention::load(&l.pp("cross_attn"), d, cfg.heads)?,
+                    // K and V project the whole encoder output, once per source.
+                    cross_attn: TransformerAttention::load(&l.pp("cross_attn"), d, cfg.heads)?
+                        .kv_for_many_rows()?,
                     ffn: FeedForward::load(&l.pp("FFN"), d, cfg.ffn_scale)?,
                     norm1: LayerNorm::load(&l, "norm1", d, eps)?,
                     norm2: LayerNorm::load(&l, "norm2", d, eps)?,

@@ -306,6 +306,13 @@ pub fn write_gguf(
 pub(super) fn write_tensor_bytes(tensor: &Tensor, w: &mut dyn Write, path: &Path) -> Result<()> {
     let mut buf = Vec::with_capacity(1 << 16);
     match tensor.weights() {
+        // Tensors hold their file's layout; only a layer's own copy is ever transposed.
+        qkv_kernels::Weights::F32T(_) => {
+            return Err(Error::Unsupported(format!(
+                "tensor `{}`: writing a transposed f32 matrix",
+                tensor.name()
+            )))
+        }
         qkv_kernels::Weights::F32(v) => {
             for chunk in v.chunks(1 << 14) {
                 buf.clear();
