@@ -57,11 +57,11 @@ fn gemv_rows(w: Weights<'_>, m: usize) -> bool {
 pub enum Weights<'a> {
     /// 32-bit floats.
     F32(&'a [f32]),
-    /// 32-bit floats stored transposed, `[k, n]`: one row per input feature. gemm packs this
-    /// layout by copying rows where `[n, k]` makes it gather one value per row, which took a
-    /// quarter of the time of an encoder's products at 2 threads (1024 rows, k = 2048,
-    /// n = 512: 139 → 201 GFLOP/s). For weights that only ever meet many rows (encoders);
-    /// every call, even of one row, goes to gemm.
+    /// 32-bit floats stored transposed, `[k, n]`: one row per input feature. gemm reads this
+    /// layout in whole rows where `[n, k]` makes it gather one value from each row: on 2
+    /// threads, 1024 rows against k = 2048, n = 512 ran at 139 GFLOP/s stored `[n, k]` and
+    /// at 201 stored `[k, n]`. For weights that only ever meet many rows (encoders); every
+    /// call, even of one row, goes to gemm.
     F32T(&'a [f32]),
     /// IEEE half floats, widened to f32 inside the kernels.
     F16(&'a [f16]),
