@@ -26,6 +26,11 @@ enum Stored {
     F32T,
 }
 
+/// `w` `[n, k]` stored as `[k, n]`.
+fn transposed(w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    (0..k * n).map(|i| w[(i % n) * k + i / n]).collect()
+}
+
 /// [`check_stored`] with `W` in f16 or f32.
 fn check(m: usize, k: usize, n: usize, half: bool, with_bias: bool, rng: &mut Rng) {
     let stored = if half { Stored::F16 } else { Stored::F32 };
@@ -40,7 +45,6 @@ fn check_stored(m: usize, k: usize, n: usize, stored: Stored, with_bias: bool, r
     let x = rng.vec(m * k);
     let w32 = rng.vec(n * k);
     let w16: Vec<f16> = w32.iter().map(|&v| f16::from_f32(v)).collect();
-    let wt: Vec<f32> = (0..k * n).map(|i| w32[(i % n) * k + i / n]).collect();
     let wref: Vec<f32> = if half {
         w16.iter().map(|v| v.to_f32()).collect()
     } else {
@@ -48,6 +52,11 @@ fn check_stored(m: usize, k: usize, n: usize, stored: Stored, with_bias: bool, r
     };
     let bias = rng.vec(n);
     let b = with_bias.then_some(&bias[..]);
+    let wt = if stored == Stored::F32T {
+        transposed(&w32, n, k)
+    } else {
+        Vec::new()
+    };
     let w = match stored {
         Stored::F16 => Weights::F16(&w16),
         Stored::F32 => Weights::F32(&w32),
@@ -189,7 +198,7 @@ fn transposed_f32_shapes() {
 fn transposed_rows_to_f32() {
     let (k, n) = (3, 4);
     let w: Vec<f32> = (0..n * k).map(|v| v as f32).collect(); // W[j][p] = j·k + p
-    let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+    let wt = transposed(&w, n, k);
     let mut got = vec![0.0; 2 * k];
     Weights::F32T(&wt).rows_to_f32(1, 2, k, &mut got).unwrap();
     assert_eq!(got, w[k..3 * k]);
