@@ -10,13 +10,16 @@ use crate::quant::act::QuantizedActs;
 use crate::SharedOut;
 use rayon::prelude::*;
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Weights per piece of the parallel GEMV: 128 Ki elements (64 rows of 2048), 72 KiB of
+/// Q4_0, 256 KiB of f16: small enough that the last pieces balance the threads, large enough
+/// that claiming one costs nothing next to streaming it.
+const GEMV_PIECE_ELEMS: usize = 1 << 17;
 
 /// Minimum `n·k` below which the GEMV stays on one thread: smaller matrices finish before a
 /// hand-off to another thread would pay for itself.
 const GEMV_PAR_MIN_ELEMS: usize = 1 << 15;
-
-/// Ranges of W rows per thread in the parallel GEMV.
-const GEMV_CHUNKS_PER_THREAD: usize = 4;
 
 /// One matrix of a GEMV group: its weights, bias, rows and output.
 #[derive(Clone, Copy)]
@@ -123,18 +126,19 @@ fn gemv_parts_with(
         run(0, total);
         return;
     }
-    // Contiguous ranges of W rows, each streamed front to back exactly once. A few ranges per
-    // thread (not one) let rayon's work stealing absorb a thread that the OS delays.
-    let chunks = (threads * GEMV_CHUNKS_PER_THREAD)
-        .min(total_elems / GEMV_PAR_MIN_ELEMS)
-        .max(threads);
-    let per = total.div_ceil(chunks);
-    (0..chunks).into_par_iter().for_each(|t| {
-        let j0 = (t * per).min(total);
-        let j1 = ((t + 1) * per).min(total);
-        if j0 < j1 {
-            run(j0, j1);
+    // Pieces of about GEMV_PIECE_ELEMS weights (whole groups of 8 rows), claimed in order
+    // from a shared counter: the threads stream neighbouring pieces of W at the same time,
+    // and a thread the OS delays simply claims fewer. (Contiguous ranges, one block of
+    // pieces per thread, measured 6–12% slower on 1B-shaped Q4_0 decode, 2 threads.)
+    let per = (GEMV_PIECE_ELEMS / k.max(1)).max(8).next_multiple_of(8);
+    let pieces = total.div_ceil(per);
+    let next = AtomicUsize::new(0);
+    (0..threads.min(pieces)).into_par_iter().for_each(|_| loop {
+        let t = next.fetch_add(1, Ordering::Relaxed);
+        if t >= pieces {
+            break;
         }
+        run(t * per, ((t + 1) * per).min(total));
     });
 }
 

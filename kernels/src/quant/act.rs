@@ -28,6 +28,17 @@ pub struct QuantizedActs {
     pub scale: Vec<f32>,
     /// The f32 sum of each block's original values (`m·k / 32`).
     pub sum: Vec<f32>,
+    /// For one row (`m = 1`, a decode step's GEMV), the same integers reordered within
+    /// each block as its 16 even-indexed elements then its 16 odd-indexed ones, the order in
+    /// which the one-row kernels take weights apart (every 16-bit lane of a weight vector
+    /// holds an even element in its low byte and the next odd one in its high byte). Empty
+    /// for more rows.
+    pub eo: Vec<i16>,
+    /// For one row, the integer sum of `q` over each half-block of 16 elements (two per
+    /// block): the one-row kernels take a format's offset (Q4_0's −8, Q5_0's −16, Q6_K's
+    /// −32) off the weights' sums once per block, exactly, instead of off every weight.
+    /// Empty for more rows.
+    pub isum16: Vec<i32>,
     /// Rows.
     pub m: usize,
     /// Elements per row (a multiple of 32).
@@ -73,14 +84,27 @@ impl QuantizedActs {
         self.sum.resize(blocks, 0.0);
         self.m = m;
         self.k = k;
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2_fma_f16c() {
-            // SAFETY: AVX2 and FMA were detected at run time just above (the function's only
-            // contract: it indexes through chunks and bounds-checked slots).
-            unsafe { avx2::quantize(x, &mut self.q, &mut self.scale, &mut self.sum) };
-            return;
+        quantize_any(x, &mut self.q, &mut self.scale, &mut self.sum);
+        self.eo.clear();
+        self.isum16.clear();
+        if m == 1 {
+            self.eo.resize(k, 0);
+            self.isum16.resize(k / 16, 0);
+            for ((q, eo), isum) in self
+                .q
+                .chunks_exact(ACT_BLOCK)
+                .zip(self.eo.chunks_exact_mut(ACT_BLOCK))
+                .zip(self.isum16.chunks_exact_mut(2))
+            {
+                let (even, odd) = eo.split_at_mut(16);
+                for (i, pair) in q.chunks_exact(2).enumerate() {
+                    even[i] = pair[0];
+                    odd[i] = pair[1];
+                }
+                isum[0] = q[..16].iter().map(|&v| i32::from(v)).sum();
+                isum[1] = q[16..].iter().map(|&v| i32::from(v)).sum();
+            }
         }
-        quantize_blocks(x, &mut self.q, &mut self.scale, &mut self.sum);
     }
 
     /// Checks that the buffers agree with `m` and `k` (`k` a multiple of 32, `m·k`
@@ -111,8 +135,29 @@ impl QuantizedActs {
             "quantized activations sum",
             elems / ACT_BLOCK,
             self.sum.len(),
-        )
+        )?;
+        if self.m == 1 {
+            check_len("quantized activations eo", self.k, self.eo.len())?;
+            check_len(
+                "quantized activations isum16",
+                self.k / 16,
+                self.isum16.len(),
+            )?;
+        }
+        Ok(())
     }
+}
+
+/// Quantizes whole blocks with AVX2 where the CPU has it, else with the scalar loop.
+fn quantize_any(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2 and FMA were detected at run time just above (the function's only
+        // contract: it indexes through chunks and bounds-checked slots).
+        unsafe { avx2::quantize(x, q, scale, sum) };
+        return;
+    }
+    quantize_blocks(x, q, scale, sum);
 }
 
 /// The scale and its inverse for a block whose largest magnitude is `amax`.
@@ -308,6 +353,34 @@ mod tests {
             let exact: f64 = xb.iter().map(|&v| f64::from(v)).sum();
             assert!((f64::from(acts.sum[b]) - exact).abs() <= 1e-6 * (1.0 + exact.abs()));
         }
+    }
+
+    /// One row also gets its integers in even/odd order per block and their half-block
+    /// sums; more rows get neither, and a later one-row call does not see stale ones.
+    #[test]
+    fn one_row_gets_even_odd_order_and_half_sums() {
+        let mut acts = QuantizedActs::default();
+        let k = 96;
+        acts.quantize(&values(2 * k, 5), 2, k).unwrap();
+        assert!(acts.eo.is_empty() && acts.isum16.is_empty());
+        acts.check().unwrap();
+        let x = values(k, 9);
+        acts.quantize(&x, 1, k).unwrap();
+        acts.check().unwrap();
+        for b in 0..k / 32 {
+            let q = &acts.q[32 * b..32 * b + 32];
+            let eo = &acts.eo[32 * b..32 * b + 32];
+            for i in 0..16 {
+                assert_eq!(eo[i], q[2 * i], "block {b}, even {i}");
+                assert_eq!(eo[16 + i], q[2 * i + 1], "block {b}, odd {i}");
+            }
+            for h in 0..2 {
+                let want: i32 = q[16 * h..16 * h + 16].iter().map(|&v| i32::from(v)).sum();
+                assert_eq!(acts.isum16[2 * b + h], want, "block {b}, half {h}");
+            }
+        }
+        acts.quantize(&values(2 * k, 5), 2, k).unwrap();
+        assert!(acts.eo.is_empty() && acts.isum16.is_empty());
     }
 
     #[test]

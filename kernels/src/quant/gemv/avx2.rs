@@ -21,7 +21,9 @@
 
 mod unpack;
 
-pub(in crate::quant) use unpack::{bytes, k_pair, q6k_half, W2};
+pub(in crate::quant) use unpack::{
+    bit_bytes, bytes, k_pair, nibble_bytes, q6k_bytes, q6k_half, W2,
+};
 
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
 use crate::SharedOut;

@@ -41,7 +41,7 @@ unsafe fn nibbles16(p: *const u8) -> W2 {
 /// # Safety
 /// `p..p + 16` must be readable and the caller must have AVX2.
 #[inline(always)]
-unsafe fn nibble_bytes(p: *const u8) -> __m256i {
+pub(in crate::quant) unsafe fn nibble_bytes(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 16 readable bytes at `p` (one unaligned load) and AVX2.
     unsafe {
         let v = _mm_loadu_si128(p as *const __m128i);
@@ -55,7 +55,7 @@ unsafe fn nibble_bytes(p: *const u8) -> __m256i {
 /// # Safety
 /// The caller must have AVX2.
 #[inline(always)]
-unsafe fn bit_bytes(h: u32) -> __m256i {
+pub(in crate::quant) unsafe fn bit_bytes(h: u32) -> __m256i {
     // SAFETY: the caller has AVX2 (this function's contract); these intrinsics only compute on
     // registers.
     unsafe {
@@ -152,13 +152,14 @@ pub(in crate::quant) unsafe fn k_pair(
     }
 }
 
-/// The signed values (−32..31) of the four groups of half `h` of a Q6_K block, as bytes.
+/// The stored values (0..63) of the four groups of half `h` of a Q6_K block, as bytes in
+/// element order.
 ///
 /// # Safety
 /// `p` must point to a whole Q6_K block (210 readable bytes), `h < 2`, and the caller must
 /// have AVX2.
 #[inline(always)]
-pub(in crate::quant) unsafe fn q6k_half(p: *const u8, h: usize) -> [__m256i; 4] {
+pub(in crate::quant) unsafe fn q6k_bytes(p: *const u8, h: usize) -> [__m256i; 4] {
     // SAFETY: the caller guarantees AVX2 and a whole Q6_K block at `p`: the loads read
     // bytes `64h..64h + 64` and `128 + 32h..160 + 32h`, inside its 210 bytes for `h < 2`.
     unsafe {
@@ -168,7 +169,7 @@ pub(in crate::quant) unsafe fn q6k_half(p: *const u8, h: usize) -> [__m256i; 4] 
         let (low, top) = (bytes(0x0F), bytes(0x30));
         // Group g takes bits 2g, 2g+1 of qh as bits 4–5; every shift's masked bits come from
         // the same byte.
-        let g = [
+        [
             _mm256_or_si256(
                 _mm256_and_si256(ql0, low),
                 _mm256_and_si256(_mm256_slli_epi16::<4>(qh), top),
@@ -185,15 +186,18 @@ pub(in crate::quant) unsafe fn q6k_half(p: *const u8, h: usize) -> [__m256i; 4] 
                 _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low),
                 _mm256_and_si256(_mm256_srli_epi16::<2>(qh), top),
             ),
-        ];
-        let off = bytes(32);
-        [
-            _mm256_sub_epi8(g[0], off),
-            _mm256_sub_epi8(g[1], off),
-            _mm256_sub_epi8(g[2], off),
-            _mm256_sub_epi8(g[3], off),
         ]
     }
+}
+
+/// The signed values (−32..31) of the four groups of half `h` of a Q6_K block, as bytes.
+///
+/// # Safety
+/// As [`q6k_bytes`].
+#[inline(always)]
+pub(in crate::quant) unsafe fn q6k_half(p: *const u8, h: usize) -> [__m256i; 4] {
+    // SAFETY: the caller's contract is `q6k_bytes`'s; the rest is register arithmetic.
+    unsafe { q6k_bytes(p, h).map(|g| _mm256_sub_epi8(g, bytes(32))) }
 }
 
 impl Unpack<W2> for Q8_0 {
