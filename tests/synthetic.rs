@@ -162,8 +162,19 @@ fn whole_chunked_and_token_by_token_prompts_agree() {
         for &t in &tokens {
             c = stepped.step(t).unwrap().to_vec();
         }
-        assert!(share_of_range(&b, &a) < 1e-4, "{storage:?} chunked");
-        assert!(share_of_range(&c, &a) < 1e-4, "{storage:?} stepped");
+        // A quantized file's whole prompt (21 rows) runs on f32 activations, its chunks and
+        // steps on activations rounded to 16 bits per 32 values (at most 1/65534 of each
+        // block's largest value): about 1e-4 of the range apart after 2 layers (Q6_K 0.9e-4
+        // chunked, 1.0e-4 stepped). The float files round only in summation order.
+        let tol = if matches!(storage, Storage::Quant(_)) {
+            2e-4
+        } else {
+            1e-4
+        };
+        for (run, got) in [("chunked", &b), ("stepped", &c)] {
+            let share = share_of_range(got, &a);
+            assert!(share < tol, "{storage:?} {run}: {share:e} of the range");
+        }
         // Greedy continuations from each session: the same 12 tokens.
         let mut runs = Vec::new();
         for (s, first) in [(&mut whole, &a), (&mut chunked, &b), (&mut stepped, &c)] {
