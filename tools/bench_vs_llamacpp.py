@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side: qkv's `decode --json` against llama.cpp's `llama-bench`, same machine, same model.
 
-    python3 tools/bench_vs_llamacpp.py [--reps 3] [--rows tg128_f16,pp512_f16,...] [--threads 2]
+    python3 tools/bench_vs_llamacpp.py [--reps 3] [--rows 1b,8b,tg128_f16,...] [--threads 2]
 
 What it does, idempotently (everything cached under $QKV_CACHE/llamacpp; QKV_CACHE defaults as in
 cli/src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
@@ -24,13 +24,24 @@ cli/src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
    --warmup` runs the prompt once untimed and starts over (without it, a fresh process's
    first 512-token prefill also pays first touches of the weights and buffers, ~10% here).
 
-Ceilings (SmolLM2-135M: 30 layers, 9 query and 3 KV heads of 64, FFN 1536, vocab 49152):
+Ceilings, from each file's own header (`Shape`, with gguf-py; SmolLM2-135M: 30 layers, 9
+query and 3 KV heads of 64, FFN 1536, vocab 49152):
 
-- decode rows: read bandwidth / bytes per token = the weights (269 MB in f16, twice that in
-  f32) plus the KV cache at the row's mean context (23040 bytes per position in f16). Each
-  decode step must read all of them once.
-- prefill rows: FMA peak / FLOPs per token = 2 x 106.2 M multiply-adds of the layers' matmuls
-  plus 4 x 64 x 9 x 30 FLOPs per visible key (the LM head runs for the last position only).
+- decode rows: read bandwidth / bytes per token = the file's 2-D tensors as stored (269 MB
+  in f16, twice that in f32, the blocks' bytes for a quantized file; a tied embedding counts
+  once, as the output head it doubles as) plus an f16 KV cache at the row's mean context
+  (23040 bytes per position for SmolLM2). Each decode step must read all of them once.
+- prefill rows: FMA peak / FLOPs per token = 2 x the layers' matmul multiply-adds (106.2 M
+  for SmolLM2) plus 4 x head size x heads x layers FLOPs per visible key (the LM head runs
+  for the last position only).
+
+The rows at real sizes (`--rows 1b`, `--rows 8b`) run random-weight files at the layer
+shapes of Llama 3.2 1B and Llama 3.1 8B with the default model's vocabulary, made on first
+use by tools/real_shapes.py (a few minutes for 1B; the 8B source is 15 GB and takes about
+half an hour): tg128 and pp512 on 1B in Q4_0, Q4_K_M, Q8_0 and F16, tg32 and pp128 on 8B in
+Q4_0 and Q4_K_M, and tg64 after 4096 tokens on 1B Q4_K_M (flash attention off and on for
+llama.cpp). The probe's own buffer is SmolLM2's f16 weights (269 MB), already far larger
+than the caches.
 
 Rows and what each engine measures (the quantized rows, `*_q4_1` for the published file and
 `*_q8_0`, `*_q4_k_m` for files made by `llama-quantize` from the F32 one, run tg128, pp512 and
@@ -280,39 +291,47 @@ def roofline(exe: Path, threads: int):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-# Per-token work of SmolLM2-135M (see the docstring).
-KV_BYTES_PER_POS_F16 = 2 * 30 * 3 * 64 * 2
-MATMUL_FLOPS_PER_TOKEN = 2 * 30 * (576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 * 1536)
-ATTN_FLOPS_PER_KEY = 4 * 64 * 9 * 30
+class Shape:
+    """A decoder's per-token work, read from its GGUF header with gguf-py: the bytes a decode
+    step streams (every 2-D tensor once; a tied embedding doubles as the output head and is
+    read once), the KV cache's bytes per position in f16, and the FLOPs of a prompt token."""
+
+    def __init__(self, model: Path):
+        import gguf
+
+        r = gguf.GGUFReader(str(model))
+        arch = r.fields["general.architecture"].contents()
+
+        def key(name):
+            return int(r.fields[f"{arch}.{name}"].contents())
+
+        self.layers, self.d = key("block_count"), key("embedding_length")
+        self.heads, self.kv_heads = key("attention.head_count"), key("attention.head_count_kv")
+        self.ff = key("feed_forward_length")
+        self.head_dim = self.d // self.heads
+        self.matrix_bytes = sum(int(t.n_bytes) for t in r.tensors if len(t.shape) == 2)
+        self.kv_bytes_per_pos = 2 * self.layers * self.kv_heads * self.head_dim * 2
+        kvd = self.kv_heads * self.head_dim
+        per_layer = self.d * (self.heads * self.head_dim + 2 * kvd) \
+            + self.heads * self.head_dim * self.d + 3 * self.d * self.ff
+        # The LM head runs for the last position only, so a prompt token does not pay it.
+        self.matmul_flops = 2 * self.layers * per_layer
+        self.attn_flops_per_key = 4 * self.head_dim * self.heads * self.layers
 
 
-def decode_ceiling(elem_bytes: int, mean_context: float, matrix_bytes: int | None = None):
-    """tokens/s if a step did nothing but read its weights and KV cache at read_gbs. The
-    weights are the probe's f16 matrices scaled to elem_bytes, or matrix_bytes when given (a
-    quantized file's blocks); the KV cache is f16 (elem_bytes 2) or f32 (4)."""
+def decode_ceiling(shape: Shape, mean_context: float):
+    """tokens/s if a step did nothing but read its weights (the file's matrices, as stored)
+    and its f16 KV cache at the mean context, at the probe's read_gbs."""
     def f(r):
-        weights = matrix_bytes if matrix_bytes is not None else r["weight_bytes"] * elem_bytes / 2
-        kv_elem = 2 if matrix_bytes is not None else elem_bytes
-        per_token = weights + KV_BYTES_PER_POS_F16 * kv_elem / 2 * mean_context
+        per_token = shape.matrix_bytes + shape.kv_bytes_per_pos * mean_context
         return r["read_gbs"] * 1e9 / per_token, f"read {r['read_gbs']:.1f} GB/s"
     return f
 
 
-def matrix_bytes(model: Path) -> int:
-    """Bytes of a GGUF's 2-D tensors (what one decode step reads: the tied embedding doubles
-    as the output head and is read once), with gguf-py; the file size without it."""
-    try:
-        import gguf
-    except ImportError:
-        return model.stat().st_size
-    r = gguf.GGUFReader(str(model))
-    return sum(int(t.n_bytes) for t in r.tensors if len(t.shape) == 2)
-
-
-def prefill_ceiling(mean_keys: float):
+def prefill_ceiling(shape: Shape, mean_keys: float):
     """tokens/s if a prompt pass ran every FLOP at fma_gflops."""
     def f(r):
-        per_token = MATMUL_FLOPS_PER_TOKEN + ATTN_FLOPS_PER_KEY * mean_keys
+        per_token = shape.matmul_flops + shape.attn_flops_per_key * mean_keys
         return r["fma_gflops"] * 1e9 / per_token, f"FMA {r['fma_gflops']:.0f} GFLOP/s"
     return f
 
@@ -353,8 +372,11 @@ def main():
     ap.add_argument("--bench-reps", type=int, default=3, help="llama-bench -r per invocation")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="all",
-                    help="comma list of: tg128_f16,tg128_f32,tg64_d2048_f16,pp512_f16,pp512_d2048_f16, "
-                         "and tg128_K, pp512_K, tg64_d2048_K for K in q4_1, q8_0, q4_k_m")
+                    help="comma list of rows or groups: 135m (SmolLM2: tg128_f16, tg128_f32, "
+                         "tg64_d2048_f16, pp512_f16, pp512_d2048_f16, and tg128_K, pp512_K, "
+                         "tg64_d2048_K for K in q4_1, q8_0, q4_k_m), 1b (tg128_1b_K, pp512_1b_K "
+                         "for K in q4_0, q4_k_m, q8_0, f16; tg64_d4096_1b_q4_k_m), 8b "
+                         "(tg32_8b_K, pp128_8b_K for K in q4_0, q4_k_m); default all")
     ap.add_argument("--pp-depth", choices=["decode", "bench"], default="decode",
                     help="how qkv's pp512 @ d2048 is measured (see above)")
     ap.add_argument("--json-out", type=Path, help="write all samples here")
@@ -374,8 +396,14 @@ def main():
     short = lc / "prompts" / "short.txt"
     short.parent.mkdir(parents=True, exist_ok=True)
     short.write_text("Once upon a time")
-    p512 = make_prompt(lc, qkv, models["f16"], 512)
-    p2048 = make_prompt(lc, qkv, models["f16"], 2048)
+    prompts = {}
+
+    def prompt(n_tokens):
+        """A prompt of exactly n_tokens tokens, made on first use (the shapes' files share
+        the default model's vocabulary, so one prompt serves every row)."""
+        if n_tokens not in prompts:
+            prompts[n_tokens] = make_prompt(lc, qkv, models["f16"], n_tokens)
+        return prompts[n_tokens]
 
     def checked(s, prompt_tokens, generated):
         """The shape a run measured must be the row's: cached prompt files predate any
@@ -386,16 +414,18 @@ def main():
                      f"the row needs {prompt_tokens} and {generated}")
         return s
 
-    def qkv_gen(model, dtype, prompt, n, ctx, prompt_tokens=None):
+    def qkv_gen(model, dtype, prompt_tokens, n, ctx):
+        """Decode of n tokens after a prompt of prompt_tokens (None: the 4-token `short`)."""
         def f():
-            s, cmd = qkv_decode(qkv, model, dtype, t, prompt, n, ctx)
+            p = short if prompt_tokens is None else prompt(prompt_tokens)
+            s, cmd = qkv_decode(qkv, model(), dtype, t, p, n, ctx)
             return checked(s, prompt_tokens, n)["generated_tokens_per_s"], cmd
         return f
 
-    def qkv_prompt(model, prompt, ctx, depth=0, dtype="f16"):
+    def qkv_prompt(model, n_tokens, ctx, depth=0, dtype="f16"):
         def f():
-            s, cmd = qkv_decode(qkv, model, dtype, t, prompt, 0, ctx, depth)
-            return checked(s, 512, 0)["prompt_tokens_per_s"], cmd
+            s, cmd = qkv_decode(qkv, model(), dtype, t, prompt(n_tokens), 0, ctx, depth)
+            return checked(s, n_tokens, 0)["prompt_tokens_per_s"], cmd
         return f
 
     def qkv_pp_at_depth_bench():
@@ -404,56 +434,111 @@ def main():
 
     def lc_run(model, p, n, d=0, fa=None):
         def f():
-            ts, _, cmd = llama_bench(bench, model, t, p, n, d, fa, br)
+            ts, _, cmd = llama_bench(bench, model(), t, p, n, d, fa, br)
             return ts, cmd
         return f
 
+    shapes = {}
+
+    def shape_of(model):
+        """The Shape of a model (read once, when its first ceiling is probed)."""
+        def f():
+            path = model()
+            if path not in shapes:
+                shapes[path] = Shape(path)
+            return shapes[path]
+        return f
+
+    def decode_at(model, mean_context):
+        return lambda r: decode_ceiling(shape_of(model)(), mean_context)(r)
+
+    def prefill_at(model, mean_keys):
+        return lambda r: prefill_ceiling(shape_of(model)(), mean_keys)(r)
+
+    def small(kind):
+        return lambda: models[kind]
+
+    f16, f32 = small("f16"), small("f32")
     # name, label, target, [(peer label, peer fn)], qkv fn, ceiling fn
     rows = [
         ("tg128_f16", "decode tg128, f16", "≥ 1.25×",
-         [("llama.cpp", lc_run(models["f16"], 0, 128))],
-         qkv_gen(models["f16"], "f16", short, 128, 256), decode_ceiling(2, 64)),
+         [("llama.cpp", lc_run(f16, 0, 128))],
+         qkv_gen(f16, "f16", None, 128, 256), decode_at(f16, 64)),
         ("tg128_f32", "decode tg128, f32", "≥ 1.0×",
-         [("llama.cpp", lc_run(models["f32"], 0, 128))],
-         qkv_gen(models["f32"], "f32", short, 128, 256), decode_ceiling(4, 64)),
+         [("llama.cpp", lc_run(f32, 0, 128))],
+         qkv_gen(f32, "f32", None, 128, 256), decode_at(f32, 64)),
         ("tg64_d2048_f16", "decode tg64 @ d2048, f16", "≥ 1.6× better of fa off/on",
-         [("llama.cpp fa off", lc_run(models["f16"], 0, 64, 2048, "off")),
-          ("llama.cpp fa on", lc_run(models["f16"], 0, 64, 2048, "on"))],
-         qkv_gen(models["f16"], "f16", p2048, 64, 2048 + 64, 2048),
-         decode_ceiling(2, 2048 + 32)),
+         [("llama.cpp fa off", lc_run(f16, 0, 64, 2048, "off")),
+          ("llama.cpp fa on", lc_run(f16, 0, 64, 2048, "on"))],
+         qkv_gen(f16, "f16", 2048, 64, 2048 + 64), decode_at(f16, 2048 + 32)),
         ("pp512_f16", "prefill pp512, f16", "≥ 1.2×",
-         [("llama.cpp", lc_run(models["f16"], 512, 0))],
-         qkv_prompt(models["f16"], p512, 512), prefill_ceiling(256.5)),
+         [("llama.cpp", lc_run(f16, 512, 0))],
+         qkv_prompt(f16, 512, 512), prefill_at(f16, 256.5)),
         ("pp512_d2048_f16", "prefill pp512 @ d2048, f16", "≥ 1.3×",
-         [("llama.cpp", lc_run(models["f16"], 512, 0, 2048))],
+         [("llama.cpp", lc_run(f16, 512, 0, 2048))],
          qkv_pp_at_depth_bench if args.pp_depth == "bench"
-         else qkv_prompt(models["f16"], p512, 2048 + 512, 2048), prefill_ceiling(2048 + 256.5)),
+         else qkv_prompt(f16, 512, 2048 + 512, 2048), prefill_at(f16, 2048 + 256.5)),
     ]
     # The quantized files, each run on its own blocks by both engines.
     for kind, label, tg_target in (("q4_1", "Q4_1", "≥ 1.5×"), ("q8_0", "Q8_0", "≥ 1.5×"),
                                    ("q4_k_m", "Q4_K_M", "≥ 1.3×")):
-        m = models[kind]
-        mb = matrix_bytes(m)
+        m = small(kind)
         rows += [
             (f"tg128_{kind}", f"decode tg128, {label}", tg_target,
              [("llama.cpp", lc_run(m, 0, 128))],
-             qkv_gen(m, None, short, 128, 256), decode_ceiling(2, 64, mb)),
+             qkv_gen(m, None, None, 128, 256), decode_at(m, 64)),
             (f"pp512_{kind}", f"prefill pp512, {label}", "≥ 1.3×",
              [("llama.cpp", lc_run(m, 512, 0))],
-             qkv_prompt(m, p512, 512, dtype=None), prefill_ceiling(256.5)),
+             qkv_prompt(m, 512, 512, dtype=None), prefill_at(m, 256.5)),
             (f"tg64_d2048_{kind}", f"decode tg64 @ d2048, {label}", "—",
              [("llama.cpp fa off", lc_run(m, 0, 64, 2048, "off")),
               ("llama.cpp fa on", lc_run(m, 0, 64, 2048, "on"))],
-             qkv_gen(m, None, p2048, 64, 2048 + 64, 2048), decode_ceiling(2, 2048 + 32, mb)),
+             qkv_gen(m, None, 2048, 64, 2048 + 64), decode_at(m, 2048 + 32)),
         ]
-    wanted = None if args.rows == "all" else set(args.rows.split(","))
-    unknown = (wanted or set()) - {r[0] for r in rows}
-    if unknown:
-        sys.exit(f"unknown rows: {', '.join(sorted(unknown))}; "
-                 f"the rows are {', '.join(r[0] for r in rows)}")
+    # Random weights at the layer shapes of Llama 3.2 1B and Llama 3.1 8B
+    # (tools/real_shapes.py, made on first use), on their own blocks (F16 as stored).
+    import real_shapes  # here: it imports this module for its cache and llama.cpp helpers
+
+    def shaped(size, ty):
+        return lambda: real_shapes.ensure(size, [ty])[ty]
+
+    for size, tg, pp, kinds in (("1b", 128, 512, ("q4_0", "q4_k_m", "q8_0", "f16")),
+                                ("8b", 32, 128, ("q4_0", "q4_k_m"))):
+        for kind in kinds:
+            m = shaped(size, kind.upper())
+            label = f"{size.upper()} {kind.upper()}"
+            dtype = "f16" if kind == "f16" else None
+            pp_target = "≥ 1.15×" if kind == "f16" else "≥ 1.3×"
+            rows += [
+                (f"tg{tg}_{size}_{kind}", f"decode tg{tg}, {label}",
+                 "≥ 1.15×" if size == "1b" else "≥ 1.1×",
+                 [("llama.cpp", lc_run(m, 0, tg))],
+                 qkv_gen(m, dtype, None, tg, 256), decode_at(m, 4 + tg / 2)),
+                (f"pp{pp}_{size}_{kind}", f"prefill pp{pp}, {label}", pp_target,
+                 [("llama.cpp", lc_run(m, pp, 0))],
+                 qkv_prompt(m, pp, pp, dtype=dtype), prefill_at(m, pp / 2 + 0.5)),
+            ]
+    m = shaped("1b", "Q4_K_M")
+    rows.append(("tg64_d4096_1b_q4_k_m", "decode tg64 @ d4096, 1B Q4_K_M", "≥ 1.2×",
+                 [("llama.cpp fa off", lc_run(m, 0, 64, 4096, "off")),
+                  ("llama.cpp fa on", lc_run(m, 0, 64, 4096, "on"))],
+                 qkv_gen(m, None, 4096, 64, 4096 + 64), decode_at(m, 4096 + 32)))
+
+    def group(name):
+        return "8b" if "_8b_" in name else "1b" if "_1b_" in name else "135m"
+
+    if args.rows == "all":
+        wanted = {r[0] for r in rows}
+    else:
+        asked = set(args.rows.split(","))
+        wanted = {r[0] for r in rows if r[0] in asked or group(r[0]) in asked}
+        unknown = asked - {r[0] for r in rows} - {"135m", "1b", "8b"}
+        if unknown:
+            sys.exit(f"unknown rows: {', '.join(sorted(unknown))}; the rows are "
+                     f"{', '.join(r[0] for r in rows)}, or the groups 135m, 1b, 8b")
     results = []
     for name, label, target, peers, qkv_fn, ceiling_fn in rows:
-        if wanted and name not in wanted:
+        if name not in wanted:
             continue
         # Other work on the machine hurts llama.cpp far more (its threads spin at barriers):
         # seen 4–25 tok/s instead of ~95 at tg128 with a third busy process. Check the load.
