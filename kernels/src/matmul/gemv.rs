@@ -130,7 +130,11 @@ fn gemv_parts_with(
     // from a shared counter: the threads stream neighbouring pieces of W at the same time,
     // and a thread the OS delays simply claims fewer. (Contiguous ranges, one block of
     // pieces per thread, measured 6–12% slower on 1B-shaped Q4_0 decode, 2 threads.)
-    let per = (GEMV_PIECE_ELEMS / k.max(1)).max(8).next_multiple_of(8);
+    // Small matrices still get at least 4 pieces per thread, so the last ones balance.
+    let per = (GEMV_PIECE_ELEMS / k.max(1))
+        .min(total.div_ceil(4 * threads))
+        .max(8)
+        .next_multiple_of(8);
     let pieces = total.div_ceil(per);
     let next = AtomicUsize::new(0);
     (0..threads.min(pieces)).into_par_iter().for_each(|_| loop {

@@ -33,11 +33,10 @@ use core::arch::x86_64::*;
 use core::marker::PhantomData;
 use pairs::Pairs;
 
-/// How far ahead of the block being multiplied its row's bytes are prefetched. Each thread
-/// streams its own rows at a few GB/s, slower than the hardware prefetchers expect of a
-/// stream; asking 2 KiB ahead kept more of the read bandwidth in use (1B-shaped Q4_0 decode,
-/// 2 threads, medians of alternated runs: 22.0 tok/s without, 25.2 with; 512 B to 4 KiB all
-/// helped, within the host's noise of each other).
+/// How far ahead of the block being multiplied its row's bytes are prefetched. The hardware
+/// prefetchers alone left a thread's stream short of the memory's pace: on 1B-shaped Q4_0
+/// decode (2 threads, medians of 4 alternated runs) 22.0 tok/s without, 25.2 with 2 KiB;
+/// 512 B to 4 KiB all helped, within the host's noise of each other.
 const PREFETCH: usize = 2048;
 
 /// The two f16 at the start of each of the 8 blocks from `p` (stride `bb`), widened: the
@@ -103,8 +102,8 @@ unsafe fn reduce8_ps(p: &[__m256; 8]) -> __m256 {
     }
 }
 
-/// Asks for the cache lines of `bytes` bytes from `p` (a whole number of lines, rounded
-/// down, at least one).
+/// Asks for the cache lines from `p` to `p + bytes`, one prefetch per 64 bytes (at least
+/// one).
 ///
 /// # Safety
 /// SSE; `p` may point anywhere (a prefetch never faults).
