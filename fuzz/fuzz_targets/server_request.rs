@@ -117,8 +117,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = request::detokenize_tokens(&body);
     let _ = body.str("suffix");
     let _ = body.bool("echo", false);
-    let chat_params = request::params(&body, &state.model_name, true, || 7);
-    let legacy_params = request::params(&body, &state.model_name, false, || 7);
+    let chat_params = request::params(&body, true, || 7);
+    let legacy_params = request::params(&body, false, || 7);
     let tokenizer = state.model.tokenizer().expect("the model has a tokenizer");
     let prompt = match request::completion_prompt(&body) {
         Ok(Prompt::Text(text)) => tokenizer.encode(&text).unwrap_or_default(),

@@ -3,7 +3,7 @@
 //! ```text
 //! qkv-server [--model PATH] [--dtype f16|f32] [--host 127.0.0.1] [--port 8080] [--threads N]
 //!            [--max-sequences 16] [--kv-budget MB] [--ctx 2048] [--queue 64]
-//!            [--step-tokens 512] [--body-limit KB] [--model-name NAME] [--grace SECONDS]
+//!            [--step-tokens 512] [--body-limit KB] [--model-name NAME]... [--grace SECONDS]
 //! ```
 //!
 //! Routes: `POST /v1/chat/completions` (the model's chat template; SSE with `stream`),
@@ -30,7 +30,7 @@ use qkv::engine::{Engine, EngineOptions};
 use qkv::model::{Model, ModelOptions};
 use qkv_cli::request::{self, ApiError, Body, Prompt};
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,9 +77,11 @@ struct Args {
     /// Largest request body accepted, in KiB; larger ones get 413.
     #[arg(long, value_name = "KB", default_value_t = 1024)]
     body_limit: usize,
-    /// The model's name in the API (default: the file or directory name).
-    #[arg(long)]
-    model_name: Option<String>,
+    /// A name of the model in the API (default: the file or directory name). Repeatable:
+    /// the first is the name responses report, and every one is listed by `/v1/models`. A
+    /// request may name any model: this server runs one and answers with it.
+    #[arg(long = "model-name", value_name = "NAME")]
+    model_names: Vec<String>,
     /// Seconds running requests get to finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30)]
     grace: u64,
@@ -88,7 +90,10 @@ struct Args {
 /// What every handler sees.
 pub struct AppState {
     pub model: Arc<Model>,
+    /// The name responses report (the first `--model-name`).
     pub model_name: String,
+    /// Every name `/v1/models` lists, the served one first.
+    pub aliases: Vec<String>,
     pub context: usize,
     pub worker: Worker,
     pub draining: AtomicBool,
@@ -118,6 +123,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => p.clone(),
         None => qkv_cli::fetch::default_model()?,
     };
+    let aliases = model_names(&args.model_names, &path)?;
     let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
     if model.tokenizer().is_none() {
         return Err(format!("{}: the model has no tokenizer", path.display()).into());
@@ -135,14 +141,10 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         },
     )?;
     let running = engine.max_running();
-    let model_name = args.model_name.clone().unwrap_or_else(|| {
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "qkv".into())
-    });
     let state = Arc::new(AppState {
         model,
-        model_name,
+        model_name: aliases[0].clone(),
+        aliases,
         context: ctx,
         worker: Worker::spawn(engine),
         draining: AtomicBool::new(false),
@@ -273,7 +275,7 @@ async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesReject
 /// The sampling and output fields of a completion request; a request that fixes no seed
 /// gets a different one each time.
 fn params(state: &AppState, b: &Body, chat: bool) -> Result<request::Params, ApiError> {
-    request::params(b, &state.model_name, chat, || {
+    request::params(b, chat, || {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
@@ -305,11 +307,41 @@ async fn completions(
     counted(&state, r)
 }
 
+/// The names the model answers to: `--model-name`s in order, else the file or directory
+/// name; an empty or repeated name is a startup error.
+fn model_names(given: &[String], path: &Path) -> Result<Vec<String>, String> {
+    if given.is_empty() {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "qkv".into());
+        return Ok(vec![name]);
+    }
+    for (i, name) in given.iter().enumerate() {
+        if name.trim().is_empty() {
+            return Err("--model-name: a name is empty".into());
+        }
+        if given[..i].contains(name) {
+            return Err(format!("--model-name {name}: given twice"));
+        }
+    }
+    Ok(given.to_vec())
+}
+
+/// `GET /v1/models`: one entry per name, each the same model (`root`: the served name).
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": 0, "owned_by": "qkv",
-        "meta": {"n_ctx": state.context, "n_vocab": state.model.vocab_size()},
-    }]}))
+    let meta = json!({"n_ctx": state.context, "n_vocab": state.model.vocab_size()});
+    let data: Vec<Value> = state
+        .aliases
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name, "object": "model", "created": 0, "owned_by": "qkv",
+                "root": state.model_name, "meta": meta,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
