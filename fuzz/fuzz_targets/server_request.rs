@@ -94,7 +94,7 @@ fn setup() -> (tokio::runtime::Runtime, Arc<AppState>) {
         model,
         model_name: "tiny".into(),
         context: CONTEXT,
-        worker: worker::Worker::spawn(engine),
+        worker: worker::Worker::spawn(engine, Arc::new(worker::Metrics::default())),
         draining: AtomicBool::new(false),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -4,6 +4,7 @@
 //! qkv-server [--model PATH] [--dtype f16|f32] [--host 127.0.0.1] [--port 8080] [--threads N]
 //!            [--max-sequences 16] [--kv-budget MB] [--ctx 2048] [--queue 64]
 //!            [--step-tokens 512] [--body-limit KB] [--model-name NAME]... [--grace SECONDS]
+//!            [--metrics-vllm-names]
 //! ```
 //!
 //! Routes: `POST /v1/chat/completions` (the model's chat template; SSE with `stream`),
@@ -34,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use worker::Worker;
+use worker::{Metrics, Worker};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -85,6 +86,10 @@ struct Args {
     /// Seconds running requests get to finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30)]
     grace: u64,
+    /// Also export the request and KV cache gauges under vLLM's names
+    /// (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:gpu_cache_usage_perc`).
+    #[arg(long)]
+    metrics_vllm_names: bool,
 }
 
 /// What every handler sees.
@@ -97,6 +102,8 @@ pub struct AppState {
     pub context: usize,
     pub worker: Worker,
     pub draining: AtomicBool,
+    /// Export the gauges under vLLM's names too.
+    pub vllm_names: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -146,8 +153,9 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         model_name: aliases[0].clone(),
         aliases,
         context: ctx,
-        worker: Worker::spawn(engine),
+        worker: Worker::spawn(engine, Arc::new(Metrics::default())),
         draining: AtomicBool::new(false),
+        vllm_names: args.metrics_vllm_names,
     });
     let app = router(state.clone(), args.body_limit.saturating_mul(1024));
 
@@ -359,7 +367,10 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [("content-type", "text/plain; version=0.0.4")],
-        state.worker.metrics.render(),
+        state
+            .worker
+            .metrics
+            .render(state.vllm_names.then_some(state.model_name.as_str())),
     )
         .into_response()
 }
