@@ -8,8 +8,8 @@ package: chat and completion, each whole and streamed (streamed text equal to th
 text at temperature 0, usage in the last chunk), stop strings, logprobs, a refused request
 surfacing as the client's BadRequestError, and the models list. Then a bounded load test from
 a separate process (tools/server_load.py: 16 concurrent streams of 32 tokens). Stops the
-server with SIGTERM and checks that it exits 0. Prints `N passed, 0 failed` at the end; any
-failure exits non-zero.
+server with SIGTERM and checks that it exits 0. Then a second server with `--api-key`: a
+wrong key surfaces as the client's AuthenticationError, the right one passes. Prints `N passed, 0 failed` at the end; any failure exits non-zero.
 """
 
 import argparse
@@ -38,6 +38,54 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start(cmd):
+    """Starts qkv-server with `cmd` (plus a free port); returns the process and its base URL
+    once it listens."""
+    port = free_port()
+    server = subprocess.Popen(cmd + ["--port", str(port)], stderr=subprocess.PIPE, text=True)
+    for line in server.stderr:
+        print(line, end="", file=sys.stderr)
+        if "listening on" in line:
+            break
+    else:
+        sys.exit("qkv-server exited before listening")
+    return server, f"http://127.0.0.1:{port}/v1"
+
+
+def terminate(server):
+    """SIGTERM, then the exit code (or "timeout")."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        return server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        return "timeout"
+
+
+def api_keys(args, openai):
+    """A server with --api-key: a wrong key is refused with 401, the right one passes."""
+    cmd = [args.server, "--ctx", "256", "--model-name", "smollm2", "--api-key", "sk-qkv-test"]
+    if args.model:
+        cmd += ["--model", args.model]
+    server, base = start(cmd)
+    try:
+        wrong = openai.OpenAI(base_url=base, api_key="sk-wrong", max_retries=0)
+        try:
+            wrong.models.list()
+            check("wrong API key refused", False, "no error")
+        except openai.AuthenticationError as e:
+            check("wrong API key refused", e.status_code == 401 and e.code == "invalid_api_key"
+                  and e.type == "authentication_error", e)
+        right = openai.OpenAI(base_url=base, api_key="sk-qkv-test", max_retries=0)
+        comp = right.completions.create(model="any-name", prompt="The capital of France is",
+                                        max_tokens=4, temperature=0)
+        check("right API key accepted", comp.usage.completion_tokens == 4
+              and comp.model == "smollm2", comp)
+    finally:
+        code = terminate(server)
+    check("SIGTERM exits 0 (keys)", code == 0, code)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", default=str(ROOT / "target/release/qkv-server"))
@@ -46,19 +94,11 @@ def main():
 
     import openai
 
-    port = free_port()
-    cmd = [args.server, "--port", str(port), "--ctx", "1024", "--model-name", "smollm2"]
+    cmd = [args.server, "--ctx", "1024", "--model-name", "smollm2"]
     if args.model:
         cmd += ["--model", args.model]
-    server = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    server, base = start(cmd)
     try:
-        for line in server.stderr:
-            print(line, end="", file=sys.stderr)
-            if "listening on" in line:
-                break
-        else:
-            sys.exit("qkv-server exited before listening")
-        base = f"http://127.0.0.1:{port}/v1"
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
 
         models = client.models.list()
@@ -114,13 +154,9 @@ def main():
         print(load.stdout + load.stderr, end="")
         check("16 concurrent streams from another process", load.returncode == 0, load.stderr)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            code = server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            code = "timeout"
+        code = terminate(server)
     check("SIGTERM exits 0", code == 0, code)
+    api_keys(args, openai)
     print(f"{len(PASSED)} passed, 0 failed")
 
 

@@ -72,6 +72,12 @@ impl ApiError {
         }
     }
 
+    /// A 401 (`authentication_error`, code `invalid_api_key`), as OpenAI answers a missing
+    /// or wrong key.
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError::status(StatusCode::UNAUTHORIZED, message).with_code("invalid_api_key")
+    }
+
     fn with_code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
         self
@@ -103,6 +109,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let kind = match self.status.as_u16() {
             400 | 404 | 413 | 422 => "invalid_request_error",
+            401 => "authentication_error",
             429 => "rate_limit_error",
             503 => "unavailable_error",
             _ => "server_error",

@@ -1,16 +1,170 @@
-//! `qkv-server`'s model names and gauges, over loopback, on the synthetic decoder of
-//! tests/common/synthetic.rs.
+//! `qkv-server`'s API keys, model names and gauges, over loopback, on the synthetic decoder
+//! of tests/common/synthetic.rs.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod support;
 
 use serde_json::{json, Value};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use support::{synthetic_model, Server};
 
+/// A directory removed on drop.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new(tag: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!("qkv-server-api-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
 fn synthetic() -> String {
     synthetic_model().to_str().unwrap().to_owned()
+}
+
+/// The 401 of `r`, in OpenAI's shape.
+fn assert_401(r: (u16, String), what: &str) {
+    assert_eq!(r.0, 401, "{what}: {}", r.1);
+    let e: Value = serde_json::from_str(&r.1).unwrap();
+    assert_eq!(e["error"]["type"], "authentication_error", "{what}");
+    assert_eq!(e["error"]["code"], "invalid_api_key", "{what}");
+    assert!(e["error"]["message"].is_string(), "{what}");
+}
+
+#[test]
+fn api_keys_guard_every_route_but_health() {
+    let dir = ScratchDir::new("keys");
+    let file = dir.write(
+        "keys.txt",
+        b"# the team's keys\n\n  sk-from-file  \n#sk-commented-out\nsk-second\n",
+    );
+    let s = Server::spawn(&[
+        "--model",
+        &synthetic(),
+        "--ctx",
+        "256",
+        "--api-key",
+        "sk-cli",
+        "--api-key-file",
+        file.to_str().unwrap(),
+    ])
+    .unwrap();
+    let completion = json!({"prompt": "the cat", "max_tokens": 2, "temperature": 0});
+    // No key, a wrong key, a wrong scheme, a commented-out key: 401 on every route.
+    for key in [
+        None,
+        Some("sk-wrong"),
+        Some("sk-cli2"),
+        Some("sk-commented-out"),
+    ] {
+        let c = s.with_key(key);
+        assert_401(c.get("/v1/models"), &format!("models, key {key:?}"));
+        assert_401(c.get("/metrics"), &format!("metrics, key {key:?}"));
+        assert_401(
+            c.call("POST", "/v1/completions", &completion),
+            &format!("completions, key {key:?}"),
+        );
+        assert_401(
+            c.call("POST", "/tokenize", &json!({"content": "a"})),
+            &format!("tokenize, key {key:?}"),
+        );
+        assert_401(c.get("/no-such-route"), &format!("404 route, key {key:?}"));
+        // /health stays open.
+        assert_eq!(c.get("/health").0, 200);
+    }
+    // Each accepted key, from the command line or the file.
+    for key in ["sk-cli", "sk-from-file", "sk-second"] {
+        let c = s.with_key(Some(key));
+        assert_eq!(c.get("/v1/models").0, 200, "{key}");
+        let r = c.json("/v1/completions", &completion);
+        assert_eq!(r["usage"]["completion_tokens"], 2, "{key}");
+        assert_eq!(c.get("/metrics").0, 200, "{key}");
+        assert_eq!(c.get("/no-such-route").0, 404, "{key}");
+    }
+    // The scheme is read in any case; a key alone (no scheme) is refused.
+    let status = |auth: &str| {
+        use std::io::{BufRead, BufReader, Write};
+        let mut stream = s.connect();
+        write!(
+            stream,
+            "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n\
+             Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).unwrap();
+        line.split(' ').nth(1).unwrap().to_owned()
+    };
+    assert_eq!(status("bearer sk-cli"), "200");
+    assert_eq!(status("sk-cli"), "401");
+    assert_eq!(status("Basic sk-cli"), "401");
+}
+
+#[test]
+fn metrics_public_opens_metrics_and_nothing_else() {
+    let s = Server::spawn(&[
+        "--model",
+        &synthetic(),
+        "--ctx",
+        "256",
+        "--api-key",
+        "sk-1",
+        "--metrics-public",
+    ])
+    .unwrap();
+    let (status, text) = s.get("/metrics");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("qkv_requests_total"));
+    assert_401(s.get("/v1/models"), "models");
+    assert_eq!(s.with_key(Some("sk-1")).get("/v1/models").0, 200);
+    // Without any key the flag changes nothing: everything is open.
+    let open = Server::spawn(&["--model", &synthetic(), "--ctx", "256"]).unwrap();
+    assert_eq!(open.get("/metrics").0, 200);
+    assert_eq!(open.get("/v1/models").0, 200);
+}
+
+#[test]
+fn a_bad_key_file_stops_the_server_at_start() {
+    let dir = ScratchDir::new("badkeys");
+    let comments = dir.write("comments.txt", b"# no keys here\n\n   \n");
+    let spaced = dir.write("spaced.txt", b"sk-good\nsk has-a-space-secret\n");
+    let missing = dir.0.join("missing.txt");
+    for (path, needle) in [
+        (&missing, "missing.txt"),
+        (&comments, "no key"),
+        (&spaced, "line 2"),
+    ] {
+        let e = Server::spawn(&[
+            "--model",
+            &synthetic(),
+            "--api-key-file",
+            path.to_str().unwrap(),
+        ])
+        .err()
+        .unwrap_or_else(|| panic!("{} was accepted", path.display()));
+        assert!(e.contains("--api-key-file") && e.contains(needle), "{e}");
+        assert!(!e.contains("secret"), "a key was printed: {e}");
+    }
+    let e = Server::spawn(&["--model", &synthetic(), "--api-key", ""])
+        .err()
+        .unwrap();
+    assert!(e.contains("--api-key"), "{e}");
 }
 
 #[test]

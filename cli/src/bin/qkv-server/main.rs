@@ -4,14 +4,17 @@
 //! qkv-server [--model PATH] [--dtype f16|f32] [--host 127.0.0.1] [--port 8080] [--threads N]
 //!            [--max-sequences 16] [--kv-budget MB] [--ctx 2048] [--queue 64]
 //!            [--step-tokens 512] [--body-limit KB] [--model-name NAME]... [--grace SECONDS]
+//!            [--api-key KEY]... [--api-key-file PATH] [--metrics-public]
 //!            [--metrics-vllm-names]
 //! ```
 //!
 //! Routes: `POST /v1/chat/completions` (the model's chat template; SSE with `stream`),
 //! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus),
 //! `POST /tokenize`, `POST /detokenize`. The model runs on one engine thread (and rayon's
-//! pool), never on the async runtime. SIGTERM or SIGINT: new requests get 503, running ones
-//! finish (cancelled after `--grace` seconds), then the process exits 0.
+//! pool), never on the async runtime. With API keys, every route but `/health` (and
+//! `/metrics` with `--metrics-public`) needs `Authorization: Bearer KEY`. SIGTERM or SIGINT:
+//! new requests get 503, running ones finish (cancelled after `--grace` seconds), then the
+//! process exits 0.
 
 #![forbid(unsafe_code)]
 
@@ -20,8 +23,9 @@ mod worker;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -29,6 +33,7 @@ use clap::Parser;
 use openai::Kind;
 use qkv::engine::{Engine, EngineOptions};
 use qkv::model::{Model, ModelOptions};
+use qkv_cli::auth::ApiKeys;
 use qkv_cli::request::{self, ApiError, Body, Prompt};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -86,6 +91,17 @@ struct Args {
     /// Seconds running requests get to finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30)]
     grace: u64,
+    /// A key clients must send as `Authorization: Bearer KEY` (repeatable). With any key,
+    /// every route but `/health` needs one (`/metrics` too, unless `--metrics-public`).
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_keys: Vec<String>,
+    /// A file of keys, one per line (blank lines and lines starting with `#` are skipped);
+    /// taken with any `--api-key`.
+    #[arg(long, value_name = "PATH")]
+    api_key_file: Option<PathBuf>,
+    /// Serve `/metrics` without a key even when keys are set.
+    #[arg(long)]
+    metrics_public: bool,
     /// Also export the request and KV cache gauges under vLLM's names
     /// (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:gpu_cache_usage_perc`).
     #[arg(long)]
@@ -104,6 +120,12 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Export the gauges under vLLM's names too.
     pub vllm_names: bool,
+}
+
+/// Who may call which route.
+struct Auth {
+    keys: ApiKeys,
+    metrics_public: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -126,6 +148,15 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .num_threads(n)
             .build_global()?;
     }
+    // The keys first: a bad key file stops the server before any model is fetched or loaded.
+    let mut keys = args.api_keys.clone();
+    if let Some(file) = &args.api_key_file {
+        keys.extend(qkv_cli::auth::read_key_file(file).map_err(|e| format!("--api-key-file {e}"))?);
+    }
+    let auth = Arc::new(Auth {
+        keys: ApiKeys::new(keys).map_err(|e| format!("--api-key: {e}"))?,
+        metrics_public: args.metrics_public,
+    });
     let path = match &args.model {
         Some(p) => p.clone(),
         None => qkv_cli::fetch::default_model()?,
@@ -157,7 +188,11 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         draining: AtomicBool::new(false),
         vllm_names: args.metrics_vllm_names,
     });
-    let app = router(state.clone(), args.body_limit.saturating_mul(1024));
+    let app = router(
+        state.clone(),
+        auth.clone(),
+        args.body_limit.saturating_mul(1024),
+    );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -165,8 +200,20 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+        let keys = match auth.keys.len() {
+            0 => "no API key".to_owned(),
+            n => format!(
+                "{n} API key{}{}",
+                if n == 1 { "" } else { "s" },
+                if auth.metrics_public {
+                    ", /metrics public"
+                } else {
+                    ""
+                }
+            ),
+        };
         eprintln!(
-            "qkv-server: {} as `{}` ({running} sequences of {ctx} positions) listening on http://{}",
+            "qkv-server: {} as `{}` ({running} sequences of {ctx} positions; {keys}) listening on http://{}",
             path.display(),
             state.model_name,
             listener.local_addr()?
@@ -214,7 +261,7 @@ async fn shutdown_signal() {
     ctrl_c.await.ok();
 }
 
-fn router(state: Arc<AppState>, body_limit: usize) -> Router {
+fn router(state: Arc<AppState>, auth: Arc<Auth>, body_limit: usize) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -225,7 +272,35 @@ fn router(state: Arc<AppState>, body_limit: usize) -> Router {
         .route("/detokenize", post(detokenize))
         .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(auth, authorize))
         .with_state(state)
+}
+
+/// Lets a request through when no key is set, when it carries an accepted key, or when its
+/// route is open (`/health`, and `/metrics` with `--metrics-public`); else a 401 in OpenAI's
+/// shape. The key is never logged or echoed.
+async fn authorize(State(auth): State<Arc<Auth>>, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let open = path == "/health" || (path == "/metrics" && auth.metrics_public);
+    if open || auth.keys.is_empty() {
+        return next.run(request).await;
+    }
+    let given = request.headers().get(header::AUTHORIZATION);
+    let header = given.and_then(|v| v.to_str().ok());
+    if auth.keys.allows(header) {
+        return next.run(request).await;
+    }
+    let message = if given.is_none() {
+        "no API key: send it as `Authorization: Bearer KEY`"
+    } else {
+        "the API key is not valid"
+    };
+    let mut response = ApiError::unauthorized(message).into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        "Bearer".parse().expect("a valid header value"),
+    );
+    response
 }
 
 /// The body of a POST, or the error of reading it (413 past the limit), in OpenAI's shape;
