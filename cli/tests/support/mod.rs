@@ -1,6 +1,7 @@
 //! The `qkv-server` client of the server tests (cli/tests/server*.rs): a server process on a
 //! free loopback port, and a few lines of HTTP/1.1 over `TcpStream`, so that what
-//! is tested is the bytes on the wire.
+//! is tested is the bytes on the wire; scratch directories, the 401 check, and a reader of
+//! `/metrics` that checks the exposition's format.
 
 #![allow(dead_code)]
 
@@ -247,4 +248,87 @@ impl Sse {
             }
         }
     }
+}
+
+/// A directory removed on drop.
+pub struct ScratchDir(pub PathBuf);
+
+impl ScratchDir {
+    pub fn new(tag: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!("qkv-server-api-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+
+    pub fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+/// The synthetic model's path as an argument.
+pub fn synthetic() -> String {
+    synthetic_model().to_str().unwrap().to_owned()
+}
+
+/// The 401 of `r`, in OpenAI's shape.
+pub fn assert_401(r: (u16, String), what: &str) {
+    assert_eq!(r.0, 401, "{what}: {}", r.1);
+    let e: Value = serde_json::from_str(&r.1).unwrap();
+    assert_eq!(e["error"]["type"], "authentication_error", "{what}");
+    assert_eq!(e["error"]["code"], "invalid_api_key", "{what}");
+    assert!(e["error"]["message"].is_string(), "{what}");
+}
+
+/// A sample line of `/metrics`: its value, checking the whole exposition on the way (every
+/// sample's family has HELP and TYPE lines before it, names are valid, values are numbers).
+pub fn metric(text: &str, name: &str) -> f64 {
+    let valid_name = |n: &str| {
+        !n.is_empty()
+            && n.chars().enumerate().all(|(i, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+            })
+    };
+    let mut typed: Vec<String> = Vec::new();
+    let mut helped: Vec<String> = Vec::new();
+    let mut found = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let n = rest.split(' ').next().unwrap();
+            assert!(valid_name(n), "{line}");
+            helped.push(n.to_owned());
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            let n = parts.next().unwrap();
+            let kind = parts.next().unwrap();
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            assert!(
+                helped.last().map(String::as_str) == Some(n),
+                "TYPE without HELP: {line}"
+            );
+            typed.push(n.to_owned());
+        } else {
+            assert!(!line.starts_with('#') && !line.is_empty(), "{line:?}");
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let n = series.split('{').next().unwrap();
+            assert!(valid_name(n), "{line}");
+            let family = typed
+                .last()
+                .unwrap_or_else(|| panic!("a sample before any TYPE: {line}"));
+            assert!(n.starts_with(family.as_str()), "{line} under {family}");
+            let v: f64 = value.parse().unwrap_or_else(|_| panic!("{line}"));
+            if series == name || (n == name && series.contains('{') && !name.contains('{')) {
+                found = Some(v);
+            }
+        }
+    }
+    found.unwrap_or_else(|| panic!("{name} is missing from /metrics:\n{text}"))
 }

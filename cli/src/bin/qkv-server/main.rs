@@ -11,13 +11,15 @@
 //! Routes: `POST /v1/chat/completions` (the model's chat template; SSE with `stream`),
 //! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus),
 //! `POST /tokenize`, `POST /detokenize`. The model runs on one engine thread (and rayon's
-//! pool), never on the async runtime. With API keys, every route but `/health` (and
-//! `/metrics` with `--metrics-public`) needs `Authorization: Bearer KEY`. SIGTERM or SIGINT:
-//! new requests get 503, running ones finish (cancelled after `--grace` seconds), then the
-//! process exits 0.
+//! pool), never on the async runtime. A sentence-transformers directory (an encoder such as
+//! all-MiniLM-L6-v2) is served with `POST /v1/embeddings` instead of the generation routes
+//! (embed.rs). With API keys, every route but `/health` (and `/metrics` with
+//! `--metrics-public`) needs `Authorization: Bearer KEY`. SIGTERM or SIGINT: new requests
+//! get 503, running ones finish (cancelled after `--grace` seconds), then the process exits 0.
 
 #![forbid(unsafe_code)]
 
+mod embed;
 mod openai;
 mod worker;
 
@@ -108,18 +110,27 @@ struct Args {
     metrics_vllm_names: bool,
 }
 
-/// What every handler sees.
-pub struct AppState {
-    pub model: Arc<Model>,
+/// What the handlers of either kind of model see.
+pub struct Shared {
     /// The name responses report (the first `--model-name`).
     pub model_name: String,
     /// Every name `/v1/models` lists, the served one first.
     pub aliases: Vec<String>,
-    pub context: usize,
-    pub worker: Worker,
+    pub metrics: Arc<Metrics>,
+    /// Set by SIGTERM: new requests get 503.
     pub draining: AtomicBool,
     /// Export the gauges under vLLM's names too.
     pub vllm_names: bool,
+}
+
+/// What the generation handlers (openai.rs) see.
+pub struct AppState {
+    pub model: Arc<Model>,
+    /// The name responses report; the same as `shared.model_name`.
+    pub model_name: String,
+    pub context: usize,
+    pub worker: Worker,
+    pub shared: Arc<Shared>,
 }
 
 /// Who may call which route.
@@ -162,34 +173,54 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => qkv_cli::fetch::default_model()?,
     };
     let aliases = model_names(&args.model_names, &path)?;
-    let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
-    if model.tokenizer().is_none() {
-        return Err(format!("{}: the model has no tokenizer", path.display()).into());
-    }
-    let ctx = args.ctx.min(model.config().context);
-    let engine = Engine::new(
-        model.clone(),
-        EngineOptions {
-            max_sequences: args.max_sequences,
-            context: ctx,
-            kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
-            step_tokens: args.step_tokens,
-            queue: args.queue,
-            kv_dtype: None,
-        },
-    )?;
-    let running = engine.max_running();
-    let state = Arc::new(AppState {
-        model,
+    let metrics = Arc::new(Metrics::default());
+    let shared = Arc::new(Shared {
         model_name: aliases[0].clone(),
         aliases,
-        context: ctx,
-        worker: Worker::spawn(engine, Arc::new(Metrics::default())),
+        metrics: metrics.clone(),
         draining: AtomicBool::new(false),
         vllm_names: args.metrics_vllm_names,
     });
+    let (routes, what, worker) = if is_sentence_transformers(&path) {
+        let embedder = qkv::models::bert::Embedder::load(&path)?;
+        let what = format!(
+            "an encoder of {} dimensions, inputs up to {} tokens",
+            embedder.dim(),
+            embedder.encoder().config().max_seq_length
+        );
+        let state = embed::EmbedState::spawn(shared.clone(), embedder, args.queue)?;
+        (embed::routes(Arc::new(state)), what, None)
+    } else {
+        let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
+        if model.tokenizer().is_none() {
+            return Err(format!("{}: the model has no tokenizer", path.display()).into());
+        }
+        let ctx = args.ctx.min(model.config().context);
+        let engine = Engine::new(
+            model.clone(),
+            EngineOptions {
+                max_sequences: args.max_sequences,
+                context: ctx,
+                kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
+                step_tokens: args.step_tokens,
+                queue: args.queue,
+                kv_dtype: None,
+            },
+        )?;
+        let what = format!("{} sequences of {ctx} positions", engine.max_running());
+        let worker = Worker::spawn(engine, metrics);
+        let state = Arc::new(AppState {
+            model,
+            model_name: shared.model_name.clone(),
+            context: ctx,
+            worker: worker.clone(),
+            shared: shared.clone(),
+        });
+        (decoder_routes(state), what, Some(worker))
+    };
     let app = router(
-        state.clone(),
+        routes,
+        shared.clone(),
         auth.clone(),
         args.body_limit.saturating_mul(1024),
     );
@@ -213,24 +244,25 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             ),
         };
         eprintln!(
-            "qkv-server: {} as `{}` ({running} sequences of {ctx} positions; {keys}) listening on http://{}",
+            "qkv-server: {} as `{}` ({what}; {keys}) listening on http://{}",
             path.display(),
-            state.model_name,
+            shared.model_name,
             listener.local_addr()?
         );
         let grace = Duration::from_secs(args.grace);
-        let st = state.clone();
+        let st = shared.clone();
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;
                 eprintln!("qkv-server: shutting down: finishing the running requests");
                 st.draining.store(true, Ordering::SeqCst);
-                let worker = st.worker.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(grace).await;
-                    eprintln!("qkv-server: grace period over: cancelling what still runs");
-                    worker.cancel_all();
-                });
+                if let Some(worker) = worker {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(grace).await;
+                        eprintln!("qkv-server: grace period over: cancelling what still runs");
+                        worker.cancel_all();
+                    });
+                }
             })
             .await?;
         eprintln!("qkv-server: stopped");
@@ -261,19 +293,34 @@ async fn shutdown_signal() {
     ctrl_c.await.ok();
 }
 
-fn router(state: Arc<AppState>, auth: Arc<Auth>, body_limit: usize) -> Router {
+/// Whether `path` is a sentence-transformers directory (served as an encoder).
+fn is_sentence_transformers(path: &Path) -> bool {
+    path.is_dir() && path.join("modules.json").is_file()
+}
+
+/// The routes of a decoder.
+fn decoder_routes(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(no_embeddings))
         .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .with_state(state)
+}
+
+/// `routes` with the routes every server has, the key check and the body limit.
+fn router(routes: Router, shared: Arc<Shared>, auth: Arc<Auth>, body_limit: usize) -> Router {
+    let common = Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .with_state(shared);
+    routes
+        .merge(common)
         .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(auth, authorize))
-        .with_state(state)
 }
 
 /// Lets a request through when no key is set, when it carries an accepted key, or when its
@@ -305,13 +352,9 @@ async fn authorize(State(auth): State<Arc<Auth>>, request: Request, next: Next) 
 
 /// The body of a POST, or the error of reading it (413 past the limit), in OpenAI's shape;
 /// counts the request, and refuses new work while shutting down.
-fn body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Body, ApiError> {
-    state
-        .worker
-        .metrics
-        .requests
-        .fetch_add(1, Ordering::Relaxed);
-    if state.draining.load(Ordering::SeqCst) {
+fn body(shared: &Shared, body: Result<Bytes, BytesRejection>) -> Result<Body, ApiError> {
+    shared.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    if shared.draining.load(Ordering::SeqCst) {
         return Err(ApiError::status(
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is shutting down",
@@ -322,19 +365,40 @@ fn body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Body, A
 }
 
 /// Counts an error on its way out.
-fn counted(state: &AppState, r: Result<Response, ApiError>) -> Response {
+fn counted(shared: &Shared, r: Result<Response, ApiError>) -> Response {
     match r {
         Ok(r) => r,
         Err(e) => {
-            state.worker.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            shared.metrics.errors.fetch_add(1, Ordering::Relaxed);
             e.into_response()
         }
     }
 }
 
+/// `/v1/embeddings` on a decoder: a 400 that says why.
+async fn no_embeddings(
+    State(state): State<Arc<AppState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = body(&state.shared, raw).and_then(|_| {
+        Err(ApiError {
+            code: Some("model_not_supported"),
+            ..ApiError::invalid(
+                "model",
+                format!(
+                    "`{}` is a text generation model; /v1/embeddings needs an encoder (a \
+                     sentence-transformers directory such as all-MiniLM-L6-v2)",
+                    state.model_name
+                ),
+            )
+        })
+    });
+    counted(&state.shared, r)
+}
+
 async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
-        let b = body(&state, raw)?;
+        let b = body(&state.shared, raw)?;
         let p = params(&state, &b, true)?;
         let (msgs, tools) = request::chat_messages(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
@@ -352,7 +416,7 @@ async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesReject
         openai::generate(state.clone(), Kind::Chat, ids, p).await
     }
     .await;
-    counted(&state, r)
+    counted(&state.shared, r)
 }
 
 /// The sampling and output fields of a completion request; a request that fixes no seed
@@ -363,7 +427,7 @@ fn params(state: &AppState, b: &Body, chat: bool) -> Result<request::Params, Api
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         t ^ state
-            .worker
+            .shared
             .metrics
             .requests
             .load(Ordering::Relaxed)
@@ -376,7 +440,7 @@ async fn completions(
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let b = body(&state, raw)?;
+        let b = body(&state.shared, raw)?;
         let p = params(&state, &b, false)?;
         let prompt = request::completion_prompt(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
@@ -387,7 +451,7 @@ async fn completions(
         openai::generate(state.clone(), Kind::Completion, ids, p).await
     }
     .await;
-    counted(&state, r)
+    counted(&state.shared, r)
 }
 
 /// The names the model answers to: `--model-name`s in order, else the file or directory
@@ -411,24 +475,31 @@ fn model_names(given: &[String], path: &Path) -> Result<Vec<String>, String> {
     Ok(given.to_vec())
 }
 
-/// `GET /v1/models`: one entry per name, each the same model (`root`: the served name).
-async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    let meta = json!({"n_ctx": state.context, "n_vocab": state.model.vocab_size()});
-    let data: Vec<Value> = state
+/// The `/v1/models` answer: one entry per name, each the same model (`root`: the served
+/// name), with `meta`.
+fn model_list(shared: &Shared, meta: Value) -> Json<Value> {
+    let data: Vec<Value> = shared
         .aliases
         .iter()
         .map(|name| {
             json!({
                 "id": name, "object": "model", "created": 0, "owned_by": "qkv",
-                "root": state.model_name, "meta": meta,
+                "root": shared.model_name, "meta": meta,
             })
         })
         .collect();
     Json(json!({"object": "list", "data": data}))
 }
 
-async fn health(State(state): State<Arc<AppState>>) -> Response {
-    if state.draining.load(Ordering::SeqCst) {
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    model_list(
+        &state.shared,
+        json!({"n_ctx": state.context, "n_vocab": state.model.vocab_size()}),
+    )
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.draining.load(Ordering::SeqCst) {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "shutting down"})),
@@ -439,13 +510,11 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let vllm = shared.vllm_names.then_some(shared.model_name.as_str());
     (
         [("content-type", "text/plain; version=0.0.4")],
-        state
-            .worker
-            .metrics
-            .render(state.vllm_names.then_some(state.model_name.as_str())),
+        shared.metrics.render(vllm),
     )
         .into_response()
 }
@@ -455,13 +524,13 @@ async fn tokenize(
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = (|| {
-        let b = body(&state, raw)?;
+        let b = body(&state.shared, raw)?;
         let (content, options) = request::tokenize_fields(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
         let ids = tokenizer.encode_with(content, options)?;
         Ok(Json(json!({"tokens": ids})).into_response())
     })();
-    counted(&state, r)
+    counted(&state.shared, r)
 }
 
 async fn detokenize(
@@ -469,11 +538,11 @@ async fn detokenize(
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = (|| {
-        let b = body(&state, raw)?;
+        let b = body(&state.shared, raw)?;
         let tokens = request::detokenize_tokens(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
         let content = tokenizer.decode(&tokens)?;
         Ok(Json(json!({"content": content})).into_response())
     })();
-    counted(&state, r)
+    counted(&state.shared, r)
 }
