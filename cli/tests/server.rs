@@ -3,214 +3,20 @@
 //! stop strings, a full queue and a client that vanishes mid-stream; on the synthetic model of
 //! tests/common/synthetic.rs (offline), a completion equal to a session's greedy text, every
 //! kind of bad request, many clients with a slow reader among them, and SIGTERM.
-//! The client is a few lines of HTTP/1.1 over `TcpStream`, so that what is tested is the
-//! bytes on the wire.
+//! The client (cli/tests/support/) is a few lines of HTTP/1.1 over `TcpStream`, so that what
+//! is tested is the bytes on the wire. Keys, model names, metrics and embeddings are tested
+//! in cli/tests/server_api.rs.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
-
-use common::synthetic::{self, Storage};
-use qkv::kernels::QuantFormat;
-use std::path::{Path, PathBuf};
+mod support;
 
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// A server process on a free loopback port, killed on drop.
-struct Server {
-    /// `None` for a client of a server owned elsewhere ([`Server::attach`]).
-    child: Option<Child>,
-    port: u16,
-}
-
-/// The synthetic model the offline tests serve (Q4_K blocks).
-fn synthetic_model() -> PathBuf {
-    synthetic::model_file(Storage::Quant(QuantFormat::Q4_K))
-}
-
-impl Server {
-    /// A server of the default model, or `None` (a skip printed) without it.
-    fn start(extra: &[&str]) -> Option<Server> {
-        Some(Server::start_with(&common::default_gguf()?, extra))
-    }
-
-    /// A server of the synthetic model.
-    fn start_synthetic(extra: &[&str]) -> Server {
-        Server::start_with(&synthetic_model(), extra)
-    }
-
-    fn start_with(model: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_qkv-server"))
-            .args([
-                "--model",
-                model.to_str().unwrap(),
-                "--port",
-                "0",
-                "--ctx",
-                "512",
-            ])
-            .args(["--model-name", "smollm2"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        let port = loop {
-            line.clear();
-            assert!(err.read_line(&mut line).unwrap() > 0, "the server exited");
-            if let Some(at) = line.find("listening on http://127.0.0.1:") {
-                let p = &line[at + "listening on http://127.0.0.1:".len()..];
-                break p.trim().parse().unwrap();
-            }
-        };
-        // Keep draining stderr so that the server never blocks on it.
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            while err.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-                sink.clear();
-            }
-        });
-        Server {
-            child: Some(child),
-            port,
-        }
-    }
-
-    fn connect(&self) -> TcpStream {
-        let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        s
-    }
-
-    /// Sends a request and returns the stream, positioned after the response headers, with
-    /// the status and whether the body is chunked.
-    fn send(&self, method: &str, path: &str, body: &[u8]) -> (u16, bool, BufReader<TcpStream>) {
-        let mut s = self.connect();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        )
-        .unwrap();
-        s.write_all(body).unwrap();
-        let mut r = BufReader::new(s);
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
-        let mut chunked = false;
-        loop {
-            line.clear();
-            r.read_line(&mut line).unwrap();
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            if line
-                .to_ascii_lowercase()
-                .starts_with("transfer-encoding: chunked")
-            {
-                chunked = true;
-            }
-        }
-        (status, chunked, r)
-    }
-
-    /// A whole request: status and body.
-    fn call(&self, method: &str, path: &str, body: &Value) -> (u16, String) {
-        self.call_raw(method, path, body.to_string().as_bytes())
-    }
-
-    fn call_raw(&self, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-        let (status, chunked, mut r) = self.send(method, path, body);
-        let mut out = Vec::new();
-        if chunked {
-            while let Some(c) = next_chunk(&mut r) {
-                out.extend(c);
-            }
-        } else {
-            r.read_to_end(&mut out).unwrap();
-        }
-        (status, String::from_utf8(out).unwrap())
-    }
-
-    fn json(&self, path: &str, body: &Value) -> Value {
-        let (status, text) = self.call("POST", path, body);
-        assert_eq!(status, 200, "{path}: {text}");
-        serde_json::from_str(&text).unwrap()
-    }
-
-    /// A streamed request: the SSE reader.
-    fn stream(&self, path: &str, body: &Value) -> Sse {
-        let (status, chunked, r) = self.send("POST", path, body.to_string().as_bytes());
-        assert_eq!((status, chunked), (200, true));
-        Sse {
-            r,
-            buf: String::new(),
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            c.kill().ok();
-            c.wait().ok();
-        }
-    }
-}
-
-/// One chunk of a chunked body; `None` at the end.
-fn next_chunk(r: &mut BufReader<TcpStream>) -> Option<Vec<u8>> {
-    let mut line = String::new();
-    if r.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let n = usize::from_str_radix(line.trim(), 16).ok()?;
-    let mut data = vec![0; n + 2];
-    r.read_exact(&mut data).ok()?;
-    data.truncate(n);
-    (n > 0).then_some(data)
-}
-
-/// Server-sent events of a chunked response.
-struct Sse {
-    r: BufReader<TcpStream>,
-    buf: String,
-}
-
-impl Sse {
-    /// The next `data:` payload; `None` when the stream ends.
-    fn next(&mut self) -> Option<String> {
-        loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let event: String = self.buf.drain(..end + 2).collect();
-                if let Some(data) = event.trim().strip_prefix("data: ") {
-                    return Some(data.to_owned());
-                }
-                continue;
-            }
-            let chunk = next_chunk(&mut self.r)?;
-            self.buf.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
-    }
-
-    /// Every chunk's JSON until `[DONE]` (which must come).
-    fn all(&mut self) -> Vec<Value> {
-        let mut out = Vec::new();
-        loop {
-            match self.next().as_deref() {
-                Some("[DONE]") => return out,
-                Some(d) => out.push(serde_json::from_str(d).unwrap()),
-                None => panic!("the stream ended without [DONE]"),
-            }
-        }
-    }
-}
+use support::{synthetic_model, Server};
 
 fn chat(content: &str, extra: Value) -> Value {
     let mut body = json!({
@@ -384,9 +190,9 @@ fn bad_requests_get_openai_errors() {
             "temperature",
         ),
         (
-            br#"{"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}"#,
+            br#"{"model": 4, "messages": [{"role": "user", "content": "hi"}]}"#,
             400,
-            "gpt-4",
+            "model",
         ),
         (
             br#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}"#,
@@ -479,13 +285,6 @@ fn network_a_full_queue_refuses_and_a_vanished_client_frees_its_slot() {
         .find_map(|l| l.strip_prefix("qkv_sequences_cancelled_total "))
         .and_then(|v| v.trim().parse::<u64>().ok());
     assert!(cancelled >= Some(1), "{metrics}");
-}
-
-impl Server {
-    /// A client of a server started elsewhere (the process is not owned).
-    fn attach(port: u16) -> Server {
-        Server { child: None, port }
-    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! qkv-server's request bodies: a body is parsed (`qkv_cli::request::Body::parse`), read as
 //! each route reads it (chat `messages`, completion `prompt` forms, tokenize and detokenize
-//! fields, the shared parameters in chat and legacy spellings), and, when accepted, the
+//! fields, the embeddings route's `input` forms and `encoding_format`, the shared parameters
+//! in chat and legacy spellings), and, when accepted, the
 //! generation answered (`openai::generate`: stop strings, log probabilities, usage, whole or
 //! streamed as SSE) on a tiny synthetic model whose context (64 positions) bounds every run.
 //!
@@ -23,16 +24,15 @@ use qkv::tokenizer::Tokenizer;
 use qkv::weights::gguf::{write_gguf, GgufFile, MetaValue, MetaValueType};
 use qkv::weights::FloatType;
 use qkv_cli::request::{self, Body, Prompt};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
-/// What the handlers see: the same fields as `AppState` in cli/src/bin/qkv-server/main.rs.
+/// What the generation handlers see: the fields of `AppState` in
+/// cli/src/bin/qkv-server/main.rs that openai.rs reads.
 pub struct AppState {
     pub model: Arc<Model>,
     pub model_name: String,
     pub context: usize,
     pub worker: worker::Worker,
-    pub draining: AtomicBool,
 }
 
 const CONTEXT: usize = 64;
@@ -94,8 +94,7 @@ fn setup() -> (tokio::runtime::Runtime, Arc<AppState>) {
         model,
         model_name: "tiny".into(),
         context: CONTEXT,
-        worker: worker::Worker::spawn(engine),
-        draining: AtomicBool::new(false),
+        worker: worker::Worker::spawn(engine, Arc::new(worker::Metrics::default())),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -117,8 +116,16 @@ fuzz_target!(|data: &[u8]| {
     let _ = request::detokenize_tokens(&body);
     let _ = body.str("suffix");
     let _ = body.bool("echo", false);
-    let chat_params = request::params(&body, &state.model_name, true, || 7);
-    let legacy_params = request::params(&body, &state.model_name, false, || 7);
+    if let Ok(f) = qkv_cli::embedding::fields(&body) {
+        if let qkv_cli::embedding::Input::Ids(seqs) = &f.input {
+            for s in seqs {
+                let v: Vec<f32> = s.iter().map(|&t| f32::from_bits(t)).collect();
+                let _ = qkv_cli::embedding::base64_f32(&v);
+            }
+        }
+    }
+    let chat_params = request::params(&body, true, || 7);
+    let legacy_params = request::params(&body, false, || 7);
     let tokenizer = state.model.tokenizer().expect("the model has a tokenizer");
     let prompt = match request::completion_prompt(&body) {
         Ok(Prompt::Text(text)) => tokenizer.encode(&text).unwrap_or_default(),

@@ -219,12 +219,23 @@ impl Embedder {
     /// `max_seq_length` tokens as sentence-transformers truncates: the text's tokens are cut,
     /// the closing special token (`[SEP]`) is kept.
     pub fn token_ids(&self, text: &str) -> Result<Vec<u32>> {
-        let ids = if self.encoder.config.lower_case {
-            self.tokenizer.encode(&text.to_lowercase())?
+        Ok(self.truncate(self.untruncated_ids(text)?))
+    }
+
+    /// The ids of `text` as [`Embedder::token_ids`] makes them, before truncation (a caller
+    /// that refuses texts past a length sees the whole length).
+    pub fn untruncated_ids(&self, text: &str) -> Result<Vec<u32>> {
+        if self.encoder.config.lower_case {
+            self.tokenizer.encode(&text.to_lowercase())
         } else {
-            self.tokenizer.encode(text)?
-        };
-        Ok(truncate(ids, self.encoder.config.max_seq_length))
+            self.tokenizer.encode(text)
+        }
+    }
+
+    /// `ids` cut to `max_seq_length` as [`Embedder::token_ids`] cuts them: the first
+    /// `max_seq_length − 1` ids and the last one.
+    pub fn truncate(&self, ids: Vec<u32>) -> Vec<u32> {
+        truncate(ids, self.encoder.config.max_seq_length)
     }
 
     /// One embedding per text, in order. An empty text embeds as its special tokens alone,

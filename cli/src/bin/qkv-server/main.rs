@@ -3,24 +3,31 @@
 //! ```text
 //! qkv-server [--model PATH] [--dtype f16|f32] [--host 127.0.0.1] [--port 8080] [--threads N]
 //!            [--max-sequences 16] [--kv-budget MB] [--ctx 2048] [--queue 64]
-//!            [--step-tokens 512] [--body-limit KB] [--model-name NAME] [--grace SECONDS]
+//!            [--step-tokens 512] [--body-limit KB] [--model-name NAME]... [--grace SECONDS]
+//!            [--api-key KEY]... [--api-key-file PATH] [--metrics-public]
+//!            [--metrics-vllm-names]
 //! ```
 //!
 //! Routes: `POST /v1/chat/completions` (the model's chat template; SSE with `stream`),
 //! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus),
 //! `POST /tokenize`, `POST /detokenize`. The model runs on one engine thread (and rayon's
-//! pool), never on the async runtime. SIGTERM or SIGINT: new requests get 503, running ones
-//! finish (cancelled after `--grace` seconds), then the process exits 0.
+//! pool), never on the async runtime. A sentence-transformers directory (an encoder such as
+//! all-MiniLM-L6-v2) is served with `POST /v1/embeddings` instead of the generation routes
+//! (embed.rs). With API keys, every route but `/health` (and `/metrics` with
+//! `--metrics-public`) needs `Authorization: Bearer KEY`. SIGTERM or SIGINT: new requests
+//! get 503, running ones finish (cancelled after `--grace` seconds), then the process exits 0.
 
 #![forbid(unsafe_code)]
 
+mod embed;
 mod openai;
 mod worker;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -28,13 +35,14 @@ use clap::Parser;
 use openai::Kind;
 use qkv::engine::{Engine, EngineOptions};
 use qkv::model::{Model, ModelOptions};
+use qkv_cli::auth::ApiKeys;
 use qkv_cli::request::{self, ApiError, Body, Prompt};
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use worker::Worker;
+use worker::{Metrics, Worker};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -77,21 +85,58 @@ struct Args {
     /// Largest request body accepted, in KiB; larger ones get 413.
     #[arg(long, value_name = "KB", default_value_t = 1024)]
     body_limit: usize,
-    /// The model's name in the API (default: the file or directory name).
-    #[arg(long)]
-    model_name: Option<String>,
+    /// A name of the model in the API (default: the file or directory name). Repeatable:
+    /// the first is the name responses report, and every one is listed by `/v1/models`. A
+    /// request may name any model: this server runs one and answers with it.
+    #[arg(long = "model-name", value_name = "NAME")]
+    model_names: Vec<String>,
     /// Seconds running requests get to finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30)]
     grace: u64,
+    /// A key clients must send as `Authorization: Bearer KEY` (repeatable). With any key,
+    /// every route but `/health` needs one (`/metrics` too, unless `--metrics-public`).
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_keys: Vec<String>,
+    /// A file of keys, one per line (blank lines and lines starting with `#` are skipped);
+    /// taken with any `--api-key`.
+    #[arg(long, value_name = "PATH")]
+    api_key_file: Option<PathBuf>,
+    /// Serve `/metrics` without a key even when keys are set.
+    #[arg(long)]
+    metrics_public: bool,
+    /// Also export the request and KV cache gauges under vLLM's names
+    /// (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:gpu_cache_usage_perc`).
+    #[arg(long)]
+    metrics_vllm_names: bool,
 }
 
-/// What every handler sees.
+/// What the handlers of either kind of model see.
+pub struct Shared {
+    /// The name responses report (the first `--model-name`).
+    pub model_name: String,
+    /// Every name `/v1/models` lists, the served one first.
+    pub aliases: Vec<String>,
+    pub metrics: Arc<Metrics>,
+    /// Set by SIGTERM: new requests get 503.
+    pub draining: AtomicBool,
+    /// Export the gauges under vLLM's names too.
+    pub vllm_names: bool,
+}
+
+/// What the generation handlers (openai.rs) see.
 pub struct AppState {
     pub model: Arc<Model>,
+    /// The name responses report; the same as `shared.model_name`.
     pub model_name: String,
     pub context: usize,
     pub worker: Worker,
-    pub draining: AtomicBool,
+    pub shared: Arc<Shared>,
+}
+
+/// Who may call which route.
+struct Auth {
+    keys: ApiKeys,
+    metrics_public: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -114,40 +159,71 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .num_threads(n)
             .build_global()?;
     }
+    // The keys first: a bad key file stops the server before any model is fetched or loaded.
+    let mut keys = args.api_keys.clone();
+    if let Some(file) = &args.api_key_file {
+        keys.extend(qkv_cli::auth::read_key_file(file).map_err(|e| format!("--api-key-file {e}"))?);
+    }
+    let auth = Arc::new(Auth {
+        keys: ApiKeys::new(keys).map_err(|e| format!("--api-key: {e}"))?,
+        metrics_public: args.metrics_public,
+    });
     let path = match &args.model {
         Some(p) => p.clone(),
         None => qkv_cli::fetch::default_model()?,
     };
-    let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
-    if model.tokenizer().is_none() {
-        return Err(format!("{}: the model has no tokenizer", path.display()).into());
-    }
-    let ctx = args.ctx.min(model.config().context);
-    let engine = Engine::new(
-        model.clone(),
-        EngineOptions {
-            max_sequences: args.max_sequences,
-            context: ctx,
-            kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
-            step_tokens: args.step_tokens,
-            queue: args.queue,
-            kv_dtype: None,
-        },
-    )?;
-    let running = engine.max_running();
-    let model_name = args.model_name.clone().unwrap_or_else(|| {
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "qkv".into())
-    });
-    let state = Arc::new(AppState {
-        model,
-        model_name,
-        context: ctx,
-        worker: Worker::spawn(engine),
+    let aliases = model_names(&args.model_names, &path)?;
+    let metrics = Arc::new(Metrics::default());
+    let shared = Arc::new(Shared {
+        model_name: aliases[0].clone(),
+        aliases,
+        metrics: metrics.clone(),
         draining: AtomicBool::new(false),
+        vllm_names: args.metrics_vllm_names,
     });
-    let app = router(state.clone(), args.body_limit.saturating_mul(1024));
+    let (routes, what, worker) = if is_sentence_transformers(&path) {
+        let embedder = qkv::models::bert::Embedder::load(&path)?;
+        let what = format!(
+            "an encoder of {} dimensions, inputs up to {} tokens",
+            embedder.dim(),
+            embedder.encoder().config().max_seq_length
+        );
+        let state = embed::EmbedState::spawn(shared.clone(), embedder, args.queue)?;
+        (embed::routes(Arc::new(state)), what, None)
+    } else {
+        let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
+        if model.tokenizer().is_none() {
+            return Err(format!("{}: the model has no tokenizer", path.display()).into());
+        }
+        let ctx = args.ctx.min(model.config().context);
+        let engine = Engine::new(
+            model.clone(),
+            EngineOptions {
+                max_sequences: args.max_sequences,
+                context: ctx,
+                kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
+                step_tokens: args.step_tokens,
+                queue: args.queue,
+                kv_dtype: None,
+            },
+        )?;
+        let what = format!("{} sequences of {ctx} positions", engine.max_running());
+        let worker = Worker::spawn(engine, metrics);
+        let state = Arc::new(AppState {
+            model,
+            model_name: shared.model_name.clone(),
+            context: ctx,
+            worker: worker.clone(),
+            shared: shared.clone(),
+        });
+        (decoder_routes(state), what, Some(worker))
+    };
+    let app = router(
+        routes,
+        shared.clone(),
+        auth.clone(),
+        args.body_limit.saturating_mul(1024),
+    );
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -155,25 +231,38 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+        let keys = match auth.keys.len() {
+            0 => "no API key".to_owned(),
+            n => format!(
+                "{n} API key{}{}",
+                if n == 1 { "" } else { "s" },
+                if auth.metrics_public {
+                    ", /metrics public"
+                } else {
+                    ""
+                }
+            ),
+        };
         eprintln!(
-            "qkv-server: {} as `{}` ({running} sequences of {ctx} positions) listening on http://{}",
+            "qkv-server: {} as `{}` ({what}; {keys}) listening on http://{}",
             path.display(),
-            state.model_name,
+            shared.model_name,
             listener.local_addr()?
         );
         let grace = Duration::from_secs(args.grace);
-        let st = state.clone();
+        let st = shared.clone();
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;
                 eprintln!("qkv-server: shutting down: finishing the running requests");
                 st.draining.store(true, Ordering::SeqCst);
-                let worker = st.worker.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(grace).await;
-                    eprintln!("qkv-server: grace period over: cancelling what still runs");
-                    worker.cancel_all();
-                });
+                if let Some(worker) = worker {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(grace).await;
+                        eprintln!("qkv-server: grace period over: cancelling what still runs");
+                        worker.cancel_all();
+                    });
+                }
             })
             .await?;
         eprintln!("qkv-server: stopped");
@@ -204,29 +293,68 @@ async fn shutdown_signal() {
     ctrl_c.await.ok();
 }
 
-fn router(state: Arc<AppState>, body_limit: usize) -> Router {
+/// Whether `path` is a sentence-transformers directory (served as an encoder).
+fn is_sentence_transformers(path: &Path) -> bool {
+    path.is_dir() && path.join("modules.json").is_file()
+}
+
+/// The routes of a decoder.
+fn decoder_routes(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(no_embeddings))
         .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .with_state(state)
+}
+
+/// `routes` with the routes every server has, the key check and the body limit.
+fn router(routes: Router, shared: Arc<Shared>, auth: Arc<Auth>, body_limit: usize) -> Router {
+    let common = Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .with_state(shared);
+    routes
+        .merge(common)
         .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state)
+        .layer(middleware::from_fn_with_state(auth, authorize))
+}
+
+/// Lets a request through when no key is set, when it carries an accepted key, or when its
+/// route is open (`/health`, and `/metrics` with `--metrics-public`); else a 401 in OpenAI's
+/// shape. The key is never logged or echoed.
+async fn authorize(State(auth): State<Arc<Auth>>, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let open = path == "/health" || (path == "/metrics" && auth.metrics_public);
+    if open || auth.keys.is_empty() {
+        return next.run(request).await;
+    }
+    let given = request.headers().get(header::AUTHORIZATION);
+    let header = given.and_then(|v| v.to_str().ok());
+    if auth.keys.allows(header) {
+        return next.run(request).await;
+    }
+    let message = if given.is_none() {
+        "no API key: send it as `Authorization: Bearer KEY`"
+    } else {
+        "the API key is not valid"
+    };
+    let mut response = ApiError::unauthorized(message).into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        "Bearer".parse().expect("a valid header value"),
+    );
+    response
 }
 
 /// The body of a POST, or the error of reading it (413 past the limit), in OpenAI's shape;
 /// counts the request, and refuses new work while shutting down.
-fn body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Body, ApiError> {
-    state
-        .worker
-        .metrics
-        .requests
-        .fetch_add(1, Ordering::Relaxed);
-    if state.draining.load(Ordering::SeqCst) {
+fn body(shared: &Shared, body: Result<Bytes, BytesRejection>) -> Result<Body, ApiError> {
+    shared.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    if shared.draining.load(Ordering::SeqCst) {
         return Err(ApiError::status(
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is shutting down",
@@ -237,19 +365,40 @@ fn body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Body, A
 }
 
 /// Counts an error on its way out.
-fn counted(state: &AppState, r: Result<Response, ApiError>) -> Response {
+fn counted(shared: &Shared, r: Result<Response, ApiError>) -> Response {
     match r {
         Ok(r) => r,
         Err(e) => {
-            state.worker.metrics.errors.fetch_add(1, Ordering::Relaxed);
+            shared.metrics.errors.fetch_add(1, Ordering::Relaxed);
             e.into_response()
         }
     }
 }
 
+/// `/v1/embeddings` on a decoder: a 400 that says why.
+async fn no_embeddings(
+    State(state): State<Arc<AppState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = body(&state.shared, raw).and_then(|_| {
+        Err(ApiError {
+            code: Some("model_not_supported"),
+            ..ApiError::invalid(
+                "model",
+                format!(
+                    "`{}` is a text generation model; /v1/embeddings needs an encoder (a \
+                     sentence-transformers directory such as all-MiniLM-L6-v2)",
+                    state.model_name
+                ),
+            )
+        })
+    });
+    counted(&state.shared, r)
+}
+
 async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Response {
     let r = async {
-        let b = body(&state, raw)?;
+        let b = body(&state.shared, raw)?;
         let p = params(&state, &b, true)?;
         let (msgs, tools) = request::chat_messages(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
@@ -267,18 +416,18 @@ async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesReject
         openai::generate(state.clone(), Kind::Chat, ids, p).await
     }
     .await;
-    counted(&state, r)
+    counted(&state.shared, r)
 }
 
 /// The sampling and output fields of a completion request; a request that fixes no seed
 /// gets a different one each time.
 fn params(state: &AppState, b: &Body, chat: bool) -> Result<request::Params, ApiError> {
-    request::params(b, &state.model_name, chat, || {
+    request::params(b, chat, || {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         t ^ state
-            .worker
+            .shared
             .metrics
             .requests
             .load(Ordering::Relaxed)
@@ -291,7 +440,7 @@ async fn completions(
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = async {
-        let b = body(&state, raw)?;
+        let b = body(&state.shared, raw)?;
         let p = params(&state, &b, false)?;
         let prompt = request::completion_prompt(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
@@ -302,18 +451,55 @@ async fn completions(
         openai::generate(state.clone(), Kind::Completion, ids, p).await
     }
     .await;
-    counted(&state, r)
+    counted(&state.shared, r)
+}
+
+/// The names the model answers to: `--model-name`s in order, else the file or directory
+/// name; an empty or repeated name is a startup error.
+fn model_names(given: &[String], path: &Path) -> Result<Vec<String>, String> {
+    if given.is_empty() {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "qkv".into());
+        return Ok(vec![name]);
+    }
+    for (i, name) in given.iter().enumerate() {
+        if name.trim().is_empty() {
+            return Err("--model-name: a name is empty".into());
+        }
+        if given[..i].contains(name) {
+            return Err(format!("--model-name {name}: given twice"));
+        }
+    }
+    Ok(given.to_vec())
+}
+
+/// The `/v1/models` answer: one entry per name, each the same model (`root`: the served
+/// name), with `meta`.
+fn model_list(shared: &Shared, meta: Value) -> Json<Value> {
+    let data: Vec<Value> = shared
+        .aliases
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name, "object": "model", "created": 0, "owned_by": "qkv",
+                "root": shared.model_name, "meta": meta,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": 0, "owned_by": "qkv",
-        "meta": {"n_ctx": state.context, "n_vocab": state.model.vocab_size()},
-    }]}))
+    model_list(
+        &state.shared,
+        json!({"n_ctx": state.context, "n_vocab": state.model.vocab_size()}),
+    )
 }
 
-async fn health(State(state): State<Arc<AppState>>) -> Response {
-    if state.draining.load(Ordering::SeqCst) {
+async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.draining.load(Ordering::SeqCst) {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "shutting down"})),
@@ -324,10 +510,11 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let vllm = shared.vllm_names.then_some(shared.model_name.as_str());
     (
         [("content-type", "text/plain; version=0.0.4")],
-        state.worker.metrics.render(),
+        shared.metrics.render(vllm),
     )
         .into_response()
 }
@@ -337,13 +524,13 @@ async fn tokenize(
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = (|| {
-        let b = body(&state, raw)?;
+        let b = body(&state.shared, raw)?;
         let (content, options) = request::tokenize_fields(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
         let ids = tokenizer.encode_with(content, options)?;
         Ok(Json(json!({"tokens": ids})).into_response())
     })();
-    counted(&state, r)
+    counted(&state.shared, r)
 }
 
 async fn detokenize(
@@ -351,11 +538,11 @@ async fn detokenize(
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
     let r = (|| {
-        let b = body(&state, raw)?;
+        let b = body(&state.shared, raw)?;
         let tokens = request::detokenize_tokens(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
         let content = tokenizer.decode(&tokens)?;
         Ok(Json(json!({"content": content})).into_response())
     })();
-    counted(&state, r)
+    counted(&state.shared, r)
 }

@@ -50,10 +50,9 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts the engine thread.
-    pub fn spawn(engine: Engine) -> Worker {
+    /// Starts the engine thread, which keeps `metrics`.
+    pub fn spawn(engine: Engine, metrics: Arc<Metrics>) -> Worker {
         let (tx, rx) = mpsc::channel();
-        let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
         std::thread::Builder::new()
             .name("qkv-engine".into())
@@ -114,6 +113,7 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics) {
         while let Ok(cmd) = rx.try_recv() {
             handle(&mut engine, &mut clients, cmd);
         }
+        m.set_gauges(&engine);
         if engine.is_idle() {
             continue;
         }
@@ -197,8 +197,7 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics) {
             }
         }
         m.batch.observe_count(batch);
-        m.running.store(engine.running() as u64, Ordering::Relaxed);
-        m.queued.store(engine.queued() as u64, Ordering::Relaxed);
+        m.set_gauges(&engine);
     }
 }
 
@@ -304,6 +303,9 @@ pub struct Metrics {
     pub steps: AtomicU64,
     pub running: AtomicU64,
     pub queued: AtomicU64,
+    /// KV cache positions the running sequences hold, and all that may be held at once.
+    pub kv_used: AtomicU64,
+    pub kv_capacity: AtomicU64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
     pub step_seconds: Histogram,
@@ -323,6 +325,8 @@ impl Default for Metrics {
             steps: AtomicU64::new(0),
             running: AtomicU64::new(0),
             queued: AtomicU64::new(0),
+            kv_used: AtomicU64::new(0),
+            kv_capacity: AtomicU64::new(0),
             ttft: Histogram::new(SECONDS),
             inter_token: Histogram::new(SECONDS),
             step_seconds: Histogram::new(SECONDS),
@@ -331,9 +335,40 @@ impl Default for Metrics {
     }
 }
 
+/// A Prometheus label value with `\\`, `"` and newlines escaped.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 impl Metrics {
-    /// The Prometheus text exposition of everything.
-    pub fn render(&self) -> String {
+    /// Takes the engine's sequence counts and KV cache use.
+    fn set_gauges(&self, engine: &Engine) {
+        self.running
+            .store(engine.running() as u64, Ordering::Relaxed);
+        self.queued.store(engine.queued() as u64, Ordering::Relaxed);
+        self.kv_used
+            .store(engine.kv_positions_used() as u64, Ordering::Relaxed);
+        self.kv_capacity
+            .store(engine.kv_positions_capacity() as u64, Ordering::Relaxed);
+    }
+
+    /// KV cache positions in use over capacity, in [0, 1] (0 without a KV cache).
+    pub fn kv_usage(&self) -> f64 {
+        let cap = self.kv_capacity.load(Ordering::Relaxed);
+        let used = self.kv_used.load(Ordering::Relaxed);
+        if cap == 0 {
+            0.0
+        } else {
+            (used as f64 / cap as f64).clamp(0.0, 1.0)
+        }
+    }
+
+    /// The Prometheus text exposition of everything; with `vllm_model_name`, the request
+    /// and KV cache gauges are also written under vLLM's names (`vllm:…`), labelled with
+    /// `model_name` as vLLM labels them, for dashboards made for vLLM.
+    pub fn render(&self, vllm_model_name: Option<&str>) -> String {
         use std::fmt::Write;
         let mut out = String::new();
         let counters = [
@@ -394,6 +429,42 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
                 v.load(Ordering::Relaxed)
             );
+        }
+        let running = self.running.load(Ordering::Relaxed) as f64;
+        let waiting = self.queued.load(Ordering::Relaxed) as f64;
+        let kv = self.kv_usage();
+        let gauges = [
+            (
+                "qkv_requests_running",
+                "vllm:num_requests_running",
+                "requests being served now (sequences generating, or embedding requests in the pass that runs)",
+                running,
+            ),
+            (
+                "qkv_requests_waiting",
+                "vllm:num_requests_waiting",
+                "requests waiting for their turn",
+                waiting,
+            ),
+            (
+                "qkv_kv_cache_usage_ratio",
+                "vllm:gpu_cache_usage_perc",
+                "KV cache positions held by running sequences over all positions the caches may hold (0 to 1)",
+                kv,
+            ),
+        ];
+        for (name, _, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        if let Some(model) = vllm_model_name {
+            let model = label_value(model);
+            for (_, name, help, v) in gauges {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help} (qkv's value under vLLM's name)\n# TYPE {name} gauge\n\
+                     {name}{{model_name=\"{model}\"}} {v}"
+                );
+            }
         }
         self.ttft.render(
             "qkv_time_to_first_token_seconds",
