@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use qkv::models::bert::{Embedder, SentenceEncoder};
 use qkv_cli::embedding::{self, Format, Input};
-use qkv_cli::request::{self, ApiError};
+use qkv_cli::request::ApiError;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -325,24 +325,12 @@ async fn tokenize(
     State(state): State<Arc<EmbedState>>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
-        let b = body(&state.shared, raw)?;
-        let (content, options) = request::tokenize_fields(&b)?;
-        let ids = state.embedder.tokenizer().encode_with(content, options)?;
-        Ok(Json(json!({"tokens": ids})).into_response())
-    })();
-    counted(&state.shared, r)
+    crate::tokenize_with(&state.shared, state.embedder.tokenizer(), raw)
 }
 
 async fn detokenize(
     State(state): State<Arc<EmbedState>>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
-        let b = body(&state.shared, raw)?;
-        let tokens = request::detokenize_tokens(&b)?;
-        let content = state.embedder.tokenizer().decode(&tokens)?;
-        Ok(Json(json!({"content": content})).into_response())
-    })();
-    counted(&state.shared, r)
+    crate::detokenize_with(&state.shared, state.embedder.tokenizer(), raw)
 }

@@ -35,6 +35,7 @@ use clap::Parser;
 use openai::Kind;
 use qkv::engine::{Engine, EngineOptions};
 use qkv::model::{Model, ModelOptions};
+use qkv::tokenizer::Tokenizer;
 use qkv_cli::auth::ApiKeys;
 use qkv_cli::request::{self, ApiError, Body, Prompt};
 use serde_json::{json, Value};
@@ -523,26 +524,44 @@ async fn tokenize(
     State(state): State<Arc<AppState>>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = (|| {
-        let b = body(&state.shared, raw)?;
-        let (content, options) = request::tokenize_fields(&b)?;
-        let tokenizer = state.model.tokenizer().expect("checked at start");
-        let ids = tokenizer.encode_with(content, options)?;
-        Ok(Json(json!({"tokens": ids})).into_response())
-    })();
-    counted(&state.shared, r)
+    let tokenizer = state.model.tokenizer().expect("checked at start");
+    tokenize_with(&state.shared, tokenizer, raw)
 }
 
 async fn detokenize(
     State(state): State<Arc<AppState>>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let tokenizer = state.model.tokenizer().expect("checked at start");
+    detokenize_with(&state.shared, tokenizer, raw)
+}
+
+/// `POST /tokenize` with `tokenizer`, for a decoder's server and an encoder's alike.
+fn tokenize_with(
+    shared: &Shared,
+    tokenizer: &Tokenizer,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
     let r = (|| {
-        let b = body(&state.shared, raw)?;
+        let b = body(shared, raw)?;
+        let (content, options) = request::tokenize_fields(&b)?;
+        let ids = tokenizer.encode_with(content, options)?;
+        Ok(Json(json!({"tokens": ids})).into_response())
+    })();
+    counted(shared, r)
+}
+
+/// `POST /detokenize` with `tokenizer`, for a decoder's server and an encoder's alike.
+fn detokenize_with(
+    shared: &Shared,
+    tokenizer: &Tokenizer,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let r = (|| {
+        let b = body(shared, raw)?;
         let tokens = request::detokenize_tokens(&b)?;
-        let tokenizer = state.model.tokenizer().expect("checked at start");
         let content = tokenizer.decode(&tokens)?;
         Ok(Json(json!({"content": content})).into_response())
     })();
-    counted(&state.shared, r)
+    counted(shared, r)
 }
