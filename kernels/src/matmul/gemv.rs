@@ -128,9 +128,10 @@ fn gemv_parts_with(
     }
     // Pieces of about GEMV_PIECE_ELEMS weights (whole groups of 8 rows), claimed in order
     // from a shared counter: the threads stream neighbouring pieces of W at the same time,
-    // and a thread the OS delays simply claims fewer. (Contiguous ranges, one block of
-    // pieces per thread, measured 6–12% slower on 1B-shaped Q4_0 decode, 2 threads.)
-    // Small matrices still get at least 4 pieces per thread, so the last ones balance.
+    // and a thread the OS delays simply claims fewer. (A few contiguous ranges per thread,
+    // as before, measured 6–12% slower on 1B-shaped Q4_0 decode with 2 threads.) Small
+    // matrices still get at least 4 pieces per thread, so the last ones balance. Every
+    // output is computed whole by one thread, so the split never changes a result.
     let per = (GEMV_PIECE_ELEMS / k.max(1))
         .min(total.div_ceil(4 * threads))
         .max(8)
