@@ -282,17 +282,7 @@ fn embeddings_equal_the_librarys_and_decode_embeds() {
     assert_eq!(one["usage"]["prompt_tokens"], ids[0].len());
     // `decode embed` on the same texts.
     let input: String = texts.iter().map(|t| format!("{t}\n")).collect();
-    let out = common::run_decode(&["embed", "--model", path], Some(&input));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let cli: Vec<Vec<f32>> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let cli = decode_embed(path, &input);
     assert_same(&floats, &cli, "decode embed");
     // Many clients at once: each gets its own vectors, whatever pass they shared.
     let handles: Vec<_> = (0..8)
@@ -470,19 +460,24 @@ fn network_minilm_embeddings_over_http_equal_decode_embeds() {
         &json!({"input": texts, "encoding_format": "base64"}),
     ));
     let input: String = texts.iter().map(|t| format!("{t}\n")).collect();
-    let out = common::run_decode(&["embed", "--model", dir], Some(&input));
+    let cli = decode_embed(dir, &input);
+    assert_eq!(floats[0].len(), 384);
+    assert_eq!(cli.len(), texts.len());
+    assert_same(&floats, &cli, "float vs decode embed");
+    assert_same(&b64, &cli, "base64 vs decode embed");
+}
+
+/// `decode embed --model path` on `input` (one text per line): one vector per line.
+fn decode_embed(path: &str, input: &str) -> Vec<Vec<f32>> {
+    let out = common::run_decode(&["embed", "--model", path], Some(input));
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let cli: Vec<Vec<f32>> = String::from_utf8(out.stdout)
+    String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(floats[0].len(), 384);
-    assert_eq!(cli.len(), texts.len());
-    assert_same(&floats, &cli, "float vs decode embed");
-    assert_same(&b64, &cli, "base64 vs decode embed");
+        .collect()
 }

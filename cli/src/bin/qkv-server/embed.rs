@@ -292,20 +292,12 @@ async fn not_a_decoder(
     State(state): State<Arc<EmbedState>>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = body(&state.shared, raw).and_then(|_| {
-        Err(ApiError {
-            code: Some("model_not_supported"),
-            ..ApiError::invalid(
-                "model",
-                format!(
-                    "`{}` is an embedding model (a sentence-transformers encoder), which \
-                     generates no text: use POST /v1/embeddings",
-                    state.shared.model_name
-                ),
-            )
-        })
-    });
-    counted(&state.shared, r)
+    let why = format!(
+        "`{}` is an embedding model (a sentence-transformers encoder), which generates no \
+         text: use POST /v1/embeddings",
+        state.shared.model_name
+    );
+    crate::unsupported(&state.shared, raw, why)
 }
 
 /// `GET /v1/models`.

@@ -381,20 +381,24 @@ async fn no_embeddings(
     State(state): State<Arc<AppState>>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r = body(&state.shared, raw).and_then(|_| {
+    let why = format!(
+        "`{}` is a text generation model; /v1/embeddings needs an encoder (a \
+         sentence-transformers directory such as all-MiniLM-L6-v2)",
+        state.model_name
+    );
+    unsupported(&state.shared, raw, why)
+}
+
+/// A route the served model's kind cannot answer: the body is read as on every route (a
+/// malformed one is its own error), then a 400 `model_not_supported` saying `why`.
+fn unsupported(shared: &Shared, raw: Result<Bytes, BytesRejection>, why: String) -> Response {
+    let r = body(shared, raw).and_then(|_| {
         Err(ApiError {
             code: Some("model_not_supported"),
-            ..ApiError::invalid(
-                "model",
-                format!(
-                    "`{}` is a text generation model; /v1/embeddings needs an encoder (a \
-                     sentence-transformers directory such as all-MiniLM-L6-v2)",
-                    state.model_name
-                ),
-            )
+            ..ApiError::invalid("model", why)
         })
     });
-    counted(&state.shared, r)
+    counted(shared, r)
 }
 
 async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesRejection>) -> Response {
