@@ -42,6 +42,19 @@ fn main() {
             s * 1e9 / groups,
             w.len() as f64 / s / 1e9
         );
+        if qkv_kernels::quant::x8::supports(format) {
+            let mut p = vec![0u8; w.len()];
+            qkv_kernels::quant::x8::pack(format, &w, n, k, &mut p).expect("8 | n");
+            let s = best_of(4000, || {
+                linear(&mut y, &x, Weights::QuantX8(format, &p), None, 1, k, n)
+                    .expect("shapes agree")
+            });
+            println!(
+                "{format:>5} x8: {:5.2} ns, {:5.1} GB/s",
+                s * 1e9 / groups,
+                p.len() as f64 / s / 1e9
+            );
+        }
     }
     let w: Vec<f16> = (0..n * k).map(|_| f16::from_f32(rng.uniform())).collect();
     let s = best_of(2000, || {

@@ -6,7 +6,8 @@
 //! `cargo run --release -p qkv-kernels --example gemv_stream [1b|8b] [FORMATS] [REPS]`
 //!
 //! FORMATS is a comma list of `f16`, `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `q4_k`, `q5_k`,
-//! `q6_k` (default `f16,q8_0,q4_0,q4_k,q6_k`). For each format the example builds as many
+//! `q6_k`, and `q4_0x8`, `q4_kx8` for those formats with their rows interleaved
+//! ([`qkv_kernels::quant::x8`]; default `f16,q8_0,q4_0x8,q4_kx8,q6_k`). For each format the example builds as many
 //! copies of one layer's seven matrices (Q, K, V, output, gate, up, down) as make at least
 //! 768 MB, then times, REPS times (default 7), a whole step of them on rayon's pool (Q/K/V
 //! and gate/up through `linear_many`, as the decoder calls them) and a `read_sum` over a
@@ -41,6 +42,7 @@ fn layer(shape: &str) -> [(usize, usize); 7] {
 enum Stored {
     F16(Vec<Vec<f16>>),
     Quant(QuantFormat, Vec<Vec<u8>>),
+    QuantX8(QuantFormat, Vec<Vec<u8>>),
 }
 
 impl Stored {
@@ -53,6 +55,10 @@ impl Stored {
                     .collect(),
             );
         }
+        let (format, x8) = match format.strip_suffix("x8") {
+            Some(f) => (f, true),
+            None => (format, false),
+        };
         let q = QuantFormat::ALL
             .into_iter()
             .find(|f| f.name().eq_ignore_ascii_case(format))
@@ -60,19 +66,28 @@ impl Stored {
                 eprintln!("unknown format {format:?}");
                 std::process::exit(2)
             });
-        Stored::Quant(
-            q,
-            shapes
-                .iter()
-                .map(|&(n, k)| weight_blocks(q, n, k, rng))
-                .collect(),
-        )
+        let blocks = shapes.iter().map(|&(n, k)| {
+            let w = weight_blocks(q, n, k, rng);
+            if !x8 {
+                return w;
+            }
+            let mut p = vec![0u8; w.len()];
+            qkv_kernels::quant::x8::pack(q, &w, n, k, &mut p).unwrap_or_else(|e| {
+                eprintln!("{e}");
+                std::process::exit(2)
+            });
+            p
+        });
+        match x8 {
+            true => Stored::QuantX8(q, blocks.collect()),
+            false => Stored::Quant(q, blocks.collect()),
+        }
     }
 
     fn bytes(&self) -> usize {
         match self {
             Stored::F16(m) => m.iter().map(|w| 2 * w.len()).sum(),
-            Stored::Quant(_, m) => m.iter().map(Vec::len).sum(),
+            Stored::Quant(_, m) | Stored::QuantX8(_, m) => m.iter().map(Vec::len).sum(),
         }
     }
 
@@ -80,6 +95,7 @@ impl Stored {
         match self {
             Stored::F16(m) => Weights::F16(&m[i]),
             Stored::Quant(f, m) => Weights::Quant(*f, &m[i]),
+            Stored::QuantX8(f, m) => Weights::QuantX8(*f, &m[i]),
         }
     }
 }
@@ -89,7 +105,7 @@ fn main() {
     let shape = args.next().unwrap_or_else(|| "1b".into());
     let formats = args
         .next()
-        .unwrap_or_else(|| "f16,q8_0,q4_0,q4_k,q6_k".into());
+        .unwrap_or_else(|| "f16,q8_0,q4_0x8,q4_kx8,q6_k".into());
     let reps: usize = args.next().map_or(7, |s| s.parse().unwrap_or(7)).max(1);
     let shapes = layer(&shape);
     let (d, ff) = (shapes[0].1, shapes[4].0);
@@ -115,6 +131,7 @@ fn main() {
             .map(|_| match &one {
                 Stored::F16(m) => Stored::F16(m.clone()),
                 Stored::Quant(f, m) => Stored::Quant(*f, m.clone()),
+                Stored::QuantX8(f, m) => Stored::QuantX8(*f, m.clone()),
             })
             .collect();
         let bytes = copies * one.bytes();

@@ -212,3 +212,101 @@ fn non_finite_activations_are_never_hidden() {
         }
     }
 }
+
+/// Weights with their rows interleaved ([`qkv_kernels::quant::x8`]) give what the same
+/// blocks give in GGUF's layout, through every path of `linear`: the decode GEMV (1 row),
+/// GEMV groups (up to 16 rows), the widened panels of prefill (40 rows), on 1–3 threads;
+/// `linear_many` beside GGUF-layout parts; and `rows_to_f32` row for row.
+#[test]
+fn interleaved_weights_match_their_file_layout() {
+    use qkv_kernels::quant::x8;
+    let mut rng = Rng(0x8_8888);
+    let (ns, ms): (&[usize], &[usize]) = if cfg!(miri) {
+        (&[8], &[1, 3])
+    } else {
+        (&[8, 40, 264], &[1, 2, 5, 8, 11, 16, 40])
+    };
+    for format in [QuantFormat::Q4_0, QuantFormat::Q4_K] {
+        for k in [256usize, 768] {
+            for &n in ns {
+                let w = random_blocks(format, n, k, &mut rng);
+                let mut p = vec![0u8; w.len()];
+                x8::pack(format, &w, n, k, &mut p).unwrap();
+                let (plain, packed) = (Weights::Quant(format, &w), Weights::QuantX8(format, &p));
+                let mut a = vec![0.0f32; 3 * k];
+                let mut b = vec![1.0f32; 3 * k];
+                plain.rows_to_f32(n - 3, 3, k, &mut a).unwrap();
+                packed.rows_to_f32(n - 3, 3, k, &mut b).unwrap();
+                assert_eq!(a, b, "{format} rows_to_f32");
+                let mut wf = vec![0.0f32; n * k];
+                plain.rows_to_f32(0, n, k, &mut wf).unwrap();
+                let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
+                for &m in ms {
+                    let x = activations(m * k, &mut rng);
+                    let tol = tolerance(&x, &wf, m, k, n);
+                    let mut want = vec![0.0f32; m * n];
+                    linear_scalar(&mut want, &x, plain, Some(&bias), m, k, n).unwrap();
+                    for threads in 1..=3 {
+                        let mut got = vec![f32::NAN; m * n];
+                        pool(threads)
+                            .install(|| linear(&mut got, &x, packed, Some(&bias), m, k, n))
+                            .unwrap();
+                        for (e, ((g, w), t)) in got.iter().zip(&want).zip(&tol).enumerate() {
+                            assert!(
+                                f64::from((g - w).abs()) <= *t,
+                                "{format} k={k} n={n} m={m} threads={threads} at {e}: {g} vs {w}"
+                            );
+                        }
+                    }
+                    // Beside a part in the file's layout, in one group.
+                    let mut y1 = vec![0.0f32; m * n];
+                    let mut y2 = vec![0.0f32; m * n];
+                    let mut parts = [
+                        Projection {
+                            w: packed,
+                            bias: None,
+                            n,
+                            y: &mut y1,
+                        },
+                        Projection {
+                            w: plain,
+                            bias: None,
+                            n,
+                            y: &mut y2,
+                        },
+                    ];
+                    pool(2)
+                        .install(|| linear_many(&x, m, k, &mut parts))
+                        .unwrap();
+                    let mut one = vec![0.0f32; m * n];
+                    linear(&mut one, &x, packed, None, m, k, n).unwrap();
+                    assert_eq!(y1, one, "{format} n={n} m={m}: linear_many");
+                }
+            }
+        }
+    }
+    // A matrix whose rows do not come in groups of 8 is refused, not misread.
+    let w = random_blocks(QuantFormat::Q4_0, 12, 64, &mut rng);
+    let mut y = vec![0.0f32; 12];
+    let x = vec![0.5f32; 64];
+    assert!(linear(
+        &mut y,
+        &x,
+        Weights::QuantX8(QuantFormat::Q4_0, &w),
+        None,
+        1,
+        64,
+        12
+    )
+    .is_err());
+    assert!(linear(
+        &mut y,
+        &x,
+        Weights::QuantX8(QuantFormat::Q4_1, &w),
+        None,
+        1,
+        64,
+        12
+    )
+    .is_err());
+}

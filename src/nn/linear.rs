@@ -19,13 +19,16 @@ pub struct Linear {
 
 impl Linear {
     /// Loads `name.weight` `[out_dim, in_dim]` and, when the file has it, `name.bias`
-    /// `[out_dim]` (PyTorch's `bias=False` simply has none).
+    /// `[out_dim]` (PyTorch's `bias=False` simply has none). Q4_0 and Q4_K weights are
+    /// kept with their rows interleaved for the decode GEMV ([`Tensor::interleaved`]).
     ///
     /// Errors: [`Error::MissingTensor`] without the weight, [`Error::TensorShape`] when a
     /// shape disagrees with `in_dim`/`out_dim`.
     pub fn load(scope: &Scope<'_>, name: &str, in_dim: usize, out_dim: usize) -> Result<Self> {
         let s = scope.pp(name);
-        let weight = s.tensor_shaped("weight", &[out_dim, in_dim])?;
+        let weight = s
+            .tensor_shaped("weight", &[out_dim, in_dim])?
+            .interleaved()?;
         let bias = if s.contains("bias") {
             Some(s.tensor_shaped("bias", &[out_dim])?.to_f32_vec()?)
         } else {
@@ -56,7 +59,8 @@ impl Linear {
         Self::load(scope, name, in_dim, out_dim)
     }
 
-    /// A layer from a `[out, in]` weight tensor and an optional bias of `out` values.
+    /// A layer from a `[out, in]` weight tensor and an optional bias of `out` values; Q4_0
+    /// and Q4_K weights are interleaved as in [`Linear::load`].
     pub fn from_tensors(weight: Tensor, bias: Option<Vec<f32>>) -> Result<Self> {
         let (out_dim, in_dim) = match *weight.shape() {
             [o, i] if o > 0 && i > 0 => (o, i),
@@ -77,6 +81,7 @@ impl Linear {
                 });
             }
         }
+        let weight = weight.interleaved()?;
         Ok(Linear {
             weight,
             transposed: false,

@@ -1,13 +1,14 @@
 //! Mapping files, and typed views of the mapped bytes.
 //!
 //! This is the one module of the `qkv` crate allowed `unsafe` code (the crate root denies it
-//! everywhere else), for the one call that needs it: [`memmap2::Mmap::map`]. Reading the map
+//! everywhere else), for the two calls that need it: [`memmap2::Mmap::map`], and the advice
+//! that lets go of pages already copied elsewhere ([`MappedSlice::release`]). Reading the map
 //! as `f32` or `f16` goes through `bytemuck`'s checked casts, which refuse a misaligned or
 //! ragged slice instead of reading it.
 
 use crate::error::{Error, Result};
 use bytemuck::Pod;
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -141,6 +142,26 @@ impl<T: Pod> MappedSlice<T> {
         let bytes = &self.file[self.offset..self.offset + self.len * std::mem::size_of::<T>()];
         // `new` checked this very range with `try_cast_slice`, and the map never moves.
         bytemuck::cast_slice(bytes)
+    }
+
+    /// Lets go of the whole pages of this slice: they leave the process's resident memory
+    /// (the page cache keeps them), and a later read faults them in again, unchanged. For a
+    /// tensor whose bytes were copied into another layout, so that the process holds one
+    /// copy, not two. Advice only: when the kernel refuses it, nothing changes.
+    pub(crate) fn release(&self) {
+        const PAGE: usize = 4096;
+        let start = self.offset.next_multiple_of(PAGE);
+        let end = (self.offset + self.len * std::mem::size_of::<T>()) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: the map is private and read-only, so its pages always hold the file's
+            // bytes: dropping them changes no value that any view of the map reads later
+            // (the next read maps the same bytes back in). The range lies inside the map.
+            let _ = unsafe {
+                self.file
+                    .map
+                    .unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
     }
 
     /// Elements `start..start + len` of this slice, or `None` when they run past its end.

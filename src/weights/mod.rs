@@ -143,6 +143,8 @@ enum Storage {
     MappedF16(MappedSlice<f16>),
     /// Quantized blocks borrowed from a mapped file.
     Quant(MappedSlice<u8>, QuantFormat),
+    /// Quantized blocks with every 8 rows interleaved ([`Tensor::interleaved`]), owned.
+    QuantX8(Vec<u8>, QuantFormat),
     F32(Vec<f32>),
     F16(Vec<f16>),
 }
@@ -298,7 +300,7 @@ impl Tensor {
         match &self.storage {
             Storage::MappedF32(_) => WeightFormat::F32,
             Storage::MappedF16(_) => WeightFormat::F16,
-            Storage::Quant(_, format) => WeightFormat::Quant(*format),
+            Storage::Quant(_, format) | Storage::QuantX8(_, format) => WeightFormat::Quant(*format),
             Storage::F32(_) => WeightFormat::F32,
             Storage::F16(_) => WeightFormat::F16,
         }
@@ -323,6 +325,7 @@ impl Tensor {
             Storage::MappedF32(v) => Weights::F32(v.get()),
             Storage::MappedF16(v) => Weights::F16(v.get()),
             Storage::Quant(blocks, format) => Weights::Quant(*format, blocks.get()),
+            Storage::QuantX8(blocks, format) => Weights::QuantX8(*format, blocks),
             Storage::F32(v) => Weights::F32(v),
             Storage::F16(v) => Weights::F16(v),
         }
@@ -390,6 +393,43 @@ impl Tensor {
         })
     }
 
+    /// The same matrix with its rows interleaved 8 by 8 for the decode GEMV
+    /// ([`qkv_kernels::quant::x8`]), when it is 2-D, of a format that has that layout (Q4_0,
+    /// Q4_K) and has a multiple of 8 rows; anything else comes back unchanged. The new
+    /// layout is an owned buffer of the same size, and the mapped pages it was copied from
+    /// are let go, so the process holds one copy of the weights, not two.
+    ///
+    /// `QKV_NO_INTERLEAVE=1` in the environment keeps every matrix as the file stores it.
+    /// Errors with [`Error::AllocationRefused`] when the buffer cannot be had.
+    pub fn interleaved(self) -> Result<Tensor> {
+        let (blocks, format) = match &self.storage {
+            Storage::Quant(blocks, format) => (blocks, *format),
+            _ => return Ok(self),
+        };
+        let [n, k] = *self.shape.as_slice() else {
+            return Ok(self);
+        };
+        if !interleave_enabled() || qkv_kernels::quant::x8::check(format, n, k).is_err() {
+            return Ok(self);
+        }
+        let src = blocks.get();
+        let mut out = Vec::new();
+        out.try_reserve_exact(src.len())
+            .map_err(|_| Error::AllocationRefused {
+                what: format!("tensor `{}` interleaved", self.name),
+                bytes: src.len(),
+            })?;
+        out.resize(src.len(), 0);
+        qkv_kernels::quant::x8::pack(format, src, n, k, &mut out)
+            .map_err(|e| Error::Shape(format!("tensor `{}`: {e}", self.name)))?;
+        blocks.release();
+        Ok(Tensor {
+            name: self.name,
+            shape: self.shape,
+            storage: Storage::QuantX8(out, format),
+        })
+    }
+
     /// Splits a matrix into consecutive blocks of rows, `rows[i]` rows each, named
     /// `name[a..b]`: a fused projection (Phi-3's QKV, its gate/up) as separate matrices.
     /// Mapped and quantized data stay borrowed (each part is a view of its rows); owned data
@@ -426,6 +466,19 @@ impl Tensor {
                         .ok_or_else(out_of_range)?,
                     *format,
                 ),
+                Storage::QuantX8(blocks, format) => {
+                    if !(r0.is_multiple_of(8) && r.is_multiple_of(8)) {
+                        return Err(Error::Shape(format!(
+                            "tensor `{}`: rows {r0}..{} cut a group of 8 interleaved rows",
+                            self.name,
+                            r0 + r
+                        )));
+                    }
+                    Storage::QuantX8(
+                        blocks[r0 * row_bytes..(r0 + r) * row_bytes].to_vec(),
+                        *format,
+                    )
+                }
                 Storage::F32(v) => Storage::F32(v[r0 * k..(r0 + r) * k].to_vec()),
                 Storage::F16(v) => Storage::F16(v[r0 * k..(r0 + r) * k].to_vec()),
             };
@@ -458,6 +511,13 @@ impl Tensor {
         }
         Ok(self)
     }
+}
+
+/// False when `QKV_NO_INTERLEAVE` is set (to anything but `0`): matrices then stay in the
+/// file's layout ([`Tensor::interleaved`]).
+fn interleave_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("QKV_NO_INTERLEAVE").map_or(true, |v| v == "0"))
 }
 
 /// Anything that hands out tensors by name: a safetensors file, a GGUF file, a directory.

@@ -67,7 +67,7 @@ thread_local! {
 /// across the threads. Each part's `y` must be `m·n` long (validated by the callers).
 pub(super) fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
     // Quantized parts read x as 16-bit integers: quantized once here, before the split.
-    if parts.iter().any(|p| matches!(p.w, Weights::Quant(..))) {
+    if parts.iter().any(|p| p.w.is_quantized()) {
         with_quantized(x, m, k, |acts| gemv_parts_with(parts, x, Some(acts), m, k));
     } else {
         gemv_parts_with(parts, x, None, m, k);
@@ -172,6 +172,13 @@ unsafe fn gemv_columns(
         unsafe { crate::quant::gemv::columns(y, acts, format, bytes, bias, n, j0, j1) };
         return;
     }
+    if let Weights::QuantX8(format, bytes) = w {
+        let acts = acts.expect("gemv_parts quantizes x for quantized parts");
+        // SAFETY: this function's contract; `bytes` holds n interleaved rows of k
+        // (validated), and x has at most GEMV_MAX_ROWS rows, so `acts` has their byte split.
+        unsafe { crate::quant::x8::columns(y, acts, format, bytes, bias, n, j0, j1) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma_f16c() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); the bounds and the
@@ -180,7 +187,7 @@ unsafe fn gemv_columns(
             match w {
                 Weights::F32(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
                 Weights::F16(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
-                Weights::Quant(..) => unreachable!("handled above"),
+                Weights::Quant(..) | Weights::QuantX8(..) => unreachable!("handled above"),
                 Weights::F32T(_) => unreachable!("F32T always goes to gemm (gemv_rows)"),
             }
         }
@@ -189,7 +196,7 @@ unsafe fn gemv_columns(
     let get = |i: usize| match w {
         Weights::F32(w) => w[i],
         Weights::F16(w) => w[i].to_f32(),
-        Weights::Quant(..) => unreachable!("handled above"),
+        Weights::Quant(..) | Weights::QuantX8(..) => unreachable!("handled above"),
         Weights::F32T(_) => unreachable!("F32T always goes to gemm (gemv_rows)"),
     };
     for j in j0..j1 {

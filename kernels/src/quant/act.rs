@@ -15,6 +15,10 @@ pub const ACT_BLOCK: usize = 32;
 
 use crate::error::{check_len, KernelError, Result};
 
+/// Most rows for which [`QuantizedActs::quantize`] also fills the byte split
+/// ([`QuantizedActs::hi`], [`QuantizedActs::lo`], [`QuantizedActs::isum`]).
+pub const SPLIT_MAX_ROWS: usize = 16;
+
 /// Largest magnitude of a quantized activation.
 const ACT_MAX: f32 = 32767.0;
 
@@ -39,6 +43,17 @@ pub struct QuantizedActs {
     /// −32) off the weights' sums once per block, exactly, instead of off every weight.
     /// Empty for more rows.
     pub isum16: Vec<i32>,
+    /// For up to [`SPLIT_MAX_ROWS`] rows (the GEMV regime), every integer `q` split into
+    /// bytes as `q = 256·hi + lo`: `hi` the arithmetic high byte (−128..=127) and `lo` the
+    /// low byte read unsigned (0..=255), both `m·k` in `q`'s order. The kernels of
+    /// interleaved 4-bit weights ([`crate::quant::x8`]) multiply bytes by bytes
+    /// (`maddubs`) and put the two halves together exactly. Empty for more rows.
+    pub hi: Vec<i8>,
+    /// The low bytes of the split (see [`QuantizedActs::hi`]).
+    pub lo: Vec<u8>,
+    /// For up to [`SPLIT_MAX_ROWS`] rows, the integer sum of `q` over each block of 32
+    /// (`m·k / 32`): Q4_0's offset of 8 comes off a block's sum as `8·Σq`, exactly.
+    pub isum: Vec<i32>,
     /// Rows.
     pub m: usize,
     /// Elements per row (a multiple of 32).
@@ -87,6 +102,18 @@ impl QuantizedActs {
         quantize_any(x, &mut self.q, &mut self.scale, &mut self.sum);
         self.eo.clear();
         self.isum16.clear();
+        self.hi.clear();
+        self.lo.clear();
+        self.isum.clear();
+        if m <= SPLIT_MAX_ROWS {
+            self.hi.extend(self.q.iter().map(|&v| (v >> 8) as i8));
+            self.lo.extend(self.q.iter().map(|&v| v as u8));
+            self.isum.extend(
+                self.q
+                    .chunks_exact(ACT_BLOCK)
+                    .map(|b| b.iter().map(|&v| i32::from(v)).sum::<i32>()),
+            );
+        }
         if m == 1 {
             self.eo.resize(k, 0);
             self.isum16.resize(k / 16, 0);
@@ -136,6 +163,15 @@ impl QuantizedActs {
             elems / ACT_BLOCK,
             self.sum.len(),
         )?;
+        if self.m <= SPLIT_MAX_ROWS {
+            check_len("quantized activations hi", elems, self.hi.len())?;
+            check_len("quantized activations lo", elems, self.lo.len())?;
+            check_len(
+                "quantized activations isum",
+                elems / ACT_BLOCK,
+                self.isum.len(),
+            )?;
+        }
         if self.m == 1 {
             check_len("quantized activations eo", self.k, self.eo.len())?;
             check_len(

@@ -142,9 +142,7 @@ pub(crate) unsafe fn columns_scalar(
     j1: usize,
 ) {
     let (m, k) = (acts.m, acts.k);
-    let (be, bb) = (format.block_elems(), format.block_bytes());
-    let row_bytes = k / be * bb;
-    let bpr = acts.blocks_per_row();
+    let row_bytes = k / format.block_elems() * format.block_bytes();
     // Rows of x in runs of up to 8 (any m: this is also the prefill product's reference).
     const RUN: usize = crate::matmul::GEMV_MAX_ROWS;
     let mut acc = [0.0f32; RUN];
@@ -153,24 +151,44 @@ pub(crate) unsafe fn columns_scalar(
         .flat_map(|i0| (j0..j1).map(move |j| (i0, j)))
     {
         let rows = RUN.min(m - i0);
-        let row = &w[j * row_bytes..(j + 1) * row_bytes];
         acc[..rows].fill(0.0);
-        for (b, block) in row.chunks_exact(bb).enumerate() {
-            for g in 0..be / ACT_BLOCK {
-                let grp = group(format, block, g);
-                let ab = (b * be) / ACT_BLOCK + g; // activation block within the row
-                for (i, a) in (i0..).zip(acc[..rows].iter_mut()) {
-                    let at = i * bpr + ab;
-                    let xq = &acts.q[at * ACT_BLOCK..(at + 1) * ACT_BLOCK];
-                    let dot = grp.a[0] * idot16(&grp.q, xq, 0) as f32
-                        + grp.a[1] * idot16(&grp.q, xq, 16) as f32;
-                    *a += acts.scale[at] * dot + grp.c * acts.sum[at];
-                }
-            }
-        }
+        row_scalar(
+            acts,
+            format,
+            &w[j * row_bytes..(j + 1) * row_bytes],
+            i0,
+            &mut acc[..rows],
+        );
         for (i, a) in (i0..).zip(&acc[..rows]) {
             // SAFETY: i < m and j < j1 ≤ n: inside y, in this call's own columns.
             unsafe { *y.get().add(i * n + j) = a + bias.map_or(0.0, |b| b[j]) };
+        }
+    }
+}
+
+/// Adds `x[i]·row` to `acc[i − i0]` for the rows `i0..i0 + acc.len()` of `x`, with `row`
+/// one row of `W` (`acts.k` elements of `format`): the scalar reference's arithmetic, group
+/// by group.
+pub(crate) fn row_scalar(
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    row: &[u8],
+    i0: usize,
+    acc: &mut [f32],
+) {
+    let (be, bb) = (format.block_elems(), format.block_bytes());
+    let bpr = acts.blocks_per_row();
+    for (b, block) in row.chunks_exact(bb).enumerate() {
+        for g in 0..be / ACT_BLOCK {
+            let grp = group(format, block, g);
+            let ab = (b * be) / ACT_BLOCK + g; // activation block within the row
+            for (i, a) in (i0..).zip(acc.iter_mut()) {
+                let at = i * bpr + ab;
+                let xq = &acts.q[at * ACT_BLOCK..(at + 1) * ACT_BLOCK];
+                let dot = grp.a[0] * idot16(&grp.q, xq, 0) as f32
+                    + grp.a[1] * idot16(&grp.q, xq, 16) as f32;
+                *a += acts.scale[at] * dot + grp.c * acts.sum[at];
+            }
         }
     }
 }

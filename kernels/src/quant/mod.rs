@@ -34,6 +34,7 @@ pub mod gemm;
 pub mod gemv;
 #[doc(hidden)]
 pub mod testing;
+pub mod x8;
 
 use crate::error::{KernelError, Result};
 

@@ -328,6 +328,20 @@ pub(super) fn write_tensor_bytes(tensor: &Tensor, w: &mut dyn Write, path: &Path
             }
         }
         qkv_kernels::Weights::Quant(_, bytes) => w.write_all(bytes).map_err(io_err(path))?,
+        // The file's layout back, a group of 8 rows at a time.
+        qkv_kernels::Weights::QuantX8(format, packed) => {
+            let k = tensor.shape().last().copied().unwrap_or(0);
+            let group = format
+                .row_bytes(k)
+                .map_err(|e| Error::Shape(format!("tensor `{}`: {e}", tensor.name())))?
+                * qkv_kernels::quant::x8::ROWS;
+            buf.resize(group, 0);
+            for g in 0..packed.len() / group.max(1) {
+                qkv_kernels::quant::x8::unpack_rows(format, packed, k, 8 * g, 8, &mut buf)
+                    .map_err(|e| Error::Shape(format!("tensor `{}`: {e}", tensor.name())))?;
+                w.write_all(&buf).map_err(io_err(path))?;
+            }
+        }
     }
     Ok(())
 }

@@ -1,0 +1,290 @@
+//! The interleaved layout's kernels with 256-bit vectors: lane `r` is row `r` of a group of
+//! 8, up to 8 rows of `x` per pass over a column of blocks (the pass reads the column from
+//! memory for the first row of `x` and from L1 for the others).
+
+use super::ROWS;
+use crate::quant::act::{QuantizedActs, ACT_BLOCK};
+use crate::quant::QuantFormat;
+use crate::SharedOut;
+use core::arch::x86_64::*;
+
+/// How far ahead of the column being multiplied the group's bytes are prefetched.
+const PREFETCH: usize = 1024;
+
+/// The 4 bytes at `p` in every 32-bit lane.
+///
+/// # Safety
+/// `p..p + 4` readable; AVX.
+#[inline(always)]
+unsafe fn splat4(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 4 readable bytes at `p`.
+    unsafe { _mm256_set1_epi32(core::ptr::read_unaligned(p as *const i32)) }
+}
+
+/// One row of `x` (its byte split from element `e`: `hi`, `lo`) met by 8 rows × 4 weights
+/// (`w`, one unsigned value of at most 15 per byte, row `r` in bytes `4r..4r + 4`): the two
+/// halves' products added to the 16-bit sums `a` (with `hi`) and `b` (with `lo`).
+///
+/// # Safety
+/// `hi..hi + 4` and `lo..lo + 4` readable; AVX2.
+#[inline(always)]
+unsafe fn step(w: __m256i, hi: *const i8, lo: *const u8, a: &mut __m256i, b: &mut __m256i) {
+    // SAFETY: the caller's contract. maddubs takes its first operand unsigned and its second
+    // signed: the nibbles against `hi`, and `lo` against the nibbles (0..=15 fit i8).
+    unsafe {
+        *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(w, splat4(hi as *const u8)));
+        *b = _mm256_add_epi16(*b, _mm256_maddubs_epi16(splat4(lo), w));
+    }
+}
+
+/// The exact integer dot products of a group of 32 per row (8 i32 lanes) from the 16-bit
+/// sums of [`step`]: `256·a + b`, with `a`'s lanes signed and `b`'s unsigned.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn finish(a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: registers only; the caller has AVX2.
+    unsafe {
+        let a = _mm256_madd_epi16(a, _mm256_set1_epi16(256));
+        let b_even = _mm256_blend_epi16::<0b1010_1010>(b, _mm256_setzero_si256());
+        _mm256_add_epi32(a, _mm256_add_epi32(b_even, _mm256_srli_epi32::<16>(b)))
+    }
+}
+
+/// The low and high nibbles of 32 bytes.
+///
+/// # Safety
+/// `p..p + 32` readable; AVX2.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let v = _mm256_loadu_si256(p as *const __m256i);
+        let m4 = _mm256_set1_epi8(0x0F);
+        (
+            _mm256_and_si256(v, m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4),
+        )
+    }
+}
+
+/// Q4_0: adds `x[i0 + i]·W[r]` (without bias) to lane `r` of `acc[i]` for `i < M`, over the
+/// `nb` columns of the group at `col`.
+///
+/// # Safety
+/// AVX2, FMA, F16C; `col` holds `nb` Q4_0 columns; `acts` has the byte split and rows
+/// `i0..i0 + M` of `nb` blocks.
+#[inline(always)]
+unsafe fn q4_0<const M: usize>(
+    col: *const u8,
+    nb: usize,
+    acts: &QuantizedActs,
+    i0: usize,
+    acc: &mut [__m256; ROWS],
+) {
+    let k = acts.k;
+    let bpr = k / ACT_BLOCK;
+    // SAFETY: column b < nb lies inside `col` (144 bytes each), and element 32b + 32 ≤ k of
+    // rows i0 + i < i0 + M inside the split (the contract); prefetches never fault.
+    unsafe {
+        for b in 0..nb {
+            let base = col.add(b * 144);
+            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH + 64) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH + 128) as *const i8);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            for (i, acc) in acc.iter_mut().enumerate().take(M) {
+                let row = i0 + i;
+                let e = row * k + ACT_BLOCK * b;
+                let (hi, lo) = (acts.hi.as_ptr().add(e), acts.lo.as_ptr().add(e));
+                let (mut a, mut s) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for p in 0..4 {
+                    // Chunk p: elements 4p..4p + 4 low, 16 + 4p.. high.
+                    let (w_lo, w_hi) = nibbles(base.add(16 + 32 * p));
+                    step(w_lo, hi.add(4 * p), lo.add(4 * p), &mut a, &mut s);
+                    step(w_hi, hi.add(16 + 4 * p), lo.add(16 + 4 * p), &mut a, &mut s);
+                }
+                let at = row * bpr + b;
+                // The stored nibbles are q + 8: take 8·Σx off, exactly.
+                let dot = _mm256_sub_epi32(finish(a, s), _mm256_set1_epi32(8 * acts.isum[at]));
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(acts.scale[at]));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
+            }
+        }
+    }
+}
+
+/// Q4_K: as [`q4_0`] over the `ns` super-block columns of the group at `col`.
+///
+/// # Safety
+/// As [`q4_0`], with `ns` Q4_K columns of 1152 bytes and rows of `256·ns` elements.
+#[inline(always)]
+unsafe fn q4_k<const M: usize>(
+    col: *const u8,
+    ns: usize,
+    acts: &QuantizedActs,
+    i0: usize,
+    acc: &mut [__m256; ROWS],
+) {
+    let k = acts.k;
+    let bpr = k / ACT_BLOCK;
+    // SAFETY: column s < ns lies inside `col` (1152 bytes each), and elements up to
+    // 256s + 256 ≤ k of rows i0 + i < i0 + M inside the split (the contract); `tab` is this
+    // frame's; prefetches never fault.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m30 = _mm256_set1_epi8(0x30);
+        for s in 0..ns {
+            let base = col.add(s * 1152);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
+            // The 64 scales and 64 minimums as bytes, `8g + r`.
+            let lsc = _mm256_loadu_si256(base.add(32) as *const __m256i);
+            let lmn = _mm256_loadu_si256(base.add(64) as *const __m256i);
+            let h = _mm256_loadu_si256(base.add(96) as *const __m256i);
+            let mut tab = [0u8; 128];
+            let t = tab.as_mut_ptr();
+            let put = |at: usize, v: __m256i| _mm256_storeu_si256(t.add(at) as *mut __m256i, v);
+            put(
+                0,
+                _mm256_or_si256(
+                    _mm256_and_si256(lsc, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(h), m30),
+                ),
+            );
+            put(
+                32,
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(lsc), m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), m30),
+                ),
+            );
+            put(
+                64,
+                _mm256_or_si256(_mm256_and_si256(lmn, m4), _mm256_and_si256(h, m30)),
+            );
+            put(
+                96,
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(lmn), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), m30),
+                ),
+            );
+            let byte8 = |at: usize| {
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    tab.as_ptr().add(at) as *const __m128i
+                )))
+            };
+            let mut sc = [_mm256_setzero_ps(); 8];
+            let mut mn = [_mm256_setzero_ps(); 8];
+            for g in 0..8 {
+                sc[g] = _mm256_mul_ps(d, byte8(8 * g));
+                mn[g] = byte8(64 + 8 * g);
+            }
+            for (i, acc) in acc.iter_mut().enumerate().take(M) {
+                let row = i0 + i;
+                let e0 = row * k + 256 * s;
+                let (hi, lo) = (acts.hi.as_ptr().add(e0), acts.lo.as_ptr().add(e0));
+                let ab = row * bpr + 8 * s;
+                let mut mins = _mm256_setzero_ps();
+                for j in 0..4 {
+                    let q = base.add(128 + 256 * j);
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 128) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 192) as *const i8);
+                    let (mut a0, mut s0) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    let (mut a1, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for p in 0..8 {
+                        // Chunk (j, p): group 2j's elements 4p..4p + 4 low, group 2j + 1's high.
+                        let (w0, w1) = nibbles(q.add(32 * p));
+                        let e = 64 * j + 4 * p;
+                        step(w0, hi.add(e), lo.add(e), &mut a0, &mut s0);
+                        step(w1, hi.add(e + 32), lo.add(e + 32), &mut a1, &mut s1);
+                    }
+                    for (g, a, t) in [(2 * j, a0, s0), (2 * j + 1, a1, s1)] {
+                        let dot = _mm256_cvtepi32_ps(finish(a, t));
+                        let xs = _mm256_set1_ps(acts.scale[ab + g]);
+                        *acc = _mm256_fmadd_ps(dot, _mm256_mul_ps(sc[g], xs), *acc);
+                        mins = _mm256_fmadd_ps(mn[g], _mm256_set1_ps(acts.sum[ab + g]), mins);
+                    }
+                }
+                *acc = _mm256_fnmadd_ps(dmin, mins, *acc);
+            }
+        }
+    }
+}
+
+/// Columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` with `W` interleaved.
+///
+/// # Safety
+/// AVX2, FMA and F16C; the contract of [`super::columns`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn columns(
+    y: SharedOut,
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+    j0: usize,
+    j1: usize,
+) {
+    let (m, k) = (acts.m, acts.k);
+    let cols = k / format.block_elems();
+    let group_bytes = ROWS * cols * format.block_bytes();
+    debug_assert!(w.len() == n / ROWS * group_bytes && j1 <= n && m <= 16);
+    let mut t = j0 / ROWS;
+    while t * ROWS < j1 {
+        let r0 = t * ROWS;
+        // SAFETY: group t < n / 8 lies inside w; the kernels' other bounds are the
+        // contract's (the split holds m rows of k); y's columns j0..j1 are this call's.
+        unsafe {
+            let col = w.as_ptr().add(t * group_bytes);
+            let mut i0 = 0;
+            while i0 < m {
+                let mr = (m - i0).min(ROWS);
+                let mut acc = [_mm256_setzero_ps(); ROWS];
+                macro_rules! run {
+                    ($kernel:ident) => {
+                        match mr {
+                            1 => $kernel::<1>(col, cols, acts, i0, &mut acc),
+                            2 => $kernel::<2>(col, cols, acts, i0, &mut acc),
+                            3 => $kernel::<3>(col, cols, acts, i0, &mut acc),
+                            4 => $kernel::<4>(col, cols, acts, i0, &mut acc),
+                            5 => $kernel::<5>(col, cols, acts, i0, &mut acc),
+                            6 => $kernel::<6>(col, cols, acts, i0, &mut acc),
+                            7 => $kernel::<7>(col, cols, acts, i0, &mut acc),
+                            _ => $kernel::<8>(col, cols, acts, i0, &mut acc),
+                        }
+                    };
+                }
+                match format {
+                    QuantFormat::Q4_0 => run!(q4_0),
+                    _ => run!(q4_k),
+                }
+                let (a, b) = (j0.max(r0), j1.min(r0 + ROWS));
+                for (i, v) in acc.iter().enumerate().take(mr) {
+                    let out = y.get().add((i0 + i) * n);
+                    if a == r0 && b == r0 + ROWS {
+                        let v = match bias {
+                            Some(bias) => _mm256_add_ps(*v, _mm256_loadu_ps(bias[r0..].as_ptr())),
+                            None => *v,
+                        };
+                        _mm256_storeu_ps(out.add(r0), v);
+                    } else {
+                        let mut lanes = [0.0f32; ROWS];
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), *v);
+                        for r in a..b {
+                            *out.add(r) = lanes[r - r0] + bias.map_or(0.0, |bias| bias[r]);
+                        }
+                    }
+                }
+                i0 += mr;
+            }
+        }
+        t += 1;
+    }
+}

@@ -1,0 +1,323 @@
+//! 4-bit weights with 8 rows interleaved: the layout the decode GEMV reads fastest.
+//!
+//! In GGUF's layout each row of `W` is its own run of blocks, and a one-row kernel reduces
+//! every block's 8 partial sums to one number before it can scale it. Here the blocks of 8
+//! neighbouring rows are woven together per column of blocks, 4 bytes at a time, so that one
+//! 256-bit load holds 4 consecutive weights of each of the 8 rows: lane `r` of every vector
+//! is row `r`, and a column of blocks ends as one vector of 8 sums, scaled by the 8 rows'
+//! scales at once. No horizontal reduction is left. The bytes are the same as the file's,
+//! only moved: a matrix takes exactly the bytes it took before ([`pack`], [`unpack_rows`]).
+//!
+//! The activations meet the weights as bytes (`maddubs`, 32 byte products per instruction),
+//! split exactly as `x = 256·hi + lo` ([`QuantizedActs::hi`]): the weights' unsigned
+//! nibbles times `hi` (signed) and `lo` (unsigned) times the nibbles (as signed bytes, which
+//! they fit), each summed over a group of 32 in 16-bit lanes that cannot overflow (at most
+//! 8·2·15·128 = 30720 and, unsigned, 8·2·255·15 = 61200), then widened and put together as
+//! `256·Σ(q·hi) + Σ(q·lo)`: the same exact integer dot product as the other kernels.
+//!
+//! Layouts, for rows `8t..8t + 8` (a row group; groups follow each other, and within a group
+//! the columns of blocks follow in order):
+//!
+//! | format | bytes per column | layout of one column |
+//! |---|---|---|
+//! | Q4_0 | 8 × 18 = 144 | the 8 rows' f16 `d` (16 bytes); then 4 chunks of 32 bytes: chunk `p` holds bytes `4p..4p+4` of each row's 16 quant bytes, row `r` at `4r` |
+//! | Q4_K | 8 × 144 = 1152 | the 8 `d` (16), the 8 `dmin` (16); the 64 six-bit scales and 64 minimums re-packed (96, see below); then 4 pairs of 8 chunks: chunk `(j, p)` at `128 + 256j + 32p` holds bytes `32j + 4p..+4` of each row's 128 quant bytes, row `r` at `4r` |
+//!
+//! Q4_K's scales and minimums are numbered `v = 8g + r` (group `g`, row `r`). Byte `i`
+//! (0..32) of the first 32 holds scale `i`'s low 4 bits in its low nibble and scale
+//! `i + 32`'s in its high nibble; the next 32 bytes do the same for the minimums; the last
+//! 32 hold the top 2 bits of scale `i` (bits 0–1), scale `i + 32` (2–3), minimum `i` (4–5)
+//! and minimum `i + 32` (6–7). All 96 bits of each row's 12 bytes are kept, so
+//! [`unpack_rows`] gives the file's bytes back exactly.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+use super::act::QuantizedActs;
+use super::blocks::k_scale_min;
+use super::gemv::row_scalar;
+use super::QuantFormat;
+use crate::error::{KernelError, Result};
+use crate::SharedOut;
+
+/// Rows woven together.
+pub const ROWS: usize = 8;
+
+/// True for the formats that have an interleaved layout (Q4_0 and Q4_K).
+pub fn supports(format: QuantFormat) -> bool {
+    matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4_K)
+}
+
+/// The bytes of an interleaved `[n, k]` matrix of `format` (the same as in GGUF's layout),
+/// or an error naming what does not fit: a format without an interleaved layout, `n` not a
+/// multiple of [`ROWS`], or `k` not whole blocks.
+pub fn check(format: QuantFormat, n: usize, k: usize) -> Result<usize> {
+    if !supports(format) {
+        return Err(KernelError::Invalid(format!(
+            "{format} has no interleaved layout (Q4_0 and Q4_K do)"
+        )));
+    }
+    if !n.is_multiple_of(ROWS) {
+        return Err(KernelError::Invalid(format!(
+            "{format}: {n} rows cannot be interleaved in groups of {ROWS}"
+        )));
+    }
+    format
+        .row_bytes(k)?
+        .checked_mul(n)
+        .ok_or_else(|| KernelError::Invalid(format!("{format}: {n} rows of {k} elements overflow")))
+}
+
+/// Weaves `src`, an `[n, k]` matrix of `format` in GGUF's layout, into `dst` (as many
+/// bytes) in the interleaved layout. Errors as [`check`] does, or when a length disagrees.
+///
+/// ```
+/// use qkv_kernels::quant::{x8, QuantFormat};
+/// let (n, k) = (8, 64);
+/// let src: Vec<u8> = (0..n * QuantFormat::Q4_0.row_bytes(k).unwrap()).map(|i| i as u8).collect();
+/// let mut packed = vec![0; src.len()];
+/// x8::pack(QuantFormat::Q4_0, &src, n, k, &mut packed).unwrap();
+/// let mut back = vec![0; src.len()];
+/// x8::unpack_rows(QuantFormat::Q4_0, &packed, k, 0, n, &mut back).unwrap();
+/// assert_eq!(back, src);
+/// ```
+pub fn pack(format: QuantFormat, src: &[u8], n: usize, k: usize, dst: &mut [u8]) -> Result<()> {
+    let bytes = check(format, n, k)?;
+    crate::error::check_len("interleaved source", bytes, src.len())?;
+    crate::error::check_len("interleaved destination", bytes, dst.len())?;
+    let (bb, nb) = (format.block_bytes(), k / format.block_elems());
+    let column = ROWS * bb;
+    let group = |(t, out_group): (usize, &mut [u8])| {
+        for (b, out) in out_group.chunks_exact_mut(column).enumerate() {
+            let block = |r: usize| {
+                let at = ((ROWS * t + r) * nb + b) * bb;
+                &src[at..at + bb]
+            };
+            match format {
+                QuantFormat::Q4_0 => pack_q4_0(block, out),
+                _ => pack_q4_k(block, out),
+            }
+        }
+    };
+    // On every thread for large matrices: a model's load packs gigabytes.
+    if bytes >= 1 << 20 {
+        use rayon::prelude::*;
+        dst.par_chunks_exact_mut(nb * column)
+            .enumerate()
+            .for_each(group);
+    } else {
+        dst.chunks_exact_mut(nb * column)
+            .enumerate()
+            .for_each(group);
+    }
+    Ok(())
+}
+
+/// Rows `j0..j0 + rows` of an interleaved `[·, k]` matrix back in GGUF's layout, into
+/// `dst` (`rows` rows of bytes). Errors when the rows lie outside `packed` or a length
+/// disagrees.
+pub fn unpack_rows(
+    format: QuantFormat,
+    packed: &[u8],
+    k: usize,
+    j0: usize,
+    rows: usize,
+    dst: &mut [u8],
+) -> Result<()> {
+    let row_bytes = format.row_bytes(k)?;
+    let n = check_rows(format, packed, row_bytes, j0, rows)?;
+    crate::error::check_len("unpacked rows", rows * row_bytes, dst.len())?;
+    debug_assert!(j0 + rows <= n);
+    let (bb, nb) = (format.block_bytes(), k / format.block_elems());
+    for (j, out_row) in (j0..).zip(dst.chunks_exact_mut(row_bytes)) {
+        for (b, out) in out_row.chunks_exact_mut(bb).enumerate() {
+            let at = ((j / ROWS) * nb + b) * ROWS * bb;
+            let column = &packed[at..at + ROWS * bb];
+            match format {
+                QuantFormat::Q4_0 => unpack_q4_0(column, j % ROWS, out),
+                _ => unpack_q4_k(column, j % ROWS, out),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The rows `packed` holds (whole groups of [`ROWS`]), or an error unless rows
+/// `j0..j0 + rows` lie inside them and the format has a layout.
+fn check_rows(
+    format: QuantFormat,
+    packed: &[u8],
+    row_bytes: usize,
+    j0: usize,
+    rows: usize,
+) -> Result<usize> {
+    let group = ROWS * row_bytes;
+    if !supports(format) || group == 0 || !packed.len().is_multiple_of(group) {
+        return Err(KernelError::Invalid(format!(
+            "{format}: {} bytes are not whole interleaved groups of {group}",
+            packed.len()
+        )));
+    }
+    let n = packed.len() / row_bytes;
+    match j0.checked_add(rows) {
+        Some(end) if end <= n => Ok(n),
+        _ => Err(KernelError::Invalid(format!(
+            "{format}: rows {j0}..{j0}+{rows} lie outside the {n} there are"
+        ))),
+    }
+}
+
+/// Byte ranges of the Q4_0 column: row `r`'s `d`, and its quant bytes `4p..4p + 4`.
+const fn q4_0_d(r: usize) -> usize {
+    2 * r
+}
+const fn q4_0_chunk(p: usize, r: usize) -> usize {
+    16 + 32 * p + 4 * r
+}
+
+fn pack_q4_0<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+    for r in 0..ROWS {
+        let b = block(r);
+        out[q4_0_d(r)..q4_0_d(r) + 2].copy_from_slice(&b[..2]);
+        for p in 0..4 {
+            let at = q4_0_chunk(p, r);
+            out[at..at + 4].copy_from_slice(&b[2 + 4 * p..6 + 4 * p]);
+        }
+    }
+}
+
+fn unpack_q4_0(column: &[u8], r: usize, out: &mut [u8]) {
+    out[..2].copy_from_slice(&column[q4_0_d(r)..q4_0_d(r) + 2]);
+    for p in 0..4 {
+        let at = q4_0_chunk(p, r);
+        out[2 + 4 * p..6 + 4 * p].copy_from_slice(&column[at..at + 4]);
+    }
+}
+
+/// Offset of Q4_K's chunk `(j, p)` for row `r` in a column.
+const fn q4_k_chunk(j: usize, p: usize, r: usize) -> usize {
+    128 + 256 * j + 32 * p + 4 * r
+}
+
+fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+    let (mut sc, mut mn) = ([0u8; 64], [0u8; 64]);
+    for r in 0..ROWS {
+        let b = block(r);
+        out[2 * r..2 * r + 2].copy_from_slice(&b[..2]);
+        out[16 + 2 * r..18 + 2 * r].copy_from_slice(&b[2..4]);
+        for g in 0..8 {
+            (sc[8 * g + r], mn[8 * g + r]) = k_scale_min(&b[4..16], g);
+        }
+        for j in 0..4 {
+            for p in 0..8 {
+                let at = q4_k_chunk(j, p, r);
+                let from = 16 + 32 * j + 4 * p;
+                out[at..at + 4].copy_from_slice(&b[from..from + 4]);
+            }
+        }
+    }
+    for i in 0..32 {
+        out[32 + i] = (sc[i] & 15) | (sc[i + 32] & 15) << 4;
+        out[64 + i] = (mn[i] & 15) | (mn[i + 32] & 15) << 4;
+        out[96 + i] =
+            (sc[i] >> 4) | (sc[i + 32] >> 4) << 2 | (mn[i] >> 4) << 4 | (mn[i + 32] >> 4) << 6;
+    }
+}
+
+/// Scale and minimum of group `g`, row `r`, from a Q4_K column's re-packed 96 bytes.
+fn q4_k_scale_min(column: &[u8], g: usize, r: usize) -> (u8, u8) {
+    let v = 8 * g + r;
+    let (i, upper) = (v % 32, v >= 32);
+    let nib = |b: u8| if upper { b >> 4 } else { b & 15 };
+    let top = column[96 + i] >> if upper { 2 } else { 0 };
+    (
+        nib(column[32 + i]) | (top & 3) << 4,
+        nib(column[64 + i]) | ((top >> 4) & 3) << 4,
+    )
+}
+
+fn unpack_q4_k(column: &[u8], r: usize, out: &mut [u8]) {
+    out[..2].copy_from_slice(&column[2 * r..2 * r + 2]);
+    out[2..4].copy_from_slice(&column[16 + 2 * r..18 + 2 * r]);
+    // The inverse of `k_scale_min`'s 12-byte packing.
+    let scales = &mut out[4..16];
+    for s in 0..4 {
+        let (sc_lo, mn_lo) = q4_k_scale_min(column, s, r);
+        let (sc_hi, mn_hi) = q4_k_scale_min(column, s + 4, r);
+        scales[s] = sc_lo | (sc_hi >> 4) << 6;
+        scales[s + 4] = mn_lo | (mn_hi >> 4) << 6;
+        scales[s + 8] = (sc_hi & 15) | (mn_hi & 15) << 4;
+    }
+    for j in 0..4 {
+        for p in 0..8 {
+            let at = q4_k_chunk(j, p, r);
+            let to = 16 + 32 * j + 4 * p;
+            out[to..to + 4].copy_from_slice(&column[at..at + 4]);
+        }
+    }
+}
+
+/// The plain reference: columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` with `W` interleaved,
+/// each row taken back to GGUF's layout and multiplied exactly as the GGUF-layout reference
+/// multiplies it (so the two agree bit for bit).
+///
+/// # Safety
+/// `y` points to `m·n` floats (`m = acts.m`) of which no one else touches columns `j0..j1`
+/// during the call; `w` holds `n` interleaved rows of `acts.k` elements of `format`, a
+/// format [`supports`] takes; `j1 ≤ n`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn columns_scalar(
+    y: SharedOut,
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+    j0: usize,
+    j1: usize,
+) {
+    let row_bytes = acts.k / format.block_elems() * format.block_bytes();
+    let mut row = vec![0u8; row_bytes];
+    let mut acc = vec![0.0f32; acts.m];
+    for j in j0..j1 {
+        unpack_rows(format, w, acts.k, j, 1, &mut row).expect("rows inside the matrix");
+        acc.fill(0.0);
+        row_scalar(acts, format, &row, 0, &mut acc);
+        for (i, a) in acc.iter().enumerate() {
+            // SAFETY: i < m and j < j1 ≤ n: inside y, in this call's own columns.
+            unsafe { *y.get().add(i * n + j) = a + bias.map_or(0.0, |b| b[j]) };
+        }
+    }
+}
+
+/// Columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` with `W` interleaved, with the fastest kernel
+/// for this CPU.
+///
+/// # Safety
+/// As [`columns_scalar`]; and `acts` holds at most [`SPLIT_MAX_ROWS`] rows, with their byte
+/// split.
+///
+/// [`SPLIT_MAX_ROWS`]: crate::quant::act::SPLIT_MAX_ROWS
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn columns(
+    y: SharedOut,
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+    j0: usize,
+    j1: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected; the rest is the caller's contract.
+        unsafe { avx2::columns(y, acts, format, w, bias, n, j0, j1) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { columns_scalar(y, acts, format, w, bias, n, j0, j1) }
+}
+
+#[cfg(test)]
+mod tests;

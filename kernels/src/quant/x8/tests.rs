@@ -1,0 +1,263 @@
+use super::*;
+use crate::quant::gemv::columns_scalar as gguf_scalar;
+use crate::quant::testing::{any_blocks, magnitude, weight_blocks, Rng};
+
+const FORMATS: [QuantFormat; 2] = [QuantFormat::Q4_0, QuantFormat::Q4_K];
+
+fn packed(format: QuantFormat, w: &[u8], n: usize, k: usize) -> Vec<u8> {
+    let mut out = vec![0u8; w.len()];
+    pack(format, w, n, k, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn pack_and_unpack_are_inverse_on_any_bytes() {
+    let mut rng = Rng(0xA5A5_1234);
+    for format in FORMATS {
+        for (n, k) in [(8, 256), (16, 512), (24, 768)] {
+            let blocks = n * k / format.block_elems();
+            let w = any_blocks(format, blocks, &mut rng);
+            let p = packed(format, &w, n, k);
+            assert_ne!(p, w, "{format}: the layout moves bytes");
+            let mut back = vec![0u8; w.len()];
+            unpack_rows(format, &p, k, 0, n, &mut back).unwrap();
+            assert_eq!(back, w, "{format} n={n} k={k}");
+            // Single rows from the middle of a group.
+            let rb = format.row_bytes(k).unwrap();
+            let mut one = vec![0u8; 3 * rb];
+            unpack_rows(format, &p, k, 5, 3, &mut one).unwrap();
+            assert_eq!(one, w[5 * rb..8 * rb], "{format} rows 5..8");
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_are_refused() {
+    let w = vec![0u8; 7 * 18];
+    let mut out = vec![0u8; w.len()];
+    assert!(pack(QuantFormat::Q4_0, &w, 7, 32, &mut out).is_err());
+    assert!(pack(QuantFormat::Q4_1, &[0; 160], 8, 32, &mut [0; 160]).is_err());
+    assert!(pack(QuantFormat::Q4_0, &[0; 144], 8, 32, &mut [0; 143]).is_err());
+    assert!(pack(QuantFormat::Q4_K, &[0; 8 * 144], 8, 128, &mut [0; 8 * 144]).is_err());
+    let p = vec![0u8; 8 * 18];
+    assert!(unpack_rows(QuantFormat::Q4_0, &p, 32, 7, 2, &mut [0; 36]).is_err());
+    assert!(unpack_rows(QuantFormat::Q4_0, &p, 32, usize::MAX, 2, &mut [0; 36]).is_err());
+    assert!(unpack_rows(QuantFormat::Q4_0, &p[..100], 32, 0, 1, &mut [0; 18]).is_err());
+}
+
+type Kernel =
+    unsafe fn(SharedOut, &QuantizedActs, QuantFormat, &[u8], Option<&[f32]>, usize, usize, usize);
+
+fn kernels() -> Vec<(&'static str, Kernel)> {
+    let mut out: Vec<(&'static str, Kernel)> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
+    {
+        out.push(("avx2", avx2::columns));
+    }
+    out.push(("dispatch", columns));
+    out
+}
+
+/// The interleaved reference equals the GGUF-layout reference bit for bit, and every SIMD
+/// kernel equals it up to the order of f32 additions, on rows of x from 1 to 8, column
+/// ranges that cut groups of 8, and x with outliers and an all-zero block.
+#[test]
+fn simd_matches_scalar_reference() {
+    let mut rng = Rng(0x51DE_5EED);
+    let mut worst = 0.0f64;
+    let (ks, shapes): (&[usize], &[(usize, usize)]) = if cfg!(miri) {
+        (&[256], &[(1, 8), (3, 16)])
+    } else {
+        (
+            &[256, 512, 768, 2048],
+            &[
+                (1, 8),
+                (1, 40),
+                (2, 16),
+                (3, 24),
+                (4, 8),
+                (5, 16),
+                (7, 8),
+                (8, 32),
+                (11, 8),
+            ],
+        )
+    };
+    for format in FORMATS {
+        for &k in ks {
+            for &(m, n) in shapes {
+                let w = weight_blocks(format, n, k, &mut rng);
+                let p = packed(format, &w, n, k);
+                let x: Vec<f32> = (0..m * k)
+                    .map(|i| {
+                        if (i / 32) % 7 == 3 {
+                            0.0
+                        } else {
+                            rng.uniform() * if i % 97 == 0 { 30.0 } else { 1.0 }
+                        }
+                    })
+                    .collect();
+                let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
+                let mut acts = QuantizedActs::default();
+                acts.quantize(&x, m, k).unwrap();
+                let mut want = vec![f32::NAN; m * n];
+                let mut same = vec![f32::NAN; m * n];
+                // SAFETY: want and same are m·n; w and p hold n rows of k; every column is
+                // ours.
+                unsafe {
+                    gguf_scalar(
+                        SharedOut(want.as_mut_ptr()),
+                        &acts,
+                        format,
+                        &w,
+                        Some(&bias),
+                        n,
+                        0,
+                        n,
+                    );
+                    columns_scalar(
+                        SharedOut(same.as_mut_ptr()),
+                        &acts,
+                        format,
+                        &p,
+                        Some(&bias),
+                        n,
+                        0,
+                        n,
+                    );
+                }
+                assert_eq!(
+                    same.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{format} m={m} k={k} n={n}: interleaved reference"
+                );
+                for (name, kernel) in kernels() {
+                    let mut got = vec![f32::NAN; m * n];
+                    let cut = (n / 3).max(1) | 1; // odd: cuts a group of 8
+                    for (j0, j1) in [(0, cut), (cut, n)] {
+                        // SAFETY: as above; the ranges are disjoint and run in turn.
+                        unsafe {
+                            kernel(
+                                SharedOut(got.as_mut_ptr()),
+                                &acts,
+                                format,
+                                &p,
+                                Some(&bias),
+                                n,
+                                j0,
+                                j1,
+                            )
+                        };
+                    }
+                    for i in 0..m {
+                        for j in 0..n {
+                            let mag = magnitude(&acts, format, &w, i, j) + 1.0;
+                            let (g, e) = (got[i * n + j], want[i * n + j]);
+                            let err = f64::from((g - e).abs()) / mag;
+                            worst = worst.max(err);
+                            assert!(
+                                err <= 1e-6,
+                                "{name} {format} m={m} k={k} n={n} ({i},{j}): {g} vs {e}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("worst relative error against the scalar kernel: {worst:e}");
+}
+
+/// Activations at the ends of the 16-bit range: every byte split at its extreme, which
+/// is where the 16-bit sums of the kernel are closest to overflowing.
+#[test]
+fn extreme_activations_are_exact() {
+    for format in FORMATS {
+        let (m, n, k) = (2, 8, 256);
+        let mut rng = Rng(3);
+        let mut w = weight_blocks(format, n, k, &mut rng);
+        // All nibbles 15: the largest products.
+        for block in w.chunks_exact_mut(format.block_bytes()) {
+            let qs = if format == QuantFormat::Q4_0 {
+                2..18
+            } else {
+                16..144
+            };
+            block[qs].fill(0xFF);
+        }
+        let p = packed(format, &w, n, k);
+        for sign in [1.0f32, -1.0] {
+            // Every element at the block's maximum: q = ±32767 (hi 127 / −128, lo 255 / 1).
+            let x = vec![sign; m * k];
+            let mut acts = QuantizedActs::default();
+            acts.quantize(&x, m, k).unwrap();
+            let mut want = vec![0.0f32; m * n];
+            // SAFETY: want is m·n, w holds n rows of k.
+            unsafe {
+                gguf_scalar(
+                    SharedOut(want.as_mut_ptr()),
+                    &acts,
+                    format,
+                    &w,
+                    None,
+                    n,
+                    0,
+                    n,
+                )
+            };
+            for (name, kernel) in kernels() {
+                let mut got = vec![0.0f32; m * n];
+                // SAFETY: as above.
+                unsafe {
+                    kernel(
+                        SharedOut(got.as_mut_ptr()),
+                        &acts,
+                        format,
+                        &p,
+                        None,
+                        n,
+                        0,
+                        n,
+                    )
+                };
+                for (g, e) in got.iter().zip(&want) {
+                    assert!(
+                        (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                        "{name} {format}: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A NaN or infinity in `x` makes its row of `y` non-finite, and only its row.
+#[test]
+fn non_finite_x_stays_visible() {
+    let mut rng = Rng(77);
+    for format in FORMATS {
+        let (m, n, k) = (3, 8, 512);
+        let w = packed(format, &weight_blocks(format, n, k, &mut rng), n, k);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut x: Vec<f32> = (0..m * k).map(|_| rng.uniform()).collect();
+            x[k + k / 2 + 44] = bad;
+            let mut acts = QuantizedActs::default();
+            acts.quantize(&x, m, k).unwrap();
+            for (name, kernel) in kernels() {
+                let mut y = vec![0.0f32; m * n];
+                // SAFETY: y is m·n, w holds n rows of k.
+                unsafe { kernel(SharedOut(y.as_mut_ptr()), &acts, format, &w, None, n, 0, n) };
+                for j in 0..n {
+                    assert!(!y[n + j].is_finite(), "{name} {format} {bad}: y[1, {j}]");
+                    assert!(
+                        y[j].is_finite() && y[2 * n + j].is_finite(),
+                        "{name} {format}"
+                    );
+                }
+            }
+        }
+    }
+}
