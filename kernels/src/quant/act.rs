@@ -16,7 +16,8 @@ pub const ACT_BLOCK: usize = 32;
 use crate::error::{check_len, KernelError, Result};
 
 /// Most rows for which [`QuantizedActs::quantize`] also fills the byte split
-/// ([`QuantizedActs::hi`], [`QuantizedActs::lo`], [`QuantizedActs::isum`]).
+/// ([`QuantizedActs::hi`], [`QuantizedActs::lo`]) and the half-block sums
+/// ([`QuantizedActs::isum16`]).
 pub const SPLIT_MAX_ROWS: usize = 16;
 
 /// Largest magnitude of a quantized activation.
@@ -38,10 +39,10 @@ pub struct QuantizedActs {
     /// holds an even element in its low byte and the next odd one in its high byte). Empty
     /// for more rows.
     pub eo: Vec<i16>,
-    /// For one row, the integer sum of `q` over each half-block of 16 elements (two per
-    /// block): the one-row kernels take a format's offset (Q4_0's −8, Q5_0's −16, Q6_K's
-    /// −32) off the weights' sums once per block, exactly, instead of off every weight.
-    /// Empty for more rows.
+    /// For up to [`SPLIT_MAX_ROWS`] rows, the integer sum of `q` over each half-block of 16
+    /// elements (two per block, `m·k / 16`): the GEMV kernels take a format's offset (Q4_0's
+    /// −8, Q5_0's −16, Q6_K's −32) off the weights' sums once per block, exactly, instead
+    /// of off every weight. Empty for more rows.
     pub isum16: Vec<i32>,
     /// For up to [`SPLIT_MAX_ROWS`] rows (the GEMV regime), every integer `q` split into
     /// bytes as `q = 256·hi + lo`: `hi` the arithmetic high byte (−128..=127) and `lo` the
@@ -51,9 +52,6 @@ pub struct QuantizedActs {
     pub hi: Vec<i8>,
     /// The low bytes of the split (see [`QuantizedActs::hi`]).
     pub lo: Vec<u8>,
-    /// For up to [`SPLIT_MAX_ROWS`] rows, the integer sum of `q` over each block of 32
-    /// (`m·k / 32`): Q4_0's offset of 8 comes off a block's sum as `8·Σq`, exactly.
-    pub isum: Vec<i32>,
     /// Rows.
     pub m: usize,
     /// Elements per row (a multiple of 32).
@@ -104,32 +102,27 @@ impl QuantizedActs {
         self.isum16.clear();
         self.hi.clear();
         self.lo.clear();
-        self.isum.clear();
         if m <= SPLIT_MAX_ROWS {
             self.hi.extend(self.q.iter().map(|&v| (v >> 8) as i8));
             self.lo.extend(self.q.iter().map(|&v| v as u8));
-            self.isum.extend(
+            self.isum16.extend(
                 self.q
-                    .chunks_exact(ACT_BLOCK)
-                    .map(|b| b.iter().map(|&v| i32::from(v)).sum::<i32>()),
+                    .chunks_exact(16)
+                    .map(|h| h.iter().map(|&v| i32::from(v)).sum::<i32>()),
             );
         }
         if m == 1 {
             self.eo.resize(k, 0);
-            self.isum16.resize(k / 16, 0);
-            for ((q, eo), isum) in self
+            for (q, eo) in self
                 .q
                 .chunks_exact(ACT_BLOCK)
                 .zip(self.eo.chunks_exact_mut(ACT_BLOCK))
-                .zip(self.isum16.chunks_exact_mut(2))
             {
                 let (even, odd) = eo.split_at_mut(16);
                 for (i, pair) in q.chunks_exact(2).enumerate() {
                     even[i] = pair[0];
                     odd[i] = pair[1];
                 }
-                isum[0] = q[..16].iter().map(|&v| i32::from(v)).sum();
-                isum[1] = q[16..].iter().map(|&v| i32::from(v)).sum();
             }
         }
     }
@@ -167,18 +160,13 @@ impl QuantizedActs {
             check_len("quantized activations hi", elems, self.hi.len())?;
             check_len("quantized activations lo", elems, self.lo.len())?;
             check_len(
-                "quantized activations isum",
-                elems / ACT_BLOCK,
-                self.isum.len(),
+                "quantized activations isum16",
+                elems / 16,
+                self.isum16.len(),
             )?;
         }
         if self.m == 1 {
             check_len("quantized activations eo", self.k, self.eo.len())?;
-            check_len(
-                "quantized activations isum16",
-                self.k / 16,
-                self.isum16.len(),
-            )?;
         }
         Ok(())
     }
@@ -391,14 +379,23 @@ mod tests {
         }
     }
 
-    /// One row also gets its integers in even/odd order per block and their half-block
-    /// sums; more rows get neither, and a later one-row call does not see stale ones.
+    /// One row also gets its integers in even/odd order per block; up to 16 rows get their
+    /// half-block sums and byte split; more rows get none of them, and a later call does not
+    /// see stale ones.
     #[test]
     fn one_row_gets_even_odd_order_and_half_sums() {
         let mut acts = QuantizedActs::default();
         let k = 96;
         acts.quantize(&values(2 * k, 5), 2, k).unwrap();
-        assert!(acts.eo.is_empty() && acts.isum16.is_empty());
+        assert!(acts.eo.is_empty() && acts.isum16.len() == 2 * k / 16);
+        for (i, &q) in acts.q.iter().enumerate() {
+            assert_eq!(
+                256 * i32::from(acts.hi[i]) + i32::from(acts.lo[i]),
+                i32::from(q)
+            );
+        }
+        acts.quantize(&values(17 * k, 5), 17, k).unwrap();
+        assert!(acts.isum16.is_empty() && acts.hi.is_empty() && acts.lo.is_empty());
         acts.check().unwrap();
         let x = values(k, 9);
         acts.quantize(&x, 1, k).unwrap();
@@ -416,7 +413,7 @@ mod tests {
             }
         }
         acts.quantize(&values(2 * k, 5), 2, k).unwrap();
-        assert!(acts.eo.is_empty() && acts.isum16.is_empty());
+        assert!(acts.eo.is_empty());
     }
 
     #[test]

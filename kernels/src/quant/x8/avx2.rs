@@ -107,7 +107,10 @@ unsafe fn q4_0<const M: usize>(
                 }
                 let at = row * bpr + b;
                 // The stored nibbles are q + 8: take 8·Σx off, exactly.
-                let dot = _mm256_sub_epi32(finish(a, s), _mm256_set1_epi32(8 * acts.isum[at]));
+                let dot = _mm256_sub_epi32(
+                    finish(a, s),
+                    _mm256_set1_epi32(8 * (acts.isum16[2 * at] + acts.isum16[2 * at + 1])),
+                );
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(acts.scale[at]));
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
             }
