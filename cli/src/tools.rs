@@ -476,16 +476,36 @@ pub fn parse_reply(format: ToolFormat, text: &str, names: &[String]) -> Reply {
 }
 
 /// A chat message as the template reads it: an assistant's `tool_calls` with their
-/// `function.arguments` parsed from JSON text into objects (as chat templates expect them).
-pub fn template_message(mut m: Value) -> Value {
+/// `function.arguments` parsed from JSON text into objects (as chat templates expect them),
+/// and a missing or null `content` as an empty string. For a template that does not read
+/// `tool_calls` (`reads_calls` false), the calls are written into the content in the
+/// generic format, so that the model still sees what it called.
+pub fn template_message(mut m: Value, reads_calls: bool) -> Value {
+    let mut generic = Vec::new();
     if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
         for c in calls {
-            let args = c.get_mut("function").and_then(|f| f.get_mut("arguments"));
-            if let Some(a) = args {
+            let Some(f) = c.get_mut("function") else {
+                continue;
+            };
+            if let Some(a) = f.get_mut("arguments") {
                 if let Some(v) = a.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()) {
                     *a = v;
                 }
             }
+            generic.push(json!({"name": f.get("name"), "arguments": f.get("arguments")}));
+        }
+    }
+    if let Some(o) = m.as_object_mut() {
+        if o.get("content").is_none_or(Value::is_null) {
+            o.insert("content".into(), json!(""));
+        }
+        if !reads_calls && !generic.is_empty() {
+            let text = json!({"tool_calls": generic}).to_string();
+            let content = match o.get("content").and_then(Value::as_str) {
+                Some(c) if !c.is_empty() => format!("{c}\n{text}"),
+                _ => text,
+            };
+            o.insert("content".into(), json!(content));
         }
     }
     m

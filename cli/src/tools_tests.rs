@@ -216,6 +216,13 @@ fn forced_grammars_name_only_the_chosen_tools() {
 fn template_messages_get_argument_objects() {
     let m = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
         "function": {"name": "add", "arguments": "{\"a\": 1}"}}]});
-    let t = template_message(m);
+    let t = template_message(m.clone(), true);
     assert_eq!(t["tool_calls"][0]["function"]["arguments"]["a"], 1);
+    assert_eq!(t["content"], "");
+    // A template that does not read the calls sees them in the content.
+    let t = template_message(m, false);
+    assert_eq!(
+        t["content"],
+        r#"{"tool_calls":[{"name":"add","arguments":{"a":1}}]}"#
+    );
 }

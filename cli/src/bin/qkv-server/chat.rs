@@ -101,7 +101,11 @@ pub fn prepare(state: &AppState, b: &Body) -> Result<(Vec<u32>, Post), ApiError>
         },
         ..Default::default()
     };
-    let msgs: Vec<Value> = msgs.into_iter().map(tools::template_message).collect();
+    let reads_calls = template.is_some_and(|t| t.contains("tool_calls"));
+    let msgs: Vec<Value> = msgs
+        .into_iter()
+        .map(|m| tools::template_message(m, reads_calls))
+        .collect();
     // A template that refuses the conversation, or a model without one: the request's
     // fault, a 400 whatever the error's kind.
     let text = tokenizer

@@ -414,6 +414,7 @@ fn parsed_chunks(run: &Run, content: &str) -> std::collections::VecDeque<Value> 
             }
         }
     }
+    deltas.push(json!({}));
     let last = deltas.len() - 1;
     deltas
         .into_iter()
