@@ -377,7 +377,8 @@ impl qkv::engine::TokenConstraint for OnlyThese {
         self.allowed.contains(&token)
     }
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        self.masks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.masks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for (i, l) in logits.iter_mut().enumerate() {
             if !self.allowed.contains(&(i as u32)) {
                 *l = f32::MIN;

@@ -53,7 +53,10 @@ pub fn token_words(tokenizer: &qkv::tokenizer::Tokenizer) -> Vec<Vec<u8>> {
                 w.extend_from_slice(tokenizer.token_str(id).unwrap_or("").as_bytes());
                 w
             } else {
-                tokenizer.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default()
+                tokenizer
+                    .token_bytes(id)
+                    .map(<[u8]>::to_vec)
+                    .unwrap_or_default()
             }
         })
         .collect()
@@ -173,9 +176,7 @@ impl TokenConstraint for Grammar {
     }
 
     fn commit(&mut self, token: u32) -> Result<(), String> {
-        self.matcher
-            .consume_token(token)
-            .map_err(|e| e.to_string())
+        self.matcher.consume_token(token).map_err(|e| e.to_string())
     }
 
     fn is_complete(&self) -> bool {

@@ -86,7 +86,10 @@ pub fn output_constraint(b: &Body) -> Result<Option<OutputConstraint>, ApiError>
                         ))
                     }
                 };
-                if js.get("name").is_some_and(|n| !n.is_string() && !n.is_null()) {
+                if js
+                    .get("name")
+                    .is_some_and(|n| !n.is_string() && !n.is_null())
+                {
                     return Err(ApiError::invalid(
                         "response_format.json_schema.name",
                         "`name` must be a string",
@@ -157,7 +160,10 @@ mod tests {
     #[test]
     fn each_field_is_read() {
         assert_eq!(read("{}").unwrap(), None);
-        assert_eq!(read(r#"{"response_format": {"type": "text"}}"#).unwrap(), None);
+        assert_eq!(
+            read(r#"{"response_format": {"type": "text"}}"#).unwrap(),
+            None
+        );
         let c = read(
             r#"{"response_format": {"type": "json_schema", "json_schema":
                 {"name": "x", "strict": true, "schema": {"type": "integer"}}}}"#,
@@ -172,7 +178,9 @@ mod tests {
                 param: "response_format.json_schema.schema".into()
             }
         );
-        let c = read(r#"{"json_schema": {"type": "string"}}"#).unwrap().unwrap();
+        let c = read(r#"{"json_schema": {"type": "string"}}"#)
+            .unwrap()
+            .unwrap();
         assert_eq!(c.param(), "json_schema");
         let c = read(r#"{"grammar": "start: \"a\""}"#).unwrap().unwrap();
         assert!(matches!(c, OutputConstraint::Lark { .. }));

@@ -127,12 +127,12 @@ pub fn tool_request(b: &Body, tools: Option<&[Value]>) -> Result<Option<ToolRequ
             "auto" => ToolChoice::Auto,
             "none" => ToolChoice::None,
             "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!("`tool_choice` must be `auto`, `none`, `required` or a function, got `{other}`"),
-                ))
-            }
+            other => return Err(ApiError::invalid(
+                "tool_choice",
+                format!(
+                    "`tool_choice` must be `auto`, `none`, `required` or a function, got `{other}`"
+                ),
+            )),
         }),
         Some(Value::Object(o)) => {
             if o.get("type").and_then(Value::as_str) != Some("function") {
@@ -146,7 +146,10 @@ pub fn tool_request(b: &Body, tools: Option<&[Value]>) -> Result<Option<ToolRequ
                 .and_then(|f| f.get("name"))
                 .and_then(Value::as_str)
                 .ok_or_else(|| {
-                    ApiError::invalid("tool_choice.function.name", "the function's name is missing")
+                    ApiError::invalid(
+                        "tool_choice.function.name",
+                        "the function's name is missing",
+                    )
                 })?;
             Some(ToolChoice::Named(name.to_owned()))
         }
@@ -178,7 +181,9 @@ pub fn tool_request(b: &Body, tools: Option<&[Value]>) -> Result<Option<ToolRequ
         let f = t
             .get("function")
             .and_then(Value::as_object)
-            .ok_or_else(|| ApiError::invalid(&field(".function"), "`function` must be an object"))?;
+            .ok_or_else(|| {
+                ApiError::invalid(&field(".function"), "`function` must be an object")
+            })?;
         let name = f
             .get("name")
             .and_then(Value::as_str)
@@ -343,7 +348,10 @@ pub fn split_reasoning(text: &str) -> (Option<String>, &str) {
             &t[end + "</think>".len()..],
         ),
         // Templates that open the think block themselves leave only the closing tag.
-        (None, Some(end)) => (Some(t[..end].trim().to_owned()), &t[end + "</think>".len()..]),
+        (None, Some(end)) => (
+            Some(t[..end].trim().to_owned()),
+            &t[end + "</think>".len()..],
+        ),
         (Some(b), None) => (Some(b.trim().to_owned()), ""),
         (None, None) => (None, text),
     }
@@ -401,7 +409,7 @@ fn parse_hermes(text: &str, names: &[String]) -> Option<(String, Vec<ToolCall>)>
         rest = tail.strip_prefix("</tool_call>").unwrap_or(tail);
     }
     content.push_str(rest);
-    (!calls.is_empty()).then(|| (content, calls))
+    (!calls.is_empty()).then_some((content, calls))
 }
 
 /// `[TOOL_CALLS][…]` or `[TOOL_CALLS]name[ARGS]{…}`.
@@ -488,7 +496,10 @@ pub fn template_message(mut m: Value, reads_calls: bool) -> Value {
                 continue;
             };
             if let Some(a) = f.get_mut("arguments") {
-                if let Some(v) = a.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()) {
+                if let Some(v) = a
+                    .as_str()
+                    .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                {
                     *a = v;
                 }
             }

@@ -99,7 +99,11 @@ fn text_that_is_not_a_call_stays_content() {
         assert_eq!(r.content, text.trim(), "{text}");
     }
     // Without tools nothing is parsed as a call.
-    let r = parse_reply(ToolFormat::Generic, "{\"name\": \"add\", \"arguments\": {}}", &[]);
+    let r = parse_reply(
+        ToolFormat::Generic,
+        "{\"name\": \"add\", \"arguments\": {}}",
+        &[],
+    );
     assert!(r.calls.is_empty());
 }
 
@@ -113,9 +117,15 @@ fn reasoning_is_split_off() {
     assert_eq!(r.reasoning.as_deref(), Some("The user wants Oslo."));
     assert_eq!(r.calls.len(), 1);
     let r = parse_reply(ToolFormat::Hermes, "<think>hmm</think>Hello", &[]);
-    assert_eq!((r.reasoning.as_deref(), r.content.as_str()), (Some("hmm"), "Hello"));
+    assert_eq!(
+        (r.reasoning.as_deref(), r.content.as_str()),
+        (Some("hmm"), "Hello")
+    );
     let r = parse_reply(ToolFormat::Hermes, "<think>cut off", &[]);
-    assert_eq!((r.reasoning.as_deref(), r.content.as_str()), (Some("cut off"), ""));
+    assert_eq!(
+        (r.reasoning.as_deref(), r.content.as_str()),
+        (Some("cut off"), "")
+    );
     let r = parse_reply(ToolFormat::Hermes, "plain", &[]);
     assert_eq!((r.reasoning, r.content.as_str()), (None, "plain"));
 }
@@ -138,15 +148,24 @@ fn tool_fields_are_read() {
     assert_eq!(read("{}").unwrap(), None);
     assert_eq!(read(r#"{"tool_choice": "none"}"#).unwrap(), None);
     let r = read(&format!("{{{TOOLS}}}")).unwrap().unwrap();
-    assert_eq!((r.choice.clone(), r.parallel, r.tools.len()), (ToolChoice::Auto, true, 2));
-    assert_eq!(r.tools[1].parameters["type"], "object", "missing parameters: no arguments");
+    assert_eq!(
+        (r.choice.clone(), r.parallel, r.tools.len()),
+        (ToolChoice::Auto, true, 2)
+    );
+    assert_eq!(
+        r.tools[1].parameters["type"], "object",
+        "missing parameters: no arguments"
+    );
     let r = read(&format!(
         r#"{{{TOOLS}, "tool_choice": {{"type": "function", "function": {{"name": "add"}}}},
         "parallel_tool_calls": false}}"#
     ))
     .unwrap()
     .unwrap();
-    assert_eq!((r.choice, r.parallel), (ToolChoice::Named("add".into()), false));
+    assert_eq!(
+        (r.choice, r.parallel),
+        (ToolChoice::Named("add".into()), false)
+    );
 }
 
 #[test]

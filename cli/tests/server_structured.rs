@@ -47,13 +47,24 @@ fn person_schema() -> Value {
 
 /// Checks `v` against [`person_schema`] by hand.
 fn check_person(v: &Value) {
-    let o = v.as_object().unwrap_or_else(|| panic!("not an object: {v}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"));
     assert_eq!(o.len(), 5, "{v}");
-    assert!(o["name"].as_str().is_some_and(|s| s.chars().count() <= 24), "{v}");
+    assert!(
+        o["name"].as_str().is_some_and(|s| s.chars().count() <= 24),
+        "{v}"
+    );
     assert!(o["age"].as_u64().is_some_and(|a| a <= 120), "{v}");
-    assert!(["admin", "user", "guest"].contains(&o["role"].as_str().unwrap_or("")), "{v}");
+    assert!(
+        ["admin", "user", "guest"].contains(&o["role"].as_str().unwrap_or("")),
+        "{v}"
+    );
     let a = o["address"].as_object().unwrap();
-    assert!(a["city"].is_string() && a["zip"].is_i64() && a.len() == 2, "{v}");
+    assert!(
+        a["city"].is_string() && a["zip"].is_i64() && a.len() == 2,
+        "{v}"
+    );
     let tags = o["tags"].as_array().unwrap();
     assert!(tags.len() <= 3 && tags.iter().all(Value::is_string), "{v}");
 }
@@ -88,7 +99,10 @@ fn network_json_object_grammar_and_llama_server_fields() {
         ),
     );
     let text = r["choices"][0]["message"]["content"].as_str().unwrap();
-    assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+    assert!(
+        serde_json::from_str::<Value>(text).unwrap().is_object(),
+        "{text}"
+    );
     // llama-server's fields, on the completion route too.
     let r = s.json(
         "/v1/completions",
@@ -102,8 +116,13 @@ fn network_json_object_grammar_and_llama_server_fields() {
         &chat("Pick numbers.", json!({"temperature": 1.0, "seed": 5,
             "json_schema": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}})),
     );
-    let v: Value = serde_json::from_str(r["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
-    assert!(v.as_array().is_some_and(|a| a.len() == 2 && a.iter().all(Value::is_i64)), "{v}");
+    let v: Value =
+        serde_json::from_str(r["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert!(
+        v.as_array()
+            .is_some_and(|a| a.len() == 2 && a.iter().all(Value::is_i64)),
+        "{v}"
+    );
 }
 
 fn weather_tools() -> Value {
@@ -126,7 +145,10 @@ fn check_call(name: &str, arguments: &str) {
     match name {
         "get_weather" => {
             assert!(o["city"].is_string() && o.len() == 2, "{a}");
-            assert!(["celsius", "fahrenheit"].contains(&o["unit"].as_str().unwrap()), "{a}");
+            assert!(
+                ["celsius", "fahrenheit"].contains(&o["unit"].as_str().unwrap()),
+                "{a}"
+            );
         }
         "add" => assert!(o["a"].is_i64() && o["b"].is_i64() && o.len() == 2, "{a}"),
         other => panic!("unknown tool {other}"),
@@ -137,7 +159,11 @@ fn check_call(name: &str, arguments: &str) {
 fn network_forced_tool_calls_whole_and_streamed() {
     let Some(s) = Server::start(&[]) else { return };
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
-    for (choice, seed) in [(named.clone(), 0), (json!("required"), 1), (json!("required"), 2)] {
+    for (choice, seed) in [
+        (named.clone(), 0),
+        (json!("required"), 1),
+        (json!("required"), 2),
+    ] {
         let body = chat(
             "What is the weather in Paris?",
             json!({"tools": weather_tools(), "tool_choice": choice, "temperature": 0.8, "seed": seed}),
@@ -154,7 +180,10 @@ fn network_forced_tool_calls_whole_and_streamed() {
             if choice == named {
                 assert_eq!(f["name"], "get_weather");
             }
-            check_call(f["name"].as_str().unwrap(), f["arguments"].as_str().unwrap());
+            check_call(
+                f["name"].as_str().unwrap(),
+                f["arguments"].as_str().unwrap(),
+            );
         }
         // Streamed: the same calls, the name first, then the argument fragments.
         let mut stream_body = body.clone();
@@ -168,7 +197,11 @@ fn network_forced_tool_calls_whole_and_streamed() {
             if let Some(f) = choice["finish_reason"].as_str() {
                 finish = Some(f.to_owned());
             }
-            for d in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            for d in choice["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
                 let i = d["index"].as_u64().unwrap() as usize;
                 if let Some(n) = d["function"]["name"].as_str() {
                     assert_eq!(i, names.len(), "a call's name comes first");
@@ -192,7 +225,14 @@ fn network_forced_tool_calls_whole_and_streamed() {
         &chat("Add 2 and 3, and the weather in Rome.", json!({"tools": weather_tools(),
             "tool_choice": "required", "parallel_tool_calls": false, "temperature": 0.9, "seed": 4})),
     );
-    assert_eq!(r["choices"][0]["message"]["tool_calls"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(
+        r["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "{r}"
+    );
 }
 
 #[test]
@@ -204,12 +244,17 @@ fn network_a_tool_result_is_fed_back() {
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21, \"sky\": \"sunny\"}"}
     ]);
-    let body = json!({"messages": messages, "tools": weather_tools(), "max_tokens": 30, "temperature": 0});
+    let body =
+        json!({"messages": messages, "tools": weather_tools(), "max_tokens": 30, "temperature": 0});
     let r = s.json("/v1/chat/completions", &body);
     let c = &r["choices"][0];
-    assert!(c["message"]["content"].is_string() || c["message"]["tool_calls"].is_array(), "{r}");
+    assert!(
+        c["message"]["content"].is_string() || c["message"]["tool_calls"].is_array(),
+        "{r}"
+    );
     // The tool's answer reached the prompt.
-    let without = json!({"messages": [messages[0].clone()], "tools": weather_tools(), "max_tokens": 1});
+    let without =
+        json!({"messages": [messages[0].clone()], "tools": weather_tools(), "max_tokens": 1});
     let short = s.json("/v1/chat/completions", &without);
     assert!(
         r["usage"]["prompt_tokens"].as_u64().unwrap()
@@ -228,10 +273,16 @@ fn bad_constraints_and_tool_fields_are_400s_naming_the_field() {
                 "schema": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}}}),
             "response_format.json_schema.schema",
         ),
-        (json!({"response_format": {"type": "yaml"}}), "response_format.type"),
+        (
+            json!({"response_format": {"type": "yaml"}}),
+            "response_format.type",
+        ),
         (json!({"json_schema": {"type": "strange"}}), "json_schema"),
         (json!({"grammar": "start: ( \"a\""}), "grammar"),
-        (json!({"tools": tools, "tool_choice": "sometimes"}), "tool_choice"),
+        (
+            json!({"tools": tools, "tool_choice": "sometimes"}),
+            "tool_choice",
+        ),
         (
             json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
             "tool_choice.function.name",
@@ -242,7 +293,10 @@ fn bad_constraints_and_tool_fields_are_400s_naming_the_field() {
                 "parameters": {"type": "object", "properties": {"x": {"type": 7}}}}}]}),
             "tools[0].function.parameters",
         ),
-        (json!({"tools": [{"type": "function", "function": {}}]}), "tools[0].function.name"),
+        (
+            json!({"tools": [{"type": "function", "function": {}}]}),
+            "tools[0].function.name",
+        ),
     ] {
         let (status, text) = s.call("POST", "/v1/chat/completions", &chat("hi", extra.clone()));
         assert_eq!(status, 400, "{extra}: {text}");

@@ -30,7 +30,10 @@ pub struct Post {
 /// compile, or when the server has none).
 fn compile(state: &AppState, c: &OutputConstraint) -> Result<Box<dyn TokenConstraint>, ApiError> {
     let grammars = state.grammars.as_ref().map_err(|e| {
-        ApiError::invalid(c.param(), format!("constrained output is not available: {e}"))
+        ApiError::invalid(
+            c.param(),
+            format!("constrained output is not available: {e}"),
+        )
     })?;
     Ok(Box::new(grammars.compile(c)?))
 }

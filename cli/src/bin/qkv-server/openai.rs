@@ -399,8 +399,10 @@ fn parsed_chunks(run: &Run, content: &str) -> std::collections::VecDeque<Value> 
     }
     if let Some(Value::Array(calls)) = message.get("tool_calls") {
         for (i, c) in calls.iter().enumerate() {
-            deltas.push(json!({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
-                "function": {"name": c["function"]["name"], "arguments": ""}}]}));
+            deltas.push(
+                json!({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": ""}}]}),
+            );
             let args = c["function"]["arguments"].as_str().unwrap_or("");
             let mut start = 0;
             while start < args.len() {
