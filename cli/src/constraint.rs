@@ -4,8 +4,8 @@
 //!
 //! The vocabulary goes to llguidance as each token's bytes; special tokens (end of turn,
 //! role markers) are spelt with llguidance's special-token marker byte in front, so that no
-//! text in a grammar can match them, and the end-of-sequence token is the one the grammar
-//! allows once the output is complete.
+//! text in a grammar can match them (except the tool-call markup, see [`token_words`]), and
+//! the end-of-sequence token is the one the grammar allows once the output is complete.
 
 use crate::request::ApiError;
 use crate::structured::OutputConstraint;
@@ -44,11 +44,16 @@ impl TokenizerEnv for Env {
 }
 
 /// The bytes llguidance sees for each token of `tokenizer`: the token's own bytes, or for a
-/// special token the marker byte 0xFF followed by its spelling.
+/// special token the marker byte 0xFF followed by its spelling. The special tokens of a
+/// reply's markup ([`crate::tools::MARKUP_TOKENS`]: `<tool_call>`, `[TOOL_CALLS]`, …) are
+/// text, so that a grammar's `"<tool_call>"` lets the model write its one token.
 pub fn token_words(tokenizer: &qkv::tokenizer::Tokenizer) -> Vec<Vec<u8>> {
     (0..tokenizer.vocab_size() as u32)
         .map(|id| {
-            if tokenizer.is_special(id) {
+            let markup = tokenizer
+                .token_str(id)
+                .is_ok_and(|t| crate::tools::MARKUP_TOKENS.contains(&t));
+            if tokenizer.is_special(id) && !markup {
                 let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
                 w.extend_from_slice(tokenizer.token_str(id).unwrap_or("").as_bytes());
                 w
@@ -181,5 +186,21 @@ impl TokenConstraint for Grammar {
 
     fn is_complete(&self) -> bool {
         self.matcher.is_stopped()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_added_unless_the_schema_sets_its_own() {
+        let s = with_layout(&json!({"type": "object"}), true);
+        assert_eq!(s["x-guidance"]["whitespace_flexible"], false);
+        assert_eq!(s["x-guidance"]["lenient"], false);
+        let own = json!({"type": "object", "x-guidance": {"whitespace_flexible": true}});
+        assert_eq!(with_layout(&own, false), own);
+        let any = with_layout(&json!(true), false);
+        assert_eq!(any["allOf"][0], true);
     }
 }
