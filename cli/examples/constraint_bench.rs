@@ -37,13 +37,13 @@ fn schema() -> Value {
                "additionalProperties": false})
     };
     json!({"type": "object", "additionalProperties": false,
-        "required": ["user", "order", "shipping", "flags"],
-        "properties": {
-            "user": group(["name", "email", "age", "level", "active"], [&s, &s, &i, &e, &b]),
-            "order": group(["id", "item", "count", "priority", "paid"], [&i, &s, &i, &e, &b]),
-            "shipping": group(["city", "street", "zip", "speed", "insured"], [&s, &s, &i, &e, &b]),
-            "flags": group(["a", "b", "c", "note", "score"], [&b, &b, &b, &s, &i]),
-        }})
+    "required": ["user", "order", "shipping", "flags"],
+    "properties": {
+        "user": group(["name", "email", "age", "level", "active"], [&s, &s, &i, &e, &b]),
+        "order": group(["id", "item", "count", "priority", "paid"], [&i, &s, &i, &e, &b]),
+        "shipping": group(["city", "street", "zip", "speed", "insured"], [&s, &s, &i, &e, &b]),
+        "flags": group(["a", "b", "c", "note", "score"], [&b, &b, &b, &s, &i]),
+    }})
 }
 
 /// A constraint that counts the masks it computes.

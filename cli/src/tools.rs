@@ -127,12 +127,14 @@ pub fn tool_request(b: &Body, tools: Option<&[Value]>) -> Result<Option<ToolRequ
             "auto" => ToolChoice::Auto,
             "none" => ToolChoice::None,
             "required" => ToolChoice::Required,
-            other => return Err(ApiError::invalid(
-                "tool_choice",
-                format!(
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
                     "`tool_choice` must be `auto`, `none`, `required` or a function, got `{other}`"
                 ),
-            )),
+                ))
+            }
         }),
         Some(Value::Object(o)) => {
             if o.get("type").and_then(Value::as_str) != Some("function") {
