@@ -13,6 +13,10 @@
 //!   them again ([`Event::Done`] reports how many).
 //! - Sampling is per sequence, with its own settings and seed: a sequence gets the same
 //!   tokens in a batch as alone (up to the order of f32 additions in the logits).
+//! - A sequence may carry a [`TokenConstraint`] (a grammar, a JSON schema): the sampled
+//!   token is checked against it, and only when it is refused are the logits masked to the
+//!   tokens it allows and sampled again, so that the full mask is paid for only on the
+//!   steps that need it. A constraint that is complete ends its sequence.
 //!
 //! Once every slot's cache exists, a step that admits no new sequence allocates nothing
 //! but the events it returns.
@@ -121,6 +125,26 @@ pub enum FinishReason {
     Length,
     /// [`Engine::cancel`] ended it.
     Cancelled,
+    /// Its [`TokenConstraint`] is complete: no token may follow the last one.
+    Complete,
+}
+
+/// Which tokens a sequence may generate next: a grammar or a schema that follows the
+/// tokens as they are generated. The engine asks [`allows`](Self::allows) about each
+/// sampled token, and [`mask`](Self::mask)s the logits only when the token is refused; the
+/// token kept is then [`commit`](Self::commit)ted. Errors are messages for the client (the
+/// sequence fails with them).
+pub trait TokenConstraint: Send {
+    /// Whether `token` may come next.
+    fn allows(&mut self, token: u32) -> bool;
+    /// Lowers the logit of every token that may not come next to `f32::MIN` (finite, so that
+    /// the sampler still reads the row); `logits` may be longer than the vocabulary the
+    /// constraint knows, and the ids past it are refused.
+    fn mask(&mut self, logits: &mut [f32]) -> std::result::Result<(), String>;
+    /// Advances past `token`, which came next.
+    fn commit(&mut self, token: u32) -> std::result::Result<(), String>;
+    /// True when the output is complete and nothing more may follow.
+    fn is_complete(&self) -> bool;
 }
 
 /// What a step reports.
@@ -173,6 +197,7 @@ struct Running {
     /// The token to run at the next step (the last one generated), once the prompt is read.
     next: Option<u32>,
     cancelled: bool,
+    constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 /// A KV cache and what it holds.
@@ -191,7 +216,7 @@ pub struct Engine {
     /// Slots made so far (at most `max_slots`).
     slots: Vec<Slot>,
     max_slots: usize,
-    queue: VecDeque<(SeqId, GenRequest)>,
+    queue: VecDeque<Waiting>,
     next_id: u64,
     scratch: Scratch,
     /// One row of logits per sequence of a step.
@@ -201,7 +226,12 @@ pub struct Engine {
     plan: Vec<(usize, usize, bool)>,
     /// The segments of a step, kept empty between steps so that its allocation is reused.
     segments: Vec<Segment<'static>>,
+    /// A row of logits masked by a sequence's constraint.
+    masked: Vec<f32>,
 }
+
+/// A request waiting for a slot, with its constraint.
+type Waiting = (SeqId, GenRequest, Option<Box<dyn TokenConstraint>>);
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -275,6 +305,7 @@ impl Engine {
             scratch,
             plan: Vec::with_capacity(max_slots),
             segments: Vec::with_capacity(max_slots),
+            masked: Vec::new(),
             model,
             options,
             kv_dtype,
@@ -334,6 +365,16 @@ impl Engine {
     /// [`Error::Config`] for sampler settings out of range, [`Error::QueueFull`] when the
     /// queue is full.
     pub fn submit(&mut self, request: GenRequest) -> Result<SeqId> {
+        self.submit_constrained(request, None)
+    }
+
+    /// As [`submit`](Self::submit), with a constraint on the tokens the sequence generates
+    /// (see [`TokenConstraint`]); `None` is the same as `submit`.
+    pub fn submit_constrained(
+        &mut self,
+        request: GenRequest,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<SeqId> {
         if request.prompt.is_empty() || request.max_tokens == 0 {
             return Err(Error::Shape(
                 "engine: a request needs a prompt and max_tokens ≥ 1".into(),
@@ -359,7 +400,7 @@ impl Engine {
         }
         let seq = SeqId(self.next_id);
         self.next_id += 1;
-        self.queue.push_back((seq, request));
+        self.queue.push_back((seq, request, constraint));
         Ok(seq)
     }
 
@@ -373,8 +414,8 @@ impl Engine {
                 return true;
             }
         }
-        if let Some(i) = self.queue.iter().position(|(s, _)| *s == seq) {
-            let (seq, request) = self.queue.remove(i).expect("present");
+        if let Some(i) = self.queue.iter().position(|(s, ..)| *s == seq) {
+            let (seq, request, _) = self.queue.remove(i).expect("present");
             // Run it as cancelled from the start: it leaves at the next step.
             self.queue.push_front((
                 seq,
@@ -382,6 +423,7 @@ impl Engine {
                     max_tokens: 0,
                     ..request
                 },
+                None,
             ));
             return true;
         }
@@ -474,7 +516,14 @@ impl Engine {
                 .tokens
                 .len()
                 .saturating_sub(r.sampler.config().repeat_last_n)..];
-            let sampled = match r.sampler.sample(logits, recent) {
+            let sampled = sample_constrained(
+                &mut r.sampler,
+                &mut r.constraint,
+                logits,
+                recent,
+                &mut self.masked,
+            );
+            let sampled = match sampled {
                 Ok(s) => s,
                 Err(e) => {
                     let seq = r.seq;
@@ -509,6 +558,8 @@ impl Engine {
             });
             let reason = if !r.request.ignore_eos && eos_id == Some(sampled.id) {
                 Some(FinishReason::Eos)
+            } else if r.constraint.as_ref().is_some_and(|c| c.is_complete()) {
+                Some(FinishReason::Complete)
             } else if r.generated >= r.request.max_tokens {
                 Some(FinishReason::Length)
             } else {
@@ -541,7 +592,7 @@ impl Engine {
     /// Moves waiting requests into free slots, reusing the cached prefix of the slot that
     /// shares the longest one with each prompt.
     fn admit(&mut self, events: &mut Vec<Event>) -> Result<()> {
-        while let Some((seq, request)) = self.queue.pop_front() {
+        while let Some((seq, request, constraint)) = self.queue.pop_front() {
             if request.max_tokens == 0 {
                 // Cancelled while waiting.
                 events.push(Event::Done {
@@ -580,7 +631,7 @@ impl Engine {
                 }
                 Some(i) => i,
                 None => {
-                    self.queue.push_front((seq, request));
+                    self.queue.push_front((seq, request, constraint));
                     break;
                 }
             };
@@ -596,11 +647,44 @@ impl Engine {
                 generated: 0,
                 next: None,
                 cancelled: false,
+                constraint,
                 request,
             });
         }
         Ok(())
     }
+}
+
+/// Samples a token from `logits`; with a constraint, checks that token, and when it is
+/// refused masks a copy of the logits (in `masked`) and samples again from it. The token
+/// kept is committed to the constraint; its log-probability is the model's own. A
+/// constraint's error is an [`Error::Config`].
+fn sample_constrained(
+    sampler: &mut Sampler,
+    constraint: &mut Option<Box<dyn TokenConstraint>>,
+    logits: &[f32],
+    recent: &[u32],
+    masked: &mut Vec<f32>,
+) -> Result<crate::sample::Sampled> {
+    let first = sampler.sample(logits, recent)?;
+    let Some(c) = constraint.as_mut() else {
+        return Ok(first);
+    };
+    let refused = |e: String| Error::Config(format!("constraint: {e}"));
+    if c.allows(first.id) {
+        c.commit(first.id).map_err(refused)?;
+        return Ok(first);
+    }
+    masked.clear();
+    masked.extend_from_slice(logits);
+    c.mask(masked).map_err(refused)?;
+    let id = sampler.sample(masked, recent)?.id;
+    c.commit(id).map_err(refused)?;
+    let lse = qkv_kernels::activation::log_sum_exp(logits);
+    Ok(crate::sample::Sampled {
+        id,
+        logprob: (logits[id as usize] - lse).min(0.0),
+    })
 }
 
 /// The [`Event::Done`] of a sequence.

@@ -362,3 +362,89 @@ fn network_bad_requests_are_refused_and_the_kv_budget_bounds_the_running() {
     let Some(m) = real_model() else { return };
     check_bad_requests_are_refused_and_the_kv_budget_bounds_the_running(&m);
 }
+
+/// A constraint that allows only `allowed` and is complete after `len` tokens; counts how
+/// often it had to mask.
+struct OnlyThese {
+    allowed: Vec<u32>,
+    len: usize,
+    seen: usize,
+    masks: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl qkv::engine::TokenConstraint for OnlyThese {
+    fn allows(&mut self, token: u32) -> bool {
+        self.allowed.contains(&token)
+    }
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        self.masks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for (i, l) in logits.iter_mut().enumerate() {
+            if !self.allowed.contains(&(i as u32)) {
+                *l = f32::MIN;
+            }
+        }
+        Ok(())
+    }
+    fn commit(&mut self, token: u32) -> Result<(), String> {
+        if !self.allowed.contains(&token) {
+            return Err(format!("token {token} is not allowed"));
+        }
+        self.seen += 1;
+        Ok(())
+    }
+    fn is_complete(&self) -> bool {
+        self.seen >= self.len
+    }
+}
+
+#[test]
+fn a_constrained_sequence_takes_only_allowed_tokens_and_ends_when_complete() {
+    let m = synthetic_model();
+    let mut e = engine(&m, EngineOptions::default());
+    let masks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sampler = SamplerConfig {
+        temperature: 0.8,
+        seed: 3,
+        ..SamplerConfig::default()
+    };
+    let constraint = OnlyThese {
+        allowed: vec![5, 6],
+        len: 4,
+        seen: 0,
+        masks: masks.clone(),
+    };
+    let prompt = vec![1, 2, 3];
+    let c = e
+        .submit_constrained(
+            GenRequest::new(prompt.clone(), sampler.clone(), 20),
+            Some(Box::new(constraint)),
+        )
+        .unwrap();
+    // A free sequence beside it is not affected.
+    let free = e
+        .submit(GenRequest {
+            ignore_eos: true,
+            ..GenRequest::new(prompt, sampler, 6)
+        })
+        .unwrap();
+    let mut events = Vec::new();
+    while !e.is_idle() {
+        e.step(&mut events).unwrap();
+    }
+    let (tokens, done) = collect(&events);
+    let got: Vec<u32> = tokens[&c].iter().map(|t| t.0).collect();
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert!(got.iter().all(|t| [5, 6].contains(t)), "{got:?}");
+    assert!(matches!(
+        done[&c],
+        Event::Done {
+            reason: FinishReason::Complete,
+            generated: 4,
+            ..
+        }
+    ));
+    // The synthetic model's samples are rarely 5 or 6: the mask was needed.
+    assert!(masks.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    assert_eq!(tokens[&free].len(), 6);
+}

@@ -6,7 +6,8 @@
 Starts qkv-server on a free loopback port with the default model, then, with the `openai`
 package: chat and completion, each whole and streamed (streamed text equal to the whole
 text at temperature 0, usage in the last chunk), stop strings, logprobs, a refused request
-surfacing as the client's BadRequestError, and the models list. Then a bounded load test from
+surfacing as the client's BadRequestError, and the models list; structured output and tool
+calls (tools/openai_structured_test.py, with `jsonschema`). Then a bounded load test from
 a separate process (tools/server_load.py: 16 concurrent streams of 32 tokens). Stops the
 server with SIGTERM and checks that it exits 0. Then a second server with `--api-key`: a
 wrong key surfaces as the client's AuthenticationError, the right one passes. Then, when
@@ -208,6 +209,9 @@ def main():
             check("too many tokens refused", False, "no error")
         except openai.BadRequestError as e:
             check("too many tokens refused", "context" in str(e), e)
+
+        import openai_structured_test
+        openai_structured_test.run(client, openai, check)
 
         load = subprocess.run(
             [sys.executable, str(ROOT / "tools/server_load.py"), "--base-url", base,

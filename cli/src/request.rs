@@ -147,6 +147,11 @@ impl Body {
         self.0.get(k).filter(|v| !v.is_null())
     }
 
+    /// A field, `None` when absent or null.
+    pub fn field(&self, k: &str) -> Option<&Value> {
+        self.get(k)
+    }
+
     /// A field that must be present.
     pub fn required(&self, k: &str) -> Result<&Value, ApiError> {
         self.get(k)

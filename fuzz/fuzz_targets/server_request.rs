@@ -4,11 +4,18 @@
 //! in chat and legacy spellings), and, when accepted, the
 //! generation answered (`openai::generate`: stop strings, log probabilities, usage, whole or
 //! streamed as SSE) on a tiny synthetic model whose context (64 positions) bounds every run.
+//! The structured-output and tool fields (`response_format`, `json_schema`, `grammar`,
+//! `tools`, `tool_choice`, `parallel_tool_calls`) are read and compiled with llguidance as
+//! the chat route does (`chat::prepare`), the generation then follows the constraint, and
+//! the text fields are also fed to the tool-call parser of every family format.
 //!
 //! The response code is a binary's module (cli/src/bin/qkv-server/), compiled in with
 //! `#[path]` below; the parsing is qkv-cli's library.
 #![no_main]
 
+#[allow(dead_code)]
+#[path = "../../cli/src/bin/qkv-server/chat.rs"]
+mod chat;
 #[allow(dead_code)]
 #[path = "../../cli/src/bin/qkv-server/openai.rs"]
 mod openai;
@@ -33,6 +40,7 @@ pub struct AppState {
     pub model_name: String,
     pub context: usize,
     pub worker: worker::Worker,
+    pub grammars: Result<qkv_cli::constraint::Grammars, String>,
 }
 
 const CONTEXT: usize = 64;
@@ -91,6 +99,7 @@ fn setup() -> (tokio::runtime::Runtime, Arc<AppState>) {
     };
     let engine = Engine::new(model.clone(), options).expect("an engine");
     let state = AppState {
+        grammars: qkv_cli::constraint::Grammars::new(model.clone()),
         model,
         model_name: "tiny".into(),
         context: CONTEXT,
@@ -124,6 +133,35 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
+    let _ = qkv_cli::structured::output_constraint(&body);
+    let raw_tools = body.field("tools").and_then(|t| t.as_array()).cloned();
+    let names: Vec<String> = match qkv_cli::tools::tool_request(&body, raw_tools.as_deref()) {
+        Ok(Some(t)) => {
+            for f in [
+                qkv_cli::tools::ToolFormat::Hermes,
+                qkv_cli::tools::ToolFormat::Llama3,
+                qkv_cli::tools::ToolFormat::Mistral,
+                qkv_cli::tools::ToolFormat::Generic,
+            ] {
+                let _ = t.forced_grammar(f);
+            }
+            t.tools.iter().map(|t| t.name.clone()).collect()
+        }
+        _ => Vec::new(),
+    };
+    for text in [body.str("prompt"), body.str("content")]
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for f in [
+            qkv_cli::tools::ToolFormat::Hermes,
+            qkv_cli::tools::ToolFormat::Mistral,
+            qkv_cli::tools::ToolFormat::Generic,
+        ] {
+            let _ = qkv_cli::tools::parse_reply(f, text, &names);
+        }
+    }
     let chat_params = request::params(&body, true, || 7);
     let legacy_params = request::params(&body, false, || 7);
     let tokenizer = state.model.tokenizer().expect("the model has a tokenizer");
@@ -137,9 +175,21 @@ fuzz_target!(|data: &[u8]| {
         (openai::Kind::Completion, legacy_params),
     ] {
         let Ok(params) = params else { continue };
+        // The chat route's prompt and constraint, when its fields are accepted.
+        let (prompt, post) = match kind {
+            openai::Kind::Chat => match chat::prepare(&state, &body) {
+                Ok((ids, post)) if !ids.is_empty() && ids.len() < CONTEXT => (ids, post),
+                Ok(_) => continue,
+                Err(_) => (prompt.clone(), chat::Post::default()),
+            },
+            openai::Kind::Completion => match chat::completion_post(&state, &body) {
+                Ok(post) => (prompt.clone(), post),
+                Err(_) => continue,
+            },
+        };
         runtime.block_on(async {
             if let Ok(response) =
-                openai::generate(state.clone(), kind, prompt.clone(), params).await
+                openai::generate(state.clone(), kind, prompt.clone(), params, post).await
             {
                 let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
             }

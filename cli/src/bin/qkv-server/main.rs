@@ -19,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+mod chat;
 mod embed;
 mod openai;
 mod worker;
@@ -132,6 +133,9 @@ pub struct AppState {
     pub context: usize,
     pub worker: Worker,
     pub shared: Arc<Shared>,
+    /// The grammar compiler over the model's vocabulary (`None` when it could not be built:
+    /// constrained requests then get a 400 saying why).
+    pub grammars: Result<qkv_cli::constraint::Grammars, String>,
 }
 
 /// Who may call which route.
@@ -210,7 +214,12 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         )?;
         let what = format!("{} sequences of {ctx} positions", engine.max_running());
         let worker = Worker::spawn(engine, metrics);
+        let grammars = qkv_cli::constraint::Grammars::new(model.clone());
+        if let Err(e) = &grammars {
+            eprintln!("qkv-server: no constrained output: {e}");
+        }
         let state = Arc::new(AppState {
+            grammars,
             model,
             model_name: shared.model_name.clone(),
             context: ctx,
@@ -405,20 +414,8 @@ async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesReject
     let r = async {
         let b = body(&state.shared, raw)?;
         let p = params(&state, &b, true)?;
-        let (msgs, tools) = request::chat_messages(&b)?;
-        let tokenizer = state.model.tokenizer().expect("checked at start");
-        let options = qkv::tokenizer::ChatOptions {
-            add_generation_prompt: true,
-            tools,
-            ..Default::default()
-        };
-        // A template that refuses the conversation, or a model without one: the request's
-        // fault, a 400 whatever the error's kind.
-        let text = tokenizer
-            .render_chat(&msgs, &options)
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        let ids = tokenizer.encode(&text)?;
-        openai::generate(state.clone(), Kind::Chat, ids, p).await
+        let (ids, post) = chat::prepare(&state, &b)?;
+        openai::generate(state.clone(), Kind::Chat, ids, p, post).await
     }
     .await;
     counted(&state.shared, r)
@@ -453,7 +450,8 @@ async fn completions(
             Prompt::Text(s) => tokenizer.encode(&s)?,
             Prompt::Ids(ids) => ids,
         };
-        openai::generate(state.clone(), Kind::Completion, ids, p).await
+        let post = chat::completion_post(&state, &b)?;
+        openai::generate(state.clone(), Kind::Completion, ids, p, post).await
     }
     .await;
     counted(&state.shared, r)

@@ -2,6 +2,7 @@
 //! `text_completion` objects or their SSE chunks, with stop strings cut exactly,
 //! log-probabilities and usage. The request bodies are read by [`qkv_cli::request`].
 
+use crate::chat::{Post, ReplyParse};
 use crate::worker::{Out, Worker};
 use crate::AppState;
 use axum::http::StatusCode;
@@ -27,6 +28,7 @@ pub async fn generate(
     kind: Kind,
     prompt: Vec<u32>,
     p: Params,
+    post: Post,
 ) -> Result<Response, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid(
@@ -46,13 +48,15 @@ pub async fn generate(
         ignore_eos: p.ignore_eos,
         top_logprobs: if p.logprobs { p.top_logprobs } else { 0 },
     };
-    let (seq, rx) = state.worker.submit(request).await?;
+    let (seq, rx) = state.worker.submit(request, post.constraint).await?;
     let run = Run {
         state: state.clone(),
         kind,
         seq,
         rx,
         text: String::new(),
+        text_held: String::new(),
+        parse: post.parse,
         sent: 0,
         pending: Vec::new(),
         p,
@@ -113,6 +117,11 @@ struct Run {
     /// Bytes of a character split across tokens.
     pending: Vec<u8>,
     p: Params,
+    /// How the whole reply is split into content, reasoning and tool calls; `None`: the
+    /// text is the content, streamed as it comes.
+    parse: Option<ReplyParse>,
+    /// A streamed reply read whole: its text so far.
+    text_held: String,
     id: String,
     created: u64,
     finished: Option<&'static str>,
@@ -145,7 +154,11 @@ impl Run {
                 logprob,
                 top,
             }) => {
-                if !tokenizer.is_special(token) {
+                let markup = self.parse.is_some()
+                    && tokenizer
+                        .token_str(token)
+                        .is_ok_and(|t| qkv_cli::tools::MARKUP_TOKENS.contains(&t));
+                if !tokenizer.is_special(token) || markup {
                     if let Ok(bytes) = tokenizer.token_bytes(token) {
                         self.pending.extend_from_slice(bytes);
                     }
@@ -170,7 +183,7 @@ impl Run {
                 let text = self.release();
                 if self.finished.is_none() {
                     self.finished = Some(match reason {
-                        FinishReason::Eos => "stop",
+                        FinishReason::Eos | FinishReason::Complete => "stop",
                         FinishReason::Length | FinishReason::Cancelled => "length",
                     });
                 }
@@ -336,6 +349,91 @@ fn logprob_entries(
     }
 }
 
+/// A chat reply's `message` and its finish reason (`tool_calls` when it calls tools).
+fn message(run: &Run, content: &str) -> (Value, Option<&'static str>) {
+    let Some(parse) = &run.parse else {
+        return (
+            json!({"role": "assistant", "content": content}),
+            run.finished,
+        );
+    };
+    let reply = qkv_cli::tools::parse_reply(parse.format, content, &parse.names);
+    let mut m = Map::new();
+    m.insert("role".into(), json!("assistant"));
+    let calls = !reply.calls.is_empty();
+    m.insert(
+        "content".into(),
+        if calls && reply.content.is_empty() {
+            Value::Null
+        } else {
+            json!(reply.content)
+        },
+    );
+    if let Some(r) = &reply.reasoning {
+        m.insert("reasoning_content".into(), json!(r));
+    }
+    let mut finished = run.finished;
+    if calls {
+        m.insert(
+            "tool_calls".into(),
+            json!(qkv_cli::tools::openai_calls(&reply.calls, &run.id)),
+        );
+        if finished != Some("error") {
+            finished = Some("tool_calls");
+        }
+    }
+    (Value::Object(m), finished)
+}
+
+/// The chunks of a reply read whole (with `parse`): the role, the reasoning, the content,
+/// then each call as OpenAI streams it (its `index`, `id`, `type` and name first, then its
+/// arguments in fragments), and a last chunk with the finish reason.
+fn parsed_chunks(run: &Run, content: &str) -> std::collections::VecDeque<Value> {
+    let (message, finished) = message(run, content);
+    let mut deltas = vec![json!({"role": "assistant", "content": null})];
+    if let Some(r) = message.get("reasoning_content") {
+        deltas.push(json!({"reasoning_content": r}));
+    }
+    if let Some(c) = message.get("content").filter(|c| !c.is_null()) {
+        deltas.push(json!({"content": c}));
+    }
+    if let Some(Value::Array(calls)) = message.get("tool_calls") {
+        for (i, c) in calls.iter().enumerate() {
+            deltas.push(
+                json!({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": ""}}]}),
+            );
+            let args = c["function"]["arguments"].as_str().unwrap_or("");
+            let mut start = 0;
+            while start < args.len() {
+                let mut end = (start + 16).min(args.len());
+                while !args.is_char_boundary(end) {
+                    end += 1;
+                }
+                deltas.push(json!({"tool_calls": [{"index": i,
+                    "function": {"arguments": &args[start..end]}}]}));
+                start = end;
+            }
+        }
+    }
+    deltas.push(json!({}));
+    let last = deltas.len() - 1;
+    deltas
+        .into_iter()
+        .enumerate()
+        .map(|(k, delta)| {
+            json!({
+                "id": run.id,
+                "object": "chat.completion.chunk",
+                "created": run.created,
+                "model": run.state.model_name,
+                "choices": [{"index": 0, "delta": delta, "logprobs": null,
+                    "finish_reason": if k == last { finished } else { None }}],
+            })
+        })
+        .collect()
+}
+
 /// The whole response at once.
 async fn whole(mut run: Run) -> Result<axum::Json<Value>, ApiError> {
     let mut content = String::new();
@@ -358,9 +456,11 @@ async fn whole(mut run: Run) -> Result<axum::Json<Value>, ApiError> {
         .logprobs
         .then(|| logprob_entries(run.kind, tokenizer, &run.logprobs));
     let choice = match run.kind {
-        Kind::Chat => json!({"index": 0,
-            "message": {"role": "assistant", "content": content},
-            "logprobs": logprobs, "finish_reason": run.finished}),
+        Kind::Chat => {
+            let (message, finished) = message(&run, &content);
+            json!({"index": 0, "message": message, "logprobs": logprobs,
+                   "finish_reason": finished})
+        }
         Kind::Completion => json!({"index": 0, "text": content, "logprobs": logprobs,
             "finish_reason": run.finished}),
     };
@@ -378,43 +478,64 @@ async fn whole(mut run: Run) -> Result<axum::Json<Value>, ApiError> {
 fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
     enum Phase {
         Running(Box<Run>),
+        /// Chunks of a reply read whole, still to send.
+        Queued(Box<Run>, std::collections::VecDeque<Value>),
         Usage(Box<Run>),
         Done,
         End,
     }
     let events = futures_util::stream::unfold(Phase::Running(Box::new(run)), |phase| async move {
+        let data = |v: &Value| Ok(SseEvent::default().data(v.to_string()));
         match phase {
-            Phase::Running(mut run) => match run.next().await {
-                Some(piece) => {
-                    let chunk = run.chunk(&piece);
-                    let next = if run.finished.is_some() {
-                        Phase::Usage(run)
-                    } else {
-                        Phase::Running(run)
-                    };
-                    Some((Ok(SseEvent::default().data(chunk.to_string())), next))
+            Phase::Running(mut run) => loop {
+                match run.next().await {
+                    // A reply that is read whole: held until its end.
+                    Some(piece) if run.parse.is_some() => {
+                        run.text_held.push_str(&piece.text);
+                        if run.finished.is_some() {
+                            let held = std::mem::take(&mut run.text_held);
+                            let mut chunks = parsed_chunks(&run, &held);
+                            let first = chunks.pop_front().unwrap_or(Value::Null);
+                            return Some((data(&first), Phase::Queued(run, chunks)));
+                        }
+                    }
+                    Some(piece) => {
+                        let chunk = run.chunk(&piece);
+                        let next = if run.finished.is_some() {
+                            Phase::Usage(run)
+                        } else {
+                            Phase::Running(run)
+                        };
+                        return Some((data(&chunk), next));
+                    }
+                    None => return Some((Ok(SseEvent::default().data("[DONE]")), Phase::End)),
                 }
-                None => Some((Ok(SseEvent::default().data("[DONE]")), Phase::End)),
             },
-            Phase::Usage(mut run) => {
-                run.drain().await;
-                if run.p.include_usage {
-                    let chunk = json!({
-                        "id": run.id,
-                        "object": if run.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
-                        "created": run.created,
-                        "model": run.state.model_name,
-                        "choices": [],
-                        "usage": run.usage,
-                    });
-                    Some((Ok(SseEvent::default().data(chunk.to_string())), Phase::Done))
-                } else {
-                    Some((Ok(SseEvent::default().data("[DONE]")), Phase::End))
-                }
-            }
+            Phase::Queued(run, mut chunks) => match chunks.pop_front() {
+                Some(c) => Some((data(&c), Phase::Queued(run, chunks))),
+                None => usage_phase(run).await,
+            },
+            Phase::Usage(run) => usage_phase(run).await,
             Phase::Done => Some((Ok(SseEvent::default().data("[DONE]")), Phase::End)),
             Phase::End => None,
         }
     });
+    /// After the last chunk: the usage chunk when asked, else `[DONE]`.
+    async fn usage_phase(mut run: Box<Run>) -> Option<(Result<SseEvent, Infallible>, Phase)> {
+        run.drain().await;
+        if run.p.include_usage {
+            let chunk = json!({
+                "id": run.id,
+                "object": if run.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
+                "created": run.created,
+                "model": run.state.model_name,
+                "choices": [],
+                "usage": run.usage,
+            });
+            Some((Ok(SseEvent::default().data(chunk.to_string())), Phase::Done))
+        } else {
+            Some((Ok(SseEvent::default().data("[DONE]")), Phase::End))
+        }
+    }
     Sse::new(events)
 }

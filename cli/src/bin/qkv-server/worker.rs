@@ -4,7 +4,7 @@
 //! sequence is cancelled at once and its cache freed. The async runtime never waits on the
 //! model, and a slow reader only grows its own channel (bounded by its `max_tokens`).
 
-use qkv::engine::{Engine, Event, FinishReason, GenRequest, SeqId};
+use qkv::engine::{Engine, Event, FinishReason, GenRequest, SeqId, TokenConstraint};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -35,6 +35,7 @@ pub enum Out {
 enum Cmd {
     Submit {
         request: GenRequest,
+        constraint: Option<Box<dyn TokenConstraint>>,
         out: tmpsc::UnboundedSender<Out>,
         reply: oneshot::Sender<qkv::Result<SeqId>>,
     },
@@ -61,11 +62,13 @@ impl Worker {
         Worker { cmd: tx, metrics }
     }
 
-    /// Queues a request; its events arrive on the returned receiver. Errors as
-    /// [`Engine::submit`], or [`qkv::Error::Unsupported`] when the engine thread is gone.
+    /// Queues a request, with its constraint if any; its events arrive on the returned
+    /// receiver. Errors as [`Engine::submit`], or [`qkv::Error::Unsupported`] when the
+    /// engine thread is gone.
     pub async fn submit(
         &self,
         request: GenRequest,
+        constraint: Option<Box<dyn TokenConstraint>>,
     ) -> qkv::Result<(SeqId, tmpsc::UnboundedReceiver<Out>)> {
         let (out, rx) = tmpsc::unbounded_channel();
         let (reply, answer) = oneshot::channel();
@@ -73,6 +76,7 @@ impl Worker {
         self.cmd
             .send(Cmd::Submit {
                 request,
+                constraint,
                 out,
                 reply,
             })
@@ -205,10 +209,11 @@ fn handle(engine: &mut Engine, clients: &mut HashMap<SeqId, Client>, cmd: Cmd) {
     match cmd {
         Cmd::Submit {
             request,
+            constraint,
             out,
             reply,
         } => {
-            let result = engine.submit(request);
+            let result = engine.submit_constrained(request, constraint);
             if let Ok(seq) = &result {
                 clients.insert(
                     *seq,

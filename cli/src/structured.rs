@@ -1,0 +1,222 @@
+//! Structured output in a request: OpenAI's `response_format` (`json_schema` with its
+//! `strict`, `json_object`, `text`), and llama-server's top-level `json_schema` and `grammar`
+//! (Lark) fields, read into one [`OutputConstraint`] (compiled by
+//! [`crate::constraint::Grammars`]). Only one of them may be given.
+//!
+//! ```
+//! use qkv_cli::request::Body;
+//! use qkv_cli::structured::{output_constraint, OutputConstraint};
+//!
+//! let b = Body::parse(br#"{"response_format": {"type": "json_object"}}"#)?;
+//! let c = output_constraint(&b)?.unwrap();
+//! assert_eq!(c.param(), "response_format");
+//! let bad = Body::parse(br#"{"response_format": {"type": "xml"}}"#)?;
+//! assert_eq!(output_constraint(&bad).err().unwrap().param.as_deref(), Some("response_format.type"));
+//! # Ok::<(), qkv_cli::request::ApiError>(())
+//! ```
+
+use crate::request::{ApiError, Body};
+use serde_json::{json, Value};
+
+/// What a request constrains its output to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OutputConstraint {
+    /// JSON that follows a schema.
+    JsonSchema {
+        /// The schema (`true` or an object).
+        schema: Value,
+        /// Unknown or unsupported schema keywords are an error instead of being ignored.
+        strict: bool,
+        /// The request field it came from, for errors.
+        param: String,
+    },
+    /// Text that a Lark grammar (llguidance's dialect) derives.
+    Lark {
+        /// The grammar's source.
+        grammar: String,
+        /// The request field it came from, for errors.
+        param: String,
+    },
+}
+
+impl OutputConstraint {
+    /// The request field the constraint came from.
+    pub fn param(&self) -> &str {
+        match self {
+            OutputConstraint::JsonSchema { param, .. } | OutputConstraint::Lark { param, .. } => {
+                param
+            }
+        }
+    }
+}
+
+/// A schema must be an object or a boolean.
+fn schema_value(param: &str, v: &Value) -> Result<Value, ApiError> {
+    match v {
+        Value::Object(_) | Value::Bool(_) => Ok(v.clone()),
+        _ => Err(ApiError::invalid(
+            param,
+            format!("a JSON schema must be an object, got {v}"),
+        )),
+    }
+}
+
+/// Reads `response_format`, `json_schema` and `grammar`; `None` when the output is free
+/// text. A 400 naming the field for a wrong shape, or when more than one is given.
+pub fn output_constraint(b: &Body) -> Result<Option<OutputConstraint>, ApiError> {
+    let mut found: Vec<OutputConstraint> = Vec::new();
+    if let Some(rf) = b.field("response_format") {
+        let obj = rf.as_object().ok_or_else(|| {
+            ApiError::invalid("response_format", "`response_format` must be an object")
+        })?;
+        match obj.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("json_object") => found.push(OutputConstraint::JsonSchema {
+                schema: json!({"type": "object"}),
+                strict: false,
+                param: "response_format".into(),
+            }),
+            Some("json_schema") => {
+                let js = match obj.get("json_schema") {
+                    Some(Value::Object(js)) => js,
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "response_format.json_schema",
+                            "`json_schema` must be an object with a `schema`",
+                        ))
+                    }
+                };
+                if js
+                    .get("name")
+                    .is_some_and(|n| !n.is_string() && !n.is_null())
+                {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.name",
+                        "`name` must be a string",
+                    ));
+                }
+                let strict = match js.get("strict") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(s)) => *s,
+                    Some(_) => {
+                        return Err(ApiError::invalid(
+                            "response_format.json_schema.strict",
+                            "`strict` must be a boolean",
+                        ))
+                    }
+                };
+                let param = "response_format.json_schema.schema";
+                let schema = match js.get("schema") {
+                    None | Some(Value::Null) => json!({}),
+                    Some(s) => schema_value(param, s)?,
+                };
+                found.push(OutputConstraint::JsonSchema {
+                    schema,
+                    strict,
+                    param: param.into(),
+                });
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    "`type` must be `text`, `json_object` or `json_schema`",
+                ))
+            }
+        }
+    }
+    if let Some(s) = b.field("json_schema") {
+        found.push(OutputConstraint::JsonSchema {
+            schema: schema_value("json_schema", s)?,
+            strict: false,
+            param: "json_schema".into(),
+        });
+    }
+    if let Some(g) = b.str("grammar")? {
+        if g.trim().is_empty() {
+            return Err(ApiError::invalid("grammar", "`grammar` is empty"));
+        }
+        found.push(OutputConstraint::Lark {
+            grammar: g.to_owned(),
+            param: "grammar".into(),
+        });
+    }
+    if found.len() > 1 {
+        return Err(ApiError::invalid(
+            found[1].param(),
+            "give only one of `response_format`, `json_schema` and `grammar`",
+        ));
+    }
+    Ok(found.pop())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(json: &str) -> Result<Option<OutputConstraint>, ApiError> {
+        output_constraint(&Body::parse(json.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn each_field_is_read() {
+        assert_eq!(read("{}").unwrap(), None);
+        assert_eq!(
+            read(r#"{"response_format": {"type": "text"}}"#).unwrap(),
+            None
+        );
+        let c = read(
+            r#"{"response_format": {"type": "json_schema", "json_schema":
+                {"name": "x", "strict": true, "schema": {"type": "integer"}}}}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            c,
+            OutputConstraint::JsonSchema {
+                schema: json!({"type": "integer"}),
+                strict: true,
+                param: "response_format.json_schema.schema".into()
+            }
+        );
+        let c = read(r#"{"json_schema": {"type": "string"}}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.param(), "json_schema");
+        let c = read(r#"{"grammar": "start: \"a\""}"#).unwrap().unwrap();
+        assert!(matches!(c, OutputConstraint::Lark { .. }));
+    }
+
+    #[test]
+    fn wrong_shapes_name_their_field() {
+        for (json, name) in [
+            (r#"{"response_format": 3}"#, "response_format"),
+            (r#"{"response_format": {}}"#, "response_format.type"),
+            (
+                r#"{"response_format": {"type": "json_schema"}}"#,
+                "response_format.json_schema",
+            ),
+            (
+                r#"{"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}"#,
+                "response_format.json_schema.schema",
+            ),
+            (
+                r#"{"response_format": {"type": "json_schema", "json_schema": {"strict": 1}}}"#,
+                "response_format.json_schema.strict",
+            ),
+            (
+                r#"{"response_format": {"type": "json_schema", "json_schema": {"name": 1}}}"#,
+                "response_format.json_schema.name",
+            ),
+            (r#"{"json_schema": "x"}"#, "json_schema"),
+            (r#"{"grammar": 1}"#, "grammar"),
+            (r#"{"grammar": " "}"#, "grammar"),
+            (
+                r#"{"json_schema": {}, "grammar": "start: \"a\""}"#,
+                "grammar",
+            ),
+        ] {
+            let e = read(json).err().unwrap_or_else(|| panic!("{json}"));
+            assert_eq!(e.param.as_deref(), Some(name), "{json}");
+        }
+    }
+}
