@@ -78,9 +78,13 @@ mod hf;
 mod normalize;
 mod parts;
 mod pretok;
+mod quirks;
+mod split;
 mod spm;
 mod template;
+mod unigram;
 mod wordpiece;
+mod wpm;
 
 pub use template::{
     ChatOptions, ChatTemplate, MAX_TEMPLATE_FUEL, MAX_TEMPLATE_OUTPUT, MAX_TEMPLATE_SOURCE,
@@ -145,6 +149,8 @@ enum Model {
         byte_ids: [u32; 256],
     },
     WordPiece(WordPiece),
+    Wpm(wpm::Wpm),
+    Unigram(Box<unigram::Unigram>),
 }
 
 /// How [`Tokenizer::encode_with`] treats the text.
@@ -199,6 +205,8 @@ pub struct Tokenizer {
     suffix: Vec<u32>,
     /// Decoding drops one leading space (the encoder's prefix space).
     strip_first_space: bool,
+    /// Special tokens are cut out in llama.cpp's order (GGUF files), not Hugging Face's.
+    llama_split: bool,
     chat_template: Option<String>,
 }
 
@@ -208,7 +216,8 @@ impl std::fmt::Debug for Tokenizer {
             Model::Bpe(b) if b.byte_level => "byte-level BPE",
             Model::Bpe(_) => "BPE",
             Model::Spm { .. } => "SentencePiece BPE",
-            Model::WordPiece(_) => "WordPiece",
+            Model::WordPiece(_) | Model::Wpm(_) => "WordPiece",
+            Model::Unigram(_) => "Unigram",
         };
         f.debug_struct("Tokenizer")
             .field("model", &model)
@@ -226,7 +235,10 @@ impl std::fmt::Debug for Tokenizer {
 struct Scratch {
     bpe: bpe::Scratch,
     spm: spm::Scratch,
+    unigram: unigram::Scratch,
     buf: String,
+    word: String,
+    pieces: Vec<split::Piece>,
 }
 
 impl Tokenizer {
@@ -380,6 +392,7 @@ impl Tokenizer {
                 let chars = bpe::byte_to_char();
                 text.bytes().map(|b| chars[b as usize]).collect()
             }
+            Model::Unigram(u) => return u.lookup(&self.vocab, text),
             _ => text.replace(' ', self.normalizer.space_marker().unwrap_or(" ")),
         };
         self.vocab.get(&spelt).copied()
@@ -455,6 +468,28 @@ impl Tokenizer {
             out.extend_from_slice(&self.prefix);
         }
         let mut scratch = Scratch::default();
+        if self.llama_split {
+            let mut pieces = std::mem::take(&mut scratch.pieces);
+            match scan {
+                Some((scan, index)) => {
+                    split::partition(text, &self.specials, scan, index, &mut pieces)
+                }
+                None if text.is_empty() => {}
+                None => pieces.push(split::Piece::Text(0, text.len())),
+            }
+            for &piece in &pieces {
+                match piece {
+                    split::Piece::Text(a, b) => {
+                        self.encode_text(&text[a..b], a == 0, &mut scratch, &mut out)
+                    }
+                    split::Piece::Token(id) => out.push(id),
+                }
+            }
+            if add_special {
+                out.extend_from_slice(&self.suffix);
+            }
+            return out;
+        }
         let mut plain = 0;
         if let Some((scan, index)) = scan {
             for m in scan.find_iter(text) {
@@ -505,6 +540,8 @@ impl Tokenizer {
             Model::WordPiece(wp) => self.pre.split(&text, &mut |word| {
                 wp.encode_word(word, vocab, &mut s.buf, out)
             }),
+            Model::Wpm(w) => w.encode(&text, vocab, &mut s.buf, &mut s.word, out),
+            Model::Unigram(u) => u.encode(&text, &mut s.unigram, out),
         }
     }
 
