@@ -86,6 +86,16 @@ TEXTS = [
     "<s", "</s", "<|im_end", "|>", "<<s>>", "<s><s></s>",
     "<|endoftext|><|endoftext|>",
     "The quick brown fox jumps over the lazy dog. THE QUICK BROWN FOX! 1984: a novel.",
+    "\u00a0leading no-break space, \r alone, \r\n\r\n",
+    "\u01c5ungla \u1fbc \u2126mega \u2103 \u2122 \u00bd \u2166",
+    "\u09e7\u09e8\u09e9 \u09ac\u09be\u0982\u09b2\u09be \u0ba4\u0bae\u0bbf\u0bb4\u0bcd",
+    "\u30ab\u30bf\u30ab\u30ca \uff76\uff80\uff76\uff85 \u3072\u3089\u304c\u306a",
+    "\U0001f600\U0001f600\U0001f600 x\u0301\u0301\u0301 \u200d\u200c",
+    "   \n   \n\t\n",
+    "don't DON'T l'amour it\u2019s we\u2019re",
+    "0 00 000 0000 00000 123456789 -42 +3.5e+10 1_000_000",
+    "\ud55c\uad6d\uc5b4\ub294 \uc5b4\ub835\uc9c0 \uc54a\uc544\uc694",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n\u4f60\u597d</s><s>",
 ]
 
 # Strings tokenized in `full` mode too: the first ones, enough to see what each vocabulary

@@ -23,6 +23,16 @@
 //! The tests compare this, id for id, with Hugging Face `tokenizers` on a few hundred strings
 //! (`tests/fixtures/tokenizer/cases.json`, written by `tools/tokenizer_fixtures.py`).
 //!
+//! # GGUF vocabularies follow llama.cpp
+//!
+//! A GGUF file is tokenized as llama.cpp tokenizes it, which is not always what Hugging Face
+//! does with the original tokenizer: special tokens are cut out longest first, with the token
+//! types and whitespace stripping llama.cpp derives from token texts and model names; `bert`
+//! vocabularies get llama.cpp's WordPiece normalization (Hangul to initial jamo, every mark
+//! dropped); `t5` vocabularies are Unigram models (Viterbi over the token scores, after the
+//! precompiled character map). `tests/tokenizer_suite.rs` holds qkv to llama.cpp's own
+//! tokenizer suite and to held-out strings on all 19 vocabularies of llama.cpp's `models/`.
+//!
 //! # Why not the `tokenizers` crate
 //!
 //! It is the reference implementation, but qkv needs only one of its models (BPE) and one
@@ -175,7 +185,7 @@ impl Default for EncodeOptions {
     }
 }
 
-/// A tokenizer: byte-level BPE, SentencePiece BPE or WordPiece, with its normalizer,
+/// A tokenizer: byte-level BPE, SentencePiece BPE, Unigram or WordPiece, with its normalizer,
 /// pre-tokenizer and special tokens. Immutable once built; `Send + Sync`, so one serves every
 /// session.
 pub struct Tokenizer {
@@ -247,7 +257,9 @@ impl Tokenizer {
     ///
     /// `tokenizer.ggml.model` decides the algorithm: `gpt2` (byte-level BPE, split as
     /// `tokenizer.ggml.pre` names), `llama` (SentencePiece BPE by score with byte fallback),
-    /// `bert` (WordPiece) or `gemma4` (BPE on characters with byte fallback). Also read:
+    /// `bert` (WordPiece, normalized as llama.cpp does), `t5` (Unigram, with its precompiled
+    /// character map and `remove_extra_whitespaces`) or `gemma4` (BPE on characters with byte
+    /// fallback). Also read:
     /// `tokens`, `token_type` (2 unknown, 3 control and 4 user-defined are special and kept
     /// whole), `merges` or `scores`, the `bos`/`eos`/`unknown`/`seperator`/`padding` token ids,
     /// `add_bos_token`, `add_eos_token`, `add_sep_token`, `add_space_prefix`, the BERT
