@@ -109,7 +109,7 @@ impl CharsMap {
             .and_then(|h| h.try_into().ok())
             .ok_or("shorter than its 4-byte header")?;
         let n = u32::from_le_bytes(head) as usize;
-        if n % 4 != 0 || n == 0 || 4 + n > blob.len() {
+        if !n.is_multiple_of(4) || n == 0 || 4 + n > blob.len() {
             return Err(format!(
                 "its trie of {n} bytes does not fit its {} bytes",
                 blob.len()
