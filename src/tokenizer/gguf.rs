@@ -6,17 +6,22 @@
 //! |----------|-----------|----------------|
 //! | `gpt2`   | byte-level BPE, merges by rank | the splits `tokenizer.ggml.pre` names ([`GGUF_PRE_NAMES`](super::pretok::GGUF_PRE_NAMES)) |
 //! | `llama`  | SentencePiece BPE: merges by score, byte fallback | spaces → `▁`, one `▁` before the text (`add_space_prefix`, default on) |
-//! | `bert`   | WordPiece, word starts marked `▁` | BERT's normalizer (lowercase and accent stripping unless the file says otherwise) and pre-tokenizer |
+//! | `bert`   | WordPiece, word starts marked `▁` | llama.cpp's BERT normalization and word splitting (lowercase and accent stripping unless the file says otherwise) |
+//! | `t5`     | Unigram (Viterbi by score) | the precompiled character map, spaces → `▁`, extra spaces removed |
 //! | `gemma4` | BPE on characters, merges by rank, byte fallback | spaces → `▁`, split at newline runs; a run of newlines that is a token stays whole |
+//!
+//! Special tokens are cut out of text in llama.cpp's order, with the token types and
+//! whitespace stripping llama.cpp derives from token texts and model names (quirks.rs).
 //!
 //! Any other model, or a `pre` qkv does not implement, is [`Error::Unsupported`] naming it.
 
 use super::bpe::WholePiece;
-use super::normalize::{Bert, Normalizer, Step};
+use super::normalize::{Normalizer, Step};
 use super::parts::{Kind, ModelSpec, Parts, UnknownSpec};
 use super::pretok::{self, Behavior, PreTokenizer, Split};
+use super::quirks;
 use crate::error::{Error, Result};
-use crate::weights::gguf::GgufFile;
+use crate::weights::gguf::{GgufFile, MetaValue};
 
 /// Splits a GGUF merge `"a b"` at its first space after the first byte (a token may itself be a
 /// space).
@@ -112,6 +117,7 @@ pub(super) fn load(file: &GgufFile) -> Result<Parts> {
     let mut sep = None;
     let mut add_bos; // set by every model below
     let mut add_sep = false;
+    let mut add_eos_default = false;
     let spec = match model {
         "gpt2" => {
             let p = pretok::gguf_pre(pre).ok_or_else(|| {
@@ -170,16 +176,10 @@ pub(super) fn load(file: &GgufFile) -> Result<Parts> {
             }
         }
         "bert" => {
+            // llama.cpp's WordPiece does its own normalization and word splitting (wpm.rs).
             let lowercase = flag("tokenizer.ggml.normalizer.lowercase")?.unwrap_or(true);
             let strip_accents =
                 flag("tokenizer.ggml.normalizer.strip_accents")?.unwrap_or(lowercase);
-            normalizer.steps.push(Step::Bert(Bert {
-                clean_text: true,
-                chinese_chars: true,
-                strip_accents,
-                lowercase,
-            }));
-            pre_tok.steps = pretok::bert();
             // The [CLS] token is BERT's BOS.
             bos = match bos {
                 Some(b) => Some(b),
@@ -188,17 +188,45 @@ pub(super) fn load(file: &GgufFile) -> Result<Parts> {
             unk = unk.or(Some(100).filter(|&u| (u as usize) < n));
             sep = id_or("tokenizer.ggml.seperator_token_id", Some(102))?;
             (add_bos, add_sep) = (true, true);
-            ModelSpec::WordPiece {
-                first_prefix: "▁".into(),
-                cont_prefix: String::new(),
-                // Hugging Face's default; the GGUF does not record it.
-                max_chars: 100,
+            ModelSpec::Wpm {
+                lowercase,
+                strip_accents,
+            }
+        }
+        "t5" => {
+            // llama.cpp's defaults for Unigram vocabularies, then what the file says.
+            eos = eos.or(Some(1).filter(|&e| (e as usize) < n));
+            unk = unk.or(Some(2).filter(|&u| (u as usize) < n));
+            add_bos = false;
+            add_eos_default = true;
+            let charsmap = if has("tokenizer.ggml.precompiled_charsmap") {
+                let values = file.get_array("tokenizer.ggml.precompiled_charsmap")?;
+                let bytes: Option<Vec<u8>> = values
+                    .iter()
+                    .map(|v| match v {
+                        MetaValue::U8(b) => Some(*b),
+                        MetaValue::I8(b) => Some(*b as u8),
+                        _ => None,
+                    })
+                    .collect();
+                Some(bytes.ok_or_else(|| {
+                    format("tokenizer.ggml.precompiled_charsmap is not an array of bytes".into())
+                })?)
+            } else {
+                None
+            };
+            ModelSpec::Unigram {
+                scores: file.get_f32_array("tokenizer.ggml.scores")?,
+                charsmap,
+                add_space_prefix: flag("tokenizer.ggml.add_space_prefix")?.unwrap_or(false),
+                remove_extra_whitespaces: flag("tokenizer.ggml.remove_extra_whitespaces")?
+                    .unwrap_or(false),
             }
         }
         other => {
             return Err(Error::Unsupported(format!(
                 "{}: tokenizer model `tokenizer.ggml.model` = `{}` (qkv implements gpt2, \
-                 llama, bert and gemma4)",
+                 llama, bert, t5 and gemma4)",
                 path.display(),
                 other.escape_debug()
             )))
@@ -207,14 +235,14 @@ pub(super) fn load(file: &GgufFile) -> Result<Parts> {
     if model != "gemma4" {
         add_bos = flag("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos);
     }
-    let add_eos = flag("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+    let add_eos = flag("tokenizer.ggml.add_eos_token")?.unwrap_or(add_eos_default);
     add_sep = flag("tokenizer.ggml.add_sep_token")?.unwrap_or(add_sep);
     if model == "bert" && has("tokenizer.ggml.seperator_token_id") {
         sep = id("tokenizer.ggml.seperator_token_id")?;
     }
     let pad = id("tokenizer.ggml.padding_token_id")?;
 
-    let kinds = match kinds {
+    let mut kinds = match kinds {
         Some(k) => k,
         None => {
             // Without types, BOS, EOS, padding and unknown are the control tokens a prompt
@@ -228,6 +256,24 @@ pub(super) fn load(file: &GgufFile) -> Result<Parts> {
             k
         }
     };
+
+    let text_key = |key: &str| -> Result<&str> {
+        if has(key) {
+            file.get_str(key)
+        } else {
+            Ok("")
+        }
+    };
+    let strip = quirks::apply(
+        &tokens,
+        &mut kinds,
+        &quirks::Context {
+            name: text_key("general.name")?,
+            arch: text_key("general.architecture")?,
+            pre,
+            has_key: &has,
+        },
+    );
 
     let need = |what: &str, id: Option<u32>| {
         id.ok_or_else(|| {
@@ -256,7 +302,8 @@ pub(super) fn load(file: &GgufFile) -> Result<Parts> {
     Ok(Parts {
         tokens,
         kinds,
-        strip: Vec::new(),
+        strip,
+        llama_split: true,
         model: spec,
         normalizer,
         pre: pre_tok,

@@ -601,6 +601,7 @@ pub(super) fn load(path: &Path) -> Result<Parts> {
         tokens,
         kinds,
         strip,
+        llama_split: false,
         model: spec,
         normalizer,
         pre,

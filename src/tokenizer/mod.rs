@@ -23,6 +23,16 @@
 //! The tests compare this, id for id, with Hugging Face `tokenizers` on a few hundred strings
 //! (`tests/fixtures/tokenizer/cases.json`, written by `tools/tokenizer_fixtures.py`).
 //!
+//! # GGUF vocabularies follow llama.cpp
+//!
+//! A GGUF file is tokenized as llama.cpp tokenizes it, which is not always what Hugging Face
+//! does with the original tokenizer: special tokens are cut out longest first, with the token
+//! types and whitespace stripping llama.cpp derives from token texts and model names; `bert`
+//! vocabularies get llama.cpp's WordPiece normalization (Hangul to initial jamo, every mark
+//! dropped); `t5` vocabularies are Unigram models (Viterbi over the token scores, after the
+//! precompiled character map). `tests/tokenizer_suite.rs` holds qkv to llama.cpp's own
+//! tokenizer suite and to held-out strings on all 19 vocabularies of llama.cpp's `models/`.
+//!
 //! # Why not the `tokenizers` crate
 //!
 //! It is the reference implementation, but qkv needs only one of its models (BPE) and one
@@ -78,9 +88,13 @@ mod hf;
 mod normalize;
 mod parts;
 mod pretok;
+mod quirks;
+mod split;
 mod spm;
 mod template;
+mod unigram;
 mod wordpiece;
+mod wpm;
 
 pub use template::{
     ChatOptions, ChatTemplate, MAX_TEMPLATE_FUEL, MAX_TEMPLATE_OUTPUT, MAX_TEMPLATE_SOURCE,
@@ -145,6 +159,8 @@ enum Model {
         byte_ids: [u32; 256],
     },
     WordPiece(WordPiece),
+    Wpm(wpm::Wpm),
+    Unigram(Box<unigram::Unigram>),
 }
 
 /// How [`Tokenizer::encode_with`] treats the text.
@@ -169,7 +185,7 @@ impl Default for EncodeOptions {
     }
 }
 
-/// A tokenizer: byte-level BPE, SentencePiece BPE or WordPiece, with its normalizer,
+/// A tokenizer: byte-level BPE, SentencePiece BPE, Unigram or WordPiece, with its normalizer,
 /// pre-tokenizer and special tokens. Immutable once built; `Send + Sync`, so one serves every
 /// session.
 pub struct Tokenizer {
@@ -199,6 +215,8 @@ pub struct Tokenizer {
     suffix: Vec<u32>,
     /// Decoding drops one leading space (the encoder's prefix space).
     strip_first_space: bool,
+    /// Special tokens are cut out in llama.cpp's order (GGUF files), not Hugging Face's.
+    llama_split: bool,
     chat_template: Option<String>,
 }
 
@@ -208,7 +226,8 @@ impl std::fmt::Debug for Tokenizer {
             Model::Bpe(b) if b.byte_level => "byte-level BPE",
             Model::Bpe(_) => "BPE",
             Model::Spm { .. } => "SentencePiece BPE",
-            Model::WordPiece(_) => "WordPiece",
+            Model::WordPiece(_) | Model::Wpm(_) => "WordPiece",
+            Model::Unigram(_) => "Unigram",
         };
         f.debug_struct("Tokenizer")
             .field("model", &model)
@@ -226,7 +245,10 @@ impl std::fmt::Debug for Tokenizer {
 struct Scratch {
     bpe: bpe::Scratch,
     spm: spm::Scratch,
+    unigram: unigram::Scratch,
     buf: String,
+    word: String,
+    pieces: Vec<split::Piece>,
 }
 
 impl Tokenizer {
@@ -235,7 +257,9 @@ impl Tokenizer {
     ///
     /// `tokenizer.ggml.model` decides the algorithm: `gpt2` (byte-level BPE, split as
     /// `tokenizer.ggml.pre` names), `llama` (SentencePiece BPE by score with byte fallback),
-    /// `bert` (WordPiece) or `gemma4` (BPE on characters with byte fallback). Also read:
+    /// `bert` (WordPiece, normalized as llama.cpp does), `t5` (Unigram, with its precompiled
+    /// character map and `remove_extra_whitespaces`) or `gemma4` (BPE on characters with byte
+    /// fallback). Also read:
     /// `tokens`, `token_type` (2 unknown, 3 control and 4 user-defined are special and kept
     /// whole), `merges` or `scores`, the `bos`/`eos`/`unknown`/`seperator`/`padding` token ids,
     /// `add_bos_token`, `add_eos_token`, `add_sep_token`, `add_space_prefix`, the BERT
@@ -380,6 +404,7 @@ impl Tokenizer {
                 let chars = bpe::byte_to_char();
                 text.bytes().map(|b| chars[b as usize]).collect()
             }
+            Model::Unigram(u) => return u.lookup(&self.vocab, text),
             _ => text.replace(' ', self.normalizer.space_marker().unwrap_or(" ")),
         };
         self.vocab.get(&spelt).copied()
@@ -455,6 +480,28 @@ impl Tokenizer {
             out.extend_from_slice(&self.prefix);
         }
         let mut scratch = Scratch::default();
+        if self.llama_split {
+            let mut pieces = std::mem::take(&mut scratch.pieces);
+            match scan {
+                Some((scan, index)) => {
+                    split::partition(text, &self.specials, scan, index, &mut pieces)
+                }
+                None if text.is_empty() => {}
+                None => pieces.push(split::Piece::Text(0, text.len())),
+            }
+            for &piece in &pieces {
+                match piece {
+                    split::Piece::Text(a, b) => {
+                        self.encode_text(&text[a..b], a == 0, &mut scratch, &mut out)
+                    }
+                    split::Piece::Token(id) => out.push(id),
+                }
+            }
+            if add_special {
+                out.extend_from_slice(&self.suffix);
+            }
+            return out;
+        }
         let mut plain = 0;
         if let Some((scan, index)) = scan {
             for m in scan.find_iter(text) {
@@ -505,6 +552,8 @@ impl Tokenizer {
             Model::WordPiece(wp) => self.pre.split(&text, &mut |word| {
                 wp.encode_word(word, vocab, &mut s.buf, out)
             }),
+            Model::Wpm(w) => w.encode(&text, vocab, &mut s.buf, &mut s.word, out),
+            Model::Unigram(u) => u.encode(&text, &mut s.unigram, out),
         }
     }
 

@@ -92,10 +92,12 @@ impl Normalizer {
 }
 
 /// Sorted, disjoint code point ranges of a Unicode class, from the `regex` crate's tables.
-struct CharClass(Vec<(char, char)>);
+pub(crate) struct CharClass(Vec<(char, char)>);
 
 impl CharClass {
-    fn new(class: &str) -> CharClass {
+    /// The class `class` (a regex character class such as `\p{M}`); panics on anything
+    /// else, so only for static classes.
+    pub(crate) fn new(class: &str) -> CharClass {
         let hir = regex_syntax::Parser::new()
             .parse(class)
             .expect("a static character class");
@@ -107,7 +109,8 @@ impl CharClass {
         }
     }
 
-    fn contains(&self, c: char) -> bool {
+    /// Whether `c` is in the class.
+    pub(crate) fn contains(&self, c: char) -> bool {
         self.0
             .binary_search_by(|&(lo, hi)| {
                 if hi < c {

@@ -4,7 +4,9 @@
 use super::bpe::{self, Bpe, Merges, Unknown, WholePiece, NO_TOKEN};
 use super::normalize::Normalizer;
 use super::pretok::PreTokenizer;
+use super::unigram::{CharsMap, Unigram};
 use super::wordpiece::WordPiece;
+use super::wpm::Wpm;
 use super::{Model, Special, Tokenizer};
 use crate::error::{Error, Result};
 use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
@@ -64,6 +66,19 @@ pub(crate) enum ModelSpec {
         cont_prefix: String,
         max_chars: usize,
     },
+    /// llama.cpp's WordPiece with its own normalization (GGUF `bert`).
+    Wpm {
+        lowercase: bool,
+        strip_accents: bool,
+    },
+    /// Unigram by score (GGUF `t5`), with SentencePiece's normalizer settings.
+    Unigram {
+        scores: Vec<f32>,
+        /// `tokenizer.ggml.precompiled_charsmap`, as stored.
+        charsmap: Option<Vec<u8>>,
+        add_space_prefix: bool,
+        remove_extra_whitespaces: bool,
+    },
 }
 
 /// What a BPE symbol without a token becomes (the unknown token is [`Parts::unk`]).
@@ -80,6 +95,9 @@ pub(crate) struct Parts {
     pub kinds: Vec<Kind>,
     /// Special tokens that swallow the whitespace before (`lstrip`) or after (`rstrip`) them.
     pub strip: Vec<(u32, bool, bool)>,
+    /// Special tokens are cut out of text in llama.cpp's order (longest token first, see
+    /// split.rs) rather than Hugging Face's (leftmost first).
+    pub llama_split: bool,
     pub model: ModelSpec,
     pub normalizer: Normalizer,
     pub pre: PreTokenizer,
@@ -264,6 +282,57 @@ impl Tokenizer {
                 });
                 (model, false)
             }
+            ModelSpec::Wpm {
+                lowercase,
+                strip_accents,
+            } => {
+                let unk = p
+                    .unk
+                    .ok_or_else(|| bad("WordPiece without an unknown token".into()))?;
+                let max_token_len = p.tokens.iter().map(String::len).max().unwrap_or(0);
+                let model = Model::Wpm(Wpm {
+                    lowercase,
+                    strip_accents,
+                    unk,
+                    max_token_len,
+                });
+                (model, false)
+            }
+            ModelSpec::Unigram {
+                scores,
+                charsmap,
+                add_space_prefix,
+                remove_extra_whitespaces,
+            } => {
+                if scores.len() != n {
+                    return Err(bad(format!("{} scores for {n} tokens", scores.len())));
+                }
+                if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
+                    return Err(bad(format!("the score of token {i} is not finite")));
+                }
+                let unk = p
+                    .unk
+                    .ok_or_else(|| bad("Unigram without an unknown token".into()))?;
+                let is = |k: Kind| p.kinds.iter().map(|&x| x == k).collect::<Vec<bool>>();
+                let mut model = Unigram::new(
+                    &p.tokens,
+                    scores,
+                    &is(Kind::Normal),
+                    is(Kind::UserDefined),
+                    &is(Kind::Unused),
+                    unk,
+                );
+                model.charsmap =
+                    match charsmap {
+                        Some(blob) => Some(CharsMap::parse(&blob).map_err(|e| {
+                            bad(format!("tokenizer.ggml.precompiled_charsmap: {e}"))
+                        })?),
+                        None => None,
+                    };
+                model.add_space_prefix = add_space_prefix;
+                model.remove_extra_whitespaces = remove_extra_whitespaces;
+                (Model::Unigram(Box::new(model)), false)
+            }
         };
 
         // The bytes each token decodes to.
@@ -285,6 +354,16 @@ impl Tokenizer {
                     let mapped: Option<Vec<u8>> =
                         t.chars().map(|c| char_bytes.get(&c).copied()).collect();
                     bytes.extend_from_slice(mapped.as_deref().unwrap_or(t.as_bytes()));
+                }
+                Model::Wpm(_) => match t.strip_prefix('\u{2581}') {
+                    Some(rest) => {
+                        bytes.push(b' ');
+                        bytes.extend_from_slice(rest.as_bytes());
+                    }
+                    None => bytes.extend_from_slice(t.as_bytes()),
+                },
+                Model::Unigram(u) if u.escape_whitespaces => {
+                    bytes.extend_from_slice(t.replace('\u{2581}', " ").as_bytes())
                 }
                 Model::WordPiece(w) => {
                     if !w.first_prefix.is_empty() {
@@ -351,7 +430,12 @@ impl Tokenizer {
                 // long special token).
                 let scan = AhoCorasick::builder()
                     .kind(Some(AhoCorasickKind::NoncontiguousNFA))
-                    .match_kind(MatchKind::LeftmostLongest)
+                    .match_kind(if p.llama_split {
+                        // Every occurrence, overlapping ones too: split.rs picks among them.
+                        MatchKind::Standard
+                    } else {
+                        MatchKind::LeftmostLongest
+                    })
                     .build(idx.iter().map(|&i| specials[i].text.as_str()))
                     .map_err(|e| bad(format!("special tokens: {e}")))?;
                 Ok(Some((scan, idx)))
@@ -361,7 +445,8 @@ impl Tokenizer {
 
         // Decoding drops the space the encoder put before the text (SentencePiece's prefix
         // space; WordPiece's word-start spaces, which the first word has none of).
-        let strip_first_space = matches!(model, Model::WordPiece(_))
+        let strip_first_space = matches!(model, Model::WordPiece(_) | Model::Wpm(_))
+            || matches!(&model, Model::Unigram(u) if u.add_space_prefix || u.remove_extra_whitespaces)
             || p.normalizer.steps.iter().any(|s| {
                 matches!(
                     s,
@@ -389,6 +474,7 @@ impl Tokenizer {
             prefix: p.prefix,
             suffix: p.suffix,
             strip_first_space,
+            llama_split: p.llama_split,
             chat_template: p.chat_template,
         })
     }
