@@ -11,7 +11,9 @@ Prints the medians and spreads of both, and their ratio.
 """
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,7 +34,13 @@ def main():
     cache = b.cache_dir()
     lc = cache / "llamacpp"
     bench, _ = b.ensure_llamacpp(lc)
-    qkv, rev = b.ensure_qkv(lc)
+    # The binary where cargo builds it (not the shared snapshot in the llama.cpp cache, which
+    # tools/bench_vs_llamacpp.py may be running at the same time).
+    b.run(["cargo", "build", "--release", "--bin", "decode"], cwd=b.REPO)
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or b.REPO / "target")
+    qkv = target / "release" / "decode"
+    rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=b.REPO,
+                         capture_output=True, text=True).stdout.strip()
     files = real_shapes.ensure("30b-a3b", args.types.split(","))
     short = lc / "prompts" / "short.txt"
     short.parent.mkdir(parents=True, exist_ok=True)
