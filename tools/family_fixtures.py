@@ -4,7 +4,8 @@
     python3 tools/family_fixtures.py            # prints the fixtures directory on stdout
 
 For each family (Llama 3 with llama3 RoPE scaling, Qwen2, Qwen3, Mistral with a sliding window,
-Phi-3, Gemma 2, Gemma 3 text) this makes a model with transformers' own config class and random
+Phi-3, Gemma 2, Gemma 3 text, the mixtures of experts Qwen3-MoE, Mixtral and Qwen2-MoE, and Qwen3
+with YaRN scaling) this makes a model with transformers' own config class and random
 weights, saves it as a Hugging Face directory (f32 safetensors, a small byte-level BPE
 tokenizer.json trained here on local text), converts that directory to an f32 GGUF with
 llama.cpp's convert_hf_to_gguf.py (from the llama-cpp-python 0.3.36 sdist that
@@ -140,6 +141,41 @@ def configs():
                 tie_word_embeddings=True,
             ),
             "Gemma3ForCausalLM",
+        ),
+        # Qwen3-30B-A3B's routing: softmax over 8 experts, the top 2 renormalised
+        # (norm_topk_prob, which llama.cpp always applies to qwen3moe), QK-norm.
+        "qwen3moe": (
+            T.Qwen3MoeConfig(**common, head_dim=HEAD_DIM, num_experts=8, num_experts_per_tok=2,
+                             moe_intermediate_size=32, norm_topk_prob=True,
+                             decoder_sparse_step=1, mlp_only_layers=[],
+                             tie_word_embeddings=False),
+            "Qwen3MoeForCausalLM",
+        ),
+        # Mixtral: the llama architecture with 8 experts of intermediate_size, top 2.
+        "mixtral": (
+            T.MixtralConfig(**common, head_dim=HEAD_DIM, num_local_experts=8,
+                            num_experts_per_tok=2, tie_word_embeddings=False),
+            "MixtralForCausalLM",
+        ),
+        # Qwen2-MoE: Q/K/V biases, top-2 of 8 experts without renormalising, and a shared
+        # expert behind a sigmoid gate.
+        "qwen2moe": (
+            T.Qwen2MoeConfig(**common, num_experts=8, num_experts_per_tok=2,
+                             moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                             norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+                             tie_word_embeddings=False),
+            "Qwen2MoeForCausalLM",
+        ),
+        # YaRN at factor 4 over an original context of 32 positions, shorter than the prompt
+        # (40) and the continuation: with head_dim 32 and base 10000 the ramp runs over pairs
+        # 0-3 and the attention factor is 0.1·ln 4 + 1.
+        "qwen3yarn": (
+            T.Qwen3Config(**{**common, "max_position_embeddings": 128}, head_dim=32,
+                          tie_word_embeddings=True,
+                          rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                           "factor": 4.0,
+                                           "original_max_position_embeddings": 32}),
+            "Qwen3ForCausalLM",
         ),
     }
 

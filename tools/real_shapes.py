@@ -26,6 +26,9 @@ Shapes (hidden, layers, heads, KV heads, FFN, RoPE base; head size 128 everywher
   1b: 2048, 16, 32, 8, 8192, 500000 (tied output head, as Llama 3.2 1B)
   3b: 3072, 28, 24, 8, 8192, 500000 (tied output head, as Llama 3.2 3B)
   8b: 4096, 32, 32, 8, 14336, 500000 (its own output head, as Llama 3.1 8B)
+  30b-a3b: Qwen3-30B-A3B's layers (architecture qwen3moe: hidden 2048, 32 heads, 4 KV heads,
+           QK-norm, 128 experts of FFN 768 with 8 used per token, RoPE base 1e6), cut to 4
+           layers so that the file stays a few GB; its own output head.
 """
 
 import argparse
@@ -44,8 +47,10 @@ SHAPES = {
     "3b": (3072, 28, 24, 8, 8192, 500000.0, True),
     "8b": (4096, 32, 32, 8, 14336, 500000.0, False),
 }
+# A mixture of experts: (hidden, layers, heads, kv_heads, experts, used, expert_ffn, rope_base).
+MOE_SHAPES = {"30b-a3b": (2048, 4, 32, 4, 128, 8, 768, 1000000.0)}
 DEFAULT_TYPES = {"1b": "F16,Q4_0,Q4_K_M,Q5_K_M,Q6_K,Q8_0", "3b": "Q4_0,Q4_K_M,Q8_0",
-                 "8b": "Q4_0,Q4_K_M"}
+                 "8b": "Q4_0,Q4_K_M", "30b-a3b": "Q4_K_M,Q8_0"}
 
 
 def log(msg):
@@ -80,24 +85,73 @@ def tensors(shape):
 VOCAB = 49152  # the default model's
 
 
+def moe_tensors(shape):
+    """As `tensors`, for a qwen3moe shape: per layer the QK-norms, the router and the experts'
+    3-D tensors."""
+    hidden, layers, heads, kv_heads, experts, _, eff, _ = shape
+    head = 128
+    out = [("token_embd.weight", (hidden, VOCAB), "w")]
+    for i in range(layers):
+        p = f"blk.{i}."
+        out += [
+            (p + "attn_norm.weight", (hidden,), "norm"),
+            (p + "attn_q.weight", (hidden, heads * head), "w"),
+            (p + "attn_q_norm.weight", (head,), "norm"),
+            (p + "attn_k.weight", (hidden, kv_heads * head), "w"),
+            (p + "attn_k_norm.weight", (head,), "norm"),
+            (p + "attn_v.weight", (hidden, kv_heads * head), "w"),
+            (p + "attn_output.weight", (heads * head, hidden), "w"),
+            (p + "ffn_norm.weight", (hidden,), "norm"),
+            (p + "ffn_gate_inp.weight", (hidden, experts), "router"),
+            (p + "ffn_gate_exps.weight", (hidden, eff, experts), "w"),
+            (p + "ffn_up_exps.weight", (hidden, eff, experts), "w"),
+            (p + "ffn_down_exps.weight", (eff, hidden, experts), "w"),
+        ]
+    out.append(("output_norm.weight", (hidden,), "norm"))
+    out.append(("output.weight", (hidden, VOCAB), "w"))
+    return out
+
+
 def write_f16(name: str, path: Path, source: Path):
     import gguf
 
-    shape = SHAPES[name]
-    hidden, layers, heads, kv_heads, ffn, rope_base, _ = shape
+    moe = name in MOE_SHAPES
     src = gguf.GGUFReader(str(source))
     tmp = path.with_suffix(".tmp")
-    w = gguf.GGUFWriter(str(tmp), "llama")
-    w.add_name(f"qkv random weights at Llama {name.upper()} shapes")
-    w.add_context_length(131072)
-    w.add_embedding_length(hidden)
-    w.add_block_count(layers)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_dimension_count(hidden // heads)
-    w.add_rope_freq_base(rope_base)
-    w.add_layer_norm_rms_eps(1e-5)
+    if moe:
+        shape = MOE_SHAPES[name]
+        hidden, layers, heads, kv_heads, experts, used, eff, rope_base = shape
+        w = gguf.GGUFWriter(str(tmp), "qwen3moe")
+        w.add_name(f"qkv random weights at Qwen3 {name.upper()} shapes, {layers} layers")
+        w.add_context_length(40960)
+        w.add_embedding_length(hidden)
+        w.add_block_count(layers)
+        w.add_feed_forward_length(6144)
+        w.add_head_count(heads)
+        w.add_head_count_kv(kv_heads)
+        w.add_key_length(128)
+        w.add_value_length(128)
+        w.add_rope_freq_base(rope_base)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_expert_count(experts)
+        w.add_expert_used_count(used)
+        w.add_expert_feed_forward_length(eff)
+        plan = moe_tensors(shape)
+    else:
+        shape = SHAPES[name]
+        hidden, layers, heads, kv_heads, ffn, rope_base, _ = shape
+        w = gguf.GGUFWriter(str(tmp), "llama")
+        w.add_name(f"qkv random weights at Llama {name.upper()} shapes")
+        w.add_context_length(131072)
+        w.add_embedding_length(hidden)
+        w.add_block_count(layers)
+        w.add_feed_forward_length(ffn)
+        w.add_head_count(heads)
+        w.add_head_count_kv(kv_heads)
+        w.add_rope_dimension_count(hidden // heads)
+        w.add_rope_freq_base(rope_base)
+        w.add_layer_norm_rms_eps(1e-5)
+        plan = tensors(shape)
     w.add_vocab_size(VOCAB)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     # The default model's tokenizer and chat template, field by field.
@@ -105,10 +159,9 @@ def write_f16(name: str, path: Path, source: Path):
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             w.add_key_value(key, field.contents(), field.types[0], sub)
-    plan = tensors(shape)
     for tname, dims, kind in plan:
         rows_first = tuple(reversed(dims))  # numpy's order
-        dtype = np.float32 if kind == "norm" else np.float16
+        dtype = np.float32 if kind in ("norm", "router") else np.float16
         nbytes = int(np.prod(dims)) * np.dtype(dtype).itemsize
         w.add_tensor_info(tname, rows_first, np.dtype(dtype), nbytes)
     w.write_header_to_file()
@@ -119,14 +172,18 @@ def write_f16(name: str, path: Path, source: Path):
         rows_first = tuple(reversed(dims))
         if kind == "norm":
             data = np.ones(rows_first, dtype=np.float32)
+        elif kind == "router":
+            data = rng.standard_normal(rows_first, dtype=np.float32) * 0.02
         else:
-            # Row blocks of ~64 MB keep the float32 intermediate small.
+            # Row blocks of ~64 MB keep the float32 intermediate small (3-D expert tensors
+            # are filled as their rows).
             data = np.empty(rows_first, dtype=np.float16)
+            flat = data.reshape(-1, rows_first[-1])
             step = max(1, (1 << 24) // rows_first[-1])
-            for r in range(0, rows_first[0], step):
-                block = rng.standard_normal((min(step, rows_first[0] - r), rows_first[-1]),
+            for r in range(0, flat.shape[0], step):
+                block = rng.standard_normal((min(step, flat.shape[0] - r), rows_first[-1]),
                                             dtype=np.float32)
-                data[r:r + step] = block * 0.02
+                flat[r:r + step] = block * 0.02
         w.write_tensor_data(data)
         if i % 16 == 0:
             log(f"  {path.name}: {i + 1}/{len(plan)} tensors")
@@ -137,12 +194,13 @@ def write_f16(name: str, path: Path, source: Path):
 def ensure(name: str, types) -> dict:
     """Makes (once) the files of model `name` in each of `types` (F16 or llama-quantize
     types) and returns {type: path}."""
-    if name not in SHAPES:
-        sys.exit(f"unknown model {name!r}: the shapes are {', '.join(SHAPES)}")
+    if name not in SHAPES and name not in MOE_SHAPES:
+        sys.exit(f"unknown model {name!r}: the shapes are {', '.join([*SHAPES, *MOE_SHAPES])}")
     cache = bench.cache_dir()
     out_dir = cache / "shapes"
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {ty: out_dir / f"llama-{name}.{ty}.gguf" for ty in types}
+    arch = "qwen3moe" if name in MOE_SHAPES else "llama"
+    paths = {ty: out_dir / f"{arch}-{name}.{ty}.gguf" for ty in types}
     wanted = [ty for ty, path in paths.items() if not path.is_file()]
     if not wanted:
         return paths
@@ -151,7 +209,7 @@ def ensure(name: str, types) -> dict:
         sys.exit(f"{source} missing: run `cargo run --release --bin decode -- --prompt Hi -n 1` "
                  "once to fetch the default model")
     _, quant = bench.ensure_llamacpp(cache / "llamacpp")
-    f16 = out_dir / f"llama-{name}.F16.gguf"
+    f16 = out_dir / f"{arch}-{name}.F16.gguf"
     if not f16.is_file():
         log(f"writing {f16} (random weights, tensor by tensor)")
         write_f16(name, f16, source)
@@ -174,7 +232,7 @@ def ensure(name: str, types) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="1b,8b", help="comma list of 1b, 3b, 8b (default 1b,8b)")
+    ap.add_argument("--models", default="1b,8b", help="comma list of 1b, 3b, 8b, 30b-a3b (default 1b,8b)")
     ap.add_argument("--types", help="comma list of F16 and llama-quantize types "
                     "(default per model: " + "; ".join(f"{k}: {v}" for k, v in DEFAULT_TYPES.items())
                     + ")")

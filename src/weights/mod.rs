@@ -492,6 +492,33 @@ impl Tensor {
         Ok(parts)
     }
 
+    /// Splits a 3-D tensor `[n, rows, cols]` (a stack of matrices, such as a GGUF file's
+    /// `ffn_gate_exps`, one matrix per expert) into its `n` matrices `[rows, cols]`, named
+    /// `name[i]`. As with [`split_rows`](Self::split_rows), mapped and quantized data stay
+    /// borrowed, each part a view of its rows; owned data is copied. [`Error::TensorShape`]
+    /// unless the tensor is 3-D.
+    pub fn split_outer(self) -> Result<Vec<Tensor>> {
+        let [n, rows, cols] = *self.shape.as_slice() else {
+            return Err(Error::TensorShape {
+                name: self.name.clone(),
+                expected: vec![0, 0, 0],
+                actual: self.shape.clone(),
+            });
+        };
+        let name = self.name.clone();
+        let flat_rows = numel_of(&name, &[n, rows])?;
+        let flat = Tensor {
+            name: name.clone(),
+            shape: vec![flat_rows, cols],
+            storage: self.storage,
+        };
+        let mut parts = flat.split_rows(&vec![rows; n])?;
+        for (i, p) in parts.iter_mut().enumerate() {
+            p.name = format!("{name}[{i}]");
+        }
+        Ok(parts)
+    }
+
     fn shape_error(&self, rows: usize) -> Error {
         Error::TensorShape {
             name: self.name.clone(),

@@ -32,6 +32,11 @@ pub enum Family {
     /// Gemma 3 (text): Gemma 2 with QK-norm, five local layers for each global one, and a
     /// RoPE base (and scaling) of their own for the local layers.
     Gemma3,
+    /// Qwen3 with a mixture-of-experts feed-forward block in every layer (Qwen3-30B-A3B).
+    Qwen3Moe,
+    /// Qwen2 (Q/K/V biases) with a mixture of experts plus a shared expert behind a sigmoid
+    /// gate in every layer (Qwen1.5-MoE, Qwen2-57B-A14B).
+    Qwen2Moe,
 }
 
 impl Family {
@@ -44,6 +49,8 @@ impl Family {
             Family::Phi3 => "phi3",
             Family::Gemma2 => "gemma2",
             Family::Gemma3 => "gemma3",
+            Family::Qwen3Moe => "qwen3moe",
+            Family::Qwen2Moe => "qwen2moe",
         }
     }
 
@@ -55,6 +62,8 @@ impl Family {
             Family::Phi3,
             Family::Gemma2,
             Family::Gemma3,
+            Family::Qwen3Moe,
+            Family::Qwen2Moe,
         ]
         .into_iter()
         .find(|f| f.gguf_arch() == arch)
@@ -63,12 +72,14 @@ impl Family {
     /// The family of a Hugging Face `model_type`.
     pub(crate) fn from_model_type(model_type: &str) -> Option<Family> {
         Some(match model_type {
-            "llama" | "mistral" | "smollm3" => Family::Llama,
+            "llama" | "mistral" | "smollm3" | "mixtral" => Family::Llama,
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
             "phi3" => Family::Phi3,
             "gemma2" => Family::Gemma2,
             "gemma3_text" => Family::Gemma3,
+            "qwen3_moe" => Family::Qwen3Moe,
+            "qwen2_moe" => Family::Qwen2Moe,
             _ => return None,
         })
     }
@@ -76,10 +87,22 @@ impl Family {
     pub(crate) fn is_gemma(self) -> bool {
         matches!(self, Family::Gemma2 | Family::Gemma3)
     }
+
+    /// Queries and keys are RMS-normalised per head (Qwen3, Qwen3-MoE, Gemma 3).
+    pub(crate) fn has_qk_norm(self) -> bool {
+        matches!(self, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3)
+    }
+
+    /// Every layer's feed-forward block is a mixture of experts.
+    pub(crate) fn is_moe(self) -> bool {
+        matches!(self, Family::Qwen3Moe | Family::Qwen2Moe)
+    }
 }
 
 /// The GGUF architectures qkv's decoder runs.
-pub const GGUF_ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"];
+pub const GGUF_ARCHITECTURES: &[&str] = &[
+    "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3moe", "qwen2moe",
+];
 
 /// The Hugging Face `model_type`s qkv's decoder runs.
 pub const HF_MODEL_TYPES: &[&str] = &[
@@ -91,6 +114,9 @@ pub const HF_MODEL_TYPES: &[&str] = &[
     "phi3",
     "gemma2",
     "gemma3_text",
+    "mixtral",
+    "qwen3_moe",
+    "qwen2_moe",
 ];
 
 /// Where a decoder's tensors come from, which fixes their names.
@@ -126,6 +152,67 @@ pub enum RopeScaling {
     /// Per-frequency divisors stored in the file (GGUF's `rope_freqs.weight`, which
     /// llama.cpp's converter writes for Llama 3.1 scaling).
     FileFactors,
+    /// YaRN (transformers' `yarn` rope type): each frequency a blend of itself and itself
+    /// divided by `factor`, by a linear ramp over the pairs between the correction dimensions
+    /// of `beta_fast` and `beta_slow` rotations in `original_context` positions; cos and sin
+    /// are multiplied by `attention_factor`.
+    Yarn {
+        /// The context extension factor.
+        factor: f32,
+        /// The context the model was first trained with.
+        original_context: f32,
+        /// Rotations over the original context below which a pair is fully extrapolated
+        /// (kept); transformers' default 32.
+        beta_fast: f32,
+        /// Rotations above which a pair is fully interpolated (divided); default 1.
+        beta_slow: f32,
+        /// The multiplier of cos and sin (default `0.1·ln(factor) + 1`).
+        attention_factor: f32,
+        /// Round the correction range outwards to whole pairs (transformers' `truncate`,
+        /// default true).
+        truncate: bool,
+    },
+}
+
+impl RopeScaling {
+    /// The factor cos and sin are multiplied by: YaRN's attention factor, else 1. Scaling
+    /// both the rotated queries and keys by it scales their dot products by its square.
+    pub fn attention_factor(&self) -> f32 {
+        match self {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => *attention_factor,
+            _ => 1.0,
+        }
+    }
+}
+
+/// transformers' default YaRN attention factor for `factor` (`mscale`): `0.1·mscale·ln(factor)
+/// + 1`, or 1 for a factor of at most 1. In f64 as Python computes it.
+pub(crate) fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * factor.ln() + 1.0
+    }
+}
+
+/// A mixture-of-experts feed-forward block: a router picks `used` of `experts` SwiGLU
+/// experts for each token, weighted by their softmax probabilities.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moe {
+    /// Experts per layer.
+    pub experts: usize,
+    /// Experts each token runs through (top-k).
+    pub used: usize,
+    /// Hidden width of each expert.
+    pub expert_ffn: usize,
+    /// The top-k probabilities are divided by their sum (Mixtral, Qwen3-MoE's
+    /// `norm_topk_prob`); otherwise they are used as the softmax over all experts gave them.
+    pub norm_topk: bool,
+    /// Hidden width of the shared expert that every token runs through, scaled by a sigmoid
+    /// gate of its own (Qwen2-MoE), when there is one.
+    pub shared_ffn: Option<usize>,
 }
 
 /// The rotary embedding of one kind of layer.
@@ -202,6 +289,9 @@ pub struct DecoderConfig {
     pub final_softcap: Option<f32>,
     /// Per layer: the sliding window of its attention, `None` for full causal attention.
     pub windows: Vec<Option<usize>>,
+    /// Every layer's feed-forward block is this mixture of experts (instead of one SwiGLU of
+    /// `ffn_dim`).
+    pub moe: Option<Moe>,
     /// Where the weights come from.
     pub layout: WeightLayout,
 }
@@ -257,6 +347,7 @@ impl DecoderConfig {
             attn_softcap: None,
             final_softcap: None,
             windows: vec![None; layers.min(MAX_LAYERS)],
+            moe: None,
             layout,
         }
     }
@@ -340,6 +431,20 @@ impl DecoderConfig {
                     }
                     vec![factor, low_freq_factor, high_freq_factor, original_context]
                 }
+                RopeScaling::Yarn {
+                    factor,
+                    original_context,
+                    beta_fast,
+                    beta_slow,
+                    attention_factor,
+                    ..
+                } => vec![
+                    factor,
+                    original_context,
+                    beta_fast,
+                    beta_slow,
+                    attention_factor,
+                ],
                 RopeScaling::None | RopeScaling::FileFactors => vec![],
             };
             if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
@@ -360,6 +465,33 @@ impl DecoderConfig {
                 return bad(format!("{what} {v} is not a positive number"));
             }
         }
+        if let Some(m) = &self.moe {
+            for (what, v) in [
+                ("expert count", m.experts),
+                ("experts used per token", m.used),
+                ("expert feed-forward length", m.expert_ffn),
+                (
+                    "shared expert feed-forward length",
+                    m.shared_ffn.unwrap_or(1),
+                ),
+            ] {
+                if v == 0 {
+                    return bad(format!("{what} is 0"));
+                }
+            }
+            if m.used > m.experts {
+                return bad(format!(
+                    "{} experts used per token, of {} experts",
+                    m.used, m.experts
+                ));
+            }
+            if m.experts > MAX_EXPERTS {
+                return bad(format!(
+                    "{} experts, more than the {MAX_EXPERTS} qkv accepts",
+                    m.experts
+                ));
+            }
+        }
         if self.context > MAX_CONTEXT {
             return bad(format!(
                 "context length {} is more than the {MAX_CONTEXT} positions qkv supports",
@@ -377,6 +509,9 @@ pub(crate) fn default_attn_scale(head_dim: usize) -> f32 {
 
 /// The most blocks a configuration may declare (the largest real models have ~130).
 pub const MAX_LAYERS: usize = 4096;
+
+/// The most experts per layer a configuration may declare (the largest real models have 512).
+pub const MAX_EXPERTS: usize = 4096;
 
 /// Wraps configuration errors with the file they came from.
 pub(crate) fn in_file(path: &Path, e: Error) -> Error {

@@ -2,6 +2,7 @@
 //! [`Decoder::forward_all`]) or many at once ([`Decoder::forward_batch`]), through the same
 //! layers.
 
+use super::moe::Ffn;
 use super::{Activation, Decoder, DecoderState, KvCache, Scratch};
 use crate::error::{Error, Result};
 use qkv_kernels::activation::{add_inplace, geglu_tanh, softcap_inplace, swiglu};
@@ -244,9 +245,8 @@ impl Decoder {
         let k = &mut s.k[..t * kvd];
         let v = &mut s.v[..t * kvd];
         let att = &mut s.att[..t * qd];
-        let gate = &mut s.gate[..t * ff];
-        let up = &mut s.up[..t * ff];
-        let hidden = &mut s.hidden[..t * ff];
+        let (gate_buf, up_buf, hidden_buf) = (&mut s.gate, &mut s.up, &mut s.hidden);
+        let mut moe_scratch = s.moe.as_mut();
 
         for (l, b) in self.blocks.iter().enumerate() {
             // Attention.
@@ -263,10 +263,14 @@ impl Decoder {
                 kn.forward_inplace(k)?;
             }
             let window = c.windows[l];
-            let rope = match (window, &self.rope_local) {
-                (Some(_), Some(local)) => local,
-                _ => &self.rope,
+            let (rope, rope_config) = match (window, &self.rope_local, &c.rope_local) {
+                (Some(_), Some(local), Some(config)) => (local, config),
+                _ => (&self.rope, &c.rope),
             };
+            // YaRN multiplies cos and sin, so the rotated queries and keys, by its attention
+            // factor: their dot products by its square.
+            let factor = rope_config.scaling.attention_factor();
+            let attn_scale = c.attn_scale * factor * factor;
             let mut row = 0;
             for seg in segments.iter_mut() {
                 let (n, pos0) = (seg.tokens.len(), seg.pos0);
@@ -293,7 +297,7 @@ impl Decoder {
                     &keys,
                     &values,
                     &mask,
-                    Some(c.attn_scale),
+                    Some(attn_scale),
                     att,
                 )?;
             }
@@ -305,17 +309,33 @@ impl Decoder {
 
             // Feed-forward.
             b.ffn_norm.forward_into(x, xn)?;
-            linear_many(
-                xn,
-                t,
-                d,
-                &mut [b.w_gate.projection(gate), b.w_up.projection(up)],
-            )?;
-            match c.activation {
-                Activation::Silu => swiglu(hidden, gate, up)?,
-                Activation::GeluTanh => geglu_tanh(hidden, gate, up)?,
+            match (&b.ffn, &c.moe, moe_scratch.as_deref_mut()) {
+                (Ffn::Dense(f), _, _) => {
+                    let gate = &mut gate_buf[..t * ff];
+                    let up = &mut up_buf[..t * ff];
+                    let hidden = &mut hidden_buf[..t * ff];
+                    linear_many(
+                        xn,
+                        t,
+                        d,
+                        &mut [f.gate.projection(gate), f.up.projection(up)],
+                    )?;
+                    match c.activation {
+                        Activation::Silu => swiglu(hidden, gate, up)?,
+                        Activation::GeluTanh => geglu_tanh(hidden, gate, up)?,
+                    }
+                    f.down.forward_into(hidden, t, xn)?;
+                }
+                (Ffn::Moe(block), Some(m), Some(ms)) => {
+                    block.forward(m, xn, t, d, ms, gate_buf, up_buf, hidden_buf)?;
+                    xn.copy_from_slice(&ms.acc[..t * d]);
+                }
+                _ => {
+                    return Err(Error::Shape(
+                        "a mixture-of-experts layer without its scratch".into(),
+                    ))
+                }
             }
-            b.w_down.forward_into(hidden, t, xn)?;
             if let Some(n) = &b.ffn_post_norm {
                 n.forward_inplace(xn)?;
             }

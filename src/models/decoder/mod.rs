@@ -1,6 +1,6 @@
 //! One decoder-only transformer for every family qkv runs (Llama 2/3/3.1/3.2, SmolLM2/3,
-//! Mistral, Qwen2/2.5, Qwen3, Phi-3, Gemma 2, Gemma 3), described by a [`DecoderConfig`] and
-//! running on the `qkv-kernels`.
+//! Mistral, Mixtral, Qwen2/2.5, Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3),
+//! described by a [`DecoderConfig`] and running on the `qkv-kernels`.
 //!
 //! One layer, for `t` new positions starting at absolute position `p₀` (brackets: only where
 //! the configuration asks for it):
@@ -14,7 +14,9 @@
 //! out     = h + [n₄](f)
 //! ```
 //!
-//! where the `nᵢ` are RMSNorms (`n₂`, `n₄`: Gemma's sandwich norms), then
+//! where the `nᵢ` are RMSNorms (`n₂`, `n₄`: Gemma's sandwich norms); in a mixture of experts
+//! `f` is instead the weighted sum of the router's top-k SwiGLU experts (and a gated shared
+//! one), each chosen expert's weights read once per pass (see `moe.rs`). Then
 //! `logits = [softcap](Wout · rms(out))` for the last position only (the prompt positions
 //! before it never pay for the LM head). The embedding rows may be scaled (Gemma's `√dim`).
 //! Attention is grouped-query: query head `h` reads KV head `h / (heads / kv_heads)`, which
@@ -33,6 +35,7 @@
 
 pub mod config;
 mod forward;
+mod moe;
 mod state;
 
 pub use forward::Segment;
@@ -41,9 +44,11 @@ use state::KvStore;
 pub use state::{DecoderState, KvCache, Scratch};
 
 pub use config::{
-    Activation, DecoderConfig, Family, Rope, RopeScaling, WeightLayout, GGUF_ARCHITECTURES,
-    HF_MODEL_TYPES, MAX_CONTEXT, MAX_LAYERS,
+    Activation, DecoderConfig, Family, Moe, Rope, RopeScaling, WeightLayout, GGUF_ARCHITECTURES,
+    HF_MODEL_TYPES, MAX_CONTEXT, MAX_EXPERTS, MAX_LAYERS,
 };
+pub use moe::MoeScratch;
+use moe::{Ffn, GatedMlp};
 
 use crate::error::{Error, Result};
 use crate::nn::{Linear, RmsNorm};
@@ -104,23 +109,24 @@ struct Block {
     wo: Linear,
     attn_post_norm: Option<RmsNorm>,
     ffn_norm: RmsNorm,
-    w_gate: Linear,
-    w_up: Linear,
-    w_down: Linear,
+    ffn: Ffn,
     ffn_post_norm: Option<RmsNorm>,
 }
 
 impl Block {
-    fn matrices(&self) -> [&Tensor; 7] {
+    fn attn_matrices(&self) -> [&Tensor; 4] {
         [
             self.wq.weight(),
             self.wk.weight(),
             self.wv.weight(),
             self.wo.weight(),
-            self.w_gate.weight(),
-            self.w_up.weight(),
-            self.w_down.weight(),
         ]
+    }
+
+    fn matrices(&self) -> Vec<&Tensor> {
+        let mut all = self.attn_matrices().to_vec();
+        all.extend(self.ffn.matrices());
+        all
     }
 }
 
@@ -205,8 +211,63 @@ fn rope_table(
             }
             freqs.iter_mut().zip(factors).for_each(|(f, d)| *f /= d);
         }
+        RopeScaling::Yarn {
+            factor,
+            original_context,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } => yarn_inv_freq(
+            &mut freqs,
+            rope.base,
+            head_dim,
+            *factor,
+            *original_context,
+            (*beta_fast, *beta_slow),
+            *truncate,
+        ),
     }
     Ok(RopeTable::from_inv_freq(&freqs, positions)?)
+}
+
+/// YaRN's frequencies, step by step as transformers' `_compute_yarn_parameters` computes
+/// them: the correction range in f64 (Python floats), the ramp and the blend in f32.
+/// `freqs` holds the unscaled frequencies and becomes the blended ones.
+fn yarn_inv_freq(
+    freqs: &mut [f32],
+    base: f32,
+    head_dim: usize,
+    factor: f32,
+    original_context: f32,
+    (beta_fast, beta_slow): (f32, f32),
+    truncate: bool,
+) {
+    let (dim, base64) = (head_dim as f64, f64::from(base));
+    // The pair index at which a frequency turns `rotations` times over the original context.
+    let correction = |rotations: f32| {
+        let turns =
+            f64::from(original_context) / (f64::from(rotations) * 2.0 * std::f64::consts::PI);
+        dim * turns.ln() / (2.0 * base64.ln())
+    };
+    let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    let (low32, span) = (low as f32, (high - low) as f32);
+    for (i, f) in freqs.iter_mut().enumerate() {
+        // `base ** (2i / dim)` as torch rounds it: the same power `inv_freq` inverts.
+        let e = (2 * i) as f32 / head_dim as f32;
+        let pos = (base64).powf(f64::from(e)) as f32;
+        let interpolated = 1.0 / (factor * pos);
+        let ramp = ((i as f32 - low32) / span).clamp(0.0, 1.0);
+        let extrapolate = 1.0 - ramp;
+        *f = interpolated * (1.0 - extrapolate) + *f * extrapolate;
+    }
 }
 
 impl Decoder {
@@ -228,9 +289,11 @@ impl Decoder {
             t.expect_shape(shape)?;
             Ok(t)
         };
-        let widened = |t: Tensor| match widen {
-            Some(dtype) => t.into_dtype(dtype),
-            None => Ok(t),
+        let widened = |t: Tensor| -> Result<Tensor> {
+            match widen {
+                Some(dtype) => t.into_dtype(dtype),
+                None => Ok(t),
+            }
         };
         let vector = |name: &str, len: usize| tensor(name, &[len])?.to_f32_vec();
         let norm =
@@ -268,19 +331,25 @@ impl Decoder {
                     linear(l, "attn_v", kvd, d, c.qkv_bias)?,
                 )
             };
-            let (w_gate, w_up) = if c.family == Family::Phi3 {
-                let part = match c.layout {
-                    WeightLayout::Gguf => "ffn_up",
-                    WeightLayout::HuggingFace => "ffn_gate_up",
-                };
-                let mut p = fused(l, part, &[ff, ff], d)?.into_iter();
-                let mut next = || p.next().expect("two parts");
-                (next(), next())
+            let ffn = if let Some(m) = &c.moe {
+                Ffn::Moe(moe::load_moe(c, m, l, source, &widened)?)
             } else {
-                (
-                    linear(l, "ffn_gate", ff, d, false)?,
-                    linear(l, "ffn_up", ff, d, false)?,
-                )
+                let (gate, up) = if c.family == Family::Phi3 {
+                    let part = match c.layout {
+                        WeightLayout::Gguf => "ffn_up",
+                        WeightLayout::HuggingFace => "ffn_gate_up",
+                    };
+                    let mut p = fused(l, part, &[ff, ff], d)?.into_iter();
+                    let mut next = || p.next().expect("two parts");
+                    (next(), next())
+                } else {
+                    (
+                        linear(l, "ffn_gate", ff, d, false)?,
+                        linear(l, "ffn_up", ff, d, false)?,
+                    )
+                };
+                let down = linear(l, "ffn_down", d, ff, false)?;
+                Ffn::Dense(GatedMlp { gate, up, down })
             };
             let sandwich = |part: &str| -> Result<Option<RmsNorm>> {
                 c.sandwich_norms.then(|| norm(&n(part), d)).transpose()
@@ -298,9 +367,7 @@ impl Decoder {
                 wo: linear(l, "attn_output", d, qd, c.out_bias)?,
                 attn_post_norm: sandwich("post_attention_norm")?,
                 ffn_norm: norm(&n("ffn_norm"), d)?,
-                w_gate,
-                w_up,
-                w_down: linear(l, "ffn_down", d, ff, false)?,
+                ffn,
                 ffn_post_norm: sandwich("post_ffw_norm")?,
             });
         }
@@ -379,7 +446,13 @@ impl Decoder {
                 c.norm_plus_one,
             )
         };
-        let mut linear = |name: String, rows: usize, cols: usize, bias: bool| -> Result<Linear> {
+        type MatrixFn<'a> = dyn FnMut(String, usize, usize) -> Result<Tensor> + 'a;
+        let linear = |matrix: &mut MatrixFn<'_>,
+                      name: String,
+                      rows: usize,
+                      cols: usize,
+                      bias: bool|
+         -> Result<Linear> {
             Linear::from_tensors(matrix(name, rows, cols)?, bias.then(|| vec![0.0; rows]))
         };
         // Not `with_capacity(c.layers)`: the count comes from the file, the blocks from its tensors.
@@ -387,19 +460,30 @@ impl Decoder {
         for l in 0..c.layers {
             let n = |part: &str| layer_name(c, l, part, "weight");
             let opt = |on: bool, dim: usize| on.then(|| ones(dim)).transpose();
+            let mx: &mut MatrixFn<'_> = &mut matrix;
+            let wq = linear(mx, n("attn_q"), qd, d, c.qkv_bias)?;
+            let wk = linear(mx, n("attn_k"), kvd, d, c.qkv_bias)?;
+            let wv = linear(mx, n("attn_v"), kvd, d, c.qkv_bias)?;
+            let wo = linear(mx, n("attn_output"), d, qd, c.out_bias)?;
+            let ffn = match &c.moe {
+                Some(m) => Ffn::Moe(moe::synthetic_moe(c, m, l, mx)?),
+                None => Ffn::Dense(GatedMlp {
+                    gate: linear(mx, n("ffn_gate"), ff, d, false)?,
+                    up: linear(mx, n("ffn_up"), ff, d, false)?,
+                    down: linear(mx, n("ffn_down"), d, ff, false)?,
+                }),
+            };
             blocks.push(Block {
                 attn_norm: ones(d)?,
-                wq: linear(n("attn_q"), qd, d, c.qkv_bias)?,
-                wk: linear(n("attn_k"), kvd, d, c.qkv_bias)?,
-                wv: linear(n("attn_v"), kvd, d, c.qkv_bias)?,
+                wq,
+                wk,
+                wv,
                 q_norm: opt(c.qk_norm, c.head_dim)?,
                 k_norm: opt(c.qk_norm, c.head_dim)?,
-                wo: linear(n("attn_output"), d, qd, c.out_bias)?,
+                wo,
                 attn_post_norm: opt(c.sandwich_norms, d)?,
                 ffn_norm: ones(d)?,
-                w_gate: linear(n("ffn_gate"), ff, d, false)?,
-                w_up: linear(n("ffn_up"), ff, d, false)?,
-                w_down: linear(n("ffn_down"), d, ff, false)?,
+                ffn,
                 ffn_post_norm: opt(c.sandwich_norms, d)?,
             });
         }
@@ -436,14 +520,17 @@ impl Decoder {
     }
 
     /// The storage format of each weight matrix, and how many bytes of matrices a decode
-    /// step reads (the output head, or the tied embedding, once).
+    /// step reads (the output head, or the tied embedding, once; of a mixture of experts,
+    /// the router and the used experts' share of all experts).
     pub fn weight_formats(&self) -> (Vec<(String, WeightFormat)>, usize) {
         let head = self.output.as_ref().unwrap_or(&self.embedding);
         let mut all = vec![head];
+        let mut bytes = head.bytes();
         for b in &self.blocks {
             all.extend(b.matrices());
+            bytes += b.attn_matrices().iter().map(|t| t.bytes()).sum::<usize>();
+            bytes += b.ffn.step_bytes(self.config.moe.as_ref());
         }
-        let bytes = all.iter().map(|t| t.bytes()).sum();
         (
             all.iter()
                 .map(|t| (t.name().to_owned(), t.format()))
@@ -476,7 +563,8 @@ impl Decoder {
                     + norm(&b.attn_post_norm)
                     + norm(&b.ffn_post_norm)
                     + biases
-                    + b.matrices().iter().map(|t| t.numel()).sum::<usize>()
+                    + b.attn_matrices().iter().map(|t| t.numel()).sum::<usize>()
+                    + b.ffn.parameters()
             })
             .sum();
         blocks
@@ -545,6 +633,11 @@ impl Decoder {
                 format!("the scratch of a pass of {rows} positions")
             })
         };
+        let ffn_buf = || -> Result<Vec<f32>> {
+            super::zeroed_for(&[moe::ffn_elems(c, rows).unwrap_or(usize::MAX)], || {
+                format!("the scratch of a pass of {rows} positions")
+            })
+        };
         Ok(Scratch {
             rows,
             x: buf(c.dim)?,
@@ -553,9 +646,14 @@ impl Decoder {
             k: buf(c.kv_dim())?,
             v: buf(c.kv_dim())?,
             att: buf(c.q_dim())?,
-            gate: buf(c.ffn_dim)?,
-            up: buf(c.ffn_dim)?,
-            hidden: buf(c.ffn_dim)?,
+            gate: ffn_buf()?,
+            up: ffn_buf()?,
+            hidden: ffn_buf()?,
+            moe: c
+                .moe
+                .as_ref()
+                .map(|m| MoeScratch::new(c, m, rows))
+                .transpose()?,
         })
     }
 }

@@ -168,6 +168,8 @@ pub struct Scratch {
     pub(super) gate: Vec<f32>,
     pub(super) up: Vec<f32>,
     pub(super) hidden: Vec<f32>,
+    /// The mixture of experts' buffers, for a model that has one.
+    pub(super) moe: Option<super::MoeScratch>,
 }
 
 impl std::fmt::Debug for Scratch {

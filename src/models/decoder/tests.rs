@@ -73,6 +73,96 @@ fn llama3_scaling_follows_transformers() {
 }
 
 #[test]
+// The frequencies as transformers prints them (f32 values written out in full).
+#[allow(clippy::excessive_precision, clippy::type_complexity)]
+fn yarn_scaling_follows_transformers() {
+    // transformers' `_compute_yarn_parameters` for head_dim 32 (printed): base 10000,
+    // factor 4, original context 32, default betas and attention factor; then base 1e6,
+    // factor 8, original 4096, betas 16 and 2, no truncation, attention factor 1.25.
+    let cases: [(f32, f32, f32, f32, f32, bool, [f32; 16]); 2] = [
+        (
+            10000.0,
+            4.0,
+            32.0,
+            32.0,
+            1.0,
+            true,
+            [
+                1.0,
+                0.421_755_97,
+                0.158_113_88,
+                0.044_456_985,
+                0.025,
+                0.014_058_532,
+                0.007_905_695,
+                0.004_445_698_6,
+                0.0025,
+                0.001_405_853_3,
+                0.000_790_569_47,
+                0.000_444_569_86,
+                0.000_250_000_01,
+                0.000_140_585_33,
+                7.905_694_7e-5,
+                4.445_698_5e-5,
+            ],
+        ),
+        (
+            1e6,
+            8.0,
+            4096.0,
+            16.0,
+            2.0,
+            false,
+            [
+                1.0,
+                0.421_696_51,
+                0.177_827_94,
+                0.074_989_416,
+                0.031_622_78,
+                0.009_912_078,
+                0.002_136_700_6,
+                0.000_296_421_73,
+                0.000_125_000_01,
+                5.271_206e-5,
+                2.222_849_3e-5,
+                9.373_678e-6,
+                3.952_846_8e-6,
+                1.666_901_8e-6,
+                7.029_267e-7,
+                2.964_217_2e-7,
+            ],
+        ),
+    ];
+    for (base, factor, original, fast, slow, truncate, want) in cases {
+        let mut freqs = inv_freq(32, base).unwrap();
+        yarn_inv_freq(
+            &mut freqs,
+            base,
+            32,
+            factor,
+            original,
+            (fast, slow),
+            truncate,
+        );
+        for (i, (g, w)) in freqs.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 2.0 * f32::EPSILON * w,
+                "pair {i}: {g} vs {w}"
+            );
+        }
+    }
+    let scaling = RopeScaling::Yarn {
+        factor: 4.0,
+        original_context: 32.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: config::yarn_mscale(4.0, 1.0) as f32,
+        truncate: true,
+    };
+    assert!((scaling.attention_factor() - 1.138_629_4).abs() < 1e-7);
+}
+
+#[test]
 fn config_validation_names_the_fault() {
     let good = tiny(1);
     good.validate().unwrap();

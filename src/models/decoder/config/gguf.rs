@@ -1,8 +1,8 @@
 //! [`DecoderConfig::from_gguf`]: a decoder's configuration from GGUF metadata.
 
 use super::{
-    default_attn_scale, in_file, Activation, DecoderConfig, Family, Rope, RopeScaling,
-    WeightLayout, GGUF_ARCHITECTURES, MAX_LAYERS,
+    default_attn_scale, in_file, yarn_mscale, Activation, DecoderConfig, Family, Moe, Rope,
+    RopeScaling, WeightLayout, GGUF_ARCHITECTURES, MAX_LAYERS,
 };
 use crate::error::{Error, Result};
 use crate::weights::gguf::{GgufFile, MetaValue};
@@ -75,15 +75,7 @@ impl DecoderConfig {
                 ));
             }
         }
-        for k in ["expert_count", "expert_used_count"] {
-            if opt_u(k)?.unwrap_or(0) != 0 {
-                return Err(unsupported(
-                    &key(k),
-                    opt(k).expect("present"),
-                    "mixture of experts",
-                ));
-            }
-        }
+        let moe = gguf_moe(file, family, &prefix)?;
         let vocab = match opt_u("vocab_size")? {
             Some(v) => v,
             None => file.get_array("tokenizer.ggml.tokens")?.len(),
@@ -97,11 +89,12 @@ impl DecoderConfig {
                     Some(factor) if factor != 1.0 => RopeScaling::Linear { factor },
                     _ => RopeScaling::None,
                 },
+                Some("yarn") => gguf_yarn(file, &prefix)?,
                 _ => {
                     return Err(unsupported(
                         &key("rope.scaling.type"),
                         v,
-                        "qkv runs plain, linear and Llama 3.1 RoPE",
+                        "qkv runs plain, linear, YaRN and Llama 3.1 RoPE",
                     ))
                 }
             },
@@ -174,7 +167,11 @@ impl DecoderConfig {
             heads,
             kv_heads,
             head_dim,
-            ffn_dim: u("feed_forward_length")?,
+            ffn_dim: match (&moe, opt_u("feed_forward_length")?) {
+                // A mixture of experts needs no dense width; Qwen3-MoE files carry one anyway.
+                (Some(m), None) => m.expert_ffn,
+                _ => u("feed_forward_length")?,
+            },
             vocab,
             context: u("context_length")?,
             rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
@@ -188,7 +185,7 @@ impl DecoderConfig {
             rope_local,
             qkv_bias: file.tensor_info("blk.0.attn_q.bias").is_some(),
             out_bias: file.tensor_info("blk.0.attn_output.bias").is_some(),
-            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
+            qk_norm: family.has_qk_norm(),
             sandwich_norms: gemma,
             activation: if gemma {
                 Activation::GeluTanh
@@ -200,6 +197,7 @@ impl DecoderConfig {
             attn_softcap: nonzero(opt_f("attn_logit_softcapping")?),
             final_softcap: nonzero(opt_f("final_logit_softcapping")?),
             windows,
+            moe,
             layout: WeightLayout::Gguf,
         };
         // llama.cpp's one exception to 1/√head_dim: the 27B Gemmas (46 and 62 blocks) scale
@@ -239,14 +237,208 @@ const KNOWN_GGUF_KEYS: &[&str] = &[
     "rope.freq_base_swa",
     "rope.scaling.type",
     "rope.scaling.factor",
-    // Only meaningful with YaRN or LongRoPE scaling, which are refused.
     "rope.scaling.original_context_length",
     "rope.scaling.finetuned",
+    "rope.scaling.attn_factor",
+    "rope.scaling.yarn_ext_factor",
+    "rope.scaling.yarn_attn_factor",
+    "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow",
+    "rope.scaling.yarn_log_multiplier",
     "attn_logit_softcapping",
     "final_logit_softcapping",
     "expert_count",
     "expert_used_count",
+    "expert_feed_forward_length",
+    "expert_shared_feed_forward_length",
+    "expert_weights_norm",
+    "expert_weights_scale",
+    "expert_gating_func",
+    "expert_group_count",
+    "expert_group_used_count",
 ];
+
+/// GGUF's `expert_gating_func` value for a softmax router (llama.cpp's
+/// `LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX`).
+const GATING_SOFTMAX: u32 = 1;
+
+/// The mixture of experts a file's `{arch}.expert_*` keys describe, as llama.cpp runs the
+/// family: a softmax router, top-k, the top-k weights renormalised for `qwen3moe` and
+/// Mixtral-style `llama` files but not for `qwen2moe`, whose shared expert is gated by a
+/// sigmoid. Anything else (another router function, expert groups, scaled weights, a
+/// family without experts that declares some) is refused by key.
+fn gguf_moe(file: &GgufFile, family: Family, prefix: &str) -> Result<Option<Moe>> {
+    let path = file.path();
+    let key = |k: &str| format!("{prefix}{k}");
+    let unsupported = |k: &str, why: &str| {
+        let value = file
+            .metadata(&key(k))
+            .map_or_else(|| "(missing)".to_owned(), |v| v.to_string());
+        Error::Unsupported(format!(
+            "{}: `{}` = {value} ({why})",
+            path.display(),
+            key(k)
+        ))
+    };
+    let opt_u = |k: &str| -> Result<Option<usize>> {
+        file.metadata(&key(k))
+            .map(|_| file.get_u32(&key(k)).map(|v| v as usize))
+            .transpose()
+    };
+    let experts = opt_u("expert_count")?.unwrap_or(0);
+    let used = opt_u("expert_used_count")?.unwrap_or(0);
+    let moe_family = family.is_moe() || family == Family::Llama;
+    if !moe_family {
+        for k in ["expert_count", "expert_used_count"] {
+            if opt_u(k)?.unwrap_or(0) != 0 {
+                return Err(unsupported(
+                    k,
+                    &format!("a mixture of experts in {}", family.gguf_arch()),
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    if experts == 0 {
+        if family.is_moe() {
+            return Err(unsupported(
+                "expert_count",
+                &format!("{} needs experts", family.gguf_arch()),
+            ));
+        }
+        if used != 0 {
+            return Err(unsupported(
+                "expert_used_count",
+                "experts used without experts",
+            ));
+        }
+        return Ok(None);
+    }
+    if used == 0 {
+        return Err(unsupported(
+            "expert_used_count",
+            "a mixture of experts must use some",
+        ));
+    }
+    if let Some(g) = opt_u("expert_gating_func")?.filter(|&g| g != GATING_SOFTMAX as usize) {
+        return Err(unsupported(
+            "expert_gating_func",
+            &format!("router function {g}: qkv runs the softmax router ({GATING_SOFTMAX})"),
+        ));
+    }
+    for k in ["expert_group_count", "expert_group_used_count"] {
+        if opt_u(k)?.unwrap_or(0) > 1 {
+            return Err(unsupported(k, "expert groups"));
+        }
+    }
+    if file.metadata(&key("expert_weights_scale")).is_some() {
+        let s = file.get_f32(&key("expert_weights_scale"))?;
+        if s != 0.0 && s != 1.0 {
+            return Err(unsupported("expert_weights_scale", "scaled expert weights"));
+        }
+    }
+    let norm_topk = family != Family::Qwen2Moe;
+    if let Some(v) = file.metadata(&key("expert_weights_norm")) {
+        if v.as_bool() != Some(norm_topk) {
+            return Err(unsupported(
+                "expert_weights_norm",
+                &format!(
+                    "llama.cpp runs {} with the top-k weights {}",
+                    family.gguf_arch(),
+                    if norm_topk {
+                        "renormalised"
+                    } else {
+                        "as they are"
+                    }
+                ),
+            ));
+        }
+    }
+    let expert_ffn = match opt_u("expert_feed_forward_length")? {
+        Some(n) => n,
+        None => file.get_u32(&key("feed_forward_length"))? as usize,
+    };
+    let shared_ffn = opt_u("expert_shared_feed_forward_length")?;
+    if shared_ffn.is_some() != (family == Family::Qwen2Moe) {
+        return Err(unsupported(
+            "expert_shared_feed_forward_length",
+            &format!(
+                "a shared expert is {} in {}",
+                if family == Family::Qwen2Moe {
+                    "required"
+                } else {
+                    "not run"
+                },
+                family.gguf_arch()
+            ),
+        ));
+    }
+    Ok(Some(Moe {
+        experts,
+        used,
+        expert_ffn,
+        norm_topk,
+        shared_ffn,
+    }))
+}
+
+/// YaRN from `rope.scaling.factor`, `rope.scaling.original_context_length` and the optional
+/// `rope.scaling.yarn_*` keys convert_hf_to_gguf.py copies from `rope_scaling`, taken as
+/// transformers defines them. An extrapolation factor other than 1, a log multiplier (the
+/// `mscale_all_dim` form) or an extra attention factor is refused by key.
+fn gguf_yarn(file: &GgufFile, prefix: &str) -> Result<RopeScaling> {
+    let key = |k: &str| format!("{prefix}rope.scaling.{k}");
+    let opt_f = |k: &str| -> Result<Option<f32>> {
+        file.metadata(&key(k))
+            .map(|_| file.get_f32(&key(k)))
+            .transpose()
+    };
+    let refuse = |k: &str, why: &str| {
+        let value = file
+            .metadata(&key(k))
+            .map_or_else(|| "(missing)".to_owned(), |v| v.to_string());
+        Error::Unsupported(format!(
+            "{}: `{}` = {value} ({why})",
+            file.path().display(),
+            key(k)
+        ))
+    };
+    for (k, neutral) in [
+        ("yarn_ext_factor", 1.0),
+        ("yarn_log_multiplier", 0.0),
+        ("attn_factor", 1.0),
+    ] {
+        if opt_f(k)?.is_some_and(|v| v != neutral) {
+            return Err(refuse(k, "a YaRN variant qkv does not run"));
+        }
+    }
+    let factor = opt_f("factor")?.ok_or_else(|| refuse("factor", "YaRN needs a factor"))?;
+    let original_context = match file.metadata(&key("original_context_length")) {
+        Some(_) => file.get_u32(&key("original_context_length"))? as f32,
+        None => {
+            return Err(refuse(
+                "original_context_length",
+                "YaRN needs the original context",
+            ))
+        }
+    };
+    let attention_factor = match opt_f("yarn_attn_factor")? {
+        Some(a) => a,
+        None => yarn_mscale(f64::from(factor), 1.0) as f32,
+    };
+    // transformers treats 0 like a missing value (`get("beta_fast") or 32`).
+    let beta = |k: &str, default: f32| -> Result<f32> {
+        Ok(opt_f(k)?.filter(|&b| b != 0.0).unwrap_or(default))
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_context,
+        beta_fast: beta("yarn_beta_fast", 32.0)?,
+        beta_slow: beta("yarn_beta_slow", 1.0)?,
+        attention_factor,
+        truncate: true,
+    })
+}
 
 /// Per layer, whether it uses the sliding window: the file's
 /// `attention.sliding_window_pattern` (a list of flags, or a period `n` whose last layer in

@@ -2,8 +2,8 @@
 //! `config.json`.
 
 use super::{
-    default_attn_scale, in_file, Activation, DecoderConfig, Family, Rope, RopeScaling,
-    WeightLayout, HF_MODEL_TYPES, MAX_LAYERS,
+    default_attn_scale, in_file, yarn_mscale, Activation, DecoderConfig, Family, Moe, Rope,
+    RopeScaling, WeightLayout, HF_MODEL_TYPES, MAX_LAYERS,
 };
 #[cfg(doc)]
 use crate::error::Error;
@@ -90,9 +90,10 @@ impl DecoderConfig {
             .get("rope_theta")
             .and_then(|v| v.as_f64())
             .unwrap_or(10000.0);
-        let rope = hf_rope(&json, &global, default_theta)?;
+        let context = json.usize("max_position_embeddings")?;
+        let rope = hf_rope(&json, &global, default_theta, context)?;
         let rope_local = match params.get("sliding_attention") {
-            Some(local) if nested => Some(hf_rope(&json, local, 10000.0)?),
+            Some(local) if nested => Some(hf_rope(&json, local, 10000.0, context)?),
             _ => json
                 .get("rope_local_base_freq")
                 .and_then(|v| v.as_f64())
@@ -147,7 +148,7 @@ impl DecoderConfig {
             }
             None => vec![window.filter(|_| use_sw); layers.min(MAX_LAYERS)],
         };
-        if family == Family::Qwen2
+        if matches!(family, Family::Qwen2 | Family::Qwen2Moe)
             && use_sw
             && window.is_some()
             && json.get("layer_types").is_none()
@@ -176,6 +177,12 @@ impl DecoderConfig {
             }
             _ => default_attn_scale(head_dim),
         };
+        let moe = hf_moe(&json, family, model_type)?;
+        let qkv_bias = match family {
+            Family::Qwen2 => true,
+            Family::Qwen2Moe => json.bool_or("qkv_bias", true)?,
+            _ => attention_bias,
+        };
         let config = DecoderConfig {
             family,
             dim,
@@ -185,15 +192,15 @@ impl DecoderConfig {
             head_dim,
             ffn_dim: json.usize("intermediate_size")?,
             vocab: json.usize("vocab_size")?,
-            context: json.usize("max_position_embeddings")?,
+            context,
             rms_eps: json.f64_or("rms_norm_eps", 1e-6)? as f32,
             norm_plus_one: gemma,
             rope_style: RopeStyle::SplitHalf,
             rope,
             rope_local,
-            qkv_bias: family == Family::Qwen2 || attention_bias,
+            qkv_bias,
             out_bias: attention_bias,
-            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
+            qk_norm: family.has_qk_norm(),
             sandwich_norms: gemma,
             activation,
             embed_scale: gemma.then(|| (dim as f64).sqrt() as f32),
@@ -209,6 +216,7 @@ impl DecoderConfig {
                 None
             },
             windows,
+            moe,
             layout: WeightLayout::HuggingFace,
         };
         config.validate().map_err(|e| in_file(path, e))?;
@@ -216,8 +224,14 @@ impl DecoderConfig {
     }
 }
 
-/// One rope of a Hugging Face config: `rope_type` default, linear or llama3.
-fn hf_rope(json: &JsonFile, p: &serde_json::Value, default_theta: f64) -> Result<Rope> {
+/// One rope of a Hugging Face config: `rope_type` default, linear, llama3 or yarn.
+/// `context` is `max_position_embeddings` (YaRN's factor when it gives none).
+fn hf_rope(
+    json: &JsonFile,
+    p: &serde_json::Value,
+    default_theta: f64,
+    context: usize,
+) -> Result<Rope> {
     let num = |k: &str, default: Option<f64>| -> Result<f32> {
         match p.get(k).filter(|v| !v.is_null()) {
             Some(v) => v
@@ -246,13 +260,130 @@ fn hf_rope(json: &JsonFile, p: &serde_json::Value, default_theta: f64) -> Result
             high_freq_factor: num("high_freq_factor", None)?,
             original_context: num("original_max_position_embeddings", None)?,
         },
+        "yarn" => hf_yarn(json, p, context)?,
         _ => {
             return Err(json.unsupported(
                 "rope_type",
                 p.get("rope_type").or_else(|| p.get("type")).unwrap_or(p),
-                "qkv runs default, linear and llama3 RoPE",
+                "qkv runs default, linear, llama3 and yarn RoPE",
             ))
         }
     };
     Ok(Rope { base, scaling })
+}
+
+/// YaRN's parameters as transformers' `_compute_yarn_parameters` reads them: `factor`
+/// (else `max_position_embeddings / original_max_position_embeddings`), the attention factor
+/// given or derived from `factor` (and `mscale`/`mscale_all_dim` when both are set), `beta_fast`
+/// and `beta_slow` (32 and 1 when missing or 0), `truncate` (true when missing).
+fn hf_yarn(json: &JsonFile, p: &serde_json::Value, context: usize) -> Result<RopeScaling> {
+    let num = |k: &str| -> Result<Option<f64>> {
+        match p.get(k).filter(|v| !v.is_null()) {
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| json.format_error(format!("rope `{k}` = {v} is not a number"))),
+            None => Ok(None),
+        }
+    };
+    let original = num("original_max_position_embeddings")?.ok_or_else(|| {
+        json.format_error("yarn rope `original_max_position_embeddings` is missing".into())
+    })?;
+    let factor = match num("factor")? {
+        Some(f) => f,
+        None => context as f64 / original,
+    };
+    let attention_factor = match num("attention_factor")? {
+        Some(a) => a,
+        None => match (num("mscale")?, num("mscale_all_dim")?) {
+            (Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                yarn_mscale(factor, m) / yarn_mscale(factor, all)
+            }
+            _ => yarn_mscale(factor, 1.0),
+        },
+    };
+    let beta = |k: &str, default: f64| -> Result<f32> {
+        Ok(num(k)?.filter(|&b| b != 0.0).unwrap_or(default) as f32)
+    };
+    let truncate = match p.get("truncate").filter(|v| !v.is_null()) {
+        None => true,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| json.format_error(format!("rope `truncate` = {v} is not a boolean")))?,
+    };
+    Ok(RopeScaling::Yarn {
+        factor: factor as f32,
+        original_context: original as f32,
+        beta_fast: beta("beta_fast", 32.0)?,
+        beta_slow: beta("beta_slow", 1.0)?,
+        attention_factor: attention_factor as f32,
+        truncate,
+    })
+}
+
+/// The mixture of experts of a Hugging Face config: `num_experts` (or `num_local_experts`),
+/// `num_experts_per_tok`, the experts' width (`moe_intermediate_size`, Mixtral's
+/// `intermediate_size`), `norm_topk_prob` (always on for Mixtral) and Qwen2-MoE's
+/// `shared_expert_intermediate_size`. Layers without experts (`mlp_only_layers`,
+/// `decoder_sparse_step` above 1) and other routers are refused by key.
+fn hf_moe(json: &JsonFile, family: Family, model_type: &str) -> Result<Option<Moe>> {
+    let mixtral = model_type == "mixtral";
+    if !(mixtral || family.is_moe()) {
+        for k in ["num_experts", "num_local_experts"] {
+            if json.opt_usize(k).ok().flatten().unwrap_or(0) > 0 {
+                return Err(json.unsupported(
+                    k,
+                    &json.value()[k],
+                    &format!("a mixture of experts in `{model_type}`"),
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    for k in [
+        "scoring_func",
+        "topk_method",
+        "n_group",
+        "topk_group",
+        "routed_scaling_factor",
+        "n_shared_experts",
+        "first_k_dense_replace",
+    ] {
+        if let Some(v) = json.get(k) {
+            return Err(json.unsupported(k, v, "a router qkv does not run"));
+        }
+    }
+    if let Some(v) = json
+        .get("mlp_only_layers")
+        .filter(|v| v.as_array().is_none_or(|a| !a.is_empty()))
+    {
+        return Err(json.unsupported("mlp_only_layers", v, "layers without experts"));
+    }
+    if json.opt_usize("decoder_sparse_step")?.unwrap_or(1) != 1 {
+        return Err(json.unsupported(
+            "decoder_sparse_step",
+            &json.value()["decoder_sparse_step"],
+            "layers without experts",
+        ));
+    }
+    let experts = match json.opt_usize("num_experts")? {
+        Some(n) => n,
+        None => json.usize("num_local_experts")?,
+    };
+    let expert_ffn = if mixtral {
+        json.usize("intermediate_size")?
+    } else {
+        json.usize("moe_intermediate_size")?
+    };
+    let shared_ffn = match family {
+        Family::Qwen2Moe => Some(json.usize("shared_expert_intermediate_size")?),
+        _ => None,
+    };
+    Ok(Some(Moe {
+        experts,
+        used: json.usize("num_experts_per_tok")?,
+        expert_ffn,
+        norm_topk: mixtral || json.bool_or("norm_topk_prob", false)?,
+        shared_ffn,
+    }))
 }

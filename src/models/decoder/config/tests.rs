@@ -70,9 +70,9 @@ fn hf_config_refuses_what_it_cannot_run_by_key_and_value() {
         ("activation", "}", r#","hidden_act":"gelu"}"#, "hidden_act"),
         ("MLP bias", "}", r#","mlp_bias":true}"#, "mlp_bias"),
         (
-            "YaRN",
+            "LongRoPE",
             r#""rope_theta":100000.0"#,
-            r#""rope_parameters":{"rope_type":"yarn","factor":4.0}"#,
+            r#""rope_parameters":{"rope_type":"longrope","factor":4.0}"#,
             "rope_type",
         ),
         (
@@ -203,8 +203,14 @@ fn gguf_refuses_unknown_architectures_and_keys_by_name() {
         (
             "llama",
             "rope.scaling.type",
+            MetaValue::String("longrope".into()),
+            "\"longrope\"",
+        ),
+        (
+            "qwen3",
+            "rope.scaling.type",
             MetaValue::String("yarn".into()),
-            "\"yarn\"",
+            "qwen3.rope.scaling.factor",
         ),
         (
             "qwen2",
@@ -213,11 +219,18 @@ fn gguf_refuses_unknown_architectures_and_keys_by_name() {
             "partial rotary",
         ),
         (
-            "llama",
+            "qwen3",
             "expert_count",
             MetaValue::U32(8),
             "mixture of experts",
         ),
+        (
+            "llama",
+            "expert_count",
+            MetaValue::U32(8),
+            "expert_used_count",
+        ),
+        ("qwen3moe", "", MetaValue::U32(0), "qwen3moe.expert_count"),
         (
             "llama",
             "attention.value_length",
@@ -235,4 +248,219 @@ fn gguf_refuses_unknown_architectures_and_keys_by_name() {
         assert!(matches!(e, Error::Unsupported(_)), "{arch} {key}: {msg}");
         assert!(msg.contains(named) && msg.contains("refused.gguf"), "{msg}");
     }
+}
+
+/// A qwen3moe GGUF's keys with 8 experts, 2 used, experts 32 wide, and `extra`.
+fn qwen3moe(name: &str, extra: &[(&str, MetaValue)]) -> Result<DecoderConfig> {
+    let mut keys = vec![
+        ("expert_count", MetaValue::U32(8)),
+        ("expert_used_count", MetaValue::U32(2)),
+        ("expert_feed_forward_length", MetaValue::U32(32)),
+    ];
+    keys.extend(extra.iter().cloned());
+    gguf(name, "qwen3moe", &keys)
+}
+
+#[test]
+fn gguf_mixtures_of_experts_and_yarn_read_their_keys() {
+    let c = qwen3moe("moe.gguf", &[]).unwrap();
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!((m.experts, m.used, m.expert_ffn), (8, 2, 32));
+    assert!(m.norm_topk && m.shared_ffn.is_none() && c.qk_norm);
+    assert_eq!(c.rope_style, RopeStyle::SplitHalf);
+    let q2 = gguf(
+        "q2moe.gguf",
+        "qwen2moe",
+        &[
+            ("expert_count", MetaValue::U32(4)),
+            ("expert_used_count", MetaValue::U32(4)),
+            ("expert_feed_forward_length", MetaValue::U32(16)),
+            ("expert_shared_feed_forward_length", MetaValue::U32(48)),
+        ],
+    )
+    .unwrap();
+    let m = q2.moe.unwrap();
+    assert!(!m.norm_topk && m.shared_ffn == Some(48));
+    // Mixtral: the llama architecture, experts as wide as feed_forward_length.
+    let mixtral = gguf(
+        "mixtral.gguf",
+        "llama",
+        &[
+            ("expert_count", MetaValue::U32(8)),
+            ("expert_used_count", MetaValue::U32(2)),
+        ],
+    )
+    .unwrap();
+    let m = mixtral.moe.unwrap();
+    assert!(m.norm_topk && m.expert_ffn == 128);
+    assert_eq!(mixtral.rope_style, RopeStyle::AdjacentPairs);
+    let yarn = gguf(
+        "yarn.gguf",
+        "qwen3",
+        &[
+            ("rope.scaling.type", MetaValue::String("yarn".into())),
+            ("rope.scaling.factor", MetaValue::F32(4.0)),
+            (
+                "rope.scaling.original_context_length",
+                MetaValue::U32(32768),
+            ),
+            ("rope.scaling.yarn_beta_fast", MetaValue::F32(16.0)),
+        ],
+    )
+    .unwrap();
+    let RopeScaling::Yarn {
+        factor,
+        original_context,
+        beta_fast,
+        beta_slow,
+        attention_factor,
+        truncate,
+    } = yarn.rope.scaling
+    else {
+        panic!("{:?}", yarn.rope.scaling)
+    };
+    assert_eq!(
+        (factor, original_context, beta_fast, beta_slow, truncate),
+        (4.0, 32768.0, 16.0, 1.0, true)
+    );
+    assert!((attention_factor - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+}
+
+#[test]
+fn gguf_refuses_other_routers_and_expert_groups_by_key() {
+    for (key, value, named) in [
+        (
+            "expert_gating_func",
+            MetaValue::U32(2),
+            "qwen3moe.expert_gating_func",
+        ),
+        (
+            "expert_group_count",
+            MetaValue::U32(4),
+            "qwen3moe.expert_group_count",
+        ),
+        (
+            "expert_weights_scale",
+            MetaValue::F32(2.5),
+            "qwen3moe.expert_weights_scale",
+        ),
+        (
+            "expert_weights_norm",
+            MetaValue::Bool(false),
+            "qwen3moe.expert_weights_norm",
+        ),
+        (
+            "expert_shared_feed_forward_length",
+            MetaValue::U32(8),
+            "qwen3moe.expert_shared_feed_forward_length",
+        ),
+        (
+            "expert_shared_count",
+            MetaValue::U32(1),
+            "qwen3moe.expert_shared_count",
+        ),
+        ("expert_used_count", MetaValue::U32(9), "9 experts used"),
+    ] {
+        let e = qwen3moe("router.gguf", &[(key, value)]).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains(named) && msg.contains("router.gguf"),
+            "{key}: {msg}"
+        );
+    }
+    // A softmax router and a norm flag that agrees with llama.cpp's are fine.
+    qwen3moe(
+        "softmax.gguf",
+        &[
+            ("expert_gating_func", MetaValue::U32(1)),
+            ("expert_weights_norm", MetaValue::Bool(true)),
+        ],
+    )
+    .unwrap();
+    let e = gguf(
+        "ext.gguf",
+        "qwen3",
+        &[
+            ("rope.scaling.type", MetaValue::String("yarn".into())),
+            ("rope.scaling.factor", MetaValue::F32(4.0)),
+            ("rope.scaling.original_context_length", MetaValue::U32(64)),
+            ("rope.scaling.yarn_log_multiplier", MetaValue::F32(0.1)),
+        ],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("yarn_log_multiplier"), "{e}");
+}
+
+const QWEN3_MOE: &str = r#"{"model_type":"qwen3_moe","hidden_size":64,"num_hidden_layers":2,
+    "num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,"intermediate_size":128,
+    "moe_intermediate_size":32,"num_experts":8,"num_experts_per_tok":2,
+    "norm_topk_prob":true,"decoder_sparse_step":1,"mlp_only_layers":[],
+    "vocab_size":100,"max_position_embeddings":512,"rope_theta":1000000.0,
+    "rms_norm_eps":1e-6}"#;
+
+#[test]
+fn hf_mixtures_of_experts_and_yarn_read_their_keys() {
+    let c = hf("q3moe.json", QWEN3_MOE).unwrap();
+    assert_eq!(c.family, Family::Qwen3Moe);
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.experts, m.used, m.expert_ffn, m.norm_topk),
+        (8, 2, 32, true)
+    );
+    let mixtral = SMOLLM.replace(r#""llama""#, r#""mixtral""#).replacen(
+        '}',
+        r#","num_local_experts":8,"num_experts_per_tok":2}"#,
+        1,
+    );
+    let c = hf("mixtral.json", &mixtral).unwrap();
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!((m.experts, m.expert_ffn, m.norm_topk), (8, 1536, true));
+    let yarn = QWEN3_MOE.replace(
+        r#""rope_theta":1000000.0"#,
+        r#""rope_scaling":{"type":"yarn","factor":4.0,"original_max_position_embeddings":128,
+            "mscale":1.0,"mscale_all_dim":0.5}"#,
+    );
+    let c = hf("yarn.json", &yarn).unwrap();
+    let RopeScaling::Yarn {
+        attention_factor,
+        original_context,
+        ..
+    } = c.rope.scaling
+    else {
+        panic!("{:?}", c.rope.scaling)
+    };
+    let want = (0.1 * 4f64.ln() + 1.0) / (0.05 * 4f64.ln() + 1.0);
+    assert!((f64::from(attention_factor) - want).abs() < 1e-6);
+    assert_eq!(original_context, 128.0);
+}
+
+#[test]
+fn hf_refuses_dense_layers_and_other_routers_by_key() {
+    for (from, to, key) in [
+        (
+            r#""mlp_only_layers":[]"#,
+            r#""mlp_only_layers":[0]"#,
+            "mlp_only_layers",
+        ),
+        (
+            r#""decoder_sparse_step":1"#,
+            r#""decoder_sparse_step":2"#,
+            "decoder_sparse_step",
+        ),
+        ("}", r#","scoring_func":"sigmoid"}"#, "scoring_func"),
+        ("}", r#","n_group":4}"#, "n_group"),
+    ] {
+        let e = hf("moe-bad.json", &QWEN3_MOE.replacen(from, to, 1)).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(e, Error::Unsupported(_)) && msg.contains(key),
+            "{key}: {msg}"
+        );
+    }
+    let e = hf(
+        "dense-experts.json",
+        &SMOLLM.replacen('}', r#","num_experts":4}"#, 1),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("num_experts"), "{e}");
 }
