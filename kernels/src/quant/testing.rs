@@ -119,3 +119,74 @@ pub fn magnitude(acts: &QuantizedActs, format: QuantFormat, w: &[u8], i: usize, 
     }
     mag
 }
+
+/// The signature of the quantized GEMV's column kernels (`columns` and its SIMD variants,
+/// in either weight layout), for the tests that compare them.
+#[cfg(test)]
+pub(crate) type ColumnsKernel = unsafe fn(
+    crate::SharedOut,
+    &QuantizedActs,
+    QuantFormat,
+    &[u8],
+    Option<&[f32]>,
+    usize,
+    usize,
+    usize,
+);
+
+/// Runs `kernel` on `w` over columns `0..cut`, then `cut..n`, and checks every output against
+/// `want` within 1e-6 of its magnitude ([`magnitude`] of `w_gguf`, the same matrix in GGUF's
+/// layout). Returns the worst error relative to the magnitude.
+///
+/// # Safety
+/// This CPU runs `kernel`; `w` holds `n` rows of `acts.k` elements in the layout `kernel`
+/// reads, `w_gguf` the same in GGUF's; `want` and `bias` fit `acts.m` and `n`; `cut ≤ n`.
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn check_split_columns(
+    name: &str,
+    kernel: ColumnsKernel,
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    w: &[u8],
+    w_gguf: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+    cut: usize,
+    want: &[f32],
+) -> f64 {
+    let m = acts.m;
+    let mut got = vec![f32::NAN; m * n];
+    for (j0, j1) in [(0, cut), (cut, n)] {
+        // SAFETY: `got` is m·n and the two ranges are disjoint and run in turn; the rest is
+        // the caller's contract.
+        unsafe {
+            kernel(
+                crate::SharedOut(got.as_mut_ptr()),
+                acts,
+                format,
+                w,
+                bias,
+                n,
+                j0,
+                j1,
+            )
+        };
+    }
+    let mut worst = 0.0f64;
+    for i in 0..m {
+        for j in 0..n {
+            let mag = magnitude(acts, format, w_gguf, i, j) + 1.0;
+            let (g, e) = (got[i * n + j], want[i * n + j]);
+            let err = f64::from((g - e).abs()) / mag;
+            worst = worst.max(err);
+            assert!(
+                err <= 1e-6,
+                "{name} {format} m={m} k={} n={n} ({i},{j}): {g} vs {e} (error {err:e} of the \
+                 magnitude {mag})",
+                acts.k
+            );
+        }
+    }
+    worst
+}

@@ -1,6 +1,8 @@
 use super::*;
 use crate::quant::gemv::columns_scalar as gguf_scalar;
-use crate::quant::testing::{any_blocks, magnitude, weight_blocks, Rng};
+use crate::quant::testing::{
+    any_blocks, check_split_columns, weight_blocks, ColumnsKernel as Kernel, Rng,
+};
 
 const FORMATS: [QuantFormat; 2] = [QuantFormat::Q4_0, QuantFormat::Q4_K];
 
@@ -44,9 +46,6 @@ fn bad_shapes_are_refused() {
     assert!(unpack_rows(QuantFormat::Q4_0, &p, 32, usize::MAX, 2, &mut [0; 36]).is_err());
     assert!(unpack_rows(QuantFormat::Q4_0, &p[..100], 32, 0, 1, &mut [0; 18]).is_err());
 }
-
-type Kernel =
-    unsafe fn(SharedOut, &QuantizedActs, QuantFormat, &[u8], Option<&[f32]>, usize, usize, usize);
 
 fn kernels() -> Vec<(&'static str, Kernel)> {
     let mut out: Vec<(&'static str, Kernel)> = Vec::new();
@@ -135,35 +134,24 @@ fn simd_matches_scalar_reference() {
                     "{format} m={m} k={k} n={n}: interleaved reference"
                 );
                 for (name, kernel) in kernels() {
-                    let mut got = vec![f32::NAN; m * n];
                     let cut = (n / 3).max(1) | 1; // odd: cuts a group of 8
-                    for (j0, j1) in [(0, cut), (cut, n)] {
-                        // SAFETY: as above; the ranges are disjoint and run in turn.
-                        unsafe {
-                            kernel(
-                                SharedOut(got.as_mut_ptr()),
-                                &acts,
-                                format,
-                                &p,
-                                Some(&bias),
-                                n,
-                                j0,
-                                j1,
-                            )
-                        };
-                    }
-                    for i in 0..m {
-                        for j in 0..n {
-                            let mag = magnitude(&acts, format, &w, i, j) + 1.0;
-                            let (g, e) = (got[i * n + j], want[i * n + j]);
-                            let err = f64::from((g - e).abs()) / mag;
-                            worst = worst.max(err);
-                            assert!(
-                                err <= 1e-6,
-                                "{name} {format} m={m} k={k} n={n} ({i},{j}): {g} vs {e}"
-                            );
-                        }
-                    }
+                                                  // SAFETY: `kernels` lists only what this CPU runs; p holds n interleaved
+                                                  // rows of k, w the same in GGUF's layout.
+                    let err = unsafe {
+                        check_split_columns(
+                            name,
+                            kernel,
+                            &acts,
+                            format,
+                            &p,
+                            &w,
+                            Some(&bias),
+                            n,
+                            cut,
+                            &want,
+                        )
+                    };
+                    worst = worst.max(err);
                 }
             }
         }
