@@ -153,9 +153,10 @@ impl<T: Pod> MappedSlice<T> {
         let start = self.offset.next_multiple_of(PAGE);
         let end = (self.offset + self.len * std::mem::size_of::<T>()) / PAGE * PAGE;
         if end > start {
-            // SAFETY: the map is private and read-only, so its pages always hold the file's
-            // bytes: dropping them changes no value that any view of the map reads later
-            // (the next read maps the same bytes back in). The range lies inside the map.
+            // SAFETY: the map is a read-only, shared mapping of the file that no one writes
+            // through, so its pages hold the file's bytes: dropping them changes no value
+            // that any view of the map reads later (the next read maps the same page-cache
+            // bytes back in). The range lies inside the map.
             let _ = unsafe {
                 self.file
                     .map
