@@ -141,8 +141,9 @@ fn is_nonspacing_mark(c: char) -> bool {
     CLASS.get_or_init(|| CharClass::new(r"\p{Mn}")).contains(c)
 }
 
-/// The CJK ideograph blocks BERT isolates (the ranges of Google's original BERT code).
-fn is_chinese_char(c: char) -> bool {
+/// The CJK ideograph blocks BERT isolates (the ranges of Google's original BERT code); the
+/// GGUF WordPiece pre-tokenizer (`wpm`) isolates the same.
+pub(super) fn is_chinese_char(c: char) -> bool {
     matches!(c as u32,
         0x4E00..=0x9FFF
         | 0x3400..=0x4DBF

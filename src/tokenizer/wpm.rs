@@ -11,6 +11,7 @@
 //! - Each word, with `▁` before it, is cut greedily into the longest tokens from the left, in
 //!   bytes, with no limit on the word's length; a word that cannot be cut so is `[UNK]`.
 
+use super::normalize::is_chinese_char;
 use super::normalize::CharClass;
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -50,19 +51,6 @@ fn is_white_space(c: char) -> bool {
     matches!(c as u32,
         0x09..=0x0D | 0x20 | 0x85 | 0xA0 | 0x1680 | 0x2000..=0x200A | 0x2028 | 0x2029
         | 0x202F | 0x205F | 0x3000)
-}
-
-/// The CJK ideograph blocks BERT makes words of their own.
-fn is_cjk(c: char) -> bool {
-    matches!(c as u32,
-        0x4E00..=0x9FFF
-        | 0x3400..=0x4DBF
-        | 0x20000..=0x2A6DF
-        | 0x2A700..=0x2B73F
-        | 0x2B740..=0x2B81F
-        | 0x2B920..=0x2CEAF
-        | 0xF900..=0xFAFF
-        | 0x2F800..=0x2FA1F)
 }
 
 /// The first character of `c`'s canonical decomposition (`c` itself when it has none).
@@ -109,8 +97,9 @@ impl Wpm {
             } else {
                 c
             };
-            let alone =
-                cl.punct.contains(c) || ((c as u32) < 0x7F && cl.symbol.contains(c)) || is_cjk(c);
+            let alone = cl.punct.contains(c)
+                || ((c as u32) < 0x7F && cl.symbol.contains(c))
+                || is_chinese_char(c);
             if alone {
                 end_word(buf, &mut start, words);
                 buf.push(lower);

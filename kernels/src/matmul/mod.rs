@@ -239,12 +239,20 @@ pub fn linear(
                 })?;
             }
             Weights::QuantX8(format, packed) if quant::gemm::available() => {
-                // The integer GEMM reads GGUF's layout: the rows taken apart once per call.
-                let mut blocks = vec![0u8; packed.len()];
+                // The integer GEMM reads GGUF's layout: the rows taken apart once per call, into
+                // the thread's reused buffer (taken out, as `gemm_panels` does with its panel).
+                let mut blocks = UNPACKED.with(|u| std::mem::take(&mut *u.borrow_mut()));
+                blocks.resize(packed.len(), 0);
                 quant::x8::unpack_rows(format, packed, k, 0, n, &mut blocks)?;
                 gemv::with_quantized(x, m, k, |acts| {
                     quant::gemm::gemm(y, acts, format, &blocks, bias, n)
                 })?;
+                UNPACKED.with(|u| {
+                    let mut kept = u.borrow_mut();
+                    if kept.len() < blocks.len() {
+                        *kept = blocks;
+                    }
+                });
             }
             _ => gemm_panels(y, x, w, bias, m, k, n),
         }
