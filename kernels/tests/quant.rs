@@ -215,8 +215,9 @@ fn non_finite_activations_are_never_hidden() {
 
 /// Weights with their rows interleaved ([`qkv_kernels::quant::x8`]) give what the same
 /// blocks give in GGUF's layout, through every path of `linear`: the decode GEMV (1 row),
-/// GEMV groups (up to 16 rows), the widened panels of prefill (40 rows), on 1–3 threads;
-/// `linear_many` beside GGUF-layout parts; and `rows_to_f32` row for row.
+/// one pass in tiles of 8 rows for any number of rows (2–40), on 1–3 threads; `linear_many`
+/// beside GGUF-layout parts and as a group of interleaved parts only; and `rows_to_f32`
+/// row for row.
 #[test]
 fn interleaved_weights_match_their_file_layout() {
     use qkv_kernels::quant::x8;
@@ -281,6 +282,29 @@ fn interleaved_weights_match_their_file_layout() {
                     let mut one = vec![0.0f32; m * n];
                     linear(&mut one, &x, packed, None, m, k, n).unwrap();
                     assert_eq!(y1, one, "{format} n={n} m={m}: linear_many");
+                    // Interleaved parts only: one group, all rows at once.
+                    let mut biased = vec![0.0f32; m * n];
+                    linear(&mut biased, &x, packed, Some(&bias), m, k, n).unwrap();
+                    let (mut y3, mut y4) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+                    let mut parts = [
+                        Projection {
+                            w: packed,
+                            bias: None,
+                            n,
+                            y: &mut y3,
+                        },
+                        Projection {
+                            w: packed,
+                            bias: Some(&bias),
+                            n,
+                            y: &mut y4,
+                        },
+                    ];
+                    pool(2)
+                        .install(|| linear_many(&x, m, k, &mut parts))
+                        .unwrap();
+                    assert_eq!(y3, one, "{format} n={n} m={m}: interleaved group");
+                    assert_eq!(y4, biased, "{format} n={n} m={m}: interleaved group, bias");
                 }
             }
         }

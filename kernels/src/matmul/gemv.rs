@@ -68,23 +68,32 @@ thread_local! {
 pub(super) fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
     // Quantized parts read x as 16-bit integers: quantized once here, before the split.
     if parts.iter().any(|p| p.w.is_quantized()) {
-        with_quantized(x, m, k, |acts| gemv_parts_with(parts, x, Some(acts), m, k));
+        // Interleaved parts read the byte split, for however many rows there are.
+        let split = parts.iter().any(|p| matches!(p.w, Weights::QuantX8(..)));
+        with_quantized(x, m, k, split, |acts| {
+            gemv_parts_with(parts, x, Some(acts), m, k)
+        });
     } else {
         gemv_parts_with(parts, x, None, m, k);
     }
 }
 
-/// Runs `f` on `x[m, k]` quantized per block of 32, in the calling thread's reused buffers.
-/// They are taken out of the thread-local (not borrowed) for the reason `gemm_panels` gives,
-/// and put back afterwards unless a larger set was put back meanwhile.
+/// Runs `f` on `x[m, k]` quantized per block of 32 (with the byte split for any `m` when
+/// `split`), in the calling thread's reused buffers. They are taken out of the thread-local
+/// (not borrowed) for the reason `gemm_panels` gives, and put back afterwards unless a larger
+/// set was put back meanwhile.
 pub(super) fn with_quantized<R>(
     x: &[f32],
     m: usize,
     k: usize,
+    split: bool,
     f: impl FnOnce(&QuantizedActs) -> R,
 ) -> R {
     let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
     acts.quantize_validated(x, m, k);
+    if split {
+        acts.add_split();
+    }
     let out = f(&acts);
     ACTS.with(|kept| {
         let mut kept = kept.borrow_mut();
@@ -175,7 +184,7 @@ unsafe fn gemv_columns(
     if let Weights::QuantX8(format, bytes) = w {
         let acts = acts.expect("gemv_parts quantizes x for quantized parts");
         // SAFETY: this function's contract; `bytes` holds n interleaved rows of k
-        // (validated), and x has at most GEMV_MAX_ROWS rows, so `acts` has their byte split.
+        // (validated), and `gemv_parts` gave `acts` its byte split for interleaved parts.
         unsafe { crate::quant::x8::columns(y, acts, format, bytes, bias, n, j0, j1) };
         return;
     }

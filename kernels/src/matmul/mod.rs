@@ -6,10 +6,14 @@
 //! - Few rows (`m ≤` [`GEMV_MAX_ROWS`], decode): our own GEMV streams `W` once, split across
 //!   threads by rows of `W`: f16 widened to f32 in registers, quantized blocks multiplied as
 //!   integers against `x` rounded to 16 bits per 32 values ([`crate::quant::gemv`]).
-//! - Many rows (prefill): the gemm crate in f32, parallel with rayon; the crate picks its
-//!   AVX-512 micro-kernels at run time where the CPU has them (its `x86-v4` feature), else
-//!   AVX2/FMA. f16 and quantized weights are widened to f32 one cache-sized panel of rows at
-//!   a time inside the call, never as a whole-matrix copy.
+//! - Interleaved 4-bit weights ([`Weights::QuantX8`]), any number of rows: the same split
+//!   of `W`'s rows across threads, each group of 8 rows met by every row of `x` in tiles of
+//!   8 while it sits in cache, as integers ([`crate::quant::x8`]): `W` is read from memory
+//!   once per call, for a decode step, a batched step or a prompt alike.
+//! - Many rows (prefill) of other formats: the gemm crate in f32, parallel with rayon; the
+//!   crate picks its AVX-512 micro-kernels at run time where the CPU has them (its `x86-v4`
+//!   feature), else AVX2/FMA. f16 and quantized weights are widened to f32 one cache-sized
+//!   panel of rows at a time inside the call, never as a whole-matrix copy.
 //!
 //! ```
 //! use qkv_kernels::{linear, Weights};
@@ -42,10 +46,26 @@ pub const GEMV_MAX_ROWS: usize = 8;
 /// two GEMVs, SmolLM2-135M Q4_1). Not where AVX-512 VNNI runs the integer GEMM.
 pub const QUANT_GEMV_MAX_ROWS: usize = 16;
 
-/// True when `m` rows against `w` run as GEMVs of at most [`GEMV_MAX_ROWS`] rows.
+/// True when `m` rows against `w` run through the GEMV's split of `W`'s rows rather than
+/// gemm: up to [`GEMV_MAX_ROWS`] rows for every format but [`Weights::F32T`]; up to
+/// [`QUANT_GEMV_MAX_ROWS`] for quantized weights; and any number for interleaved ones,
+/// whose kernel takes all rows of `x` in tiles of 8 against each group of `W` while it sits
+/// in cache (so `W` is read from memory once per call). Not where AVX-512 VNNI runs the
+/// integer GEMM.
 fn gemv_rows(w: Weights<'_>, m: usize) -> bool {
     !matches!(w, Weights::F32T(_)) && m <= GEMV_MAX_ROWS
         || (w.is_quantized() && m <= QUANT_GEMV_MAX_ROWS && !quant::gemm::available())
+        || (matches!(w, Weights::QuantX8(..)) && !quant::gemm::available())
+}
+
+/// Rows of `x` per GEMV call: all of them for interleaved weights (see [`gemv_rows`]),
+/// else [`GEMV_MAX_ROWS`].
+fn gemv_step(all_interleaved: bool, m: usize) -> usize {
+    if all_interleaved {
+        m
+    } else {
+        GEMV_MAX_ROWS
+    }
 }
 
 /// A weight matrix `[n, k]` (row-major, one row per output feature) as it is stored:
@@ -222,10 +242,8 @@ pub fn linear(
 ) -> Result<()> {
     validate(y, x, w, bias, m, k, n)?;
     if gemv_rows(w, m) {
-        for (r0, rows) in (0..m)
-            .step_by(GEMV_MAX_ROWS)
-            .map(|r| (r, GEMV_MAX_ROWS.min(m - r)))
-        {
+        let step = gemv_step(matches!(w, Weights::QuantX8(..)), m);
+        for (r0, rows) in (0..m).step_by(step).map(|r| (r, step.min(m - r))) {
             let (xs, ys) = (&x[r0 * k..(r0 + rows) * k], &mut y[r0 * n..(r0 + rows) * n]);
             gemv(ys, xs, w, bias, rows, k, n);
         }
@@ -234,7 +252,7 @@ pub fn linear(
             Weights::F32(w) => gemm_f32(y, x, Rhs::Rows(w), bias, m, k, n),
             Weights::F32T(w) => gemm_f32(y, x, Rhs::Cols(w), bias, m, k, n),
             Weights::Quant(format, blocks) if quant::gemm::available() => {
-                gemv::with_quantized(x, m, k, |acts| {
+                gemv::with_quantized(x, m, k, false, |acts| {
                     quant::gemm::gemm(y, acts, format, blocks, bias, n)
                 })?;
             }
@@ -244,7 +262,7 @@ pub fn linear(
                 let mut blocks = UNPACKED.with(|u| std::mem::take(&mut *u.borrow_mut()));
                 blocks.resize(packed.len(), 0);
                 quant::x8::unpack_rows(format, packed, k, 0, n, &mut blocks)?;
-                gemv::with_quantized(x, m, k, |acts| {
+                gemv::with_quantized(x, m, k, false, |acts| {
                     quant::gemm::gemm(y, acts, format, &blocks, bias, n)
                 })?;
                 UNPACKED.with(|u| {
@@ -318,10 +336,15 @@ pub fn linear_many(
         }
         return Ok(());
     }
-    // On the stack: the decode step allocates nothing. Groups of GEMV_MAX_ROWS rows.
+    // On the stack: the decode step allocates nothing. Groups of GEMV_MAX_ROWS rows, or all
+    // rows at once when every matrix is interleaved.
     let mut parts = [GemvPart::EMPTY; MAX_GROUP];
-    for r0 in (0..m).step_by(GEMV_MAX_ROWS) {
-        let rows = GEMV_MAX_ROWS.min(m - r0);
+    let all_interleaved = projections
+        .iter()
+        .all(|p| matches!(p.w, Weights::QuantX8(..)));
+    let step = gemv_step(all_interleaved, m);
+    for r0 in (0..m).step_by(step) {
+        let rows = step.min(m - r0);
         for (part, p) in parts.iter_mut().zip(projections.iter_mut()) {
             *part = GemvPart {
                 w: p.w,

@@ -20,6 +20,31 @@ use crate::error::{check_len, KernelError, Result};
 /// ([`QuantizedActs::isum16`]).
 pub const SPLIT_MAX_ROWS: usize = 16;
 
+/// Rows per tile of the byte split ([`QuantizedActs::split`]).
+pub const TILE_ROWS: usize = 8;
+
+/// One block of one row, split into bytes: `q = 256·hi + lo` element by element.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+pub struct SplitBlock {
+    /// The high bytes, signed.
+    pub hi: [i8; ACT_BLOCK],
+    /// The low bytes, unsigned.
+    pub lo: [u8; ACT_BLOCK],
+}
+
+/// What the kernels of interleaved weights read beside a [`SplitBlock`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct SplitMeta {
+    /// The block's scale ([`QuantizedActs::scale`]).
+    pub scale: f32,
+    /// The f32 sum of its original values ([`QuantizedActs::sum`]).
+    pub sum: f32,
+    /// The integer sum of its 32 `q`.
+    pub isum: i32,
+}
+
 /// Largest magnitude of a quantized activation.
 const ACT_MAX: f32 = 32767.0;
 
@@ -46,12 +71,16 @@ pub struct QuantizedActs {
     pub isum16: Vec<i32>,
     /// For up to [`SPLIT_MAX_ROWS`] rows (the GEMV regime), every integer `q` split into
     /// bytes as `q = 256·hi + lo`: `hi` the arithmetic high byte (−128..=127) and `lo` the
-    /// low byte read unsigned (0..=255), both `m·k` in `q`'s order. The kernels of
-    /// interleaved 4-bit weights ([`crate::quant::x8`]) multiply bytes by bytes
-    /// (`maddubs`) and put the two halves together exactly. Empty for more rows.
-    pub hi: Vec<i8>,
-    /// The low bytes of the split (see [`QuantizedActs::hi`]).
-    pub lo: Vec<u8>,
+    /// low byte read unsigned (0..=255). The kernels of interleaved 4-bit weights
+    /// ([`crate::quant::x8`]) multiply bytes by bytes (`maddubs`) and put the two halves
+    /// together exactly. One [`SplitBlock`] per block of each row, in tiles of
+    /// [`TILE_ROWS`] rows: within a tile, block by block, and the tile's rows within each
+    /// block ([`QuantizedActs::split_at`]), so that a kernel taking a tile of rows against
+    /// a column of weight blocks reads one stream. Empty for more rows, unless
+    /// [`QuantizedActs::add_split`] added it.
+    pub split: Vec<SplitBlock>,
+    /// Each block's scale, sum and integer sum, in the order of [`QuantizedActs::split`].
+    pub split_meta: Vec<SplitMeta>,
     /// Rows.
     pub m: usize,
     /// Elements per row (a multiple of 32).
@@ -100,16 +129,15 @@ impl QuantizedActs {
         quantize_any(x, &mut self.q, &mut self.scale, &mut self.sum);
         self.eo.clear();
         self.isum16.clear();
-        self.hi.clear();
-        self.lo.clear();
+        self.split.clear();
+        self.split_meta.clear();
         if m <= SPLIT_MAX_ROWS {
-            self.hi.extend(self.q.iter().map(|&v| (v >> 8) as i8));
-            self.lo.extend(self.q.iter().map(|&v| v as u8));
             self.isum16.extend(
                 self.q
                     .chunks_exact(16)
                     .map(|h| h.iter().map(|&v| i32::from(v)).sum::<i32>()),
             );
+            self.add_split();
         }
         if m == 1 {
             self.eo.resize(k, 0);
@@ -125,6 +153,69 @@ impl QuantizedActs {
                 }
             }
         }
+    }
+
+    /// Fills the byte split ([`QuantizedActs::split`], [`QuantizedActs::split_meta`]) for
+    /// every row, whatever `m` is: the kernels of interleaved weights read it for any
+    /// number of rows (a prompt's), where [`QuantizedActs::quantize`] fills it only for up
+    /// to [`SPLIT_MAX_ROWS`]. Does nothing when it is already there.
+    ///
+    /// ```
+    /// use qkv_kernels::quant::act::QuantizedActs;
+    /// let mut acts = QuantizedActs::default();
+    /// acts.quantize(&vec![0.25; 20 * 32], 20, 32).unwrap();
+    /// assert!(!acts.has_split());
+    /// acts.add_split();
+    /// assert!(acts.has_split());
+    /// acts.check().unwrap();
+    /// // Row 17, block 0: 32767 = 256·127 + 255.
+    /// let at = acts.split_at(17, 0);
+    /// assert_eq!((acts.split[at].hi[0], acts.split[at].lo[0]), (127, 255));
+    /// ```
+    pub fn add_split(&mut self) {
+        if self.has_split() {
+            return;
+        }
+        let (m, bpr) = (self.m, self.blocks_per_row());
+        let empty = SplitBlock {
+            hi: [0; ACT_BLOCK],
+            lo: [0; ACT_BLOCK],
+        };
+        self.split.clear();
+        self.split.resize(m * bpr, empty);
+        self.split_meta.clear();
+        self.split_meta.resize(m * bpr, SplitMeta::default());
+        for row in 0..m {
+            for b in 0..bpr {
+                let (src, at) = (row * bpr + b, self.split_at(row, b));
+                let q = &self.q[ACT_BLOCK * src..ACT_BLOCK * (src + 1)];
+                let out = &mut self.split[at];
+                for (e, &v) in q.iter().enumerate() {
+                    out.hi[e] = (v >> 8) as i8;
+                    out.lo[e] = v as u8;
+                }
+                self.split_meta[at] = SplitMeta {
+                    scale: self.scale[src],
+                    sum: self.sum[src],
+                    isum: q.iter().map(|&v| i32::from(v)).sum(),
+                };
+            }
+        }
+    }
+
+    /// Where block `b` of row `row` sits in [`QuantizedActs::split`]: tile `t = row / 8`
+    /// starts after the `8t` rows before it, and within a tile of `r` rows (8, or fewer for
+    /// the last) block `b` of its row `i` is entry `b·r + i`.
+    pub fn split_at(&self, row: usize, b: usize) -> usize {
+        let t0 = row / TILE_ROWS * TILE_ROWS;
+        let r = TILE_ROWS.min(self.m - t0);
+        t0 * self.blocks_per_row() + b * r + (row - t0)
+    }
+
+    /// True when the byte split covers all `m` rows.
+    pub fn has_split(&self) -> bool {
+        let blocks = self.q.len() / ACT_BLOCK;
+        blocks > 0 && self.split.len() == blocks && self.split_meta.len() == blocks
     }
 
     /// Checks that the buffers agree with `m` and `k` (`k` a multiple of 32, `m·k`
@@ -157,12 +248,23 @@ impl QuantizedActs {
             self.sum.len(),
         )?;
         if self.m <= SPLIT_MAX_ROWS {
-            check_len("quantized activations hi", elems, self.hi.len())?;
-            check_len("quantized activations lo", elems, self.lo.len())?;
             check_len(
                 "quantized activations isum16",
                 elems / 16,
                 self.isum16.len(),
+            )?;
+        }
+        // The split is there for up to SPLIT_MAX_ROWS rows, and for more when added.
+        if self.m <= SPLIT_MAX_ROWS || !self.split.is_empty() {
+            check_len(
+                "quantized activations split",
+                elems / ACT_BLOCK,
+                self.split.len(),
+            )?;
+            check_len(
+                "quantized activations split_meta",
+                elems / ACT_BLOCK,
+                self.split_meta.len(),
             )?;
         }
         if self.m == 1 {
@@ -388,15 +490,13 @@ mod tests {
         let k = 96;
         acts.quantize(&values(2 * k, 5), 2, k).unwrap();
         assert!(acts.eo.is_empty() && acts.isum16.len() == 2 * k / 16);
-        for (i, &q) in acts.q.iter().enumerate() {
-            assert_eq!(
-                256 * i32::from(acts.hi[i]) + i32::from(acts.lo[i]),
-                i32::from(q)
-            );
-        }
+        check_split(&acts);
         acts.quantize(&values(17 * k, 5), 17, k).unwrap();
-        assert!(acts.isum16.is_empty() && acts.hi.is_empty() && acts.lo.is_empty());
+        assert!(acts.isum16.is_empty() && acts.split.is_empty() && acts.split_meta.is_empty());
         acts.check().unwrap();
+        acts.add_split();
+        acts.check().unwrap();
+        check_split(&acts);
         let x = values(k, 9);
         acts.quantize(&x, 1, k).unwrap();
         acts.check().unwrap();
@@ -414,6 +514,34 @@ mod tests {
         }
         acts.quantize(&values(2 * k, 5), 2, k).unwrap();
         assert!(acts.eo.is_empty());
+    }
+
+    /// Every block of every row is in the split where `split_at` says, its bytes putting
+    /// `q` back together, with its scale, sum and integer sum; and every entry is some
+    /// block's (the tiles leave no gaps).
+    fn check_split(acts: &QuantizedActs) {
+        let bpr = acts.blocks_per_row();
+        let mut seen = vec![false; acts.split.len()];
+        for row in 0..acts.m {
+            for b in 0..bpr {
+                let at = acts.split_at(row, b);
+                assert!(
+                    !std::mem::replace(&mut seen[at], true),
+                    "row {row} block {b}"
+                );
+                let src = row * bpr + b;
+                let q = &acts.q[32 * src..32 * src + 32];
+                for (e, &v) in q.iter().enumerate() {
+                    let (hi, lo) = (acts.split[at].hi[e], acts.split[at].lo[e]);
+                    assert_eq!(256 * i32::from(hi) + i32::from(lo), i32::from(v));
+                }
+                let meta = acts.split_meta[at];
+                assert_eq!(meta.scale.to_bits(), acts.scale[src].to_bits());
+                assert_eq!(meta.sum.to_bits(), acts.sum[src].to_bits());
+                assert_eq!(meta.isum, q.iter().map(|&v| i32::from(v)).sum::<i32>());
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
     }
 
     #[test]

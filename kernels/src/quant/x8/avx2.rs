@@ -3,7 +3,7 @@
 //! memory for the first row of `x` and from L1 for the others).
 
 use super::ROWS;
-use crate::quant::act::{QuantizedActs, ACT_BLOCK};
+use crate::quant::act::{QuantizedActs, TILE_ROWS};
 use crate::quant::QuantFormat;
 use crate::SharedOut;
 use core::arch::x86_64::*;
@@ -21,7 +21,7 @@ unsafe fn splat4(p: *const u8) -> __m256i {
     unsafe { _mm256_set1_epi32(core::ptr::read_unaligned(p as *const i32)) }
 }
 
-/// One row of `x` (its byte split from element `e`: `hi`, `lo`) met by 8 rows × 4 weights
+/// One row of `x` (4 elements of its byte split: `hi`, `lo`) met by 8 rows × 4 weights
 /// (`w`, one unsigned value of at most 15 per byte, row `r` in bytes `4r..4r + 4`): the two
 /// halves' products added to the 16-bit sums `a` (with `hi`) and `b` (with `lo`).
 ///
@@ -70,11 +70,11 @@ unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
 }
 
 /// Q4_0: adds `x[i0 + i]·W[r]` (without bias) to lane `r` of `acc[i]` for `i < M`, over the
-/// `nb` columns of the group at `col`.
+/// `nb` columns of the group at `col`; `i0` starts a tile of the split, of `M` rows.
 ///
 /// # Safety
-/// AVX2, FMA, F16C; `col` holds `nb` Q4_0 columns; `acts` has the byte split and rows
-/// `i0..i0 + M` of `nb` blocks.
+/// AVX2, FMA, F16C; `col` holds `nb` Q4_0 columns; `acts` has the byte split, with a tile
+/// of `M` rows of `nb` blocks at `i0`.
 #[inline(always)]
 unsafe fn q4_0<const M: usize>(
     col: *const u8,
@@ -83,11 +83,14 @@ unsafe fn q4_0<const M: usize>(
     i0: usize,
     acc: &mut [__m256; ROWS],
 ) {
-    let k = acts.k;
-    let bpr = k / ACT_BLOCK;
-    // SAFETY: column b < nb lies inside `col` (144 bytes each), and element 32b + 32 ≤ k of
-    // rows i0 + i < i0 + M inside the split (the contract); prefetches never fault.
+    let tile = acts.split_at(i0, 0);
+    // SAFETY: column b < nb lies inside `col` (144 bytes each), and the tile's entries
+    // b·M + i < nb·M inside the split (the contract); prefetches never fault.
     unsafe {
+        let (split, meta) = (
+            acts.split.as_ptr().add(tile),
+            acts.split_meta.as_ptr().add(tile),
+        );
         for b in 0..nb {
             let base = col.add(b * 144);
             _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH) as *const i8);
@@ -95,9 +98,8 @@ unsafe fn q4_0<const M: usize>(
             _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH + 128) as *const i8);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
             for (i, acc) in acc.iter_mut().enumerate().take(M) {
-                let row = i0 + i;
-                let e = row * k + ACT_BLOCK * b;
-                let (hi, lo) = (acts.hi.as_ptr().add(e), acts.lo.as_ptr().add(e));
+                let (x, xm) = (&*split.add(b * M + i), &*meta.add(b * M + i));
+                let (hi, lo) = (x.hi.as_ptr(), x.lo.as_ptr());
                 let (mut a, mut s) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 for p in 0..4 {
                     // Chunk p: elements 4p..4p + 4 low, 16 + 4p.. high.
@@ -105,13 +107,9 @@ unsafe fn q4_0<const M: usize>(
                     step(w_lo, hi.add(4 * p), lo.add(4 * p), &mut a, &mut s);
                     step(w_hi, hi.add(16 + 4 * p), lo.add(16 + 4 * p), &mut a, &mut s);
                 }
-                let at = row * bpr + b;
                 // The stored nibbles are q + 8: take 8·Σx off, exactly.
-                let dot = _mm256_sub_epi32(
-                    finish(a, s),
-                    _mm256_set1_epi32(8 * (acts.isum16[2 * at] + acts.isum16[2 * at + 1])),
-                );
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(acts.scale[at]));
+                let dot = _mm256_sub_epi32(finish(a, s), _mm256_set1_epi32(8 * xm.isum));
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(xm.scale));
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
             }
         }
@@ -130,12 +128,15 @@ unsafe fn q4_k<const M: usize>(
     i0: usize,
     acc: &mut [__m256; ROWS],
 ) {
-    let k = acts.k;
-    let bpr = k / ACT_BLOCK;
-    // SAFETY: column s < ns lies inside `col` (1152 bytes each), and elements up to
-    // 256s + 256 ≤ k of rows i0 + i < i0 + M inside the split (the contract); `tab` is this
-    // frame's; prefetches never fault.
+    let tile = acts.split_at(i0, 0);
+    // SAFETY: column s < ns lies inside `col` (1152 bytes each), and the tile's entries
+    // (8s + g)·M + i < 8·ns·M inside the split (the contract); `tab` is this frame's;
+    // prefetches never fault.
     unsafe {
+        let (split, meta) = (
+            acts.split.as_ptr().add(tile),
+            acts.split_meta.as_ptr().add(tile),
+        );
         let m4 = _mm256_set1_epi8(0x0F);
         let m30 = _mm256_set1_epi8(0x30);
         for s in 0..ns {
@@ -179,41 +180,96 @@ unsafe fn q4_k<const M: usize>(
                     tab.as_ptr().add(at) as *const __m128i
                 )))
             };
+            // Per group: the 8 rows' scales `d·sc` and minimums `mn` (times `dmin` later).
             let mut sc = [_mm256_setzero_ps(); 8];
             let mut mn = [_mm256_setzero_ps(); 8];
             for g in 0..8 {
                 sc[g] = _mm256_mul_ps(d, byte8(8 * g));
                 mn[g] = byte8(64 + 8 * g);
             }
-            for (i, acc) in acc.iter_mut().enumerate().take(M) {
-                let row = i0 + i;
-                let e0 = row * k + 256 * s;
-                let (hi, lo) = (acts.hi.as_ptr().add(e0), acts.lo.as_ptr().add(e0));
-                let ab = row * bpr + 8 * s;
+            if M == 1 {
+                // One row: both groups of each run of 8 chunks in one pass over its bytes
+                // (in L2, 1.00 ns per 32 weights against 1.15 group by group).
+                let acc = &mut acc[0];
                 let mut mins = _mm256_setzero_ps();
                 for j in 0..4 {
                     let q = base.add(128 + 256 * j);
-                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 128) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 192) as *const i8);
+                    for c in 0..4 {
+                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * c) as *const i8);
+                    }
                     let (mut a0, mut s0) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                     let (mut a1, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    let (x0, x1) = (&*split.add(8 * s + 2 * j), &*split.add(8 * s + 2 * j + 1));
                     for p in 0..8 {
                         // Chunk (j, p): group 2j's elements 4p..4p + 4 low, group 2j + 1's high.
                         let (w0, w1) = nibbles(q.add(32 * p));
-                        let e = 64 * j + 4 * p;
-                        step(w0, hi.add(e), lo.add(e), &mut a0, &mut s0);
-                        step(w1, hi.add(e + 32), lo.add(e + 32), &mut a1, &mut s1);
+                        let e = 4 * p;
+                        step(
+                            w0,
+                            x0.hi.as_ptr().add(e),
+                            x0.lo.as_ptr().add(e),
+                            &mut a0,
+                            &mut s0,
+                        );
+                        step(
+                            w1,
+                            x1.hi.as_ptr().add(e),
+                            x1.lo.as_ptr().add(e),
+                            &mut a1,
+                            &mut s1,
+                        );
                     }
                     for (g, a, t) in [(2 * j, a0, s0), (2 * j + 1, a1, s1)] {
+                        let xm = &*meta.add(8 * s + g);
                         let dot = _mm256_cvtepi32_ps(finish(a, t));
-                        let xs = _mm256_set1_ps(acts.scale[ab + g]);
+                        let xs = _mm256_set1_ps(xm.scale);
                         *acc = _mm256_fmadd_ps(dot, _mm256_mul_ps(sc[g], xs), *acc);
-                        mins = _mm256_fmadd_ps(mn[g], _mm256_set1_ps(acts.sum[ab + g]), mins);
+                        mins = _mm256_fmadd_ps(mn[g], _mm256_set1_ps(xm.sum), mins);
                     }
                 }
                 *acc = _mm256_fnmadd_ps(dmin, mins, *acc);
+                continue;
+            }
+            // Several rows: group by group, its 8 chunks of nibbles taken apart once and met
+            // by every row of the tile while they sit in registers (2.2× the rate of the
+            // one-row pass at 512 rows). Group 2j is the low nibbles of the j-th run of 8
+            // chunks, group 2j + 1 the high ones.
+            for g in 0..8 {
+                let q = base.add(128 + 256 * (g / 2));
+                if g % 2 == 0 {
+                    for c in 0..4 {
+                        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * c) as *const i8);
+                    }
+                }
+                let mn = _mm256_mul_ps(dmin, mn[g]);
+                let mut w = [_mm256_setzero_si256(); 8];
+                for (p, w) in w.iter_mut().enumerate() {
+                    let v = _mm256_loadu_si256(q.add(32 * p) as *const __m256i);
+                    *w = if g % 2 == 0 {
+                        _mm256_and_si256(v, m4)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4)
+                    };
+                }
+                for (i, acc) in acc.iter_mut().enumerate().take(M) {
+                    // Block g of the super-block, row i of the tile.
+                    let at = (8 * s + g) * M + i;
+                    let (x, xm) = (&*split.add(at), &*meta.add(at));
+                    let (mut a, mut t) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for (p, &w) in w.iter().enumerate() {
+                        step(
+                            w,
+                            x.hi.as_ptr().add(4 * p),
+                            x.lo.as_ptr().add(4 * p),
+                            &mut a,
+                            &mut t,
+                        );
+                    }
+                    let dot = _mm256_cvtepi32_ps(finish(a, t));
+                    let xs = _mm256_set1_ps(xm.scale);
+                    *acc = _mm256_fmadd_ps(dot, _mm256_mul_ps(sc[g], xs), *acc);
+                    *acc = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xm.sum), *acc);
+                }
             }
         }
     }
@@ -238,7 +294,7 @@ pub(super) unsafe fn columns(
     let (m, k) = (acts.m, acts.k);
     let cols = k / format.block_elems();
     let group_bytes = ROWS * cols * format.block_bytes();
-    debug_assert!(w.len() == n / ROWS * group_bytes && j1 <= n && m <= 16);
+    debug_assert!(w.len() == n / ROWS * group_bytes && j1 <= n && acts.has_split());
     let mut t = j0 / ROWS;
     while t * ROWS < j1 {
         let r0 = t * ROWS;
@@ -248,7 +304,7 @@ pub(super) unsafe fn columns(
             let col = w.as_ptr().add(t * group_bytes);
             let mut i0 = 0;
             while i0 < m {
-                let mr = (m - i0).min(ROWS);
+                let mr = (m - i0).min(TILE_ROWS);
                 let mut acc = [_mm256_setzero_ps(); ROWS];
                 macro_rules! run {
                     ($kernel:ident) => {

@@ -294,10 +294,8 @@ pub(crate) unsafe fn columns_scalar(
 /// for this CPU.
 ///
 /// # Safety
-/// As [`columns_scalar`]; and `acts` holds at most [`SPLIT_MAX_ROWS`] rows, with their byte
-/// split.
-///
-/// [`SPLIT_MAX_ROWS`]: crate::quant::act::SPLIT_MAX_ROWS
+/// As [`columns_scalar`]; and `acts` has its byte split ([`QuantizedActs::has_split`]), for
+/// any number of rows.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn columns(
     y: SharedOut,

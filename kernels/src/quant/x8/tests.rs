@@ -61,7 +61,7 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
 }
 
 /// The interleaved reference equals the GGUF-layout reference bit for bit, and every SIMD
-/// kernel equals it up to the order of f32 additions, on rows of x from 1 to 8, column
+/// kernel equals it up to the order of f32 additions, on rows of x from 1 to 33, column
 /// ranges that cut groups of 8, and x with outliers and an all-zero block.
 #[test]
 fn simd_matches_scalar_reference() {
@@ -82,6 +82,8 @@ fn simd_matches_scalar_reference() {
                 (7, 8),
                 (8, 32),
                 (11, 8),
+                (17, 16),
+                (33, 8),
             ],
         )
     };
@@ -102,6 +104,7 @@ fn simd_matches_scalar_reference() {
                 let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
                 let mut acts = QuantizedActs::default();
                 acts.quantize(&x, m, k).unwrap();
+                acts.add_split();
                 let mut want = vec![f32::NAN; m * n];
                 let mut same = vec![f32::NAN; m * n];
                 // SAFETY: want and same are m·n; w and p hold n rows of k; every column is
