@@ -227,7 +227,7 @@ fn interleaved_weights_match_their_file_layout() {
     } else {
         (&[8, 40, 264], &[1, 2, 5, 8, 11, 16, 40])
     };
-    for format in [QuantFormat::Q4_0, QuantFormat::Q4_K] {
+    for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q4_K] {
         for k in [256usize, 768] {
             for &n in ns {
                 let w = random_blocks(format, n, k, &mut rng);
@@ -326,7 +326,7 @@ fn interleaved_weights_match_their_file_layout() {
     assert!(linear(
         &mut y,
         &x,
-        Weights::QuantX8(QuantFormat::Q4_1, &w),
+        Weights::QuantX8(QuantFormat::Q8_0, &w),
         None,
         1,
         64,

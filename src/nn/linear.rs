@@ -19,7 +19,7 @@ pub struct Linear {
 
 impl Linear {
     /// Loads `name.weight` `[out_dim, in_dim]` and, when the file has it, `name.bias`
-    /// `[out_dim]` (PyTorch's `bias=False` simply has none). Q4_0 and Q4_K weights are
+    /// `[out_dim]` (PyTorch's `bias=False` simply has none). Q4_0, Q4_1 and Q4_K weights are
     /// kept with their rows interleaved for the decode GEMV ([`Tensor::interleaved`]).
     ///
     /// Errors: [`Error::MissingTensor`] without the weight, [`Error::TensorShape`] when a

@@ -69,14 +69,15 @@ unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
     }
 }
 
-/// Q4_0: adds `x[i0 + i]·W[r]` (without bias) to lane `r` of `acc[i]` for `i < M`, over the
-/// `nb` columns of the group at `col`; `i0` starts a tile of the split, of `M` rows.
+/// Q4_0 (`Q41` false) and Q4_1 (`Q41` true): adds `x[i0 + i]·W[r]` (without bias) to lane
+/// `r` of `acc[i]` for `i < M`, over the `nb` columns of the group at `col`; `i0` starts a
+/// tile of the split, of `M` rows.
 ///
 /// # Safety
-/// AVX2, FMA, F16C; `col` holds `nb` Q4_0 columns; `acts` has the byte split, with a tile
-/// of `M` rows of `nb` blocks at `i0`.
+/// AVX2, FMA, F16C; `col` holds `nb` columns of the format; `acts` has the byte split, with
+/// a tile of `M` rows of `nb` blocks at `i0`.
 #[inline(always)]
-unsafe fn q4_0<const M: usize>(
+unsafe fn q4_0<const M: usize, const Q41: bool>(
     col: *const u8,
     nb: usize,
     acts: &QuantizedActs,
@@ -84,7 +85,8 @@ unsafe fn q4_0<const M: usize>(
     acc: &mut [__m256; ROWS],
 ) {
     let tile = acts.split_at(i0, 0);
-    // SAFETY: column b < nb lies inside `col` (144 bytes each), and the tile's entries
+    let (column, head) = if Q41 { (160, 32) } else { (144, 16) };
+    // SAFETY: column b < nb lies inside `col` (`column` bytes each), and the tile's entries
     // b·M + i < nb·M inside the split (the contract); prefetches never fault.
     unsafe {
         let (split, meta) = (
@@ -92,25 +94,39 @@ unsafe fn q4_0<const M: usize>(
             acts.split_meta.as_ptr().add(tile),
         );
         for b in 0..nb {
-            let base = col.add(b * 144);
+            let base = col.add(b * column);
             _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH) as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH + 64) as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH + 128) as *const i8);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            // Q4_1's minimums (unused for Q4_0).
+            let mins = if Q41 {
+                _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i))
+            } else {
+                _mm256_setzero_ps()
+            };
             for (i, acc) in acc.iter_mut().enumerate().take(M) {
                 let (x, xm) = (&*split.add(b * M + i), &*meta.add(b * M + i));
                 let (hi, lo) = (x.hi.as_ptr(), x.lo.as_ptr());
                 let (mut a, mut s) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 for p in 0..4 {
                     // Chunk p: elements 4p..4p + 4 low, 16 + 4p.. high.
-                    let (w_lo, w_hi) = nibbles(base.add(16 + 32 * p));
+                    let (w_lo, w_hi) = nibbles(base.add(head + 32 * p));
                     step(w_lo, hi.add(4 * p), lo.add(4 * p), &mut a, &mut s);
                     step(w_hi, hi.add(16 + 4 * p), lo.add(16 + 4 * p), &mut a, &mut s);
                 }
-                // The stored nibbles are q + 8: take 8·Σx off, exactly.
-                let dot = _mm256_sub_epi32(finish(a, s), _mm256_set1_epi32(8 * xm.isum));
+                let dot = if Q41 {
+                    finish(a, s)
+                } else {
+                    // The stored nibbles are q + 8: take 8·Σx off, exactly.
+                    _mm256_sub_epi32(finish(a, s), _mm256_set1_epi32(8 * xm.isum))
+                };
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(xm.scale));
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
+                if Q41 {
+                    // Q4_1's values are d·q + m: add m·Σx.
+                    *acc = _mm256_fmadd_ps(mins, _mm256_set1_ps(xm.sum), *acc);
+                }
             }
         }
     }
@@ -307,21 +323,22 @@ pub(super) unsafe fn columns(
                 let mr = (m - i0).min(TILE_ROWS);
                 let mut acc = [_mm256_setzero_ps(); ROWS];
                 macro_rules! run {
-                    ($kernel:ident) => {
+                    ($kernel:ident $(, $flag:literal)?) => {
                         match mr {
-                            1 => $kernel::<1>(col, cols, acts, i0, &mut acc),
-                            2 => $kernel::<2>(col, cols, acts, i0, &mut acc),
-                            3 => $kernel::<3>(col, cols, acts, i0, &mut acc),
-                            4 => $kernel::<4>(col, cols, acts, i0, &mut acc),
-                            5 => $kernel::<5>(col, cols, acts, i0, &mut acc),
-                            6 => $kernel::<6>(col, cols, acts, i0, &mut acc),
-                            7 => $kernel::<7>(col, cols, acts, i0, &mut acc),
-                            _ => $kernel::<8>(col, cols, acts, i0, &mut acc),
+                            1 => $kernel::<1 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            2 => $kernel::<2 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            3 => $kernel::<3 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            4 => $kernel::<4 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            5 => $kernel::<5 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            6 => $kernel::<6 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            7 => $kernel::<7 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            _ => $kernel::<8 $(, $flag)?>(col, cols, acts, i0, &mut acc),
                         }
                     };
                 }
                 match format {
-                    QuantFormat::Q4_0 => run!(q4_0),
+                    QuantFormat::Q4_0 => run!(q4_0, false),
+                    QuantFormat::Q4_1 => run!(q4_0, true),
                     _ => run!(q4_k),
                 }
                 let (a, b) = (j0.max(r0), j1.min(r0 + ROWS));

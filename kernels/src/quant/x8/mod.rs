@@ -1,4 +1,4 @@
-//! 4-bit weights with 8 rows interleaved: the layout the decode GEMV reads fastest.
+//! 4-bit weights with 8 rows interleaved: the layout the matrix products read fastest.
 //!
 //! In GGUF's layout each row of `W` is its own run of blocks, and a one-row kernel reduces
 //! every block's 8 partial sums to one number before it can scale it. Here the blocks of 8
@@ -21,6 +21,7 @@
 //! | format | bytes per column | layout of one column |
 //! |---|---|---|
 //! | Q4_0 | 8 × 18 = 144 | the 8 rows' f16 `d` (16 bytes); then 4 chunks of 32 bytes: chunk `p` holds bytes `4p..4p+4` of each row's 16 quant bytes, row `r` at `4r` |
+//! | Q4_1 | 8 × 20 = 160 | the 8 `d` (16), the 8 `m` (16); then 4 chunks of 32 bytes as in Q4_0 |
 //! | Q4_K | 8 × 144 = 1152 | the 8 `d` (16), the 8 `dmin` (16); the 64 six-bit scales and 64 minimums re-packed (96, see below); then 4 pairs of 8 chunks: chunk `(j, p)` at `128 + 256j + 32p` holds bytes `32j + 4p..+4` of each row's 128 quant bytes, row `r` at `4r` |
 //!
 //! Q4_K's scales and minimums are numbered `v = 8g + r` (group `g`, row `r`). Byte `i`
@@ -43,9 +44,12 @@ use crate::SharedOut;
 /// Rows woven together.
 pub const ROWS: usize = 8;
 
-/// True for the formats that have an interleaved layout (Q4_0 and Q4_K).
+/// True for the formats that have an interleaved layout (Q4_0, Q4_1 and Q4_K).
 pub fn supports(format: QuantFormat) -> bool {
-    matches!(format, QuantFormat::Q4_0 | QuantFormat::Q4_K)
+    matches!(
+        format,
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4_K
+    )
 }
 
 /// The bytes of an interleaved `[n, k]` matrix of `format` (the same as in GGUF's layout),
@@ -54,7 +58,7 @@ pub fn supports(format: QuantFormat) -> bool {
 pub fn check(format: QuantFormat, n: usize, k: usize) -> Result<usize> {
     if !supports(format) {
         return Err(KernelError::Invalid(format!(
-            "{format} has no interleaved layout (Q4_0 and Q4_K do)"
+            "{format} has no interleaved layout (Q4_0, Q4_1 and Q4_K do)"
         )));
     }
     if !n.is_multiple_of(ROWS) {
@@ -94,8 +98,8 @@ pub fn pack(format: QuantFormat, src: &[u8], n: usize, k: usize, dst: &mut [u8])
                 &src[at..at + bb]
             };
             match format {
-                QuantFormat::Q4_0 => pack_q4_0(block, out),
-                _ => pack_q4_k(block, out),
+                QuantFormat::Q4_K => pack_q4_k(block, out),
+                _ => pack_q4(q4_fields(format), block, out),
             }
         }
     };
@@ -134,8 +138,8 @@ pub fn unpack_rows(
             let at = ((j / ROWS) * nb + b) * ROWS * bb;
             let column = &packed[at..at + ROWS * bb];
             match format {
-                QuantFormat::Q4_0 => unpack_q4_0(column, j % ROWS, out),
-                _ => unpack_q4_k(column, j % ROWS, out),
+                QuantFormat::Q4_K => unpack_q4_k(column, j % ROWS, out),
+                _ => unpack_q4(q4_fields(format), column, j % ROWS, out),
             }
         }
     }
@@ -167,30 +171,45 @@ fn check_rows(
     }
 }
 
-/// Byte ranges of the Q4_0 column: row `r`'s `d`, and its quant bytes `4p..4p + 4`.
-const fn q4_0_d(r: usize) -> usize {
-    2 * r
-}
-const fn q4_0_chunk(p: usize, r: usize) -> usize {
-    16 + 32 * p + 4 * r
+/// f16 fields per row at the head of a Q4_0 (`d`) or Q4_1 (`d`, `m`) block.
+const fn q4_fields(format: QuantFormat) -> usize {
+    match format {
+        QuantFormat::Q4_1 => 2,
+        _ => 1,
+    }
 }
 
-fn pack_q4_0<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+/// Offset of field `f`'s value for row `r` in a Q4_0/Q4_1 column (the 8 rows' `d`, then
+/// Q4_1's 8 `m`).
+const fn q4_field(f: usize, r: usize) -> usize {
+    16 * f + 2 * r
+}
+
+/// Offset of quant bytes `4p..4p + 4` of row `r` in a Q4_0/Q4_1 column of `fields` fields.
+const fn q4_chunk(fields: usize, p: usize, r: usize) -> usize {
+    16 * fields + 32 * p + 4 * r
+}
+
+fn pack_q4<'a>(fields: usize, block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
     for r in 0..ROWS {
         let b = block(r);
-        out[q4_0_d(r)..q4_0_d(r) + 2].copy_from_slice(&b[..2]);
+        for f in 0..fields {
+            out[q4_field(f, r)..q4_field(f, r) + 2].copy_from_slice(&b[2 * f..2 * f + 2]);
+        }
         for p in 0..4 {
-            let at = q4_0_chunk(p, r);
-            out[at..at + 4].copy_from_slice(&b[2 + 4 * p..6 + 4 * p]);
+            let (at, from) = (q4_chunk(fields, p, r), 2 * fields + 4 * p);
+            out[at..at + 4].copy_from_slice(&b[from..from + 4]);
         }
     }
 }
 
-fn unpack_q4_0(column: &[u8], r: usize, out: &mut [u8]) {
-    out[..2].copy_from_slice(&column[q4_0_d(r)..q4_0_d(r) + 2]);
+fn unpack_q4(fields: usize, column: &[u8], r: usize, out: &mut [u8]) {
+    for f in 0..fields {
+        out[2 * f..2 * f + 2].copy_from_slice(&column[q4_field(f, r)..q4_field(f, r) + 2]);
+    }
     for p in 0..4 {
-        let at = q4_0_chunk(p, r);
-        out[2 + 4 * p..6 + 4 * p].copy_from_slice(&column[at..at + 4]);
+        let (at, to) = (q4_chunk(fields, p, r), 2 * fields + 4 * p);
+        out[to..to + 4].copy_from_slice(&column[at..at + 4]);
     }
 }
 

@@ -4,7 +4,7 @@ use crate::quant::testing::{
     any_blocks, check_split_columns, weight_blocks, ColumnsKernel as Kernel, Rng,
 };
 
-const FORMATS: [QuantFormat; 2] = [QuantFormat::Q4_0, QuantFormat::Q4_K];
+const FORMATS: [QuantFormat; 3] = [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q4_K];
 
 fn packed(format: QuantFormat, w: &[u8], n: usize, k: usize) -> Vec<u8> {
     let mut out = vec![0u8; w.len()];
@@ -38,7 +38,7 @@ fn bad_shapes_are_refused() {
     let w = vec![0u8; 7 * 18];
     let mut out = vec![0u8; w.len()];
     assert!(pack(QuantFormat::Q4_0, &w, 7, 32, &mut out).is_err());
-    assert!(pack(QuantFormat::Q4_1, &[0; 160], 8, 32, &mut [0; 160]).is_err());
+    assert!(pack(QuantFormat::Q8_0, &[0; 8 * 34], 8, 32, &mut [0; 8 * 34]).is_err());
     assert!(pack(QuantFormat::Q4_0, &[0; 144], 8, 32, &mut [0; 143]).is_err());
     assert!(pack(QuantFormat::Q4_K, &[0; 8 * 144], 8, 128, &mut [0; 8 * 144]).is_err());
     let p = vec![0u8; 8 * 18];
@@ -172,10 +172,10 @@ fn extreme_activations_are_exact() {
         let mut w = weight_blocks(format, n, k, &mut rng);
         // All nibbles 15: the largest products.
         for block in w.chunks_exact_mut(format.block_bytes()) {
-            let qs = if format == QuantFormat::Q4_0 {
-                2..18
-            } else {
-                16..144
+            let qs = match format {
+                QuantFormat::Q4_0 => 2..18,
+                QuantFormat::Q4_1 => 4..20,
+                _ => 16..144,
             };
             block[qs].fill(0xFF);
         }
