@@ -62,7 +62,7 @@ VALUED = {
     "--models-dir": ("ignore", "no router mode in qkv-server"),
     "--models-max": ("ignore", "no router mode in qkv-server"),
     "--models-preset": ("ignore", "no router mode in qkv-server"),
-    "--cors-origins": ("ignore", "qkv-server sends no CORS headers"),
+    "--cors-origins": ("map", "--cors-origins"),
     "--slot-save-path": ("ignore", "no slot save/restore in qkv-server"),
     "--grp-attn-n": ("ignore", "no group attention (self-extend) in qkv"),
     "--grp-attn-w": ("ignore", "no group attention (self-extend) in qkv"),
@@ -73,9 +73,10 @@ VALUED = {
     "--spec-synth-len": ("ignore", "no speculative decoding in qkv-server"),
     "--spec-synth-rates": ("ignore", "no speculative decoding in qkv-server"),
     "--reasoning-format": ("ignore", "qkv always splits <think> blocks for templates that use them"),
-    "--reasoning": ("ignore", "qkv has no reasoning budget switch"),
-    "--chat-template": ("ignore", "qkv renders the model's own template only"),
-    "--chat-template-file": ("ignore", "qkv renders the model's own template only"),
+    "--reasoning": ("map", "--reasoning"),
+    "--chat-template": ("ignore", "qkv has none of llama.cpp's built-in named templates; "
+                        "--chat-template-file takes a Jinja file"),
+    "--chat-template-file": ("map", "--chat-template-file"),
     "--mmproj-url": ("ignore", "no vision in qkv"),
     "--media-path": ("ignore", "no vision in qkv"),
     "--sleep-idle-seconds": ("ignore", "qkv-server does not unload an idle model"),
@@ -95,9 +96,9 @@ SWITCHES = {
     "--cont-batching": ("ignore", "qkv's engine always batches continuously"),
     "--embedding": ("ignore", "qkv-server serves embeddings when the model is an encoder"),
     "--reranking": ("ignore", "no reranking route in qkv-server"),
-    "--kv-unified": ("ignore", "qkv gives every sequence its own KV cache"),
+    "--kv-unified": ("unified", None),
     "--swa-full": ("ignore", "qkv keeps full-size caches for sliding-window layers"),
-    "--verbose": ("ignore", "qkv-server has no verbose log"),
+    "--verbose": ("map", "--verbose"),
     "--context-shift": ("ignore", "no context shift in qkv: a full context ends the sequence"),
     "--no-ui": ("ignore", "qkv-server has no web UI"),
     "--no-models-autoload": ("ignore", "no router mode in qkv-server"),
@@ -136,7 +137,7 @@ def qkv_args(flags, model, known):
     """qkv-server's argv for llama-server's `flags`; `known`: the flags this qkv-server has
     (an older build lacks some, which are then logged as ignored)."""
     args = ["--model", model]
-    ctx, parallel, metrics = None, 1, False
+    ctx, parallel, metrics, unified = None, 1, False, False
     for flag, value in flags:
         kind, target = VALUED.get(flag) or SWITCHES[flag]
         if kind == "map" and target not in known:
@@ -154,14 +155,25 @@ def qkv_args(flags, model, known):
                 args += ["--model-name", name.strip()]
         elif kind == "metrics":
             metrics = True
+        elif kind == "unified":
+            unified = True
         else:
             log(f"ignored {flag}{'' if value is None else ' ' + value}: {target}")
+    if not any(f == "--cors-origins" for f, _ in flags) and "--cors-origins" in known:
+        # llama-server allows every origin unless told otherwise; qkv-server none.
+        log("no --cors-origins: --cors-origins * (llama-server's default: every origin)")
+        args += ["--cors-origins", "*"]
     args += ["--max-sequences", str(parallel)]
     if ctx is not None:
-        # llama-server splits --ctx-size over its slots; qkv's --ctx is per sequence.
-        per_seq = max(ctx // parallel, 1)
+        # llama-server splits --ctx-size over its slots, unless the cache is unified (then
+        # any slot may fill the whole context); qkv's --ctx is per sequence.
+        per_seq = ctx if unified else max(ctx // parallel, 1)
+        if unified:
+            log(f"--kv-unified: each sequence may use the whole --ctx-size {ctx}")
         log(f"--ctx-size {ctx} --parallel {parallel} -> --ctx {per_seq} --max-sequences {parallel}")
         args += ["--ctx", str(per_seq)]
+    if metrics and "--metrics-llamacpp-names" in known:
+        args.append("--metrics-llamacpp-names")
     if not metrics and "--no-metrics" in known:
         # llama-server serves /metrics only with --metrics.
         args.append("--no-metrics")

@@ -15,7 +15,9 @@ What it does, each step cached:
 4. For each backend, pytest on the suite's files (`-m "not slow"`) with LLAMA_SERVER_BIN_PATH
    set to tools/llamacpp_server_shim.py, which execs the backend on the local SmolLM2-135M
    Instruct Q4_1 file (every preset: nothing can be downloaded here) and maps llama-server's
-   flags onto qkv-server's, logging the ones it has no equivalent for.
+   flags onto qkv-server's, logging the ones it has no equivalent for. Both backends run at
+   once, on their own ports; tools/llamacpp_suite_plugin.py gives each server 300 s to
+   start instead of 60 (llama-server's load is slow on a busy machine at nice 19).
 5. The table: per file, passed / failed (/ skipped) for both; then the tests that pass on
    llama-server and fail on qkv-server. Each backend's junit XML is kept in --out.
 
@@ -26,10 +28,12 @@ report, not a gate.
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,19 +111,36 @@ def ensure_test_deps():
 
 
 def run_suite(backend, server, model, tests, files, out: Path, keyword):
-    """Runs pytest for `backend`; returns {file: {test: outcome}}."""
+    """Runs pytest for `backend`, leaving its junit XML in `out`."""
     xml = out / f"{backend}.xml"
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(SHIM), "QKV_SHIM_BACKEND": backend,
            "QKV_SHIM_SERVER": str(server), "QKV_SHIM_MODEL": str(model),
-           "PORT": PORTS[backend]}
-    cmd = [sys.executable, "-m", "pytest", "-m", "not slow", "-p", "no:cacheprovider", "-q",
+           "PORT": PORTS[backend],
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tools"),
+                                                      os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "pytest", "-m", "not slow", "-p", "no:cacheprovider",
+           "-p", "llamacpp_suite_plugin", "-q",
            "--junitxml", xml, *[f"unit/{f}.py" for f in files]]
     if keyword:
         cmd += ["-k", keyword]
     log(f"{backend}: pytest on {len(files)} files (log: {out / (backend + '.log')})")
     with open(out / f"{backend}.log", "w") as f:
-        subprocess.run(["nice", "-n", "19", *[str(c) for c in cmd]], cwd=tests, env=env,
-                       stdout=f, stderr=subprocess.STDOUT)
+        # A process group of its own, so that a server a test left behind (or an interrupted
+        # run's) is ended with it instead of holding the port for the next run.
+        p = subprocess.Popen(["nice", "-n", "19", *[str(c) for c in cmd]], cwd=tests, env=env,
+                             stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            p.wait()
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def read_results(xml: Path):
+    """{file: {test: outcome}} from a junit XML (empty when missing)."""
     results = {}
     if not xml.is_file():
         return results
@@ -147,6 +168,11 @@ def main():
     ap.add_argument("--backends", default="llama,qkv")
     ap.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
     ap.add_argument("--out", default=None, help="where the junit XML and logs go")
+    ap.add_argument("--sequential", action="store_true",
+                    help="run the backends one after the other (default: both at once, on "
+                         "their own ports)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="print the table from the XML already in --out, running nothing")
     ap.add_argument("--qkv-server", default=None,
                     help="a qkv-server binary to test instead of building this checkout's")
     a = ap.parse_args()
@@ -156,15 +182,23 @@ def main():
     model = cache / MODEL
     if not model.is_file():
         sys.exit(f"{model} is missing: run `cargo run --release --bin decode` once to fetch it")
-    llama, src = ensure_llama_server(cache / "llamacpp")
-    tests = src / "tools" / "server" / "tests"
-    servers = {"llama": llama}
-    if "qkv" in backends:
-        servers["qkv"] = Path(a.qkv_server) if a.qkv_server else ensure_qkv_server()
-    ensure_test_deps()
     out = Path(a.out) if a.out else cache / "llamacpp_server_suite"
     out.mkdir(parents=True, exist_ok=True)
-    results = {b: run_suite(b, servers[b], model, tests, files, out, a.keyword) for b in backends}
+    if not a.report_only:
+        llama, src = ensure_llama_server(cache / "llamacpp")
+        tests = src / "tools" / "server" / "tests"
+        servers = {"llama": llama}
+        if "qkv" in backends:
+            servers["qkv"] = Path(a.qkv_server) if a.qkv_server else ensure_qkv_server()
+        ensure_test_deps()
+        jobs = [(b, servers[b], model, tests, files, out, a.keyword) for b in backends]
+        if a.sequential:
+            for j in jobs:
+                run_suite(*j)
+        else:
+            with ThreadPoolExecutor(len(jobs)) as ex:
+                list(ex.map(lambda j: run_suite(*j), jobs))
+    results = {b: read_results(out / f"{b}.xml") for b in backends}
 
     head = "| file | " + " | ".join(f"{b} passed | {b} failed" for b in backends) + " |"
     print(head)

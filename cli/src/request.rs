@@ -278,6 +278,9 @@ pub struct Params {
     pub n: usize,
     /// `logit_bias`, in OpenAI's object form or llama-server's list form.
     pub logit_bias: Vec<crate::native::Bias>,
+    /// llama-server's `verbose`: add `__verbose` (the prompt as text, the raw output) to
+    /// the answer.
+    pub verbose: bool,
 }
 
 /// The most choices (`n`) one request may ask for.
@@ -401,6 +404,7 @@ pub fn params(b: &Body, chat: bool, seed: impl FnOnce() -> u64) -> Result<Params
         top_logprobs,
         n,
         logit_bias: crate::native::logit_bias(b, "logit_bias")?,
+        verbose: b.bool("verbose", false)?,
     })
 }
 

@@ -454,3 +454,116 @@ fn hosts_metrics_and_slots_flags() {
     assert_eq!(plain.get("/metrics").0, 200);
     assert_eq!(plain.get("/slots").0, 200);
 }
+
+/// The status line and headers (lower-cased names) of a raw request.
+fn raw_headers(s: &Server, request: &str) -> (String, Vec<(String, String)>) {
+    use std::io::{BufRead, BufReader, Write};
+    let mut c = s.connect();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut r = BufReader::new(c);
+    let mut status = String::new();
+    r.read_line(&mut status).unwrap();
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (k, v) = line.split_once(':').unwrap();
+        headers.push((k.to_ascii_lowercase(), v.trim().to_owned()));
+    }
+    (status, headers)
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn cors_anthropic_key_header_verbose_and_llamacpp_metrics() {
+    let s = server(&[
+        "--api-key",
+        "sk-1",
+        "--cors-origins",
+        "localhost",
+        "--metrics-llamacpp-names",
+    ]);
+    let preflight = |origin: &str| {
+        raw_headers(
+            &s,
+            &format!(
+                "OPTIONS /completion HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\n\
+                 Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    // A preflight needs no key; a local origin is echoed, another gets no CORS header.
+    for origin in [
+        "http://localhost:3000",
+        "http://127.0.0.1",
+        "http://[::1]:8080",
+    ] {
+        let (status, h) = preflight(origin);
+        assert!(status.contains(" 200 "), "{origin}: {status}");
+        assert_eq!(header(&h, "access-control-allow-origin"), Some(origin));
+        assert_eq!(header(&h, "access-control-allow-credentials"), Some("true"));
+    }
+    for origin in [
+        "http://evil.com",
+        "http://localhost.evil.com",
+        "http://notlocalhost",
+    ] {
+        let (status, h) = preflight(origin);
+        assert!(status.contains(" 200 "), "{status}");
+        assert_eq!(header(&h, "access-control-allow-origin"), None, "{origin}");
+    }
+    // Anthropic's x-api-key header is a key too; a wrong one is a 401.
+    let body = r#"{"prompt": "a", "n_predict": 1}"#;
+    let post = |key: &str| {
+        raw_headers(
+            &s,
+            &format!(
+                "POST /completion HTTP/1.1\r\nHost: x\r\nx-api-key: {key}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+        .0
+    };
+    assert!(post("sk-1").contains(" 200 "));
+    assert!(post("sk-2").contains(" 401 "));
+    // llama-server's metric names, with the process start time header.
+    let keyed = s.with_key(Some("sk-1"));
+    let r = keyed.json(
+        "/completion",
+        &json!({"prompt": "a b", "n_predict": 5, "temperature": 0, "ignore_eos": true}),
+    );
+    let t = &r["timings"];
+    let expect = 4.0 * 1e3 / t["predicted_ms"].as_f64().unwrap();
+    assert!((t["predicted_per_second"].as_f64().unwrap() - expect).abs() < 1e-6 * expect);
+    let (_, h) = raw_headers(
+        &s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-1\r\nConnection: close\r\n\r\n",
+    );
+    assert!(header(&h, "process-start-time-unix").is_some_and(|v| v.parse::<u64>().is_ok()));
+    let (_, text) = keyed.get("/metrics");
+    let m = |name: &str| support::metric(&text, name);
+    assert_eq!(m("llamacpp:tokens_predicted_total"), 5.0 + 1.0);
+    assert_eq!(
+        m("llamacpp:prompt_tokens_total") + m("llamacpp:prompt_tokens_cached_total"),
+        m("qkv_prompt_tokens_total")
+    );
+    assert!(m("llamacpp:n_decode_total") > 0.0);
+    assert_eq!(m("llamacpp:requests_processing"), 0.0);
+    // `verbose` adds the prompt as text.
+    let r = keyed.json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Book"}], "max_tokens": 1, "verbose": true}),
+    );
+    assert!(r["__verbose"]["prompt"]
+        .as_str()
+        .unwrap()
+        .contains("<|im_start|>user\nBook"));
+}

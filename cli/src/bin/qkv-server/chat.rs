@@ -17,11 +17,14 @@ pub struct ServeOptions {
     /// `--reasoning off`: templates render with `enable_thinking: false`, and a prompt that
     /// ends inside an opened thinking block gets it closed.
     pub no_reasoning: bool,
-    /// The most tokens a request generates (`--n-predict`; `None`: until the context).
+    /// The most tokens a request that does not say generates (`--n-predict`; `None`: until
+    /// the context).
     pub n_predict: Option<usize>,
     /// The default temperature and seed of requests that give none (`--temp`, `--seed`).
     pub temperature: Option<f32>,
     pub seed: Option<u64>,
+    /// `--verbose`: every OpenAI answer carries `__verbose` (prompt text, raw output).
+    pub verbose: bool,
     /// Whether `/slots` and `/metrics` answer.
     pub slots: bool,
     pub metrics: bool,

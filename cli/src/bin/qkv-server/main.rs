@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod chat;
+mod cors;
 mod embed;
 mod native;
 mod openai;
@@ -115,6 +116,18 @@ struct Args {
     /// (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:gpu_cache_usage_perc`).
     #[arg(long)]
     metrics_vllm_names: bool,
+    /// Also export llama-server's counters and gauges under its names (`llamacpp:…`).
+    #[arg(long)]
+    metrics_llamacpp_names: bool,
+    /// Add `__verbose` (the prompt as text, the raw output) to every OpenAI-shaped answer,
+    /// as llama-server's `--verbose` does.
+    #[arg(long)]
+    verbose: bool,
+    /// Browser origins allowed to call the server (CORS), comma-separated: `*` for any,
+    /// `localhost` for localhost, 127.0.0.1 and [::1] on any port, or origins as written.
+    /// Default: none (no CORS headers are sent).
+    #[arg(long, value_name = "ORIGINS")]
+    cors_origins: Option<String>,
     /// Do not serve `/metrics` (it answers 501).
     #[arg(long)]
     no_metrics: bool,
@@ -130,7 +143,7 @@ struct Args {
     /// The sampling seed of requests that set none (default: a new one per request).
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
-    /// The most tokens a request generates, whatever it asks (-1: until the context).
+    /// The most tokens a request generates when it does not say (-1: until the context).
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     n_predict: Option<i64>,
     /// A Jinja chat template to render chats with instead of the model's.
@@ -154,6 +167,10 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// Export the gauges under vLLM's names too.
     pub vllm_names: bool,
+    /// Export llama-server's `llamacpp:…` counters and gauges too.
+    pub llamacpp_names: bool,
+    /// When the process started, in seconds since the Unix epoch.
+    pub started: u64,
 }
 
 /// What the generation handlers (openai.rs) see.
@@ -249,6 +266,10 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         metrics: metrics.clone(),
         draining: AtomicBool::new(false),
         vllm_names: args.metrics_vllm_names,
+        llamacpp_names: args.metrics_llamacpp_names,
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
     });
     let (routes, what, worker) = if is_sentence_transformers(&path) {
         let embedder = qkv::models::bert::Embedder::load(&path)?;
@@ -291,6 +312,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .and_then(|n| usize::try_from(n).ok())
                 .filter(|&n| n > 0),
             temperature: args.temp,
+            verbose: args.verbose,
             seed: args.seed,
             slots: !args.no_slots,
             metrics: !args.no_metrics,
@@ -312,6 +334,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         routes,
         shared.clone(),
         auth.clone(),
+        Arc::new(cors::Cors::parse(args.cors_origins.as_deref())),
         args.body_limit.saturating_mul(1024),
     );
 
@@ -436,8 +459,14 @@ fn decoder_routes(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// `routes` with the routes every server has, the key check and the body limit.
-fn router(routes: Router, shared: Arc<Shared>, auth: Arc<Auth>, body_limit: usize) -> Router {
+/// `routes` with the routes every server has, the key check, CORS and the body limit.
+fn router(
+    routes: Router,
+    shared: Arc<Shared>,
+    auth: Arc<Auth>,
+    cors_origins: Arc<cors::Cors>,
+    body_limit: usize,
+) -> Router {
     let mut common = Router::new()
         .route("/health", get(health))
         .route("/v1/health", get(health));
@@ -455,6 +484,7 @@ fn router(routes: Router, shared: Arc<Shared>, auth: Arc<Auth>, body_limit: usiz
         .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(auth, authorize))
+        .layer(middleware::from_fn_with_state(cors_origins, cors::cors))
 }
 
 /// Lets a request through when no key is set, when it carries an accepted key, or when its
@@ -467,9 +497,15 @@ async fn authorize(State(auth): State<Arc<Auth>>, request: Request, next: Next) 
     if open || auth.keys.is_empty() {
         return next.run(request).await;
     }
+    // `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`.
     let given = request.headers().get(header::AUTHORIZATION);
-    let header = given.and_then(|v| v.to_str().ok());
-    if auth.keys.allows(header) {
+    let header = match (given, request.headers().get("x-api-key")) {
+        (Some(v), _) => v.to_str().ok().map(str::to_owned),
+        (None, Some(k)) => k.to_str().ok().map(|k| format!("Bearer {k}")),
+        (None, None) => None,
+    };
+    let given = given.or(request.headers().get("x-api-key"));
+    if auth.keys.allows(header.as_deref()) {
         return next.run(request).await;
     }
     let message = if given.is_none() {
@@ -571,12 +607,10 @@ fn params(state: &AppState, b: &Body, chat: bool) -> Result<request::Params, Api
     Ok(p)
 }
 
-/// A request's token limit under the server's `--n-predict`.
+/// A request's token limit: its own, else the server's `--n-predict`, as llama-server
+/// takes them.
 fn cap_tokens(state: &AppState, asked: Option<usize>) -> Option<usize> {
-    match (asked, state.options.n_predict) {
-        (Some(a), Some(cap)) => Some(a.min(cap)),
-        (a, cap) => a.or(cap),
-    }
+    asked.or(state.options.n_predict)
 }
 
 async fn completions(
@@ -657,9 +691,16 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let vllm = shared.vllm_names.then_some(shared.model_name.as_str());
+    let mut text = shared.metrics.render(vllm);
+    if shared.llamacpp_names {
+        text.push_str(&shared.metrics.render_llamacpp());
+    }
     (
-        [("content-type", "text/plain; version=0.0.4")],
-        shared.metrics.render(vllm),
+        [
+            ("content-type", "text/plain; version=0.0.4".to_owned()),
+            ("process-start-time-unix", shared.started.to_string()),
+        ],
+        text,
     )
         .into_response()
 }

@@ -273,7 +273,8 @@ pub struct Piece {
 impl Run {
     /// llama-server's `timings` object: prompt and generation token counts, milliseconds
     /// and rates, measured here from submission to the first token (the prompt, queueing
-    /// included) and from the first token to the last (the generation).
+    /// included) and from the first token to the last (the generation; its rate is over
+    /// the steps after the first token).
     pub fn timings(&self) -> Value {
         let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
         let now = Instant::now();
@@ -284,6 +285,9 @@ impl Run {
         let predicted_ms = ms(first, self.last_token.unwrap_or(first));
         let per = |ms: f64, n: usize| if n == 0 { 0.0 } else { ms / n as f64 };
         let rate = |ms: f64, n: usize| if ms <= 0.0 { 0.0 } else { n as f64 * 1e3 / ms };
+        // The first token comes with the prompt's last pass: the generation's time spans
+        // the steps after it, one fewer than the tokens.
+        let steps = predicted_n.saturating_sub(1);
         json!({
             "cache_n": self.cached_tokens,
             "prompt_n": prompt_n,
@@ -292,8 +296,8 @@ impl Run {
             "prompt_per_second": rate(prompt_ms, prompt_n),
             "predicted_n": predicted_n,
             "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": per(predicted_ms, predicted_n),
-            "predicted_per_second": rate(predicted_ms, predicted_n),
+            "predicted_per_token_ms": per(predicted_ms, steps),
+            "predicted_per_second": rate(predicted_ms, steps),
         })
     }
 
@@ -654,6 +658,10 @@ async fn whole(mut run: Run) -> Result<axum::Json<Value>, ApiError> {
     });
     out["usage"] = json!(run.usage);
     out["timings"] = run.timings();
+    if run.p.verbose || run.state.options.verbose {
+        out["__verbose"] = json!({"prompt": run.prompt_text(), "content": content,
+            "tokens_predicted": run.tokens.len(), "tokens_evaluated": run.prompt_tokens});
+    }
     Ok(axum::Json(out))
 }
 
