@@ -71,11 +71,19 @@ pub fn output_constraint(b: &Body) -> Result<Option<OutputConstraint>, ApiError>
         })?;
         match obj.get("type").and_then(Value::as_str) {
             Some("text") => {}
-            Some("json_object") => found.push(OutputConstraint::JsonSchema {
-                schema: json!({"type": "object"}),
-                strict: false,
-                param: "response_format".into(),
-            }),
+            // llama-server's extension: a `schema` beside `json_object` is followed as given.
+            Some("json_object") => match obj.get("schema").filter(|s| !s.is_null()) {
+                Some(sch) => found.push(OutputConstraint::JsonSchema {
+                    schema: schema_value("response_format.schema", sch)?,
+                    strict: false,
+                    param: "response_format.schema".into(),
+                }),
+                None => found.push(OutputConstraint::JsonSchema {
+                    schema: json!({"type": "object"}),
+                    strict: false,
+                    param: "response_format".into(),
+                }),
+            },
             Some("json_schema") => {
                 let js = match obj.get("json_schema") {
                     Some(Value::Object(js)) => js,
@@ -182,6 +190,23 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(c.param(), "json_schema");
+        // llama-server's `schema` beside `json_object`.
+        let c = read(r#"{"response_format": {"type": "json_object", "schema": {"const": "42"}}}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            c,
+            OutputConstraint::JsonSchema {
+                schema: json!({"const": "42"}),
+                strict: false,
+                param: "response_format.schema".into()
+            }
+        );
+        let e = read(r#"{"response_format": {"type": "json_object", "schema": 123}}"#);
+        assert_eq!(
+            e.unwrap_err().param.as_deref(),
+            Some("response_format.schema")
+        );
         let c = read(r#"{"grammar": "start: \"a\""}"#).unwrap().unwrap();
         assert!(matches!(c, OutputConstraint::Lark { .. }));
     }
