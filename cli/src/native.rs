@@ -518,11 +518,11 @@ mod tests {
     struct Even;
     impl TokenConstraint for Even {
         fn allows(&mut self, t: u32) -> bool {
-            t % 2 == 0
+            t.is_multiple_of(2)
         }
         fn mask(&mut self, l: &mut [f32]) -> Result<(), String> {
             for (i, x) in l.iter_mut().enumerate() {
-                if i % 2 == 1 {
+                if !i.is_multiple_of(2) {
                     *x = f32::MIN;
                 }
             }

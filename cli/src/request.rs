@@ -41,7 +41,7 @@ pub struct ApiError {
     /// (`exceed_context_size_error`, as llama-server names a prompt past the context).
     pub kind: Option<&'static str>,
     /// More fields of the error object (`n_prompt_tokens`, `n_ctx`).
-    pub extra: Map<String, Value>,
+    pub extra: Option<Box<Map<String, Value>>>,
 }
 
 impl std::fmt::Display for ApiError {
@@ -65,7 +65,7 @@ impl ApiError {
             param: Some(param.to_owned()),
             code: None,
             kind: None,
-            extra: Map::new(),
+            extra: None,
         }
     }
 
@@ -77,7 +77,7 @@ impl ApiError {
             param: None,
             code: None,
             kind: None,
-            extra: Map::new(),
+            extra: None,
         }
     }
 
@@ -94,9 +94,10 @@ impl ApiError {
         )
         .with_code("context_length_exceeded");
         e.kind = Some("exceed_context_size_error");
-        e.extra
-            .insert("n_prompt_tokens".into(), json!(n_prompt_tokens));
-        e.extra.insert("n_ctx".into(), json!(n_ctx));
+        let mut extra = Map::new();
+        extra.insert("n_prompt_tokens".into(), json!(n_prompt_tokens));
+        extra.insert("n_ctx".into(), json!(n_ctx));
+        e.extra = Some(Box::new(extra));
         e
     }
 
@@ -146,8 +147,8 @@ impl IntoResponse for ApiError {
             "param": self.param,
             "code": self.code,
         });
-        if let Value::Object(o) = &mut error {
-            o.extend(self.extra);
+        if let (Value::Object(o), Some(extra)) = (&mut error, self.extra) {
+            o.extend(*extra);
         }
         let body = json!({ "error": error });
         (self.status, axum::Json(body)).into_response()
@@ -734,8 +735,8 @@ mod tests {
         assert_eq!(ctx.kind, Some("exceed_context_size_error"));
         assert_eq!(
             (
-                ctx.extra["n_prompt_tokens"].as_u64(),
-                ctx.extra["n_ctx"].as_u64()
+                ctx.extra.as_ref().unwrap()["n_prompt_tokens"].as_u64(),
+                ctx.extra.as_ref().unwrap()["n_ctx"].as_u64()
             ),
             (Some(9), Some(8))
         );
