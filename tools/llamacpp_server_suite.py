@@ -4,7 +4,8 @@ qkv-server and against llama-server (the control), both on the default local mod
 prints the per-file pass/fail table of both.
 
     python3 tools/llamacpp_server_suite.py [--files test_basic,test_completion,...]
-        [--backends qkv,llama] [-k EXPR] [--out DIR] [--qkv-server PATH]
+        [--backends qkv,llama] [-k EXPR] [--nodes FILE] [--out DIR] [--qkv-server PATH]
+        [--sequential] [--report-only]
 
 What it does, each step cached:
 1. llama.cpp: the sdist unpacked under $QKV_CACHE/llamacpp (as tools/bench_vs_llamacpp.py
@@ -110,7 +111,7 @@ def ensure_test_deps():
              *TEST_DEPS])
 
 
-def run_suite(backend, server, model, tests, files, out: Path, keyword):
+def run_suite(backend, server, model, tests, files, out: Path, keyword, nodes=None):
     """Runs pytest for `backend`, leaving its junit XML in `out`."""
     xml = out / f"{backend}.xml"
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(SHIM), "QKV_SHIM_BACKEND": backend,
@@ -120,7 +121,7 @@ def run_suite(backend, server, model, tests, files, out: Path, keyword):
                                                       os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "pytest", "-m", "not slow", "-p", "no:cacheprovider",
            "-p", "llamacpp_suite_plugin", "-q",
-           "--junitxml", xml, *[f"unit/{f}.py" for f in files]]
+           "--junitxml", xml, *(nodes or [f"unit/{f}.py" for f in files])]
     if keyword:
         cmd += ["-k", keyword]
     log(f"{backend}: pytest on {len(files)} files (log: {out / (backend + '.log')})")
@@ -167,6 +168,9 @@ def main():
                     help="comma-separated test files, without .py (default: issue 31's targets)")
     ap.add_argument("--backends", default="llama,qkv")
     ap.add_argument("-k", dest="keyword", default=None, help="pytest -k expression")
+    ap.add_argument("--nodes", default=None,
+                    help="a file of pytest node ids (unit/test_x.py::test_y[...]), one a line: "
+                         "run only those (for a control run on the tests another run failed)")
     ap.add_argument("--out", default=None, help="where the junit XML and logs go")
     ap.add_argument("--sequential", action="store_true",
                     help="run the backends one after the other (default: both at once, on "
@@ -191,7 +195,10 @@ def main():
         if "qkv" in backends:
             servers["qkv"] = Path(a.qkv_server) if a.qkv_server else ensure_qkv_server()
         ensure_test_deps()
-        jobs = [(b, servers[b], model, tests, files, out, a.keyword) for b in backends]
+        nodes = None
+        if a.nodes:
+            nodes = [n.strip() for n in open(a.nodes) if n.strip()]
+        jobs = [(b, servers[b], model, tests, files, out, a.keyword, nodes) for b in backends]
         if a.sequential:
             for j in jobs:
                 run_suite(*j)

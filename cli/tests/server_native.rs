@@ -567,3 +567,43 @@ fn cors_anthropic_key_header_verbose_and_llamacpp_metrics() {
         .unwrap()
         .contains("<|im_start|>user\nBook"));
 }
+
+#[test]
+fn gbnf_grammars_and_template_variables() {
+    let s = server(&[]);
+    // llama-server's grammar field takes GBNF.
+    let r = s.json(
+        "/completion",
+        &json!({"prompt": "x", "n_predict": 8, "grammar": "root ::= \"a\"{3,3}"}),
+    );
+    assert_eq!(r["content"], "aaa", "{r}");
+    let (status, text) = s.call(
+        "POST",
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x"}], "grammar": "root ::= (((("}),
+    );
+    assert_eq!(status, 400, "{text}");
+    // A --chat-template-file reads enable_thinking and today's date as llama-server sets them.
+    let dir = support::ScratchDir::new("native-template");
+    let t = dir.write(
+        "t.jinja",
+        b"{{ date_string }}|{{ datetime }}|{% if enable_thinking %}think{% else %}no{% endif %}",
+    );
+    for (reasoning, want) in [("auto", "think"), ("off", "no")] {
+        let s = server(&[
+            "--chat-template-file",
+            t.to_str().unwrap(),
+            "--reasoning",
+            reasoning,
+        ]);
+        let r = s.json(
+            "/apply-template",
+            &json!({"messages": [{"role": "user", "content": "x"}]}),
+        );
+        let p = r["prompt"].as_str().unwrap();
+        let parts: Vec<&str> = p.split('|').collect();
+        assert_eq!(parts[2], want, "{p}");
+        assert_eq!(parts[0].len(), 11, "dd Mon yyyy: {p}");
+        assert_eq!(parts[1].len(), 11, "Mon dd yyyy: {p}");
+    }
+}
