@@ -12,6 +12,8 @@
 //!   constraint, which [`constraint`] compiles with llguidance for the engine; [`tools`]:
 //!   tool definitions, `tool_choice`, the grammar of forced calls, and the calls parsed out
 //!   of each model family's own format;
+//! - [`native`]: llama-server's own request fields (`/completion`'s prompt forms, `n_predict`,
+//!   `n_probs`, `logit_bias`, …) and the logit bias applied in the engine;
 //! - [`auth`]: the server's API keys, from the command line or a key file, checked in
 //!   constant time.
 
@@ -22,6 +24,7 @@ pub mod auth;
 pub mod constraint;
 pub mod embedding;
 pub mod fetch;
+pub mod native;
 pub mod request;
 pub mod structured;
 pub mod tools;

@@ -37,6 +37,11 @@ pub struct ApiError {
     pub param: Option<String>,
     /// OpenAI's machine-readable code, when one applies (`context_length_exceeded`, …).
     pub code: Option<&'static str>,
+    /// The error's `type`, when it is not the one its status implies
+    /// (`exceed_context_size_error`, as llama-server names a prompt past the context).
+    pub kind: Option<&'static str>,
+    /// More fields of the error object (`n_prompt_tokens`, `n_ctx`).
+    pub extra: Option<Box<Map<String, Value>>>,
 }
 
 impl std::fmt::Display for ApiError {
@@ -59,6 +64,8 @@ impl ApiError {
             message: message.into(),
             param: Some(param.to_owned()),
             code: None,
+            kind: None,
+            extra: None,
         }
     }
 
@@ -69,7 +76,29 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            kind: None,
+            extra: None,
         }
+    }
+
+    /// A 400 for a prompt of `n_prompt_tokens` that does not fit a context of `n_ctx`
+    /// positions: type `exceed_context_size_error` with both numbers, as llama-server
+    /// answers, and OpenAI's code `context_length_exceeded`.
+    pub fn exceeds_context(n_prompt_tokens: usize, n_ctx: usize) -> ApiError {
+        let mut e = ApiError::invalid(
+            "messages",
+            format!(
+                "the request exceeds the available context size: {n_prompt_tokens} prompt \
+                 tokens, {n_ctx} positions per sequence"
+            ),
+        )
+        .with_code("context_length_exceeded");
+        e.kind = Some("exceed_context_size_error");
+        let mut extra = Map::new();
+        extra.insert("n_prompt_tokens".into(), json!(n_prompt_tokens));
+        extra.insert("n_ctx".into(), json!(n_ctx));
+        e.extra = Some(Box::new(extra));
+        e
     }
 
     /// A 401 (`authentication_error`, code `invalid_api_key`), as OpenAI answers a missing
@@ -90,9 +119,7 @@ impl From<qkv::Error> for ApiError {
         match &e {
             E::QueueFull { .. } => ApiError::status(StatusCode::TOO_MANY_REQUESTS, e.to_string())
                 .with_code("queue_full"),
-            E::ContextFull { .. } => {
-                ApiError::invalid("messages", e.to_string()).with_code("context_length_exceeded")
-            }
+            E::ContextFull { needed, capacity } => ApiError::exceeds_context(*needed, *capacity),
             E::TokenOutOfRange { .. } | E::Config(_) | E::Shape(_) | E::ChatTemplate { .. } => {
                 ApiError::status(StatusCode::BAD_REQUEST, e.to_string())
             }
@@ -114,12 +141,16 @@ impl IntoResponse for ApiError {
             503 => "unavailable_error",
             _ => "server_error",
         };
-        let body = json!({"error": {
+        let mut error = json!({
             "message": self.message,
-            "type": kind,
+            "type": self.kind.unwrap_or(kind),
             "param": self.param,
             "code": self.code,
-        }});
+        });
+        if let (Value::Object(o), Some(extra)) = (&mut error, self.extra) {
+            o.extend(*extra);
+        }
+        let body = json!({ "error": error });
         (self.status, axum::Json(body)).into_response()
     }
 }
@@ -145,6 +176,15 @@ impl Body {
 
     fn get(&self, k: &str) -> Option<&Value> {
         self.0.get(k).filter(|v| !v.is_null())
+    }
+
+    /// The body without the fields `keys` (to read the rest with another route's rules).
+    pub fn without(&self, keys: &[&str]) -> Body {
+        let mut m = self.0.clone();
+        for k in keys {
+            m.remove(*k);
+        }
+        Body(m)
     }
 
     /// A field, `None` when absent or null.
@@ -217,6 +257,7 @@ impl Body {
 }
 
 /// What a completion request asks for beyond the prompt.
+#[derive(Clone)]
 pub struct Params {
     /// Temperature, top-k, top-p, min-p, repeat penalty and seed.
     pub sampler: SamplerConfig,
@@ -234,7 +275,17 @@ pub struct Params {
     pub logprobs: bool,
     /// How many alternatives per token, with their log-probabilities (at most 20).
     pub top_logprobs: usize,
+    /// `n`: how many choices to generate for the prompt (1 to [`MAX_CHOICES`]).
+    pub n: usize,
+    /// `logit_bias`, in OpenAI's object form or llama-server's list form.
+    pub logit_bias: Vec<crate::native::Bias>,
+    /// llama-server's `verbose`: add `__verbose` (the prompt as text, the raw output) to
+    /// the answer.
+    pub verbose: bool,
 }
+
+/// The most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
 
 /// Reads the parameters shared by both routes; `chat` picks the chat spelling of
 /// log-probabilities (`logprobs: bool` + `top_logprobs`) over the legacy one (`logprobs: n`).
@@ -243,9 +294,11 @@ pub struct Params {
 /// sampler's seed when the request sets none.
 pub fn params(b: &Body, chat: bool, seed: impl FnOnce() -> u64) -> Result<Params, ApiError> {
     b.str("model")?;
-    if b.uint("n", u64::MAX)?.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n", "only n = 1 is supported"));
-    }
+    let n = match b.uint("n", MAX_CHOICES as u64)? {
+        Some(0) => return Err(ApiError::invalid("n", "`n` must be at least 1")),
+        Some(n) => n as usize,
+        None => 1,
+    };
     for k in ["presence_penalty", "frequency_penalty"] {
         if b.number(k, -2.0..=2.0)?.is_some_and(|x| x != 0.0) {
             return Err(ApiError::invalid(
@@ -350,6 +403,9 @@ pub fn params(b: &Body, chat: bool, seed: impl FnOnce() -> u64) -> Result<Params
         ignore_eos: b.bool("ignore_eos", false)?,
         logprobs,
         top_logprobs,
+        n,
+        logit_bias: crate::native::logit_bias(b, "logit_bias")?,
+        verbose: b.bool("verbose", false)?,
     })
 }
 
@@ -522,7 +578,9 @@ mod tests {
         let seed = || 0;
         for (json, name) in [
             (r#"{"model": 3}"#, "model"),
-            (r#"{"n": 2}"#, "n"),
+            (r#"{"n": 0}"#, "n"),
+            (r#"{"n": 17}"#, "n"),
+            (r#"{"logit_bias": [1]}"#, "logit_bias"),
             (r#"{"presence_penalty": 1}"#, "presence_penalty"),
             (r#"{"temperature": 2.5}"#, "temperature"),
             (r#"{"temperature": "hot"}"#, "temperature"),
@@ -674,6 +732,14 @@ mod tests {
             capacity: 8,
         });
         assert_eq!(ctx.code, Some("context_length_exceeded"));
+        assert_eq!(ctx.kind, Some("exceed_context_size_error"));
+        assert_eq!(
+            (
+                ctx.extra.as_ref().unwrap()["n_prompt_tokens"].as_u64(),
+                ctx.extra.as_ref().unwrap()["n_ctx"].as_u64()
+            ),
+            (Some(9), Some(8))
+        );
         assert_eq!(ctx.param.as_deref(), Some("messages"));
         let memory = ApiError::from(qkv::Error::AllocationRefused {
             what: "KV cache".into(),

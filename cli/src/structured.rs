@@ -61,6 +61,61 @@ fn schema_value(param: &str, v: &Value) -> Result<Value, ApiError> {
     }
 }
 
+/// llama.cpp's GBNF (`name ::= …`, start symbol `root`) in llguidance's Lark dialect: each
+/// rule head `name ::=` becomes `name:` (dashes in names become underscores, `root` becomes
+/// `start`); the right-hand sides (strings, character classes, `|`, `*`, `+`, `?`, `{m,n}`,
+/// parentheses) are read the same way by both. Text inside quotes or brackets is kept.
+pub fn gbnf_to_lark(g: &str) -> String {
+    let mut out = String::with_capacity(g.len());
+    let (mut quote, mut class, mut escape) = (false, false, false);
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if !word.is_empty() {
+            let w = word.replace('-', "_");
+            out.push_str(if w == "root" { "start" } else { &w });
+            word.clear();
+        }
+    };
+    let chars: Vec<char> = g.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if quote || class {
+            out.push(c);
+            if escape {
+                escape = false;
+            } else if c == '\\' {
+                escape = true;
+            } else if (quote && c == '"') || (class && c == ']') {
+                quote = false;
+                class = false;
+            }
+        } else if c.is_ascii_alphanumeric() || c == '_' || (c == '-' && !word.is_empty()) {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            if c == ':' && chars.get(i + 1) == Some(&':') && chars.get(i + 2) == Some(&'=') {
+                out.push(':');
+                i += 3;
+                continue;
+            }
+            if c == '#' {
+                // A comment, to the end of the line.
+                while i < chars.len() && chars[i] != '\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            quote = c == '"';
+            class = c == '[';
+            out.push(c);
+        }
+        i += 1;
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
 /// Reads `response_format`, `json_schema` and `grammar`; `None` when the output is free
 /// text. A 400 naming the field for a wrong shape, or when more than one is given.
 pub fn output_constraint(b: &Body) -> Result<Option<OutputConstraint>, ApiError> {
@@ -71,11 +126,19 @@ pub fn output_constraint(b: &Body) -> Result<Option<OutputConstraint>, ApiError>
         })?;
         match obj.get("type").and_then(Value::as_str) {
             Some("text") => {}
-            Some("json_object") => found.push(OutputConstraint::JsonSchema {
-                schema: json!({"type": "object"}),
-                strict: false,
-                param: "response_format".into(),
-            }),
+            // llama-server's extension: a `schema` beside `json_object` is followed as given.
+            Some("json_object") => match obj.get("schema").filter(|s| !s.is_null()) {
+                Some(sch) => found.push(OutputConstraint::JsonSchema {
+                    schema: schema_value("response_format.schema", sch)?,
+                    strict: false,
+                    param: "response_format.schema".into(),
+                }),
+                None => found.push(OutputConstraint::JsonSchema {
+                    schema: json!({"type": "object"}),
+                    strict: false,
+                    param: "response_format".into(),
+                }),
+            },
             Some("json_schema") => {
                 let js = match obj.get("json_schema") {
                     Some(Value::Object(js)) => js,
@@ -136,7 +199,11 @@ pub fn output_constraint(b: &Body) -> Result<Option<OutputConstraint>, ApiError>
             return Err(ApiError::invalid("grammar", "`grammar` is empty"));
         }
         found.push(OutputConstraint::Lark {
-            grammar: g.to_owned(),
+            grammar: if g.contains("::=") {
+                gbnf_to_lark(g)
+            } else {
+                g.to_owned()
+            },
             param: "grammar".into(),
         });
     }
@@ -182,6 +249,28 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(c.param(), "json_schema");
+        // llama-server's `schema` beside `json_object`.
+        let c = read(r#"{"response_format": {"type": "json_object", "schema": {"const": "42"}}}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            c,
+            OutputConstraint::JsonSchema {
+                schema: json!({"const": "42"}),
+                strict: false,
+                param: "response_format.schema".into()
+            }
+        );
+        let e = read(r#"{"response_format": {"type": "json_object", "schema": 123}}"#);
+        assert_eq!(
+            e.unwrap_err().param.as_deref(),
+            Some("response_format.schema")
+        );
+        // GBNF, as llama-server takes it.
+        assert_eq!(
+            gbnf_to_lark("root ::= \"a\"{5,5} my-rule # five\nmy-rule ::= [a-z:=]+ \"::=\""),
+            "start : \"a\"{5,5} my_rule \nmy_rule : [a-z:=]+ \"::=\""
+        );
         let c = read(r#"{"grammar": "start: \"a\""}"#).unwrap().unwrap();
         assert!(matches!(c, OutputConstraint::Lark { .. }));
     }

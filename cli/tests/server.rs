@@ -205,9 +205,9 @@ fn bad_requests_get_openai_errors() {
             "role",
         ),
         (
-            br#"{"messages": [{"role": "user", "content": "hi"}], "n": 2}"#,
+            br#"{"messages": [{"role": "user", "content": "hi"}], "n": 17}"#,
             400,
-            "n = 1",
+            "`n`",
         ),
     ];
     for (body, status, needle) in cases {

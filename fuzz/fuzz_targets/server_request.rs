@@ -4,6 +4,10 @@
 //! in chat and legacy spellings), and, when accepted, the
 //! generation answered (`openai::generate`: stop strings, log probabilities, usage, whole or
 //! streamed as SSE) on a tiny synthetic model whose context (64 positions) bounds every run.
+//! llama-server's native fields (`qkv_cli::native`: the `/completion` prompt forms,
+//! `n_predict`, `n_probs`, `logit_bias` in both shapes, `samplers`, `response_fields`) are
+//! read too, `logit_bias` reaches the engine through the shared parameters (`n` as well),
+//! and `chat::render` renders what `/apply-template` answers.
 //! The structured-output and tool fields (`response_format`, `json_schema`, `grammar`,
 //! `tools`, `tool_choice`, `parallel_tool_calls`) are read and compiled with llguidance as
 //! the chat route does (`chat::prepare`), the generation then follows the constraint, and
@@ -41,6 +45,7 @@ pub struct AppState {
     pub context: usize,
     pub worker: worker::Worker,
     pub grammars: Result<qkv_cli::constraint::Grammars, String>,
+    pub options: chat::ServeOptions,
 }
 
 const CONTEXT: usize = 64;
@@ -104,6 +109,7 @@ fn setup() -> (tokio::runtime::Runtime, Arc<AppState>) {
         model_name: "tiny".into(),
         context: CONTEXT,
         worker: worker::Worker::spawn(engine, Arc::new(worker::Metrics::default())),
+        options: chat::ServeOptions::default(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -134,6 +140,16 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = qkv_cli::structured::output_constraint(&body);
+    // llama-server's native fields: the prompt forms, n_predict, n_probs, logit_bias,
+    // samplers, response_fields, stop lists, cache_prompt, id_slot, return_tokens.
+    let _ = qkv_cli::native::prompts(&body);
+    let _ = qkv_cli::native::logit_bias(&body, "logit_bias");
+    if let Ok(f) = qkv_cli::native::fields(&body) {
+        let _ = body.field("content").map(|v| qkv_cli::native::select_fields(v, &f.response_fields));
+    }
+    // The chat prompt as /apply-template renders it (message order, prefill,
+    // continue_final_message and add_generation_prompt).
+    let _ = chat::render(&state, &body);
     let raw_tools = body.field("tools").and_then(|t| t.as_array()).cloned();
     let names: Vec<String> = match qkv_cli::tools::tool_request(&body, raw_tools.as_deref()) {
         Ok(Some(t)) => {

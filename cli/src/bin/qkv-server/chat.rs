@@ -9,6 +9,38 @@ use qkv_cli::structured::{output_constraint, OutputConstraint};
 use qkv_cli::tools::{self, ToolChoice, ToolFormat};
 use serde_json::Value;
 
+/// The server's settings the handlers read besides the model (qkv-server's flags).
+#[derive(Default, Clone)]
+pub struct ServeOptions {
+    /// A chat template that replaces the model's (`--chat-template-file`), and its path.
+    pub template: Option<(String, String)>,
+    /// `--reasoning off`: templates render with `enable_thinking: false`, and a prompt that
+    /// ends inside an opened thinking block gets it closed.
+    pub no_reasoning: bool,
+    /// The most tokens a request that does not say generates (`--n-predict`; `None`: until
+    /// the context).
+    pub n_predict: Option<usize>,
+    /// The default temperature and seed of requests that give none (`--temp`, `--seed`).
+    pub temperature: Option<f32>,
+    pub seed: Option<u64>,
+    /// `--verbose`: every OpenAI answer carries `__verbose` (prompt text, raw output).
+    pub verbose: bool,
+    /// Whether `/slots` and `/metrics` answer.
+    pub slots: bool,
+    pub metrics: bool,
+    /// The model's path, and how many sequences run at once (for `/props`).
+    pub model_path: String,
+    pub max_sequences: usize,
+}
+
+/// The chat template the server renders with: `--chat-template-file`'s, else the model's.
+pub fn template_source(state: &AppState) -> Option<&str> {
+    match &state.options.template {
+        Some((_, source)) => Some(source.as_str()),
+        None => state.model.tokenizer()?.chat_template(),
+    }
+}
+
 /// How a reply is read back into its parts.
 pub struct ReplyParse {
     /// The model family's tool-call format.
@@ -50,14 +82,155 @@ pub fn completion_post(state: &AppState, b: &Body) -> Result<Post, ApiError> {
     })
 }
 
+/// The chat prompt's text for `b` (what `/apply-template` answers).
+pub fn render(state: &AppState, b: &Body) -> Result<String, ApiError> {
+    let (msgs, raw_tools) = request::chat_messages(b)?;
+    let tool_req = tools::tool_request(b, raw_tools.as_deref())?;
+    render_messages(state, b, msgs, raw_tools, tool_req.as_ref())
+}
+
+/// Renders `msgs` through the server's template, as llama-server does: a last assistant
+/// message is continued (prefilled) rather than closed; `add_generation_prompt` (default
+/// true) and `continue_final_message` may not both be true; two assistant messages may not
+/// end the conversation.
+fn render_messages(
+    state: &AppState,
+    b: &Body,
+    msgs: Vec<Value>,
+    raw_tools: Option<Vec<Value>>,
+    tool_req: Option<&tools::ToolRequest>,
+) -> Result<String, ApiError> {
+    let tokenizer = state.model.tokenizer().expect("checked at start");
+    let template = template_source(state);
+    let continue_final = b.bool("continue_final_message", false)?;
+    let add_generation = b.bool("add_generation_prompt", true)?;
+    if continue_final && b.field("add_generation_prompt").is_some() && add_generation {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "`continue_final_message` and `add_generation_prompt` cannot both be true",
+        ));
+    }
+    let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
+    let n = msgs.len();
+    if n >= 2
+        && role(&msgs[n - 1]).as_deref() == Some("assistant")
+        && role(&msgs[n - 2]).as_deref() == Some("assistant")
+    {
+        return Err(ApiError::invalid(
+            &format!("messages[{}]", n - 1),
+            "two assistant messages in a row end the conversation: only the last one may be \
+             continued",
+        ));
+    }
+    // A final assistant message with text is continued: the rest renders with the
+    // generation prompt, and its text follows.
+    let prefill = match msgs.last() {
+        Some(m)
+            if role(m).as_deref() == Some("assistant")
+                && m.get("tool_calls").is_none()
+                && (continue_final || b.field("add_generation_prompt").is_none()) =>
+        {
+            m.get("content").and_then(Value::as_str).map(str::to_owned)
+        }
+        _ => None,
+    };
+    let mut msgs = msgs;
+    if prefill.is_some() {
+        msgs.pop();
+    }
+    // What llama-server gives every template besides the messages: whether to think,
+    // and today's date in the two spellings templates read.
+    let mut extra = serde_json::Map::new();
+    extra.insert(
+        "enable_thinking".into(),
+        Value::Bool(!state.options.no_reasoning),
+    );
+    let (y, m, d) = today();
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let mon = MONTHS[(m - 1) as usize];
+    extra.insert(
+        "date_string".into(),
+        Value::from(format!("{d:02} {mon} {y}")),
+    );
+    extra.insert("datetime".into(), Value::from(format!("{mon} {d:02} {y}")));
+    let options = qkv::tokenizer::ChatOptions {
+        add_generation_prompt: add_generation || prefill.is_some(),
+        tools: match tool_req {
+            Some(t) => t.template_tools(raw_tools.as_deref().unwrap_or(&[])),
+            None => raw_tools.filter(|t| !t.is_empty()),
+        },
+        extra,
+        ..Default::default()
+    };
+    let reads_calls = template.is_some_and(|t| t.contains("tool_calls"));
+    let msgs: Vec<Value> = msgs
+        .into_iter()
+        .map(|m| tools::template_message(m, reads_calls))
+        .collect();
+    // A template that refuses the conversation, or a model without one: the request's
+    // fault, a 400 whatever the error's kind.
+    let rendered = match &state.options.template {
+        Some((path, source)) => {
+            let name = |id: Option<u32>| id.and_then(|id| tokenizer.token_str(id).ok());
+            qkv::tokenizer::ChatTemplate::new(path.as_str(), source.as_str())
+                .with_special_tokens(name(tokenizer.bos_id()), name(tokenizer.eos_id()))
+                .render(&msgs, &options)
+        }
+        None => tokenizer.render_chat(&msgs, &options),
+    };
+    let mut text = rendered.map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    if state.options.no_reasoning && options.add_generation_prompt {
+        close_thinking(&mut text, template.unwrap_or(""));
+    }
+    if let Some(p) = prefill {
+        text.push_str(&p);
+    }
+    Ok(text)
+}
+
+/// Today's date (UTC) as (year, month 1-12, day 1-31).
+fn today() -> (i64, u32, u32) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    civil_date(secs.div_euclid(86_400))
+}
+
+/// The proleptic Gregorian date of `days` since 1970-01-01.
+fn civil_date(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// With reasoning off: a generation prompt that opens a thinking block (`<think>`) gets it
+/// closed, and a template with Command R7B's thinking markers gets an empty block, so that
+/// the model answers at once.
+fn close_thinking(text: &mut String, template: &str) {
+    if text.trim_end().ends_with("<think>") {
+        text.push_str("</think>");
+    } else if template.contains("<|START_THINKING|>") && !text.ends_with("<|END_THINKING|>") {
+        text.push_str("<|START_THINKING|><|END_THINKING|>");
+    }
+}
+
 /// The chat route's prompt (the messages, with tool calls and tool results, through the
-/// model's own template) and its [`Post`].
+/// server's template) and its [`Post`].
 pub fn prepare(state: &AppState, b: &Body) -> Result<(Vec<u32>, Post), ApiError> {
     let (msgs, raw_tools) = request::chat_messages(b)?;
     let tool_req = tools::tool_request(b, raw_tools.as_deref())?;
     let output = output_constraint(b)?;
     let tokenizer = state.model.tokenizer().expect("checked at start");
-    let template = tokenizer.chat_template();
+    let template = template_source(state);
     let format = ToolFormat::from_template(template);
     let mut constraint = None;
     if let Some(t) = &tool_req {
@@ -96,24 +269,18 @@ pub fn prepare(state: &AppState, b: &Body) -> Result<(Vec<u32>, Post), ApiError>
     };
     let think = template.is_some_and(|t| t.contains("<think>"));
     let parse = (!names.is_empty() || think).then_some(ReplyParse { format, names });
-    let options = qkv::tokenizer::ChatOptions {
-        add_generation_prompt: true,
-        tools: match &tool_req {
-            Some(t) => t.template_tools(raw_tools.as_deref().unwrap_or(&[])),
-            None => raw_tools,
-        },
-        ..Default::default()
-    };
-    let reads_calls = template.is_some_and(|t| t.contains("tool_calls"));
-    let msgs: Vec<Value> = msgs
-        .into_iter()
-        .map(|m| tools::template_message(m, reads_calls))
-        .collect();
-    // A template that refuses the conversation, or a model without one: the request's
-    // fault, a 400 whatever the error's kind.
-    let text = tokenizer
-        .render_chat(&msgs, &options)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let text = render_messages(state, b, msgs, raw_tools, tool_req.as_ref())?;
     let ids = tokenizer.encode(&text)?;
     Ok((ids, Post { constraint, parse }))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn civil_dates() {
+        assert_eq!(super::civil_date(0), (1970, 1, 1));
+        assert_eq!(super::civil_date(11_016), (2000, 2, 29));
+        assert_eq!(super::civil_date(20_784), (2026, 11, 27));
+        assert_eq!(super::civil_date(-1), (1969, 12, 31));
+    }
 }

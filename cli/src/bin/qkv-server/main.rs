@@ -1,16 +1,20 @@
 //! `qkv-server`: an OpenAI-compatible HTTP server over one model and the batch engine.
 //!
 //! ```text
-//! qkv-server [--model PATH] [--dtype f16|f32] [--host 127.0.0.1] [--port 8080] [--threads N]
-//!            [--max-sequences 16] [--kv-budget MB] [--ctx 2048] [--queue 64]
+//! qkv-server [--model PATH] [--dtype f16|f32] [--host 127.0.0.1[,::1]] [--port 8080]
+//!            [--threads N] [--max-sequences 16] [--kv-budget MB] [--ctx 2048] [--queue 64]
 //!            [--step-tokens 512] [--body-limit KB] [--model-name NAME]... [--grace SECONDS]
 //!            [--api-key KEY]... [--api-key-file PATH] [--metrics-public]
-//!            [--metrics-vllm-names]
+//!            [--metrics-vllm-names] [--no-metrics] [--no-slots] [--temp T] [--seed N]
+//!            [--n-predict N] [--chat-template-file PATH] [--reasoning on|off|auto]
 //! ```
 //!
-//! Routes: `POST /v1/chat/completions` (the model's chat template; SSE with `stream`),
-//! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus),
-//! `POST /tokenize`, `POST /detokenize`. The model runs on one engine thread (and rayon's
+//! Routes: `POST /v1/chat/completions` and `/chat/completions` (the model's chat template;
+//! SSE with `stream`), `POST /v1/completions`, `GET /v1/models` and `/models`,
+//! `GET /health`, `GET /metrics` (Prometheus), `POST /tokenize`, `POST /detokenize`; and
+//! llama-server's own (native.rs): `POST /completion` and `/completions`,
+//! `POST /apply-template`, `GET /props`, `GET /slots`, `POST /chat/completions/input_tokens`.
+//! The model runs on one engine thread (and rayon's
 //! pool), never on the async runtime. A sentence-transformers directory (an encoder such as
 //! all-MiniLM-L6-v2) is served with `POST /v1/embeddings` instead of the generation routes
 //! (embed.rs). With API keys, every route but `/health` (and `/metrics` with
@@ -20,7 +24,9 @@
 #![forbid(unsafe_code)]
 
 mod chat;
+mod cors;
 mod embed;
+mod native;
 mod openai;
 mod worker;
 
@@ -60,7 +66,7 @@ struct Args {
     /// stored, quantized blocks included.
     #[arg(long)]
     dtype: Option<qkv::weights::FloatType>,
-    /// Address to listen on.
+    /// Addresses to listen on, comma-separated (`127.0.0.1,::1`), all on `--port`.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// Port to listen on (0: any free port, printed at start).
@@ -110,6 +116,44 @@ struct Args {
     /// (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:gpu_cache_usage_perc`).
     #[arg(long)]
     metrics_vllm_names: bool,
+    /// Also export llama-server's counters and gauges under its names (`llamacpp:…`).
+    #[arg(long)]
+    metrics_llamacpp_names: bool,
+    /// Add `__verbose` (the prompt as text, the raw output) to every OpenAI-shaped answer,
+    /// as llama-server's `--verbose` does.
+    #[arg(long)]
+    verbose: bool,
+    /// Browser origins allowed to call the server (CORS), comma-separated: `*` for any,
+    /// `localhost` for localhost, 127.0.0.1 and [::1] on any port, or origins as written.
+    /// Default: none (no CORS headers are sent).
+    #[arg(long, value_name = "ORIGINS")]
+    cors_origins: Option<String>,
+    /// Do not serve `/metrics` (it answers 501).
+    #[arg(long)]
+    no_metrics: bool,
+    /// Serve `GET /slots` (the default).
+    #[arg(long, overrides_with = "no_slots")]
+    slots: bool,
+    /// Do not serve `GET /slots` (it answers 501).
+    #[arg(long)]
+    no_slots: bool,
+    /// The temperature of requests that set none (default 0.8).
+    #[arg(long, value_name = "T")]
+    temp: Option<f32>,
+    /// The sampling seed of requests that set none (default: a new one per request).
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+    /// The most tokens a request generates when it does not say (-1: until the context).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    n_predict: Option<i64>,
+    /// A Jinja chat template to render chats with instead of the model's.
+    #[arg(long, value_name = "PATH")]
+    chat_template_file: Option<PathBuf>,
+    /// Thinking in templates that support it: `off` renders them with
+    /// `enable_thinking: false` and closes an opened thinking block; `on`/`auto` (default)
+    /// leave the template's default.
+    #[arg(long, value_name = "on|off|auto", default_value = "auto")]
+    reasoning: String,
 }
 
 /// What the handlers of either kind of model see.
@@ -123,6 +167,10 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// Export the gauges under vLLM's names too.
     pub vllm_names: bool,
+    /// Export llama-server's `llamacpp:…` counters and gauges too.
+    pub llamacpp_names: bool,
+    /// When the process started, in seconds since the Unix epoch.
+    pub started: u64,
 }
 
 /// What the generation handlers (openai.rs) see.
@@ -136,12 +184,16 @@ pub struct AppState {
     /// The grammar compiler over the model's vocabulary (`None` when it could not be built:
     /// constrained requests then get a 400 saying why).
     pub grammars: Result<qkv_cli::constraint::Grammars, String>,
+    /// The flags the handlers read (template, defaults, `/props`, `/slots`).
+    pub options: chat::ServeOptions,
 }
 
 /// Who may call which route.
 struct Auth {
     keys: ApiKeys,
     metrics_public: bool,
+    /// `/metrics` is served (not `--no-metrics`).
+    metrics: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -172,7 +224,36 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let auth = Arc::new(Auth {
         keys: ApiKeys::new(keys).map_err(|e| format!("--api-key: {e}"))?,
         metrics_public: args.metrics_public,
+        metrics: !args.no_metrics,
     });
+    if !["on", "off", "auto"].contains(&args.reasoning.as_str()) {
+        return Err(format!("--reasoning {}: give on, off or auto", args.reasoning).into());
+    }
+    if args.temp.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+        return Err("--temp: give a temperature in [0, 2]".into());
+    }
+    let template = match &args.chat_template_file {
+        Some(p) => Some((
+            p.display().to_string(),
+            std::fs::read_to_string(p)
+                .map_err(|e| format!("--chat-template-file {}: {e}", p.display()))?,
+        )),
+        None => None,
+    };
+    let hosts: Vec<String> = args
+        .host
+        .split(',')
+        .map(|h| {
+            h.trim()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned()
+        })
+        .filter(|h| !h.is_empty())
+        .collect();
+    if hosts.is_empty() {
+        return Err("--host: give at least one address".into());
+    }
     let path = match &args.model {
         Some(p) => p.clone(),
         None => qkv_cli::fetch::default_model()?,
@@ -185,6 +266,10 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         metrics: metrics.clone(),
         draining: AtomicBool::new(false),
         vllm_names: args.metrics_vllm_names,
+        llamacpp_names: args.metrics_llamacpp_names,
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
     });
     let (routes, what, worker) = if is_sentence_transformers(&path) {
         let embedder = qkv::models::bert::Embedder::load(&path)?;
@@ -213,12 +298,29 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             },
         )?;
         let what = format!("{} sequences of {ctx} positions", engine.max_running());
+        let max_sequences = engine.max_running();
         let worker = Worker::spawn(engine, metrics);
         let grammars = qkv_cli::constraint::Grammars::new(model.clone());
         if let Err(e) = &grammars {
             eprintln!("qkv-server: no constrained output: {e}");
         }
+        let options = chat::ServeOptions {
+            template: template.clone(),
+            no_reasoning: args.reasoning == "off",
+            n_predict: args
+                .n_predict
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|&n| n > 0),
+            temperature: args.temp,
+            verbose: args.verbose,
+            seed: args.seed,
+            slots: !args.no_slots,
+            metrics: !args.no_metrics,
+            model_path: path.display().to_string(),
+            max_sequences,
+        };
         let state = Arc::new(AppState {
+            options,
             grammars,
             model,
             model_name: shared.model_name.clone(),
@@ -232,6 +334,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         routes,
         shared.clone(),
         auth.clone(),
+        Arc::new(cors::Cors::parse(args.cors_origins.as_deref())),
         args.body_limit.saturating_mul(1024),
     );
 
@@ -240,7 +343,13 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port)).await?;
+        let listener = tokio::net::TcpListener::bind((hosts[0].as_str(), args.port)).await?;
+        // The other addresses on the same port (the one picked for the first, with port 0).
+        let port = listener.local_addr()?.port();
+        let mut more = Vec::new();
+        for h in &hosts[1..] {
+            more.push(tokio::net::TcpListener::bind((h.as_str(), port)).await?);
+        }
         let keys = match auth.keys.len() {
             0 => "no API key".to_owned(),
             n => format!(
@@ -259,11 +368,26 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             shared.model_name,
             listener.local_addr()?
         );
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut others = Vec::new();
+        for l in more {
+            eprintln!("qkv-server: also listening on http://{}", l.local_addr()?);
+            let mut rx = stop_rx.clone();
+            let app = app.clone();
+            others.push(tokio::spawn(async move {
+                axum::serve(l, app)
+                    .with_graceful_shutdown(async move {
+                        rx.wait_for(|stop| *stop).await.ok();
+                    })
+                    .await
+            }));
+        }
         let grace = Duration::from_secs(args.grace);
         let st = shared.clone();
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown_signal().await;
+                stop_tx.send(true).ok();
                 eprintln!("qkv-server: shutting down: finishing the running requests");
                 st.draining.store(true, Ordering::SeqCst);
                 if let Some(worker) = worker {
@@ -275,6 +399,9 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 }
             })
             .await?;
+        for o in others {
+            o.await??;
+        }
         eprintln!("qkv-server: stopped");
         Ok::<(), Box<dyn std::error::Error>>(())
     })?;
@@ -312,25 +439,52 @@ fn is_sentence_transformers(path: &Path) -> bool {
 fn decoder_routes(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/completion", post(native::completion))
+        .route("/completions", post(native::completion))
+        .route("/apply-template", post(native::apply_template))
+        .route("/chat/completions/input_tokens", post(native::input_tokens))
+        .route(
+            "/v1/chat/completions/input_tokens",
+            post(native::input_tokens),
+        )
+        .route("/props", get(native::props))
+        .route("/slots", get(native::slots))
         .route("/v1/embeddings", post(no_embeddings))
         .route("/v1/models", get(models))
+        .route("/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .with_state(state)
 }
 
-/// `routes` with the routes every server has, the key check and the body limit.
-fn router(routes: Router, shared: Arc<Shared>, auth: Arc<Auth>, body_limit: usize) -> Router {
-    let common = Router::new()
+/// `routes` with the routes every server has, the key check, CORS and the body limit.
+fn router(
+    routes: Router,
+    shared: Arc<Shared>,
+    auth: Arc<Auth>,
+    cors_origins: Arc<cors::Cors>,
+    body_limit: usize,
+) -> Router {
+    let mut common = Router::new()
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .with_state(shared);
+        .route("/v1/health", get(health));
+    common = if auth.metrics {
+        common.route("/metrics", get(metrics))
+    } else {
+        common.route(
+            "/metrics",
+            get(|| async { native::not_supported("/metrics is off (--no-metrics)") }),
+        )
+    };
+    let common = common.with_state(shared);
     routes
         .merge(common)
         .fallback(|| async { ApiError::status(StatusCode::NOT_FOUND, "no such route") })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(auth, authorize))
+        .layer(middleware::from_fn_with_state(cors_origins, cors::cors))
 }
 
 /// Lets a request through when no key is set, when it carries an accepted key, or when its
@@ -338,13 +492,20 @@ fn router(routes: Router, shared: Arc<Shared>, auth: Arc<Auth>, body_limit: usiz
 /// shape. The key is never logged or echoed.
 async fn authorize(State(auth): State<Arc<Auth>>, request: Request, next: Next) -> Response {
     let path = request.uri().path();
-    let open = path == "/health" || (path == "/metrics" && auth.metrics_public);
+    let open =
+        path == "/health" || path == "/v1/health" || (path == "/metrics" && auth.metrics_public);
     if open || auth.keys.is_empty() {
         return next.run(request).await;
     }
+    // `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`.
     let given = request.headers().get(header::AUTHORIZATION);
-    let header = given.and_then(|v| v.to_str().ok());
-    if auth.keys.allows(header) {
+    let header = match (given, request.headers().get("x-api-key")) {
+        (Some(v), _) => v.to_str().ok().map(str::to_owned),
+        (None, Some(k)) => k.to_str().ok().map(|k| format!("Bearer {k}")),
+        (None, None) => None,
+    };
+    let given = given.or(request.headers().get("x-api-key"));
+    if auth.keys.allows(header.as_deref()) {
         return next.run(request).await;
     }
     let message = if given.is_none() {
@@ -421,20 +582,35 @@ async fn chat(State(state): State<Arc<AppState>>, raw: Result<Bytes, BytesReject
     counted(&state.shared, r)
 }
 
-/// The sampling and output fields of a completion request; a request that fixes no seed
-/// gets a different one each time.
+/// The sampling and output fields of a completion request, with the server's defaults
+/// (`--temp`, `--seed`, `--n-predict`) where the request gives none; a request that fixes
+/// no seed, on a server without `--seed`, gets a different one each time.
 fn params(state: &AppState, b: &Body, chat: bool) -> Result<request::Params, ApiError> {
-    request::params(b, chat, || {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        t ^ state
-            .shared
-            .metrics
-            .requests
-            .load(Ordering::Relaxed)
-            .rotate_left(32)
-    })
+    let o = &state.options;
+    let mut p = request::params(b, chat, || {
+        o.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ state
+                .shared
+                .metrics
+                .requests
+                .load(Ordering::Relaxed)
+                .rotate_left(32)
+        })
+    })?;
+    if let (Some(t), None) = (o.temperature, b.field("temperature")) {
+        p.sampler.temperature = t;
+    }
+    p.max_tokens = cap_tokens(state, p.max_tokens);
+    Ok(p)
+}
+
+/// A request's token limit: its own, else the server's `--n-predict`, as llama-server
+/// takes them.
+fn cap_tokens(state: &AppState, asked: Option<usize>) -> Option<usize> {
+    asked.or(state.options.n_predict)
 }
 
 async fn completions(
@@ -515,9 +691,16 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let vllm = shared.vllm_names.then_some(shared.model_name.as_str());
+    let mut text = shared.metrics.render(vllm);
+    if shared.llamacpp_names {
+        text.push_str(&shared.metrics.render_llamacpp());
+    }
     (
-        [("content-type", "text/plain; version=0.0.4")],
-        shared.metrics.render(vllm),
+        [
+            ("content-type", "text/plain; version=0.0.4".to_owned()),
+            ("process-start-time-unix", shared.started.to_string()),
+        ],
+        text,
     )
         .into_response()
 }
@@ -548,7 +731,23 @@ fn tokenize_with(
         let b = body(shared, raw)?;
         let (content, options) = request::tokenize_fields(&b)?;
         let ids = tokenizer.encode_with(content, options)?;
-        Ok(Json(json!({"tokens": ids})).into_response())
+        if !b.bool("with_pieces", false)? {
+            return Ok(Json(json!({"tokens": ids})).into_response());
+        }
+        // Each token with its text; a token that is not whole UTF-8 (part of a character)
+        // gives its bytes instead, as llama-server does.
+        let tokens: Vec<Value> = ids
+            .iter()
+            .map(|&id| {
+                let bytes = tokenizer.token_bytes(id).unwrap_or_default();
+                let piece = match std::str::from_utf8(bytes) {
+                    Ok(s) => json!(s),
+                    Err(_) => json!(bytes),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect();
+        Ok(Json(json!({ "tokens": tokens })).into_response())
     })();
     counted(shared, r)
 }

@@ -13,6 +13,7 @@ use qkv_cli::request::{ApiError, Params};
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Which route a generation answers.
@@ -22,7 +23,12 @@ pub enum Kind {
     Completion,
 }
 
-/// Runs `prompt` with `params` and answers with the whole response or an SSE stream.
+/// What responses report as `system_fingerprint` (llama-server's start with `b` and its
+/// build number; this is qkv's version).
+pub const FINGERPRINT: &str = concat!("b", env!("CARGO_PKG_VERSION"), "-qkv");
+
+/// Runs `prompt` with `params` and answers with the whole response or an SSE stream; with
+/// `n` > 1, as many sequences run (seeds `seed`, `seed + 1`, …) and answer as choices.
 pub async fn generate(
     state: Arc<AppState>,
     kind: Kind,
@@ -30,26 +36,93 @@ pub async fn generate(
     p: Params,
     post: Post,
 ) -> Result<Response, ApiError> {
+    if p.n > 1 {
+        if p.stream {
+            return Err(ApiError::invalid(
+                "n",
+                "`n` > 1 is served whole only: set `stream` to false",
+            ));
+        }
+        if post.constraint.is_some() || post.parse.is_some() {
+            return Err(ApiError::invalid(
+                "n",
+                "`n` > 1 cannot be combined with a constrained output or tools",
+            ));
+        }
+        let mut runs = Vec::with_capacity(p.n);
+        for i in 0..p.n {
+            let mut pi = p.clone();
+            pi.sampler.seed = p.sampler.seed.wrapping_add(i as u64);
+            let post = Post::default();
+            runs.push(start(state.clone(), kind, prompt.clone(), pi, post).await?);
+        }
+        let answers = futures_util::future::join_all(runs.into_iter().map(whole)).await;
+        let mut answers = answers.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let mut first = answers.remove(0).0;
+        let mut choices = vec![first["choices"][0].take()];
+        for a in answers {
+            let mut a = a.0;
+            choices.push(a["choices"][0].take());
+        }
+        for (i, c) in choices.iter_mut().enumerate() {
+            c["index"] = json!(i);
+        }
+        first["choices"] = Value::Array(choices);
+        return Ok(axum::Json(first).into_response());
+    }
+    let run = start(state, kind, prompt, p, post).await?;
+    if run.p.stream {
+        Ok(stream(run).into_response())
+    } else {
+        whole(run).await.map(IntoResponse::into_response)
+    }
+}
+
+/// Submits `prompt` (a 400 `exceed_context_size_error` when it leaves no room in the
+/// context), with `p`'s logit bias applied around `post`'s constraint, and returns the run
+/// that reads its events.
+pub async fn start(
+    state: Arc<AppState>,
+    kind: Kind,
+    prompt: Vec<u32>,
+    p: Params,
+    post: Post,
+) -> Result<Run, ApiError> {
     if prompt.is_empty() {
         return Err(ApiError::invalid(
             "prompt",
             "the prompt encodes to no tokens",
         ));
     }
+    if prompt.len() >= state.context {
+        return Err(ApiError::exceeds_context(prompt.len(), state.context));
+    }
     let room = state.context.saturating_sub(prompt.len()) + 1;
     let max_tokens = match p.max_tokens {
         Some(n) => n,
         None => room.max(1),
     };
+    let tokenizer = state.model.tokenizer().expect("checked at start");
+    let bias = resolve_bias(tokenizer, &p.logit_bias, state.model.vocab_size())?;
+    let constraint = if bias.is_empty() {
+        post.constraint
+    } else {
+        Some(
+            Box::new(qkv_cli::native::Biased::new(post.constraint, bias))
+                as Box<dyn qkv::engine::TokenConstraint>,
+        )
+    };
+    let prompt_tokens = prompt.len();
     let request = GenRequest {
-        prompt,
+        prompt: prompt.clone(),
         sampler: p.sampler.clone(),
         max_tokens,
         ignore_eos: p.ignore_eos,
         top_logprobs: if p.logprobs { p.top_logprobs } else { 0 },
     };
-    let (seq, rx) = state.worker.submit(request, post.constraint).await?;
-    let run = Run {
+    let submitted = Instant::now();
+    let (seq, rx) = state.worker.submit(request, constraint).await?;
+    Ok(Run {
         state: state.clone(),
         kind,
         seq,
@@ -75,18 +148,57 @@ pub async fn generate(
         finished: None,
         usage: None,
         logprobs: Vec::new(),
-        started: false,
         guard: CancelOnDrop {
             worker: state.worker.clone(),
             seq,
             armed: true,
         },
-    };
-    if run.p.stream {
-        Ok(stream(run).into_response())
-    } else {
-        whole(run).await.map(IntoResponse::into_response)
+        submitted,
+        first_token: None,
+        last_token: None,
+        stop_word: None,
+        eos: false,
+        tokens: Vec::new(),
+        prompt_tokens,
+        cached_tokens: 0,
+        prompt,
+    })
+}
+
+/// The (token, added logit) pairs of `bias`, texts encoded (every token of a text gets its
+/// bias); a ban is `f32::NEG_INFINITY`. A token id past the vocabulary is a 400.
+fn resolve_bias(
+    tokenizer: &qkv::tokenizer::Tokenizer,
+    bias: &[qkv_cli::native::Bias],
+    vocab: usize,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    use qkv_cli::native::BiasKey;
+    let mut out = Vec::new();
+    for b in bias {
+        let value = b.bias.unwrap_or(f32::NEG_INFINITY);
+        match &b.key {
+            BiasKey::Token(t) if (*t as usize) < vocab => out.push((*t, value)),
+            BiasKey::Token(t) => {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("token {t} is past the vocabulary ({vocab} tokens)"),
+                ))
+            }
+            BiasKey::Text(s) => {
+                let opts = qkv::tokenizer::EncodeOptions {
+                    add_special: false,
+                    parse_special: true,
+                };
+                out.extend(
+                    tokenizer
+                        .encode_with(s, opts)?
+                        .into_iter()
+                        .map(|t| (t, value)),
+                );
+            }
+        }
     }
+    Ok(out)
 }
 
 /// Cancels its sequence when dropped before the end (a client that went away, a stop
@@ -106,17 +218,17 @@ impl Drop for CancelOnDrop {
 }
 
 /// One generation being turned into a response.
-struct Run {
-    state: Arc<AppState>,
+pub struct Run {
+    pub state: Arc<AppState>,
     kind: Kind,
     seq: SeqId,
     rx: UnboundedReceiver<Out>,
     /// All text generated so far, and how much of it went to the client.
-    text: String,
+    pub text: String,
     sent: usize,
     /// Bytes of a character split across tokens.
     pending: Vec<u8>,
-    p: Params,
+    pub p: Params,
     /// How the whole reply is split into content, reasoning and tool calls; `None`: the
     /// text is the content, streamed as it comes.
     parse: Option<ReplyParse>,
@@ -124,26 +236,86 @@ struct Run {
     text_held: String,
     id: String,
     created: u64,
-    finished: Option<&'static str>,
+    /// The finish reason once known (`stop`, `length`, `error`).
+    pub finished: Option<&'static str>,
     usage: Option<Value>,
     /// Per token, for the whole response: (token, logprob, top alternatives).
-    logprobs: Vec<TokenLogprob>,
-    started: bool,
+    pub logprobs: Vec<TokenLogprob>,
     guard: CancelOnDrop,
+    /// When the request was submitted, and when its first and last tokens came.
+    submitted: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    /// The stop string that ended the run, if one did.
+    pub stop_word: Option<String>,
+    /// Whether the end-of-text token ended it.
+    pub eos: bool,
+    /// The generated token ids.
+    pub tokens: Vec<u32>,
+    /// The prompt's length, and how much of it came from the prefix cache.
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
 }
 
 /// A generated token, its log-probability and the most likely alternatives.
-type TokenLogprob = (u32, f32, Vec<(u32, f32)>);
+pub type TokenLogprob = (u32, f32, Vec<(u32, f32)>);
 
 /// What one engine event adds to the response.
-struct Piece {
-    text: String,
-    token: Option<TokenLogprob>,
+pub struct Piece {
+    /// The text released to the client.
+    pub text: String,
+    /// The token, when the event was one.
+    pub token: Option<TokenLogprob>,
 }
 
 impl Run {
+    /// llama-server's `timings` object: prompt and generation token counts, milliseconds
+    /// and rates, measured here from submission to the first token (the prompt, queueing
+    /// included) and from the first token to the last (the generation; its rate is over
+    /// the steps after the first token).
+    pub fn timings(&self) -> Value {
+        let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+        let now = Instant::now();
+        let first = self.first_token.unwrap_or(now);
+        let prompt_ms = ms(self.submitted, first);
+        let prompt_n = self.prompt_tokens.saturating_sub(self.cached_tokens);
+        let predicted_n = self.tokens.len();
+        let predicted_ms = ms(first, self.last_token.unwrap_or(first));
+        let per = |ms: f64, n: usize| if n == 0 { 0.0 } else { ms / n as f64 };
+        let rate = |ms: f64, n: usize| if ms <= 0.0 { 0.0 } else { n as f64 * 1e3 / ms };
+        // The first token comes with the prompt's last pass: the generation's time spans
+        // the steps after it, one fewer than the tokens.
+        let steps = predicted_n.saturating_sub(1);
+        json!({
+            "cache_n": self.cached_tokens,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": per(prompt_ms, prompt_n),
+            "prompt_per_second": rate(prompt_ms, prompt_n),
+            "predicted_n": predicted_n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": per(predicted_ms, steps),
+            "predicted_per_second": rate(predicted_ms, steps),
+        })
+    }
+
+    /// The prompt as text, each token as the model spells it (special tokens included).
+    pub fn prompt_text(&self) -> String {
+        let Some(t) = self.state.model.tokenizer() else {
+            return String::new();
+        };
+        let bytes: Vec<u8> = self
+            .prompt
+            .iter()
+            .flat_map(|&id| t.token_bytes(id).unwrap_or_default().iter().copied())
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
     /// Waits for the next event; `None` once finished.
-    async fn next(&mut self) -> Option<Piece> {
+    pub async fn next(&mut self) -> Option<Piece> {
         if self.finished.is_some() {
             return None;
         }
@@ -154,6 +326,10 @@ impl Run {
                 logprob,
                 top,
             }) => {
+                let now = Instant::now();
+                self.first_token.get_or_insert(now);
+                self.last_token = Some(now);
+                self.tokens.push(token);
                 let markup = self.parse.is_some()
                     && tokenizer
                         .token_str(token)
@@ -180,8 +356,10 @@ impl Run {
                 self.guard.armed = false;
                 self.text.push_str(&String::from_utf8_lossy(&self.pending));
                 self.pending.clear();
+                self.cached_tokens = cached_tokens;
                 let text = self.release();
                 if self.finished.is_none() {
+                    self.eos = reason == FinishReason::Eos;
                     self.finished = Some(match reason {
                         FinishReason::Eos | FinishReason::Complete => "stop",
                         FinishReason::Length | FinishReason::Cancelled => "length",
@@ -219,6 +397,12 @@ impl Run {
         let end = match hit {
             Some(at) => {
                 self.finished = Some("stop");
+                self.stop_word = self
+                    .p
+                    .stop
+                    .iter()
+                    .find(|s| self.text[start + at..].starts_with(s.as_str()))
+                    .cloned();
                 self.text.truncate(start + at);
                 start + at
             }
@@ -239,7 +423,7 @@ impl Run {
 
     /// After the last piece: waits for the sequence's end (cancelling it first when a stop
     /// string ended the run early) so that the usage is known.
-    async fn drain(&mut self) {
+    pub async fn drain(&mut self) {
         if self.guard.armed {
             self.guard.worker.cancel(self.seq);
         }
@@ -252,6 +436,7 @@ impl Run {
                     ..
                 }) => {
                     self.guard.armed = false;
+                    self.cached_tokens = cached_tokens;
                     self.usage = Some(usage(prompt_tokens, cached_tokens, generated));
                 }
                 Some(Out::Failed(_)) | None => break,
@@ -272,26 +457,33 @@ impl Run {
             _ => None,
         };
         let choice = match self.kind {
-            Kind::Chat => {
-                let mut delta = Map::new();
-                if !self.started {
-                    delta.insert("role".into(), json!("assistant"));
-                }
-                delta.insert("content".into(), json!(piece.text));
-                json!({"index": 0, "delta": delta, "logprobs": logprobs,
-                       "finish_reason": self.finished})
-            }
+            // The role went alone in the first chunk; the finish reason goes alone in the
+            // last.
+            Kind::Chat => json!({"index": 0, "delta": {"content": piece.text},
+                "logprobs": logprobs, "finish_reason": null}),
             Kind::Completion => json!({"index": 0, "text": piece.text, "logprobs": logprobs,
                                        "finish_reason": self.finished}),
         };
-        self.started = true;
+        self.envelope(json!([choice]))
+    }
+
+    /// A chunk (or, with `choices` of one, a whole object's frame) around `choices`.
+    fn envelope(&self, choices: Value) -> Value {
         json!({
             "id": self.id,
             "object": if self.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
             "created": self.created,
             "model": self.state.model_name,
-            "choices": [choice],
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
         })
+    }
+
+    /// The chunk of a streamed piece: a completion's text and finish reason; a chat
+    /// reply's content, none when empty (its finish reason goes in a last chunk of its own).
+    fn chunks(&mut self, piece: &Piece) -> Option<Value> {
+        let empty = piece.text.is_empty() && !(piece.token.is_some() && self.p.logprobs);
+        (self.kind == Kind::Completion || !empty).then(|| self.chunk(piece))
     }
 }
 
@@ -422,14 +614,8 @@ fn parsed_chunks(run: &Run, content: &str) -> std::collections::VecDeque<Value> 
         .into_iter()
         .enumerate()
         .map(|(k, delta)| {
-            json!({
-                "id": run.id,
-                "object": "chat.completion.chunk",
-                "created": run.created,
-                "model": run.state.model_name,
-                "choices": [{"index": 0, "delta": delta, "logprobs": null,
-                    "finish_reason": if k == last { finished } else { None }}],
-            })
+            run.envelope(json!([{"index": 0, "delta": delta, "logprobs": null,
+                "finish_reason": if k == last { finished } else { None }}]))
         })
         .collect()
 }
@@ -464,77 +650,99 @@ async fn whole(mut run: Run) -> Result<axum::Json<Value>, ApiError> {
         Kind::Completion => json!({"index": 0, "text": content, "logprobs": logprobs,
             "finish_reason": run.finished}),
     };
-    Ok(axum::Json(json!({
-        "id": run.id,
-        "object": if run.kind == Kind::Chat { "chat.completion" } else { "text_completion" },
-        "created": run.created,
-        "model": run.state.model_name,
-        "choices": [choice],
-        "usage": run.usage,
-    })))
+    let mut out = run.envelope(json!([choice]));
+    out["object"] = json!(if run.kind == Kind::Chat {
+        "chat.completion"
+    } else {
+        "text_completion"
+    });
+    out["usage"] = json!(run.usage);
+    out["timings"] = run.timings();
+    if run.p.verbose || run.state.options.verbose {
+        out["__verbose"] = json!({"prompt": run.prompt_text(), "content": content,
+            "tokens_predicted": run.tokens.len(), "tokens_evaluated": run.prompt_tokens});
+    }
+    Ok(axum::Json(out))
 }
 
-/// The SSE stream: one chunk per event, a usage chunk when asked, then `[DONE]`.
+/// The SSE stream: for chat, a first chunk with the role alone; then one chunk per event
+/// (a chat reply's finish reason in a last chunk of its own), a usage chunk when asked, and
+/// `[DONE]`. The last chunk before `[DONE]` carries llama-server's `timings`.
 fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    use std::collections::VecDeque;
     enum Phase {
-        Running(Box<Run>),
-        /// Chunks of a reply read whole, still to send.
-        Queued(Box<Run>, std::collections::VecDeque<Value>),
-        Usage(Box<Run>),
-        Done,
+        /// Chunks still to send, then more events to read (or the end).
+        Running(Box<Run>, VecDeque<Value>),
+        /// The last chunks, already drained (usage known): the final one gets `timings`.
+        Closing(VecDeque<Value>),
         End,
     }
-    let events = futures_util::stream::unfold(Phase::Running(Box::new(run)), |phase| async move {
-        let data = |v: &Value| Ok(SseEvent::default().data(v.to_string()));
-        match phase {
-            Phase::Running(mut run) => loop {
-                match run.next().await {
-                    // A reply that is read whole: held until its end.
-                    Some(piece) if run.parse.is_some() => {
-                        run.text_held.push_str(&piece.text);
-                        if run.finished.is_some() {
-                            let held = std::mem::take(&mut run.text_held);
-                            let mut chunks = parsed_chunks(&run, &held);
-                            let first = chunks.pop_front().unwrap_or(Value::Null);
-                            return Some((data(&first), Phase::Queued(run, chunks)));
+    let mut first = VecDeque::new();
+    if run.kind == Kind::Chat && run.parse.is_none() {
+        first.push_back(run.envelope(json!([{"index": 0,
+            "delta": {"role": "assistant", "content": null}, "logprobs": null,
+            "finish_reason": null}])));
+    }
+    let data = |v: &Value| Ok(SseEvent::default().data(v.to_string()));
+    let events = futures_util::stream::unfold(
+        Phase::Running(Box::new(run), first),
+        move |phase| async move {
+            match phase {
+                Phase::Running(mut run, mut queue) => loop {
+                    if let Some(c) = queue.pop_front() {
+                        return Some((data(&c), Phase::Running(run, queue)));
+                    }
+                    if run.finished.is_some() {
+                        return Some(closing(run).await);
+                    }
+                    match run.next().await {
+                        // A reply that is read whole: held until its end.
+                        Some(piece) if run.parse.is_some() => {
+                            run.text_held.push_str(&piece.text);
+                            if run.finished.is_some() {
+                                let held = std::mem::take(&mut run.text_held);
+                                queue.extend(parsed_chunks(&run, &held));
+                            }
                         }
+                        Some(piece) => queue.extend(run.chunks(&piece)),
+
+                        None => return Some((Ok(SseEvent::default().data("[DONE]")), Phase::End)),
                     }
-                    Some(piece) => {
-                        let chunk = run.chunk(&piece);
-                        let next = if run.finished.is_some() {
-                            Phase::Usage(run)
-                        } else {
-                            Phase::Running(run)
-                        };
-                        return Some((data(&chunk), next));
-                    }
-                    None => return Some((Ok(SseEvent::default().data("[DONE]")), Phase::End)),
-                }
-            },
-            Phase::Queued(run, mut chunks) => match chunks.pop_front() {
-                Some(c) => Some((data(&c), Phase::Queued(run, chunks))),
-                None => usage_phase(run).await,
-            },
-            Phase::Usage(run) => usage_phase(run).await,
-            Phase::Done => Some((Ok(SseEvent::default().data("[DONE]")), Phase::End)),
-            Phase::End => None,
-        }
-    });
-    /// After the last chunk: the usage chunk when asked, else `[DONE]`.
-    async fn usage_phase(mut run: Box<Run>) -> Option<(Result<SseEvent, Infallible>, Phase)> {
+                },
+                Phase::Closing(mut queue) => match queue.pop_front() {
+                    Some(c) => Some((data(&c), Phase::Closing(queue))),
+                    None => Some((Ok(SseEvent::default().data("[DONE]")), Phase::End)),
+                },
+                Phase::End => None,
+            }
+        },
+    );
+    /// After the run's last piece: drains it for the usage; then a chat reply's finish
+    /// chunk (empty delta) and the usage chunk when asked. The last of them carries the
+    /// timings, as llama-server's last chunk does.
+    async fn closing(mut run: Box<Run>) -> (Result<SseEvent, Infallible>, Phase) {
         run.drain().await;
+        let mut q = VecDeque::new();
+        if run.kind == Kind::Chat && run.parse.is_none() {
+            q.push_back(
+                run.envelope(json!([{"index": 0, "delta": {}, "logprobs": null,
+                "finish_reason": run.finished}])),
+            );
+        }
         if run.p.include_usage {
-            let chunk = json!({
-                "id": run.id,
-                "object": if run.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" },
-                "created": run.created,
-                "model": run.state.model_name,
-                "choices": [],
-                "usage": run.usage,
-            });
-            Some((Ok(SseEvent::default().data(chunk.to_string())), Phase::Done))
-        } else {
-            Some((Ok(SseEvent::default().data("[DONE]")), Phase::End))
+            let mut c = run.envelope(json!([]));
+            c["usage"] = json!(run.usage);
+            q.push_back(c);
+        }
+        if let Some(last) = q.back_mut() {
+            last["timings"] = run.timings();
+        }
+        match q.pop_front() {
+            Some(c) => (
+                Ok(SseEvent::default().data(c.to_string())),
+                Phase::Closing(q),
+            ),
+            None => (Ok(SseEvent::default().data("[DONE]")), Phase::End),
         }
     }
     Sse::new(events)

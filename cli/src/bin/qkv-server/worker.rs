@@ -201,6 +201,7 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics) {
             }
         }
         m.batch.observe_count(batch);
+        m.max_batch.fetch_max(batch, Ordering::Relaxed);
         m.set_gauges(&engine);
     }
 }
@@ -273,6 +274,12 @@ impl Histogram {
         s.2 += 1;
     }
 
+    /// The sum and the count of the values observed.
+    pub fn sum_count(&self) -> (f64, u64) {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        (s.1, s.2)
+    }
+
     /// Records a duration.
     pub fn observe(&self, d: std::time::Duration) {
         self.observe_value(d.as_secs_f64());
@@ -311,6 +318,8 @@ pub struct Metrics {
     /// KV cache positions the running sequences hold, and all that may be held at once.
     pub kv_used: AtomicU64,
     pub kv_capacity: AtomicU64,
+    /// The most tokens generated in one step.
+    pub max_batch: AtomicU64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
     pub step_seconds: Histogram,
@@ -332,6 +341,7 @@ impl Default for Metrics {
             queued: AtomicU64::new(0),
             kv_used: AtomicU64::new(0),
             kv_capacity: AtomicU64::new(0),
+            max_batch: AtomicU64::new(0),
             ttft: Histogram::new(SECONDS),
             inter_token: Histogram::new(SECONDS),
             step_seconds: Histogram::new(SECONDS),
@@ -368,6 +378,121 @@ impl Metrics {
         } else {
             (used as f64 / cap as f64).clamp(0.0, 1.0)
         }
+    }
+
+    /// The counters and gauges llama-server exports (`llamacpp:…`, with `--metrics` there),
+    /// from qkv's own: prompt tokens read (cached ones apart), tokens generated, the
+    /// seconds each took (time to first token, and between tokens), engine steps, and the
+    /// running and waiting requests. qkv has no speculative decoding: those counters are 0.
+    pub fn render_llamacpp(&self) -> String {
+        use std::fmt::Write;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let (prompt_s, prompt_n) = self.ttft.sum_count();
+        let (gen_s, _) = self.inter_token.sum_count();
+        let processed = (load(&self.prompt_tokens) - load(&self.cached_tokens)).max(0.0);
+        let generated = load(&self.generated_tokens);
+        let rate = |n: f64, s: f64| if s > 0.0 { n / s } else { 0.0 };
+        let (batch_sum, batch_n) = self.batch.sum_count();
+        let mut out = String::new();
+        let families: [(&str, &str, &str, f64); 15] = [
+            (
+                "prompt_tokens_total",
+                "counter",
+                "prompt tokens read (cached ones apart)",
+                processed,
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "counter",
+                "prompt tokens reused from the cache",
+                load(&self.cached_tokens),
+            ),
+            (
+                "prompt_seconds_total",
+                "counter",
+                "seconds from submission to first token",
+                prompt_s,
+            ),
+            (
+                "tokens_predicted_total",
+                "counter",
+                "tokens generated",
+                generated,
+            ),
+            (
+                "tokens_predicted_seconds_total",
+                "counter",
+                "seconds between generated tokens",
+                gen_s,
+            ),
+            (
+                "n_decode_total",
+                "counter",
+                "engine steps",
+                load(&self.steps),
+            ),
+            (
+                "n_tokens_max",
+                "counter",
+                "most tokens generated in one step",
+                load(&self.max_batch),
+            ),
+            (
+                "spec_decode_num_draft_tokens_total",
+                "counter",
+                "draft tokens (no speculative decoding in qkv)",
+                0.0,
+            ),
+            (
+                "spec_decode_num_accepted_tokens_total",
+                "counter",
+                "accepted draft tokens (none in qkv)",
+                0.0,
+            ),
+            (
+                "spec_decode_num_drafts_total",
+                "counter",
+                "drafts (none in qkv)",
+                0.0,
+            ),
+            (
+                "prompt_tokens_seconds",
+                "gauge",
+                "prompt tokens per second",
+                rate(processed, prompt_s),
+            ),
+            (
+                "predicted_tokens_seconds",
+                "gauge",
+                "generated tokens per second",
+                rate(generated - prompt_n as f64, gen_s),
+            ),
+            (
+                "requests_processing",
+                "gauge",
+                "requests generating",
+                load(&self.running),
+            ),
+            (
+                "requests_deferred",
+                "gauge",
+                "requests waiting",
+                load(&self.queued),
+            ),
+            (
+                "n_busy_slots_per_decode",
+                "gauge",
+                "sequences per engine step, on average",
+                rate(batch_sum, batch_n as f64),
+            ),
+        ];
+        for (name, kind, help, v) in families {
+            let _ = writeln!(
+                out,
+                "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {v}"
+            );
+        }
+        out
     }
 
     /// The Prometheus text exposition of everything; with `vllm_model_name`, the request
