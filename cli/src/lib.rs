@@ -11,7 +11,11 @@
 //! - [`structured`]: `response_format`, `json_schema` and `grammar` read into one
 //!   constraint, which [`constraint`] compiles with llguidance for the engine; [`tools`]:
 //!   tool definitions, `tool_choice`, the grammar of forced calls, and the calls parsed out
-//!   of each model family's own format;
+//!   of each model family's own format; [`tool_stream`]: a reply's reasoning, content and
+//!   calls read while it streams; [`strict_calls`]: `strict` functions held to their schema
+//!   under `tool_choice: "auto"` once a call starts;
+//! - [`compat`]: Anthropic Messages and OpenAI Responses requests rewritten as chat
+//!   bodies;
 //! - [`auth`]: the server's API keys, from the command line or a key file, checked in
 //!   constant time.
 
@@ -19,9 +23,12 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod compat;
 pub mod constraint;
 pub mod embedding;
 pub mod fetch;
 pub mod request;
+pub mod strict_calls;
 pub mod structured;
+pub mod tool_stream;
 pub mod tools;

@@ -10,7 +10,9 @@
 //!
 //! Routes: `POST /v1/chat/completions` (the model's chat template; SSE with `stream`),
 //! `POST /v1/completions`, `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus),
-//! `POST /tokenize`, `POST /detokenize`. The model runs on one engine thread (and rayon's
+//! `POST /tokenize`, `POST /detokenize`; Anthropic's `POST /v1/messages` and
+//! `POST /v1/messages/count_tokens` (anthropic.rs) and OpenAI's `POST /v1/responses`
+//! (responses.rs), both translated onto the chat route. The model runs on one engine thread (and rayon's
 //! pool), never on the async runtime. A sentence-transformers directory (an encoder such as
 //! all-MiniLM-L6-v2) is served with `POST /v1/embeddings` instead of the generation routes
 //! (embed.rs). With API keys, every route but `/health` (and `/metrics` with
@@ -19,9 +21,12 @@
 
 #![forbid(unsafe_code)]
 
+mod anthropic;
 mod chat;
 mod embed;
 mod openai;
+mod responses;
+mod translate;
 mod worker;
 
 use axum::body::Bytes;
@@ -317,6 +322,10 @@ fn decoder_routes(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/responses", post(responses::create))
         .with_state(state)
 }
 
@@ -344,7 +353,14 @@ async fn authorize(State(auth): State<Arc<Auth>>, request: Request, next: Next) 
     }
     let given = request.headers().get(header::AUTHORIZATION);
     let header = given.and_then(|v| v.to_str().ok());
-    if auth.keys.allows(header) {
+    // Anthropic's clients send the key as `x-api-key: KEY`.
+    let anthropic = request
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok());
+    if auth.keys.allows(header)
+        || anthropic.is_some_and(|k| auth.keys.allows(Some(&format!("Bearer {k}"))))
+    {
         return next.run(request).await;
     }
     let message = if given.is_none() {
