@@ -7,6 +7,13 @@
 //! body ([`qkv_cli::compat::responses_to_chat`]) and run through the chat route's path; the
 //! output is a `message` item of `output_text`, and a `function_call` item per tool call.
 //! Nothing is stored: `previous_response_id` is refused. Errors keep OpenAI's shape.
+//!
+//! llama-server's telemetry is answered too: with `return_progress`, a
+//! `response.in_progress` event carries `prompt_progress` (`total`, `processed`, `cache`,
+//! `time_ms`) once the prompt has run (the engine reports no finer steps; the tokens reused
+//! from the cache are known only at the end, in `usage`, so `cache` is 0 there); with
+//! `timings_per_token`, each text delta carries `timings`, and `response.completed` has the
+//! final ones. Timings are measured here, from the request's arrival.
 
 use crate::translate::{self, Delta};
 use crate::AppState;
@@ -101,7 +108,19 @@ pub async fn create(
         let b = crate::body(&state.shared, raw)?;
         let chat = responses_to_chat(&b)?;
         let stream = chat["stream"] == true;
-        let (_, response) = translate::run_chat(&state, &chat).await?;
+        let telemetry = Telemetry {
+            arrived: std::time::Instant::now(),
+            first: None,
+            progress: b.bool("return_progress", false)?,
+            per_token: b.bool("timings_per_token", false)?,
+            prompt_tokens: 0,
+            deltas: 0,
+        };
+        let (prompt_tokens, response) = translate::run_chat(&state, &chat).await?;
+        let telemetry = Telemetry {
+            prompt_tokens,
+            ..telemetry
+        };
         let tag = format!(
             "{:x}{:04x}",
             translate::now(),
@@ -116,7 +135,7 @@ pub async fn create(
             top_p: b.field("top_p").cloned().unwrap_or(json!(1.0)),
         };
         if stream {
-            let events = events(head, tag, translate::stream(response));
+            let events = events(head, tag, telemetry, translate::stream(response));
             Ok(Sse::new(events).into_response())
         } else {
             let whole = translate::whole(response).await?;
@@ -160,6 +179,40 @@ fn whole_response(head: &Head, tag: &str, chat: &Value) -> Value {
     )
 }
 
+/// What llama-server's telemetry fields need: when the request arrived and its first token
+/// came, and how many deltas came since.
+struct Telemetry {
+    arrived: std::time::Instant,
+    first: Option<std::time::Instant>,
+    /// `return_progress`.
+    progress: bool,
+    /// `timings_per_token`.
+    per_token: bool,
+    prompt_tokens: usize,
+    deltas: usize,
+}
+
+impl Telemetry {
+    /// llama-server's `timings`, with `predicted` tokens so far.
+    fn timings(&self, predicted: usize) -> Value {
+        let now = std::time::Instant::now();
+        let first = self.first.unwrap_or(now);
+        let prompt_ms = (first - self.arrived).as_secs_f64() * 1e3;
+        let predicted_ms = (now - first).as_secs_f64() * 1e3;
+        let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        json!({
+            "prompt_n": self.prompt_tokens,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": if self.prompt_tokens > 0 { prompt_ms / self.prompt_tokens as f64 } else { 0.0 },
+            "prompt_per_second": rate(self.prompt_tokens, prompt_ms),
+            "predicted_n": predicted,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": if predicted > 0 { predicted_ms / predicted as f64 } else { 0.0 },
+            "predicted_per_second": rate(predicted, predicted_ms),
+        })
+    }
+}
+
 /// The output item being streamed.
 enum Open {
     /// The message item, with its text so far.
@@ -173,6 +226,7 @@ struct Events {
     upstream: Pin<Box<dyn Stream<Item = Delta> + Send>>,
     head: Head,
     tag: String,
+    telemetry: Telemetry,
     ready: VecDeque<Event>,
     seq: u64,
     output: Vec<Value>,
@@ -259,6 +313,21 @@ impl Events {
     }
 
     fn feed(&mut self, d: Delta) {
+        if self.telemetry.first.is_none() && !matches!(d, Delta::Finish(_) | Delta::Usage(_)) {
+            self.telemetry.first = Some(std::time::Instant::now());
+            if self.telemetry.progress {
+                let t = &self.telemetry;
+                let ms = t.first.map_or(0.0, |f| (f - t.arrived).as_secs_f64() * 1e3);
+                let response = self.head.object("in_progress", &self.output, None);
+                self.push(
+                    "response.in_progress",
+                    json!({"response": response, "prompt_progress": {
+                        "total": t.prompt_tokens, "processed": t.prompt_tokens, "cache": 0,
+                        "time_ms": ms}}),
+                );
+            }
+        }
+        self.telemetry.deltas += 1;
         match d {
             // Reasoning is not part of this API's basic text output.
             Delta::Reasoning(_) => {}
@@ -269,11 +338,12 @@ impl Events {
                 if let Some(Open::Message(text)) = &mut self.open {
                     text.push_str(&t);
                 }
-                self.push(
-                    "response.output_text.delta",
-                    json!({"item_id": id, "output_index": n, "content_index": 0,
-                        "delta": t, "logprobs": []}),
-                );
+                let mut event = json!({"item_id": id, "output_index": n, "content_index": 0,
+                    "delta": t, "logprobs": []});
+                if self.telemetry.per_token {
+                    event["timings"] = self.telemetry.timings(self.telemetry.deltas);
+                }
+                self.push("response.output_text.delta", event);
             }
             Delta::CallStart { index, id, name } => {
                 self.close();
@@ -313,7 +383,13 @@ impl Events {
             &self.output,
             self.usage.as_ref(),
         );
-        self.push("response.completed", json!({"response": object}));
+        let mut event = json!({"response": object});
+        if self.telemetry.per_token || self.telemetry.progress {
+            let (_, _, generated) =
+                translate::usage_counts(self.usage.as_ref().unwrap_or(&Value::Null));
+            event["timings"] = self.telemetry.timings(generated as usize);
+        }
+        self.push("response.completed", event);
         self.ended = true;
     }
 }
@@ -322,12 +398,14 @@ impl Events {
 fn events(
     head: Head,
     tag: String,
+    telemetry: Telemetry,
     upstream: Pin<Box<dyn Stream<Item = Delta> + Send>>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let mut st = Events {
         upstream,
         head,
         tag,
+        telemetry,
         ready: VecDeque::new(),
         seq: 0,
         output: Vec::new(),
