@@ -208,7 +208,8 @@ fn copy(b: &Body, out: &mut Map<String, Value>, keys: &[&str]) {
 /// blocks translated (see [`anthropic_message`]), `max_tokens`, `stop_sequences` as `stop`,
 /// the samplers, `tools` (`input_schema` as `parameters`) and `tool_choice` (`any` as
 /// `required`, `{"type": "tool"}` as a named function, `disable_parallel_tool_use`), and
-/// `stream` (with the usage chunk asked for). `thinking` and `metadata` are checked and
+/// `stream` (with the usage chunk asked for), `output_config.format` (a JSON schema) as
+/// `response_format`. `thinking` and `metadata` are checked and
 /// otherwise left to the template. An empty `messages` list is one empty user turn, as
 /// llama-server takes it.
 pub fn anthropic_to_chat(b: &Body) -> Result<Value, ApiError> {
@@ -260,11 +261,28 @@ pub fn anthropic_to_chat(b: &Body) -> Result<Value, ApiError> {
     }
     if let Some(t) = b.field("thinking") {
         let kind = t.get("type").and_then(Value::as_str);
-        if !matches!(kind, Some("enabled" | "disabled" | "adaptive")) {
+        if !matches!(
+            kind,
+            Some("enabled" | "disabled" | "adaptive" | "between_tools")
+        ) {
             return Err(ApiError::invalid(
                 "thinking.type",
-                "`thinking.type` must be `enabled`, `disabled` or `adaptive`",
+                "`thinking.type` must be `enabled`, `disabled`, `adaptive` or `between_tools`",
             ));
+        }
+    }
+    if let Some(f) = b.field("output_config").and_then(|o| o.get("format")) {
+        if f.is_null() {
+        } else if f.get("type").and_then(Value::as_str) != Some("json_schema") {
+            return Err(ApiError::invalid(
+                "output_config.format.type",
+                "`type` must be `json_schema`",
+            ));
+        } else {
+            out.insert(
+                "response_format".into(),
+                json!({"type": "json_schema", "json_schema": {"schema": f.get("schema")}}),
+            );
         }
     }
     if let Some(tools) = b.field("tools") {
@@ -340,6 +358,9 @@ pub fn anthropic_to_chat(b: &Body) -> Result<Value, ApiError> {
 pub fn anthropic_param(param: &str) -> String {
     if param == "stop" {
         return "stop_sequences".into();
+    }
+    if param.starts_with("response_format") {
+        return "output_config.format.schema".into();
     }
     if let Some(rest) = param.strip_prefix("tools[") {
         if let Some((i, tail)) = rest.split_once(']') {
