@@ -205,7 +205,7 @@ fn copy(b: &Body, out: &mut Map<String, Value>, keys: &[&str]) {
 }
 
 /// An Anthropic Messages request as a chat-completion body: `system` first, each message's
-/// blocks translated (see [`anthropic_message`]), `max_tokens`, `stop_sequences` as `stop`,
+/// blocks translated (`tool_use`, `tool_result`, `thinking`), `max_tokens`, `stop_sequences` as `stop`,
 /// the samplers, `tools` (`input_schema` as `parameters`) and `tool_choice` (`any` as
 /// `required`, `{"type": "tool"}` as a named function, `disable_parallel_tool_use`), and
 /// `stream` (with the usage chunk asked for), `output_config.format` (a JSON schema) as

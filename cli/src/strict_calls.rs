@@ -101,7 +101,7 @@ enum Mode {
     /// Free text.
     Free,
     /// Inside a call, held to its grammar.
-    Call(Grammar),
+    Call(Box<Grammar>),
     /// Free to the end.
     Off,
 }
@@ -188,7 +188,7 @@ impl TokenConstraint for StrictCalls {
         if self.opens_call(token) {
             if let Some(mut g) = self.waiting.pop_front() {
                 g.commit(token)?;
-                self.mode = Mode::Call(g);
+                self.mode = Mode::Call(Box::new(g));
             }
             self.started = true;
             return Ok(());
@@ -216,7 +216,7 @@ impl TokenConstraint for StrictCalls {
                     if self.text.ends_with(m) {
                         self.text.clear();
                         if let Some(g) = self.waiting.pop_front() {
-                            self.mode = Mode::Call(g);
+                            self.mode = Mode::Call(Box::new(g));
                         }
                     } else if self.text.len() > 64 {
                         let cut = self.text.len() - 32;

@@ -189,7 +189,9 @@ fn scan_object(s: &[u8], start: usize) -> Result<Members, ()> {
 }
 
 /// Array elements so far: (start, end when complete), and the index after the array.
-fn scan_array(s: &[u8], start: usize) -> Result<(Vec<(usize, Option<usize>)>, Option<usize>), ()> {
+type Items = (Vec<(usize, Option<usize>)>, Option<usize>);
+
+fn scan_array(s: &[u8], start: usize) -> Result<Items, ()> {
     let mut items = Vec::new();
     let mut i = skip_ws(s, start);
     if i >= s.len() {
@@ -245,13 +247,12 @@ fn minify(raw: &str) -> String {
     out
 }
 
+/// A call's (name, arguments so far) once its name is known, and the index after it.
+type CallScan = (Option<(String, String)>, Option<usize>);
+
 /// What can be said of a call object at `s[start..]`: its name (once complete), its
 /// arguments so far, and the index after the object. `Err` when it is not a call.
-fn scan_call(
-    text: &str,
-    start: usize,
-    names: &[String],
-) -> Result<(Option<(String, String)>, Option<usize>), ()> {
+fn scan_call(text: &str, start: usize, names: &[String]) -> Result<CallScan, ()> {
     let s = text.as_bytes();
     let (members, end) = scan_object(s, start)?;
     let mut name = None;
@@ -267,11 +268,9 @@ fn scan_call(
                     name = Some(n);
                 }
             }
-            "arguments" | "parameters" => {
-                // Arguments written as a JSON string are sent whole at the end.
-                if s[*vs] != b'"' {
-                    args = minify(&text[*vs..ve.unwrap_or(s.len())]);
-                }
+            // Arguments written as a JSON string are sent whole at the end.
+            "arguments" | "parameters" if s[*vs] != b'"' => {
+                args = minify(&text[*vs..ve.unwrap_or(s.len())]);
             }
             _ => {}
         }
