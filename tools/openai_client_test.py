@@ -7,7 +7,8 @@ Starts qkv-server on a free loopback port with the default model, then, with the
 package: chat and completion, each whole and streamed (streamed text equal to the whole
 text at temperature 0, usage in the last chunk), stop strings, logprobs, a refused request
 surfacing as the client's BadRequestError, and the models list; structured output and tool
-calls (tools/openai_structured_test.py, with `jsonschema`). Then a bounded load test from
+calls (tools/openai_structured_test.py, with `jsonschema`); Anthropic's Messages API with the
+official `anthropic` client and the Responses API (tools/anthropic_client_test.py). Then a bounded load test from
 a separate process (tools/server_load.py: 16 concurrent streams of 32 tokens). Stops the
 server with SIGTERM and checks that it exits 0. Then a second server with `--api-key`: a
 wrong key surfaces as the client's AuthenticationError, the right one passes. Then, when
@@ -212,6 +213,8 @@ def main():
 
         import openai_structured_test
         openai_structured_test.run(client, openai, check)
+        import anthropic_client_test
+        anthropic_client_test.run(base, check)
 
         load = subprocess.run(
             [sys.executable, str(ROOT / "tools/server_load.py"), "--base-url", base,

@@ -11,7 +11,10 @@
 //! The structured-output and tool fields (`response_format`, `json_schema`, `grammar`,
 //! `tools`, `tool_choice`, `parallel_tool_calls`) are read and compiled with llguidance as
 //! the chat route does (`chat::prepare`), the generation then follows the constraint, and
-//! the text fields are also fed to the tool-call parser of every family format.
+//! the text fields are also fed to the tool-call parser of every family format, whole and as a
+//! stream read prefix by prefix (`qkv_cli::tool_stream`). Anthropic Messages and Responses
+//! bodies are rewritten as chat bodies (`qkv_cli::compat`), which are then read and prepared
+//! as the chat route does; `strict` tools under `auto` compile their lazy constraint there.
 //!
 //! The response code is a binary's module (cli/src/bin/qkv-server/), compiled in with
 //! `#[path]` below; the parsing is qkv-cli's library.
@@ -176,6 +179,26 @@ fuzz_target!(|data: &[u8]| {
             qkv_cli::tools::ToolFormat::Generic,
         ] {
             let _ = qkv_cli::tools::parse_reply(f, text, &names);
+            let mut stream = qkv_cli::tool_stream::ReplyStream::new(f, names.clone());
+            for (k, _) in text.char_indices().step_by(3) {
+                let _ = stream.update(&text[..k]);
+            }
+            let _ = stream.finish(text);
+        }
+    }
+    // The other APIs' bodies, rewritten as chat bodies and read as the chat route reads them.
+    for translated in [
+        qkv_cli::compat::anthropic_to_chat(&body),
+        qkv_cli::compat::responses_to_chat(&body),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Ok(b) = Body::parse(translated.to_string().as_bytes()) {
+            let _ = request::params(&b, true, || 7);
+            if let Ok((ids, post)) = chat::prepare(&state, &b) {
+                drop((ids, post));
+            }
         }
     }
     let chat_params = request::params(&body, true, || 7);

@@ -47,6 +47,8 @@ pub struct ReplyParse {
     pub format: ToolFormat,
     /// The functions that may be called (none: no call is parsed).
     pub names: Vec<String>,
+    /// The reply read as it streams.
+    pub stream: qkv_cli::tool_stream::ReplyStream,
 }
 
 /// What shapes a generation besides its sampling parameters.
@@ -263,12 +265,22 @@ pub fn prepare(state: &AppState, b: &Body) -> Result<(Vec<u32>, Post), ApiError>
     if let Some(o) = &output {
         constraint = Some(compile(state, o)?);
     }
+    // `strict` functions under `auto`: each call, once started, follows its schema.
+    if let (Some(t), None, Ok(g)) = (&tool_req, &output, &state.grammars) {
+        if let Some(c) = qkv_cli::strict_calls::strict_calls(t, format, g, state.model.clone())? {
+            constraint = Some(Box::new(c));
+        }
+    }
     let names: Vec<String> = match &tool_req {
         Some(t) if t.choice != ToolChoice::None => t.tools.iter().map(|t| t.name.clone()).collect(),
         _ => Vec::new(),
     };
     let think = template.is_some_and(|t| t.contains("<think>"));
-    let parse = (!names.is_empty() || think).then_some(ReplyParse { format, names });
+    let parse = (!names.is_empty() || think).then(|| ReplyParse {
+        format,
+        stream: qkv_cli::tool_stream::ReplyStream::new(format, names.clone()),
+        names,
+    });
     let text = render_messages(state, b, msgs, raw_tools, tool_req.as_ref())?;
     let ids = tokenizer.encode(&text)?;
     Ok((ids, Post { constraint, parse }))

@@ -11,9 +11,11 @@
 //!
 //! Routes: `POST /v1/chat/completions` and `/chat/completions` (the model's chat template;
 //! SSE with `stream`), `POST /v1/completions`, `GET /v1/models` and `/models`,
-//! `GET /health`, `GET /metrics` (Prometheus), `POST /tokenize`, `POST /detokenize`; and
+//! `GET /health`, `GET /metrics` (Prometheus), `POST /tokenize`, `POST /detokenize`;
 //! llama-server's own (native.rs): `POST /completion` and `/completions`,
-//! `POST /apply-template`, `GET /props`, `GET /slots`, `POST /chat/completions/input_tokens`.
+//! `POST /apply-template`, `GET /props`, `GET /slots`, `POST /chat/completions/input_tokens`;
+//! Anthropic's `POST /v1/messages` and `POST /v1/messages/count_tokens` (anthropic.rs) and
+//! OpenAI's `POST /v1/responses` (responses.rs), both translated onto the chat route.
 //! The model runs on one engine thread (and rayon's
 //! pool), never on the async runtime. A sentence-transformers directory (an encoder such as
 //! all-MiniLM-L6-v2) is served with `POST /v1/embeddings` instead of the generation routes
@@ -23,11 +25,14 @@
 
 #![forbid(unsafe_code)]
 
+mod anthropic;
 mod chat;
 mod cors;
 mod embed;
 mod native;
 mod openai;
+mod responses;
+mod translate;
 mod worker;
 
 use axum::body::Bytes;
@@ -456,6 +461,10 @@ fn decoder_routes(state: Arc<AppState>) -> Router {
         .route("/models", get(models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/responses", post(responses::create))
         .with_state(state)
 }
 

@@ -129,6 +129,7 @@ pub async fn start(
         rx,
         text: String::new(),
         text_held: String::new(),
+        started: false,
         parse: post.parse,
         sent: 0,
         pending: Vec::new(),
@@ -232,8 +233,10 @@ pub struct Run {
     /// How the whole reply is split into content, reasoning and tool calls; `None`: the
     /// text is the content, streamed as it comes.
     parse: Option<ReplyParse>,
-    /// A streamed reply read whole: its text so far.
+    /// A streamed reply read with its parse: its text so far.
     text_held: String,
+    /// A streamed reply read with its parse has sent its first chunk (the role alone).
+    started: bool,
     id: String,
     created: u64,
     /// The finish reason once known (`stop`, `length`, `error`).
@@ -577,47 +580,55 @@ fn message(run: &Run, content: &str) -> (Value, Option<&'static str>) {
     (Value::Object(m), finished)
 }
 
-/// The chunks of a reply read whole (with `parse`): the role, the reasoning, the content,
-/// then each call as OpenAI streams it (its `index`, `id`, `type` and name first, then its
-/// arguments in fragments), and a last chunk with the finish reason.
-fn parsed_chunks(run: &Run, content: &str) -> std::collections::VecDeque<Value> {
-    let (message, finished) = message(run, content);
-    let mut deltas = vec![json!({"role": "assistant", "content": null})];
-    if let Some(r) = message.get("reasoning_content") {
-        deltas.push(json!({"reasoning_content": r}));
+/// The chunks of a reply read with `parse` that the text so far adds (the role alone
+/// first): reasoning and content as they become certain, each call as OpenAI streams it
+/// (its `index`, `id`, `type` and name first, then its arguments in fragments as they are
+/// generated); once the run has finished, what the whole reply's parse adds, and a last chunk
+/// with the finish reason (`tool_calls` when it calls tools).
+fn parsed_chunks(run: &mut Run) -> std::collections::VecDeque<Value> {
+    use qkv_cli::tool_stream::Piece;
+    let mut deltas = Vec::new();
+    if !run.started {
+        run.started = true;
+        deltas.push(json!({"role": "assistant", "content": null}));
     }
-    if let Some(c) = message.get("content").filter(|c| !c.is_null()) {
-        deltas.push(json!({"content": c}));
-    }
-    if let Some(Value::Array(calls)) = message.get("tool_calls") {
-        for (i, c) in calls.iter().enumerate() {
-            deltas.push(
-                json!({"tool_calls": [{"index": i, "id": c["id"], "type": "function",
-                "function": {"name": c["function"]["name"], "arguments": ""}}]}),
-            );
-            let args = c["function"]["arguments"].as_str().unwrap_or("");
-            let mut start = 0;
-            while start < args.len() {
-                let mut end = (start + 16).min(args.len());
-                while !args.is_char_boundary(end) {
-                    end += 1;
-                }
-                deltas.push(json!({"tool_calls": [{"index": i,
-                    "function": {"arguments": &args[start..end]}}]}));
-                start = end;
-            }
+    let Some(parse) = run.parse.as_mut() else {
+        return Default::default();
+    };
+    let (pieces, finished) = match run.finished {
+        Some(f) => {
+            let (pieces, reply) = parse.stream.finish(&run.text_held);
+            let calls = !reply.calls.is_empty() && f != "error";
+            (pieces, Some(if calls { "tool_calls" } else { f }))
         }
+        None => (parse.stream.update(&run.text_held), None),
+    };
+    for p in pieces {
+        deltas.push(match p {
+            Piece::Reasoning(r) => json!({"reasoning_content": r}),
+            Piece::Content(c) => json!({"content": c}),
+            Piece::CallStart { index, name } => {
+                json!({"tool_calls": [{"index": index, "id": format!("call_{}_{index}", run.id),
+                    "type": "function", "function": {"name": name, "arguments": ""}}]})
+            }
+            Piece::CallArgs { index, fragment } => {
+                json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]})
+            }
+        });
     }
-    deltas.push(json!({}));
-    let last = deltas.len() - 1;
-    deltas
+    let mut out: std::collections::VecDeque<Value> = deltas
         .into_iter()
-        .enumerate()
-        .map(|(k, delta)| {
+        .map(|delta| {
             run.envelope(json!([{"index": 0, "delta": delta, "logprobs": null,
-                "finish_reason": if k == last { finished } else { None }}]))
+                "finish_reason": null}]))
         })
-        .collect()
+        .collect();
+    if let Some(f) = finished {
+        out.push_back(run.envelope(
+            json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": f}]),
+        ));
+    }
+    out
 }
 
 /// The whole response at once.
@@ -696,13 +707,10 @@ fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Inf
                         return Some(closing(run).await);
                     }
                     match run.next().await {
-                        // A reply that is read whole: held until its end.
+                        // A reply read with its parse: pieces sent as they become certain.
                         Some(piece) if run.parse.is_some() => {
                             run.text_held.push_str(&piece.text);
-                            if run.finished.is_some() {
-                                let held = std::mem::take(&mut run.text_held);
-                                queue.extend(parsed_chunks(&run, &held));
-                            }
+                            queue.extend(parsed_chunks(&mut run));
                         }
                         Some(piece) => queue.extend(run.chunks(&piece)),
 
