@@ -16,11 +16,11 @@
 //! ```
 //! use qkv_kernels::attention::kv_q8;
 //! use qkv_kernels::f16;
-//! let row = [0.5f32, -1.0, 0.25];
+//! let row = [0.6f32, -1.0, 0.25];
 //! let mut q = [0i8; 32];
 //! let mut d = [f16::ZERO; 1];
 //! kv_q8::quantize(&row, &mut q, &mut d).unwrap();
-//! assert_eq!(&q[..3], &[64, -127, 32]);
+//! assert_eq!(&q[..3], &[76, -127, 32]); // 76.2 and 31.75 rounded
 //! assert_eq!(d[0], f16::from_f32(1.0 / 127.0));
 //! ```
 
