@@ -45,9 +45,8 @@
 
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::models::decoder::{KvCache, Scratch, Segment};
+use crate::models::decoder::{KvCache, KvType, Scratch, Segment};
 use crate::sample::{Sampler, SamplerConfig};
-use crate::weights::FloatType;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -65,8 +64,11 @@ pub struct EngineOptions {
     pub step_tokens: usize,
     /// Most requests waiting for a slot; [`Engine::submit`] refuses more.
     pub queue: usize,
-    /// Dtype of the cached keys and values; `None` = the model's default.
-    pub kv_dtype: Option<FloatType>,
+    /// How the KV caches store keys and values; `None` = the model's default (see
+    /// [`SessionOptions::kv_dtype`](crate::session::SessionOptions::kv_dtype)). With
+    /// [`KvType::Q8_0`] each cache takes about half the bytes of f16, so a
+    /// [`kv_budget`](Self::kv_budget) admits about twice the sequences.
+    pub kv_dtype: Option<KvType>,
 }
 
 impl Default for EngineOptions {
@@ -212,7 +214,7 @@ struct Slot {
 pub struct Engine {
     model: Arc<Model>,
     options: EngineOptions,
-    kv_dtype: FloatType,
+    kv_dtype: KvType,
     /// Slots made so far (at most `max_slots`).
     slots: Vec<Slot>,
     max_slots: usize,
@@ -269,7 +271,7 @@ impl Engine {
             }
         }
         let decoder = model.decoder();
-        let kv_dtype = o.kv_dtype.unwrap_or(decoder.kv_dtype());
+        let kv_dtype = o.kv_dtype.unwrap_or(decoder.kv_dtype().into());
         // One cache, to learn its size (and to fail early when the context is too long).
         let first = decoder.new_cache(o.context, kv_dtype)?;
         let max_slots = match o.kv_budget {

@@ -27,6 +27,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::Model;
+use crate::models::decoder::KvType;
 use crate::session::{Session, SessionOptions};
 use half::f16;
 use rayon::prelude::*;
@@ -224,6 +225,19 @@ pub fn evaluate(
     tokens: &[u32],
     ctx: usize,
     scoring: Scoring<'_>,
+    progress: impl FnMut(usize, f64),
+) -> Result<Report> {
+    evaluate_with(model, tokens, ctx, None, scoring, progress)
+}
+
+/// [`evaluate`] with the KV cache stored as `kv_type` (`None`: the model's default), e.g.
+/// to measure a Q8_0 cache's KL divergence against an f16 cache's base file.
+pub fn evaluate_with(
+    model: &Arc<Model>,
+    tokens: &[u32],
+    ctx: usize,
+    kv_type: Option<KvType>,
+    scoring: Scoring<'_>,
     mut progress: impl FnMut(usize, f64),
 ) -> Result<Report> {
     if ctx < 8 || ctx > model.config().context {
@@ -286,7 +300,7 @@ pub fn evaluate(
 
     let options = SessionOptions {
         context: Some(ctx),
-        kv_dtype: None,
+        kv_dtype: kv_type,
         prefill_chunk: Some(ctx),
     };
     let mut session = Session::new(model.clone(), options)?;

@@ -40,10 +40,9 @@
 
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::models::decoder::DecoderState;
+use crate::models::decoder::{DecoderState, KvType};
 use crate::sample::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
-use crate::weights::FloatType;
 use std::sync::Arc;
 
 /// Prompt positions per matrix pass unless [`SessionOptions::prefill_chunk`] says otherwise.
@@ -56,8 +55,13 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 pub struct SessionOptions {
     /// KV cache capacity in positions; `None` = the model's context length.
     pub context: Option<usize>,
-    /// Dtype of the cached keys and values; `None` = the model's compute dtype.
-    pub kv_dtype: Option<FloatType>,
+    /// How the KV cache stores keys and values; `None` = the model's compute dtype (f16 for
+    /// f16 and quantized weights, f32 for f32 weights). [`KvType::Q8_0`] stores them in
+    /// Q8_0 blocks as llama.cpp's `-ctk q8_0 -ctv q8_0` does: about half the bytes of f16
+    /// per position (1.0625 bytes per element), for a small change in the logits
+    /// (BENCHMARKS.md, "Quantized KV cache"). A [`FloatType`](crate::weights::FloatType)
+    /// converts with `.into()`.
+    pub kv_dtype: Option<KvType>,
     /// Most prompt positions run in one matrix pass; `None` = [`DEFAULT_PREFILL_CHUNK`].
     /// Longer chunks widen each f16 weight panel once for more rows and give gemm taller
     /// blocks; the scratch grows by ~30 KB per position for SmolLM2-135M.
@@ -141,7 +145,9 @@ impl Session {
     pub fn new(model: Arc<Model>, options: SessionOptions) -> Result<Session> {
         let config = model.config();
         let capacity = options.context.unwrap_or(config.context);
-        let kv_dtype = options.kv_dtype.unwrap_or(model.decoder().kv_dtype());
+        let kv_dtype = options
+            .kv_dtype
+            .unwrap_or(model.decoder().kv_dtype().into());
         let chunk = options.prefill_chunk.unwrap_or(DEFAULT_PREFILL_CHUNK);
         let state = model.decoder().new_state(capacity, kv_dtype, chunk)?;
         // The attention kernel keeps per-thread buffers; size them on every pool thread now
@@ -179,9 +185,9 @@ impl Session {
         self.core.state.capacity()
     }
 
-    /// The dtype of the cached keys and values.
-    pub fn kv_dtype(&self) -> FloatType {
-        self.core.state.kv_dtype()
+    /// How the cached keys and values are stored.
+    pub fn kv_dtype(&self) -> KvType {
+        self.core.state.kv_type()
     }
 
     /// The tokens in the cache, in order.

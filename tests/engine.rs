@@ -56,7 +56,7 @@ const PROMPTS: [&str; 4] = [
 fn alone(m: &Arc<Model>, prompt: &[u32], n: usize) -> Vec<(u32, f32)> {
     let options = SessionOptions {
         context: Some(256),
-        kv_dtype: Some(FloatType::F32),
+        kv_dtype: Some(FloatType::F32.into()),
         ..SessionOptions::default()
     };
     let mut s = Session::new(m.clone(), options).unwrap();
@@ -77,7 +77,7 @@ fn engine(m: &Arc<Model>, options: EngineOptions) -> Engine {
         m.clone(),
         EngineOptions {
             context: 256,
-            kv_dtype: Some(FloatType::F32),
+            kv_dtype: Some(FloatType::F32.into()),
             ..options
         },
     )

@@ -65,7 +65,7 @@ fn model() -> Option<Arc<Model>> {
 fn session(context: usize) -> Session {
     let options = SessionOptions {
         context: Some(context),
-        kv_dtype: Some(FloatType::F32),
+        kv_dtype: Some(FloatType::F32.into()),
         ..SessionOptions::default()
     };
     Session::new(model().expect("checked by the test"), options).unwrap()
@@ -235,7 +235,7 @@ fn network_a_decode_step_allocates_nothing_after_warm_up() {
     for kv in [FloatType::F16, FloatType::F32] {
         let options = SessionOptions {
             context: Some(128),
-            kv_dtype: Some(kv),
+            kv_dtype: Some(kv.into()),
             ..SessionOptions::default()
         };
         let mut s = Session::new(model.clone(), options).unwrap();

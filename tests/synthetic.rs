@@ -25,7 +25,7 @@ fn load(storage: Storage, dtype: Option<FloatType>) -> Arc<Model> {
 fn session(model: &Arc<Model>, context: usize, prefill_chunk: Option<usize>) -> Session {
     let options = SessionOptions {
         context: Some(context),
-        kv_dtype: Some(FloatType::F32),
+        kv_dtype: Some(FloatType::F32.into()),
         prefill_chunk,
     };
     Session::new(model.clone(), options).unwrap()

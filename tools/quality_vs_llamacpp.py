@@ -38,9 +38,10 @@ def qkv_ppl(qkv, model, text, ctx, threads, base):
     return json.loads(res.stdout.strip().splitlines()[-1]), " ".join(map(str, cmd))
 
 
-def lc_ppl(tool, model, text, ctx, threads, base, compare):
+def lc_ppl(tool, model, text, ctx, threads, base, compare, extra=()):
+    """One llama-perplexity run; `extra` adds flags (e.g. the KV cache types)."""
     cmd = [tool, "-m", model, "-f", text, "-c", ctx, "-b", ctx, "-t", threads,
-           "--kl-divergence-base", base]
+           "--kl-divergence-base", base, *extra]
     if compare:
         cmd.append("--kl-divergence")
     b.log("$ " + " ".join(map(str, cmd)))

@@ -6,8 +6,9 @@
 //!
 //! - Layout: Q `[tq, heads, d_qk]`, K `[tk, kv_heads, d_qk]`, V `[tk, kv_heads, d_v]`, each a
 //!   strided view ([`QueryView`], [`KvView`]) so that a KV cache with spare capacity, or a
-//!   head-major cache, is read in place. K and V may be f32 or f16. Query head `h` reads KV
-//!   head `h / (heads / kv_heads)`. The output is `[tq, heads, d_v]`, contiguous.
+//!   head-major cache, is read in place. K and V may be f32, f16 or Q8_0 blocks
+//!   ([`KvData::Q8_0`], see [`kv_q8`]). Query head `h` reads KV head `h / (heads / kv_heads)`.
+//!   The output is `[tq, heads, d_v]`, contiguous.
 //! - Streaming softmax: keys are visited in blocks; each query row keeps its running maximum,
 //!   normaliser and weighted sum, so the `tq × tk` score matrix never exists beyond one block
 //!   per worker thread.
@@ -117,13 +118,31 @@ pub enum KvData<'a> {
     F32(&'a [f32]),
     /// Half floats, widened as they are read.
     F16(&'a [f16]),
+    /// Q8_0 blocks, as llama.cpp's `q8_0` cache type: the element at flat index `i` is
+    /// `q[i] · d[i / 32]`, one f16 scale per 32 consecutive elements (see [`kv_q8`]). The
+    /// kernels read the blocks where they lie, a key block at a time. A view of this type
+    /// must start every head row on a block: its `row_stride` (when `rows > 1`) and
+    /// `head_stride` (when `heads > 1`) are multiples of [`kv_q8::BLOCK`]; a `dim` that is
+    /// not leaves the rest of the row's last block unread (padding).
+    Q8_0 {
+        /// The quantized values, one per element.
+        q: &'a [i8],
+        /// The scales, one per [`kv_q8::BLOCK`] elements.
+        d: &'a [f16],
+    },
 }
 
 impl KvData<'_> {
-    fn len(&self) -> usize {
+    /// Checks that the data holds `need` elements (`what` names the view in the error), and
+    /// for Q8_0 blocks that the scales cover them.
+    fn check_covers(&self, what: &'static str, need: usize) -> Result<()> {
         match self {
-            KvData::F32(d) => d.len(),
-            KvData::F16(d) => d.len(),
+            KvData::F32(x) => check_covers(what, need, x.len()),
+            KvData::F16(x) => check_covers(what, need, x.len()),
+            KvData::Q8_0 { q, d } => {
+                check_covers(what, need, q.len())?;
+                check_covers(what, need.div_ceil(kv_q8::BLOCK), d.len())
+            }
         }
     }
 }
@@ -210,6 +229,7 @@ impl<'a> KvView<'a> {
         match self.data {
             KvData::F32(x) => x[i],
             KvData::F16(x) => x[i].to_f32(),
+            KvData::Q8_0 { q, d } => q[i] as f32 * d[i / kv_q8::BLOCK].to_f32(),
         }
     }
 }
@@ -392,38 +412,17 @@ fn validate<'a>(
             right: k.heads,
         });
     }
-    let span = |what: &'static str, rows, heads, dim, rs, hs, len| -> Result<()> {
-        let need = view_span(rows, heads, dim, rs, hs)
-            .ok_or_else(|| KernelError::Invalid(format!("`{what}` strides overflow")))?;
-        check_covers(what, need, len)
+    let span = |what: &'static str, rows, heads, dim, rs, hs| -> Result<usize> {
+        view_span(rows, heads, dim, rs, hs)
+            .ok_or_else(|| KernelError::Invalid(format!("`{what}` strides overflow")))
     };
-    span(
-        "q",
-        q.rows,
-        q.heads,
-        q.dim,
-        q.row_stride,
-        q.head_stride,
-        q.data.len(),
-    )?;
-    span(
-        "k",
-        k.rows,
-        k.heads,
-        k.dim,
-        k.row_stride,
-        k.head_stride,
-        k.data.len(),
-    )?;
-    span(
-        "v",
-        v.rows,
-        v.heads,
-        v.dim,
-        v.row_stride,
-        v.head_stride,
-        v.data.len(),
-    )?;
+    let need = span("q", q.rows, q.heads, q.dim, q.row_stride, q.head_stride)?;
+    check_covers("q", need, q.data.len())?;
+    for (what, x) in [("k", k), ("v", v)] {
+        let need = span(what, x.rows, x.heads, x.dim, x.row_stride, x.head_stride)?;
+        x.data.check_covers(what, need)?;
+        kv_q8::check_alignment(what, x)?;
+    }
     // Checked: a wrapped product could match a short slice and let the kernel write past
     // `out` or read past the mask.
     let out_need = q
@@ -610,4 +609,5 @@ pub fn attention_with_probs(
     Ok(probs)
 }
 
+pub mod kv_q8;
 mod streaming;

@@ -26,6 +26,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use qkv::model::{Model, ModelOptions};
+use qkv::models::decoder::KvType;
 use qkv::sample::SamplerConfig;
 use qkv::session::{Session, SessionOptions};
 use qkv::tokenizer::ChatMessage;
@@ -125,6 +126,10 @@ struct PerplexityArgs {
     /// Widen every weight matrix to this dtype at load; by default each runs as stored.
     #[arg(long)]
     dtype: Option<FloatType>,
+    /// How the KV cache stores keys and values: f32, f16 or q8_0 (Q8_0 blocks, as
+    /// llama.cpp's `-ctk q8_0 -ctv q8_0`); default: the weights' compute dtype.
+    #[arg(long = "kv-type", value_name = "TYPE")]
+    kv_type: Option<KvType>,
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -175,6 +180,11 @@ struct RunArgs {
     /// KV cache capacity in tokens (default: the model's context length).
     #[arg(long)]
     ctx: Option<usize>,
+    /// How the KV cache stores keys and values: f32, f16 or q8_0 (Q8_0 blocks, as
+    /// llama.cpp's `-ctk q8_0 -ctv q8_0`: about half the memory of f16); default: the
+    /// weights' compute dtype (f16 unless they are f32).
+    #[arg(long = "kv-type", value_name = "TYPE")]
+    kv_type: Option<KvType>,
     /// Benchmarking: prefill N context tokens (the prompt's tokens, repeated) before the
     /// prompt, untimed, so that the prompt and generation figures are measured on top of N
     /// cached positions (as `llama-bench -d N` does).
@@ -238,7 +248,7 @@ fn convert(input: &std::path::Path, output: &std::path::Path, dtype: FloatType) 
 }
 
 fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
-    use qkv::perplexity::{evaluate, Scoring};
+    use qkv::perplexity::{evaluate_with, Scoring};
     set_threads(args.threads)?;
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| format!("reading {}: {e}", args.file.display()))?;
@@ -256,15 +266,23 @@ fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
         Some(p) => Scoring::SaveBase(p),
     };
     note(format_args!(
-        "decode perplexity: {} ({}), {} tokens, windows of {}",
+        "decode perplexity: {} ({}, KV {}), {} tokens, windows of {}",
         path.display(),
         weights_label(&model, args.dtype),
+        args.kv_type.unwrap_or(model.decoder().kv_dtype().into()),
         tokens.len(),
         args.ctx
     ));
-    let report = evaluate(&model, &tokens, args.ctx, scoring, |w, ppl| {
-        note(format_args!("[{w}] {ppl:.4}"));
-    })?;
+    let report = evaluate_with(
+        &model,
+        &tokens,
+        args.ctx,
+        args.kv_type,
+        scoring,
+        |w, ppl| {
+            note(format_args!("[{w}] {ppl:.4}"));
+        },
+    )?;
     note(format_args!(
         "decode perplexity: PPL = {:.4} ± {:.4} over {} tokens in {:.1} s",
         report.ppl,
@@ -468,7 +486,7 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     let tokenizer = model.tokenizer().ok_or("the model has no tokenizer")?;
     let options = SessionOptions {
         context: args.ctx,
-        kv_dtype: None,
+        kv_dtype: args.kv_type,
         prefill_chunk: None,
     };
     let mut session = Session::new(model.clone(), options)?;
@@ -584,6 +602,8 @@ fn run(args: &RunArgs) -> AnyResult<()> {
             "generated_tokens_per_s": round2(gen_tps),
             "weight_bytes": weight_bytes,
             "kv_cache_bytes": session.cache_bytes(),
+            "kv_type": session.kv_dtype().to_string(),
+            "kv_bytes_per_token": model.decoder().kv_bytes_per_position(session.kv_dtype()),
             "peak_rss_bytes": peak_rss_bytes(),
         }});
         out.write(&format!("{stats}\n"))?;
@@ -595,9 +615,10 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         ));
     }
     note(format_args!(
-        "decode: {} ({}, {} threads): load {load_ms:.0} ms | prompt {} tokens, {prompt_tps:.1} tok/s | generated {generated} tokens, {gen_tps:.1} tok/s",
+        "decode: {} ({}, KV {}, {} threads): load {load_ms:.0} ms | prompt {} tokens, {prompt_tps:.1} tok/s | generated {generated} tokens, {gen_tps:.1} tok/s",
         path.display(),
         weights_label(&model, args.dtype),
+        session.kv_dtype(),
         rayon::current_num_threads(),
         ids.len(),
     ));

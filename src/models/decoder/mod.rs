@@ -41,7 +41,7 @@ mod state;
 pub use forward::Segment;
 
 use state::KvStore;
-pub use state::{DecoderState, KvCache, Scratch};
+pub use state::{DecoderState, KvCache, KvType, Scratch};
 
 pub use config::{
     Activation, DecoderConfig, Family, Moe, Rope, RopeScaling, WeightLayout, GGUF_ARCHITECTURES,
@@ -573,25 +573,26 @@ impl Decoder {
             + self.output.as_ref().map_or(0, |t| t.numel())
     }
 
-    /// A fresh state: a KV cache of `capacity` positions in `kv_dtype`, and scratch for
-    /// prefill chunks of up to `chunk` positions. [`Error::Config`] when `capacity` exceeds
-    /// the model's context length (the RoPE table ends there) or when either is 0;
-    /// [`Error::AllocationRefused`] when the memory of the cache or the scratch cannot be had.
+    /// A fresh state: a KV cache of `capacity` positions stored as `kv_type` (a
+    /// [`FloatType`] or a [`KvType`]), and scratch for prefill chunks of up to `chunk`
+    /// positions. [`Error::Config`] when `capacity` exceeds the model's context length (the
+    /// RoPE table ends there) or when either is 0; [`Error::AllocationRefused`] when the
+    /// memory of the cache or the scratch cannot be had.
     pub fn new_state(
         &self,
         capacity: usize,
-        kv_dtype: FloatType,
+        kv_type: impl Into<KvType>,
         chunk: usize,
     ) -> Result<DecoderState> {
-        let cache = self.new_cache(capacity, kv_dtype)?;
+        let cache = self.new_cache(capacity, kv_type)?;
         let scratch = self.new_scratch(chunk.min(capacity))?;
         Ok(DecoderState { cache, scratch })
     }
 
-    /// An empty KV cache of `capacity` positions in `kv_dtype`. [`Error::Config`] when
-    /// `capacity` is 0 or exceeds the model's context length; [`Error::AllocationRefused`]
-    /// when the memory cannot be had.
-    pub fn new_cache(&self, capacity: usize, kv_dtype: FloatType) -> Result<KvCache> {
+    /// An empty KV cache of `capacity` positions stored as `kv_type` (a [`FloatType`] or a
+    /// [`KvType`]). [`Error::Config`] when `capacity` is 0 or exceeds the model's context
+    /// length; [`Error::AllocationRefused`] when the memory cannot be had.
+    pub fn new_cache(&self, capacity: usize, kv_type: impl Into<KvType>) -> Result<KvCache> {
         let c = &self.config;
         if capacity == 0 {
             return Err(Error::Config("KV cache capacity must be positive".into()));
@@ -602,15 +603,8 @@ impl Decoder {
                 c.context
             )));
         }
-        let cache_len = c
-            .layers
-            .checked_mul(capacity)
-            .and_then(|n| n.checked_mul(c.kv_dim()))
-            .ok_or_else(|| Error::AllocationRefused {
-                what: state::kv_cache(capacity),
-                bytes: usize::MAX,
-            })?;
-        let store = || KvStore::new(kv_dtype, cache_len, capacity, c.kv_heads, c.head_dim);
+        let kv_type = kv_type.into();
+        let store = || KvStore::new(kv_type, c.layers, capacity, c.kv_heads, c.head_dim);
         let (keys, values) = (store()?, store()?);
         Ok(KvCache {
             capacity,
@@ -619,6 +613,24 @@ impl Decoder {
             keys,
             values,
         })
+    }
+
+    /// Bytes one position takes in a KV cache stored as `kv_type`, keys and values of every
+    /// layer together.
+    ///
+    /// ```
+    /// use qkv::models::decoder::{Decoder, DecoderConfig, KvType, WeightLayout};
+    /// use qkv::weights::FloatType;
+    /// // 2 layers, 2 KV heads of 64 (dim 256 over 4 heads).
+    /// let config = DecoderConfig::llama(256, 2, 4, 2, 32, 50, 64, WeightLayout::Gguf);
+    /// let model = Decoder::synthetic(config, 7, FloatType::F32)?;
+    /// assert_eq!(model.kv_bytes_per_position(KvType::F16), 2 * 2 * 2 * 64 * 2);
+    /// assert_eq!(model.kv_bytes_per_position(KvType::Q8_0), 2 * 2 * 2 * (64 + 4));
+    /// # Ok::<(), qkv::Error>(())
+    /// ```
+    pub fn kv_bytes_per_position(&self, kv_type: impl Into<KvType>) -> usize {
+        let c = &self.config;
+        2 * c.layers * c.kv_heads * kv_type.into().row_bytes(c.head_dim)
     }
 
     /// Activations for passes of up to `rows` positions. [`Error::Config`] when `rows` is 0,

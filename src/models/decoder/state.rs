@@ -3,11 +3,10 @@
 use super::super::zeroed;
 #[cfg(doc)]
 use super::Decoder;
-#[cfg(doc)]
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::weights::FloatType;
 use half::f16;
+use qkv_kernels::attention::kv_q8;
 use qkv_kernels::convert::f32_to_f16;
 use qkv_kernels::{KvData, KvView};
 
@@ -16,63 +15,166 @@ pub(super) fn kv_cache(capacity: usize) -> String {
     format!("a KV cache of {capacity} positions")
 }
 
+/// How a KV cache stores its keys and values: as floats, or in Q8_0 blocks (32 signed bytes
+/// and one f16 scale per 32 elements, llama.cpp's `-ctk q8_0 -ctv q8_0`), which take 1.0625
+/// bytes per element against f16's 2 — about half the memory, so twice the sequences in
+/// one budget. The attention kernel reads every type where it lies; see
+/// [`qkv_kernels::attention::kv_q8`] for the block rule.
+///
+/// ```
+/// use qkv::models::decoder::KvType;
+/// use qkv::weights::FloatType;
+/// assert_eq!("q8_0".parse::<KvType>().unwrap(), KvType::Q8_0);
+/// assert_eq!(KvType::from(FloatType::F16), KvType::F16);
+/// assert_eq!(KvType::Q8_0.to_string(), "q8_0");
+/// assert!("q4".parse::<KvType>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvType {
+    /// 32-bit floats.
+    F32,
+    /// Half floats (the default of models stored in f16 or quantized formats).
+    F16,
+    /// Q8_0 blocks.
+    Q8_0,
+}
+
+impl KvType {
+    /// The names [`FromStr`](std::str::FromStr) accepts, as `--kv-type` lists them.
+    pub const NAMES: [&'static str; 3] = ["f32", "f16", "q8_0"];
+
+    /// Bytes one position of one head of `head_dim` elements takes in keys or in values.
+    /// (A Q8_0 row starts on a block, so a `head_dim` that is not a multiple of 32 is
+    /// padded: 80 takes 3 blocks.)
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        match self {
+            KvType::F32 => head_dim * 4,
+            KvType::F16 => head_dim * 2,
+            KvType::Q8_0 => kv_q8::row_bytes(head_dim),
+        }
+    }
+}
+
+impl From<FloatType> for KvType {
+    fn from(t: FloatType) -> KvType {
+        match t {
+            FloatType::F32 => KvType::F32,
+            FloatType::F16 => KvType::F16,
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        })
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = Error;
+
+    /// `f32`, `f16` or `q8_0` (case-insensitive); [`Error::Config`] naming the choices
+    /// otherwise.
+    fn from_str(s: &str) -> Result<KvType> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            "q8_0" => Ok(KvType::Q8_0),
+            _ => Err(Error::Config(format!(
+                "unknown KV cache type `{s}` (expected one of {})",
+                KvType::NAMES.join(", ")
+            ))),
+        }
+    }
+}
+
 /// One cache tensor (all keys or all values), head-major within each layer:
 /// `[layer][kv_head][position][head_dim]`. Each head's positions are contiguous, so a decode
 /// step streams every head's history front to back, which is what the memory prefetcher
 /// follows best (with position-major rows, a decode attention call over 2048 positions
-/// took 2.3× as long).
+/// took 2.3× as long). In Q8_0 blocks each position's row is `head_dim` rounded up to 32
+/// values, with its scales in a parallel array of one per 32.
 pub(super) struct KvStore {
     data: KvBuf,
     /// Positions each head holds.
     capacity: usize,
     heads: usize,
     dim: usize,
+    /// Elements between consecutive positions of a head (`dim`, or `dim` padded to whole
+    /// blocks).
+    stride: usize,
 }
 
-/// The cache's elements, in the KV dtype.
+/// The cache's elements, in the KV type.
 enum KvBuf {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    Q8_0 { q: Vec<i8>, d: Vec<f16> },
 }
 
 impl KvStore {
-    /// A zeroed cache of `len` elements (whole layers of `heads · capacity · dim`; the caller
-    /// checked that the count fits). [`Error::AllocationRefused`] when the memory cannot be
-    /// had.
+    /// A zeroed cache of `layers` layers of `heads × capacity` rows of `dim` elements.
+    /// [`Error::AllocationRefused`] when the count overflows or the memory cannot be had.
     pub(super) fn new(
-        dtype: FloatType,
-        len: usize,
+        kv_type: KvType,
+        layers: usize,
         capacity: usize,
         heads: usize,
         dim: usize,
     ) -> Result<Self> {
-        let data = match dtype {
-            FloatType::F32 => KvBuf::F32(zeroed(len, || kv_cache(capacity))?),
-            FloatType::F16 => KvBuf::F16(zeroed(len, || kv_cache(capacity))?),
+        let stride = match kv_type {
+            KvType::Q8_0 => kv_q8::padded(dim),
+            _ => dim,
+        };
+        let len = layers
+            .checked_mul(heads)
+            .and_then(|n| n.checked_mul(capacity))
+            .and_then(|n| n.checked_mul(stride))
+            .ok_or_else(|| Error::AllocationRefused {
+                what: kv_cache(capacity),
+                bytes: usize::MAX,
+            })?;
+        let data = match kv_type {
+            KvType::F32 => KvBuf::F32(zeroed(len, || kv_cache(capacity))?),
+            KvType::F16 => KvBuf::F16(zeroed(len, || kv_cache(capacity))?),
+            KvType::Q8_0 => KvBuf::Q8_0 {
+                q: zeroed(len, || kv_cache(capacity))?,
+                d: zeroed(len / kv_q8::BLOCK, || kv_cache(capacity))?,
+            },
         };
         Ok(KvStore {
             data,
             capacity,
             heads,
             dim,
+            stride,
         })
     }
 
     /// Elements of one layer.
     fn layer_len(&self) -> usize {
-        self.heads * self.capacity * self.dim
+        self.heads * self.capacity * self.stride
     }
 
     /// Stores `src` (`[t][kv_head][dim]`, the projections of positions `pos0..pos0 + t`)
     /// into layer `layer`.
     pub(super) fn write(&mut self, layer: usize, pos0: usize, src: &[f32]) -> Result<()> {
-        let (start, dim) = (layer * self.layer_len(), self.dim);
+        let (start, dim, stride) = (layer * self.layer_len(), self.dim, self.stride);
         for (t, row) in src.chunks_exact(self.heads * dim).enumerate() {
             for (h, x) in row.chunks_exact(dim).enumerate() {
-                let at = start + (h * self.capacity + pos0 + t) * dim;
+                let at = start + (h * self.capacity + pos0 + t) * stride;
                 match &mut self.data {
                     KvBuf::F32(dst) => dst[at..at + dim].copy_from_slice(x),
                     KvBuf::F16(dst) => f32_to_f16(x, &mut dst[at..at + dim])?,
+                    KvBuf::Q8_0 { q, d } => {
+                        let b = at / kv_q8::BLOCK;
+                        let blocks = &mut d[b..b + stride / kv_q8::BLOCK];
+                        kv_q8::quantize(x, &mut q[at..at + stride], blocks)?
+                    }
                 }
             }
         }
@@ -85,14 +187,29 @@ impl KvStore {
         let data = match &self.data {
             KvBuf::F32(v) => KvData::F32(&v[span]),
             KvBuf::F16(v) => KvData::F16(&v[span]),
+            KvBuf::Q8_0 { q, d } => {
+                let b = kv_q8::BLOCK;
+                KvData::Q8_0 {
+                    q: &q[span.clone()],
+                    d: &d[span.start / b..span.end / b],
+                }
+            }
         };
-        KvView::head_major(data, rows, self.heads, self.dim, self.capacity)
+        KvView {
+            data,
+            rows,
+            heads: self.heads,
+            dim: self.dim,
+            row_stride: self.stride,
+            head_stride: self.capacity * self.stride,
+        }
     }
 
-    pub(super) fn dtype(&self) -> FloatType {
+    pub(super) fn kv_type(&self) -> KvType {
         match self.data {
-            KvBuf::F32(_) => FloatType::F32,
-            KvBuf::F16(_) => FloatType::F16,
+            KvBuf::F32(_) => KvType::F32,
+            KvBuf::F16(_) => KvType::F16,
+            KvBuf::Q8_0 { .. } => KvType::Q8_0,
         }
     }
 
@@ -100,12 +217,14 @@ impl KvStore {
         match &self.data {
             KvBuf::F32(v) => v.len() * 4,
             KvBuf::F16(v) => v.len() * 2,
+            KvBuf::Q8_0 { q, d } => q.len() + d.len() * 2,
         }
     }
 }
 
 /// One sequence's KV cache on a [`Decoder`]: the keys and values of every layer for up to
-/// `capacity` positions, f32 or f16, and how many positions hold real entries. Made by
+/// `capacity` positions, in f32, f16 or Q8_0 blocks ([`KvType`]), and how many positions
+/// hold real entries. Made by
 /// [`Decoder::new_cache`] (or inside a [`DecoderState`]); it refuses to serve another model.
 pub struct KvCache {
     pub(super) capacity: usize,
@@ -122,7 +241,7 @@ impl std::fmt::Debug for KvCache {
         f.debug_struct("KvCache")
             .field("capacity", &self.capacity)
             .field("filled", &self.filled)
-            .field("kv_dtype", &self.keys.dtype())
+            .field("kv_type", &self.keys.kv_type())
             .finish()
     }
 }
@@ -144,9 +263,9 @@ impl KvCache {
         self.filled = self.filled.min(len);
     }
 
-    /// The dtype of the cached keys and values.
-    pub fn kv_dtype(&self) -> FloatType {
-        self.keys.dtype()
+    /// How the keys and values are stored.
+    pub fn kv_type(&self) -> KvType {
+        self.keys.kv_type()
     }
 
     /// Bytes held by the cache.
@@ -213,9 +332,9 @@ impl DecoderState {
         self.scratch.rows
     }
 
-    /// The dtype of the cached keys and values.
-    pub fn kv_dtype(&self) -> FloatType {
-        self.cache.kv_dtype()
+    /// How the cached keys and values are stored.
+    pub fn kv_type(&self) -> KvType {
+        self.cache.kv_type()
     }
 
     /// Bytes held by the KV cache.

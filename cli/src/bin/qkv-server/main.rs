@@ -89,6 +89,11 @@ struct Args {
     /// Positions per sequence (prompt and generated tokens).
     #[arg(long, default_value_t = 2048)]
     ctx: usize,
+    /// How the KV caches store keys and values: f32, f16 or q8_0 (Q8_0 blocks, as
+    /// llama.cpp's `-ctk q8_0 -ctv q8_0`: about half the bytes of f16, so a --kv-budget holds
+    /// twice the sequences); default: the weights' compute dtype.
+    #[arg(long = "kv-type", value_name = "TYPE")]
+    kv_type: Option<qkv::models::decoder::KvType>,
     /// Most requests waiting for a free sequence; more get 429.
     #[arg(long, default_value_t = 64)]
     queue: usize,
@@ -299,7 +304,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
                 step_tokens: args.step_tokens,
                 queue: args.queue,
-                kv_dtype: None,
+                kv_dtype: args.kv_type,
             },
         )?;
         let what = format!("{} sequences of {ctx} positions", engine.max_running());

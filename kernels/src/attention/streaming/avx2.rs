@@ -2,7 +2,7 @@
 //! Q·Kᵀ and P·V and an 8×8 transpose to pack Kᵀ; in-place items (decode, ≤ 8 rows) score
 //! 3 rows against 3 keys at a time and accumulate P·V in tiles of R rows × 8·C columns
 //! (3×24 for SmolLM2's three query heads per KV head), reading the f16 or f32 cache
-//! directly. The softmax uses a vector `exp`.
+//! directly. The softmax uses a vector `exp`. Q8_0 blocks have their own forms in [`q8`].
 use super::driver::{process_item, ProcessItem};
 use super::micro::{commit, step, Block, Micro, Step};
 use super::scratch::Scratch;
@@ -10,6 +10,9 @@ use super::{Ctx, Item, KB};
 use crate::attention::{KvData, KvView};
 use crate::simd::avx2::{exp_nonpositive, hmax, hsum, Lane};
 use core::arch::x86_64::*;
+
+#[path = "avx2_q8.rs"]
+mod q8;
 
 /// The AVX2 micro-kernels. Every method needs AVX2, FMA and F16C: `Avx2` is named only by
 /// `streaming::run`, which picks it after `has_avx2_fma_f16c()` returned true, and its
@@ -301,6 +304,7 @@ impl Ahead {
         let (ptr, size) = match v.data {
             KvData::F32(x) => (x.as_ptr().cast::<u8>(), 4),
             KvData::F16(x) => (x.as_ptr().cast::<u8>(), 2),
+            KvData::Q8_0 { q, .. } => (q.as_ptr().cast::<u8>(), 1),
         };
         Ahead {
             base: ptr.wrapping_add(v.offset(j0, g) * size),
@@ -637,6 +641,7 @@ impl Micro for Avx2 {
             match b.k.data {
                 KvData::F32(x) => pack_kt_typed(x, b, kt),
                 KvData::F16(x) => pack_kt_typed(x, b, kt),
+                KvData::Q8_0 { q, d } => q8::pack_kt(q, d, b, kt),
             }
         }
     }
@@ -649,6 +654,7 @@ impl Micro for Avx2 {
             match b.v.data {
                 KvData::F32(x) => pack_v_typed(x, b, out),
                 KvData::F16(x) => pack_v_typed(x, b, out),
+                KvData::Q8_0 { q, d } => q8::pack_v(q, d, b, out),
             }
         }
     }
@@ -706,6 +712,7 @@ impl Micro for Avx2 {
             match b.k.data {
                 KvData::F32(x) => scores_in_place_typed(x, b, ahead, q, s),
                 KvData::F16(x) => scores_in_place_typed(x, b, ahead, q, s),
+                KvData::Q8_0 { q: kq, d } => q8::scores_in_place(kq, d, b, ahead, q, s),
             }
         }
     }
@@ -720,6 +727,7 @@ impl Micro for Avx2 {
             match b.v.data {
                 KvData::F32(x) => pv_in_place_typed(x, b, p, o, corr),
                 KvData::F16(x) => pv_in_place_typed(x, b, p, o, corr),
+                KvData::Q8_0 { q, d } => q8::pv_in_place(q, d, b, p, o, corr),
             }
         }
     }
