@@ -624,9 +624,9 @@ fn parsed_chunks(run: &mut Run) -> std::collections::VecDeque<Value> {
         })
         .collect();
     if let Some(f) = finished {
-        out.push_back(run.envelope(
-            json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": f}]),
-        ));
+        out.push_back(
+            run.envelope(json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": f}])),
+        );
     }
     out
 }
