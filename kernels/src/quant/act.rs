@@ -16,7 +16,7 @@ pub const ACT_BLOCK: usize = 32;
 use crate::error::{check_len, KernelError, Result};
 
 /// Most rows for which [`QuantizedActs::quantize`] also fills the byte split
-/// ([`QuantizedActs::hi`], [`QuantizedActs::lo`]) and the half-block sums
+/// ([`QuantizedActs::split`], [`QuantizedActs::split_meta`]) and the half-block sums
 /// ([`QuantizedActs::isum16`]).
 pub const SPLIT_MAX_ROWS: usize = 16;
 

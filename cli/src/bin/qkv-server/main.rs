@@ -134,7 +134,7 @@ struct Args {
     #[arg(long)]
     verbose: bool,
     /// Browser origins allowed to call the server (CORS), comma-separated: `*` for any,
-    /// `localhost` for localhost, 127.0.0.1 and [::1] on any port, or origins as written.
+    /// `localhost` for localhost, 127.0.0.1 and `[::1]` on any port, or origins as written.
     /// Default: none (no CORS headers are sent).
     #[arg(long, value_name = "ORIGINS")]
     cors_origins: Option<String>,

@@ -9,7 +9,7 @@
 //! only moved: a matrix takes exactly the bytes it took before ([`pack`], [`unpack_rows`]).
 //!
 //! The activations meet the weights as bytes (`maddubs`, 32 byte products per instruction),
-//! split exactly as `x = 256·hi + lo` ([`QuantizedActs::hi`]): the weights' unsigned
+//! split exactly as `x = 256·hi + lo` ([`QuantizedActs::split`]): the weights' unsigned
 //! nibbles times `hi` (signed) and `lo` (unsigned) times the nibbles (as signed bytes, which
 //! they fit), each summed over a group of 32 in 16-bit lanes that cannot overflow (at most
 //! 8·2·15·128 = 30720 and, unsigned, 8·2·255·15 = 61200), then widened and put together as
