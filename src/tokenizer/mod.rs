@@ -97,7 +97,8 @@ mod wordpiece;
 mod wpm;
 
 pub use template::{
-    ChatOptions, ChatTemplate, MAX_TEMPLATE_FUEL, MAX_TEMPLATE_OUTPUT, MAX_TEMPLATE_SOURCE,
+    strftime_now, ChatOptions, ChatTemplate, MAX_TEMPLATE_FUEL, MAX_TEMPLATE_OUTPUT,
+    MAX_TEMPLATE_SOURCE,
 };
 
 pub use parts::MAX_VOCAB;

@@ -358,6 +358,18 @@ fn generation_tags_as_blocks(source: &str) -> Cow<'_, str> {
 }
 
 /// The environment transformers sets up, on minijinja.
+/// The current UTC time formatted as Python's `datetime.strftime` formats it in the C locale:
+/// what a template's `strftime_now(format)` returns, for callers that pass dates to templates
+/// as variables (llama-server's `date_string`).
+///
+/// ```
+/// let year = qkv::tokenizer::strftime_now("%Y");
+/// assert_eq!(year.len(), 4);
+/// ```
+pub fn strftime_now(format: &str) -> String {
+    clock::strftime(SystemTime::now(), format)
+}
+
 fn environment(now: SystemTime, fuel: u64) -> Environment<'static> {
     let mut env = Environment::new();
     env.set_fuel(Some(fuel));

@@ -147,16 +147,9 @@ fn render_messages(
         "enable_thinking".into(),
         Value::Bool(!state.options.no_reasoning),
     );
-    let (y, m, d) = today();
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let mon = MONTHS[(m - 1) as usize];
-    extra.insert(
-        "date_string".into(),
-        Value::from(format!("{d:02} {mon} {y}")),
-    );
-    extra.insert("datetime".into(), Value::from(format!("{mon} {d:02} {y}")));
+    let date = |format| Value::from(qkv::tokenizer::strftime_now(format));
+    extra.insert("date_string".into(), date("%d %b %Y"));
+    extra.insert("datetime".into(), date("%b %d %Y"));
     let options = qkv::tokenizer::ChatOptions {
         add_generation_prompt: add_generation || prefill.is_some(),
         tools: match tool_req {
@@ -190,28 +183,6 @@ fn render_messages(
         text.push_str(&p);
     }
     Ok(text)
-}
-
-/// Today's date (UTC) as (year, month 1-12, day 1-31).
-fn today() -> (i64, u32, u32) {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    civil_date(secs.div_euclid(86_400))
-}
-
-/// The proleptic Gregorian date of `days` since 1970-01-01.
-fn civil_date(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// With reasoning off: a generation prompt that opens a thinking block (`<think>`) gets it
@@ -284,15 +255,4 @@ pub fn prepare(state: &AppState, b: &Body) -> Result<(Vec<u32>, Post), ApiError>
     let text = render_messages(state, b, msgs, raw_tools, tool_req.as_ref())?;
     let ids = tokenizer.encode(&text)?;
     Ok((ids, Post { constraint, parse }))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn civil_dates() {
-        assert_eq!(super::civil_date(0), (1970, 1, 1));
-        assert_eq!(super::civil_date(11_016), (2000, 2, 29));
-        assert_eq!(super::civil_date(20_784), (2026, 11, 27));
-        assert_eq!(super::civil_date(-1), (1969, 12, 31));
-    }
 }
