@@ -245,14 +245,7 @@ fn final_object(run: &Run, content: &str, f: &Fields, stream: bool) -> Value {
 
 /// The whole answer of one prompt.
 async fn whole(mut run: Run, f: &Fields) -> Result<Value, ApiError> {
-    let mut content = String::new();
-    while let Some(piece) = run.next().await {
-        content.push_str(&piece.text);
-        if let Some(t) = piece.token {
-            run.logprobs.push(t);
-        }
-    }
-    run.drain().await;
+    let content = run.read_whole().await;
     if run.finished == Some("error") {
         return Err(ApiError::status(
             StatusCode::INTERNAL_SERVER_ERROR,

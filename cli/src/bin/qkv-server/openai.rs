@@ -424,6 +424,20 @@ impl Run {
         self.text[start..end].to_owned()
     }
 
+    /// Reads the run to its end for an answer sent whole: the text, each token's
+    /// log-probabilities kept in `logprobs`, and the usage drained.
+    pub async fn read_whole(&mut self) -> String {
+        let mut content = String::new();
+        while let Some(piece) = self.next().await {
+            content.push_str(&piece.text);
+            if let Some(t) = piece.token {
+                self.logprobs.push(t);
+            }
+        }
+        self.drain().await;
+        content
+    }
+
     /// After the last piece: waits for the sequence's end (cancelling it first when a stop
     /// string ended the run early) so that the usage is known.
     pub async fn drain(&mut self) {
@@ -633,14 +647,7 @@ fn parsed_chunks(run: &mut Run) -> std::collections::VecDeque<Value> {
 
 /// The whole response at once.
 async fn whole(mut run: Run) -> Result<axum::Json<Value>, ApiError> {
-    let mut content = String::new();
-    while let Some(piece) = run.next().await {
-        content.push_str(&piece.text);
-        if let Some(t) = piece.token {
-            run.logprobs.push(t);
-        }
-    }
-    run.drain().await;
+    let content = run.read_whole().await;
     if run.finished == Some("error") && run.usage.is_none() {
         return Err(ApiError::status(
             StatusCode::INTERNAL_SERVER_ERROR,
