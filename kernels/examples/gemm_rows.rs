@@ -5,7 +5,9 @@
 //! last. Weights are random; the rate does not depend on them.
 //!
 //! `cargo run --release -p qkv-kernels --example gemm_rows [format ...] [-- rows ...]`
-//! with formats among `f16`, `q4_0`, `q4_0x8`, `q4_k`, `q4_kx8`, `q6_k`, `q8_0`.
+//! with formats among `f16`, `q4_0`, `q4_1`, `q4_k`, `q6_k`, `q8_0` (the file's layout)
+//! and the same with `x8` appended (interleaved: `q4_0x8`, `q4_1x8`, `q4_kx8`, `q6_kx8`,
+//! `q8_0x8`). `GEMM_ROWS_SHAPES=n×k,…` (as `4096x14336`) gives other shapes.
 
 use qkv_kernels::quant::testing::{weight_blocks, Rng};
 use qkv_kernels::quant::x8;
@@ -78,7 +80,15 @@ fn main() {
     } else {
         vec![1, 4, 16, 64, 512]
     };
-    let shapes = [(2048usize, 2048usize), (8192, 2048), (2048, 8192)];
+    // `GEMM_ROWS_SHAPES=4096x14336,…` (n×k) replaces the 1B shapes.
+    let shapes: Vec<(usize, usize)> = match std::env::var("GEMM_ROWS_SHAPES") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|s| s.split_once('x'))
+            .filter_map(|(n, k)| Some((n.parse().ok()?, k.parse().ok()?)))
+            .collect(),
+        Err(_) => vec![(2048, 2048), (8192, 2048), (2048, 8192)],
+    };
     println!(
         "{} threads; GMAC/s (m·n·k per second) per shape n×k",
         rayon::current_num_threads()

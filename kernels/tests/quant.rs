@@ -217,7 +217,8 @@ fn non_finite_activations_are_never_hidden() {
 /// blocks give in GGUF's layout, through every path of `linear`: the decode GEMV (1 row),
 /// one pass in tiles of 8 rows for any number of rows (2–40), on 1–3 threads; `linear_many`
 /// beside GGUF-layout parts and as a group of interleaved parts only; and `rows_to_f32`
-/// row for row.
+/// row for row. Every format with the layout: the 4-bit ones read the activations' byte
+/// split, Q6_K and Q8_0 their 16-bit integers.
 #[test]
 fn interleaved_weights_match_their_file_layout() {
     use qkv_kernels::quant::x8;
@@ -227,7 +228,14 @@ fn interleaved_weights_match_their_file_layout() {
     } else {
         (&[8, 40, 264], &[1, 2, 5, 8, 11, 16, 40])
     };
-    for format in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q4_K] {
+    let formats = [
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_1,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+        QuantFormat::Q8_0,
+    ];
+    for format in formats {
         for k in [256usize, 768] {
             for &n in ns {
                 let w = random_blocks(format, n, k, &mut rng);
@@ -333,4 +341,48 @@ fn interleaved_weights_match_their_file_layout() {
         12
     )
     .is_err());
+}
+
+/// A group of interleaved parts of which some read the activations' byte split (Q4_K) and
+/// some do not (Q6_K, Q8_0), as a Q4_K_M file's layers mix them: each part equals its own
+/// `linear`, for the row counts of decode, a batched step and a prompt.
+#[test]
+fn interleaved_groups_mix_formats() {
+    use qkv_kernels::quant::x8;
+    let mut rng = Rng(0x6_6666);
+    let (n, k) = (16, 512);
+    let formats = [QuantFormat::Q6_K, QuantFormat::Q4_K, QuantFormat::Q8_0];
+    let packed: Vec<Vec<u8>> = formats
+        .iter()
+        .map(|&f| {
+            let w = random_blocks(f, n, k, &mut rng);
+            let mut p = vec![0u8; w.len()];
+            x8::pack(f, &w, n, k, &mut p).unwrap();
+            p
+        })
+        .collect();
+    let ms: &[usize] = if cfg!(miri) { &[1] } else { &[1, 2, 16, 33] };
+    for &m in ms {
+        let x = activations(m * k, &mut rng);
+        let mut ys = vec![vec![0.0f32; m * n]; formats.len()];
+        let mut parts: Vec<Projection<'_, '_>> = formats
+            .iter()
+            .zip(&packed)
+            .zip(ys.iter_mut())
+            .map(|((&f, p), y)| Projection {
+                w: Weights::QuantX8(f, p),
+                bias: None,
+                n,
+                y,
+            })
+            .collect();
+        pool(2)
+            .install(|| linear_many(&x, m, k, &mut parts))
+            .unwrap();
+        for ((&f, p), y) in formats.iter().zip(&packed).zip(&ys) {
+            let mut one = vec![0.0f32; m * n];
+            linear(&mut one, &x, Weights::QuantX8(f, p), None, m, k, n).unwrap();
+            assert_eq!(*y, one, "{f} m={m}");
+        }
+    }
 }

@@ -393,9 +393,9 @@ impl Tensor {
         })
     }
 
-    /// The same matrix with its rows interleaved 8 by 8 for the decode GEMV
+    /// The same matrix with its rows interleaved 8 by 8 for the matrix products
     /// ([`qkv_kernels::quant::x8`]), when it is 2-D, of a format that has that layout (Q4_0,
-    /// Q4_1, Q4_K) and has a multiple of 8 rows; anything else comes back unchanged. The new
+    /// Q4_1, Q4_K, Q6_K, Q8_0) and has a multiple of 8 rows; anything else comes back unchanged. The new
     /// layout is an owned buffer of the same size, and the mapped pages it was copied from
     /// are let go, so the process holds one copy of the weights, not two.
     ///

@@ -68,8 +68,10 @@ thread_local! {
 pub(super) fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
     // Quantized parts read x as 16-bit integers: quantized once here, before the split.
     if parts.iter().any(|p| p.w.is_quantized()) {
-        // Interleaved parts read the byte split, for however many rows there are.
-        let split = parts.iter().any(|p| matches!(p.w, Weights::QuantX8(..)));
+        // Interleaved 4-bit parts read the byte split, for however many rows there are.
+        let split = parts
+            .iter()
+            .any(|p| matches!(p.w, Weights::QuantX8(f, _) if crate::quant::x8::reads_split(f)));
         with_quantized(x, m, k, split, |acts| {
             gemv_parts_with(parts, x, Some(acts), m, k)
         });

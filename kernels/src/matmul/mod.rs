@@ -86,8 +86,9 @@ pub enum Weights<'a> {
     /// Blocks of a quantized format, row after row (each row `k / block` whole blocks),
     /// decoded inside the kernels.
     Quant(QuantFormat, &'a [u8]),
-    /// The same blocks with every 8 rows interleaved ([`quant::x8`]: Q4_0, Q4_1 and Q4_K, `n` a
-    /// multiple of 8), the layout the decode GEMV reads fastest. As many bytes as
+    /// The same blocks with every 8 rows interleaved ([`quant::x8`]: Q4_0, Q4_1, Q4_K, Q6_K and
+    /// Q8_0, `n` a multiple of 8), the layout the matrix products read fastest for any
+    /// number of rows. As many bytes as
     /// [`Weights::Quant`]; [`Weights::rows_to_f32`] and the other paths take the rows apart
     /// again.
     QuantX8(QuantFormat, &'a [u8]),

@@ -2,6 +2,7 @@
 //! 8, up to 8 rows of `x` per pass over a column of blocks (the pass reads the column from
 //! memory for the first row of `x` and from L1 for the others).
 
+use super::avx2_i16::{q6_k, q8_0};
 use super::ROWS;
 use crate::quant::act::{QuantizedActs, TILE_ROWS};
 use crate::quant::QuantFormat;
@@ -310,7 +311,11 @@ pub(super) unsafe fn columns(
     let (m, k) = (acts.m, acts.k);
     let cols = k / format.block_elems();
     let group_bytes = ROWS * cols * format.block_bytes();
-    debug_assert!(w.len() == n / ROWS * group_bytes && j1 <= n && acts.has_split());
+    debug_assert!(w.len() == n / ROWS * group_bytes && j1 <= n);
+    debug_assert!(acts.has_split() || !super::reads_split(format));
+    // Q6_K's sums take the offset of 32 off per half-group, not per weight, where the
+    // weights meet one or two rows: one row's step needs 2 instructions, the weights' 16.
+    let raw = !acts.isum16.is_empty();
     let mut t = j0 / ROWS;
     while t * ROWS < j1 {
         let r0 = t * ROWS;
@@ -339,6 +344,9 @@ pub(super) unsafe fn columns(
                 match format {
                     QuantFormat::Q4_0 => run!(q4_0, false),
                     QuantFormat::Q4_1 => run!(q4_0, true),
+                    QuantFormat::Q6_K if raw && mr <= 2 => run!(q6_k, true),
+                    QuantFormat::Q6_K => run!(q6_k, false),
+                    QuantFormat::Q8_0 => run!(q8_0),
                     _ => run!(q4_k),
                 }
                 let (a, b) = (j0.max(r0), j1.min(r0 + ROWS));

@@ -1,4 +1,4 @@
-//! 4-bit weights with 8 rows interleaved: the layout the matrix products read fastest.
+//! Quantized weights with 8 rows interleaved: the layout the matrix products read fastest.
 //!
 //! In GGUF's layout each row of `W` is its own run of blocks, and a one-row kernel reduces
 //! every block's 8 partial sums to one number before it can scale it. Here the blocks of 8
@@ -8,12 +8,15 @@
 //! scales at once. No horizontal reduction is left. The bytes are the same as the file's,
 //! only moved: a matrix takes exactly the bytes it took before ([`pack`], [`unpack_rows`]).
 //!
-//! The activations meet the weights as bytes (`maddubs`, 32 byte products per instruction),
+//! The activations meet 4-bit weights as bytes (`maddubs`, 32 byte products per instruction),
 //! split exactly as `x = 256·hi + lo` ([`QuantizedActs::split`]): the weights' unsigned
 //! nibbles times `hi` (signed) and `lo` (unsigned) times the nibbles (as signed bytes, which
 //! they fit), each summed over a group of 32 in 16-bit lanes that cannot overflow (at most
 //! 8·2·15·128 = 30720 and, unsigned, 8·2·255·15 = 61200), then widened and put together as
 //! `256·Σ(q·hi) + Σ(q·lo)`: the same exact integer dot product as the other kernels.
+//! Six- and eight-bit weights would overflow those 16-bit sums; Q6_K and Q8_0 are widened
+//! to 16 bits instead, two elements of each row per 32-bit lane, and meet pairs of the
+//! 16-bit activations in one `madd` each (`avx2_i16.rs`).
 //!
 //! Layouts, for rows `8t..8t + 8` (a row group; groups follow each other, and within a group
 //! the columns of blocks follow in order):
@@ -22,6 +25,8 @@
 //! |---|---|---|
 //! | Q4_0 | 8 × 18 = 144 | the 8 rows' f16 `d` (16 bytes); then 4 chunks of 32 bytes: chunk `p` holds bytes `4p..4p+4` of each row's 16 quant bytes, row `r` at `4r` |
 //! | Q4_1 | 8 × 20 = 160 | the 8 `d` (16), the 8 `m` (16); then 4 chunks of 32 bytes as in Q4_0 |
+//! | Q6_K | 8 × 210 = 1680 | the 8 rows' f16 `d` (16); the 16 scales of each of the 8 rows (128, scale `h` of row `r` at `16 + 8h + r`); then per 16 elements `h` (96 bytes at `144 + 96h`) the 6-bit values `q + 32` in three vectors: low nibbles in 64 bytes, top 2 bits in 32 (see `pack_q6_k`) |
+//! | Q8_0 | 8 × 34 = 272 | the 8 `d` (16); then 8 vectors of 32 bytes, vector `v` holding elements `4v..4v + 4` of the 8 rows (see `pair_byte`) |
 //! | Q4_K | 8 × 144 = 1152 | the 8 `d` (16), the 8 `dmin` (16); the 64 six-bit scales and 64 minimums re-packed (96, see below); then 4 pairs of 8 chunks: chunk `(j, p)` at `128 + 256j + 32p` holds bytes `32j + 4p..+4` of each row's 128 quant bytes, row `r` at `4r` |
 //!
 //! Q4_K's scales and minimums are numbered `v = 8g + r` (group `g`, row `r`). Byte `i`
@@ -33,9 +38,11 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_i16;
 
 use super::act::QuantizedActs;
-use super::blocks::k_scale_min;
+use super::blocks::{k_scale_min, q6_k_value};
 use super::gemv::row_scalar;
 use super::QuantFormat;
 use crate::error::{KernelError, Result};
@@ -44,8 +51,22 @@ use crate::SharedOut;
 /// Rows woven together.
 pub const ROWS: usize = 8;
 
-/// True for the formats that have an interleaved layout (Q4_0, Q4_1 and Q4_K).
+/// True for the formats that have an interleaved layout (Q4_0, Q4_1, Q4_K, Q6_K and Q8_0).
 pub fn supports(format: QuantFormat) -> bool {
+    matches!(
+        format,
+        QuantFormat::Q4_0
+            | QuantFormat::Q4_1
+            | QuantFormat::Q4_K
+            | QuantFormat::Q6_K
+            | QuantFormat::Q8_0
+    )
+}
+
+/// True when the kernel of `format` reads the activations' byte split
+/// ([`QuantizedActs::split`]): the 4-bit formats do, Q6_K and Q8_0 read the 16-bit
+/// integers themselves.
+pub fn reads_split(format: QuantFormat) -> bool {
     matches!(
         format,
         QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4_K
@@ -58,7 +79,7 @@ pub fn supports(format: QuantFormat) -> bool {
 pub fn check(format: QuantFormat, n: usize, k: usize) -> Result<usize> {
     if !supports(format) {
         return Err(KernelError::Invalid(format!(
-            "{format} has no interleaved layout (Q4_0, Q4_1 and Q4_K do)"
+            "{format} has no interleaved layout (Q4_0, Q4_1, Q4_K, Q6_K and Q8_0 do)"
         )));
     }
     if !n.is_multiple_of(ROWS) {
@@ -99,6 +120,8 @@ pub fn pack(format: QuantFormat, src: &[u8], n: usize, k: usize, dst: &mut [u8])
             };
             match format {
                 QuantFormat::Q4_K => pack_q4_k(block, out),
+                QuantFormat::Q6_K => pack_q6_k(block, out),
+                QuantFormat::Q8_0 => pack_q8_0(block, out),
                 _ => pack_q4(q4_fields(format), block, out),
             }
         }
@@ -139,6 +162,8 @@ pub fn unpack_rows(
             let column = &packed[at..at + ROWS * bb];
             match format {
                 QuantFormat::Q4_K => unpack_q4_k(column, j % ROWS, out),
+                QuantFormat::Q6_K => unpack_q6_k(column, j % ROWS, out),
+                QuantFormat::Q8_0 => unpack_q8_0(column, j % ROWS, out),
                 _ => unpack_q4(q4_fields(format), column, j % ROWS, out),
             }
         }
@@ -276,6 +301,82 @@ fn unpack_q4_k(column: &[u8], r: usize, out: &mut [u8]) {
     }
 }
 
+/// Where element `e` of row `r` sits in a 32-byte vector of Q6_K's or Q8_0's layout that
+/// holds 4 consecutive elements (`e` taken modulo 4) of the 8 rows: the vector's two 128-bit
+/// halves are rows 0–3 and 4–7, each half the first two elements then the next two, row by
+/// row. So `unpacklo_epi8` widens the first two elements of every row to 16-bit lanes in
+/// row order, and `unpackhi_epi8` the next two: one vector of element pairs each, ready for
+/// `madd` against a pair of activations.
+const fn pair_byte(r: usize, e: usize) -> usize {
+    16 * (r / 4) + 8 * ((e / 2) % 2) + 2 * (r % 4) + e % 2
+}
+
+/// Offset of the 96 bytes of Q6_K's half-group `h` (elements `16h..16h + 16`) in a column.
+const fn q6_k_half(h: usize) -> usize {
+    144 + 96 * h
+}
+
+/// Q6_K: each 16 elements' 8 × 16 six-bit values `u = q + 32` (0..=63) as three vectors:
+/// vector `v` (0..4) holds elements `4v..4v + 4` of the 8 rows at [`pair_byte`], its low 4
+/// bits in a nibble of the first 64 bytes (vectors 0 and 1 in the low and high nibbles of
+/// bytes 0..32, vectors 2 and 3 of bytes 32..64) and its top 2 bits in bits `2v, 2v + 1` of
+/// the last 32.
+fn pack_q6_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+    out[q6_k_half(0)..].fill(0);
+    for r in 0..ROWS {
+        let b = block(r);
+        out[2 * r..2 * r + 2].copy_from_slice(&b[208..210]);
+        for h in 0..16 {
+            out[16 + 8 * h + r] = b[192 + h];
+        }
+        for i in 0..256 {
+            let u = (q6_k_value(b, i / 128, i % 128) + 32) as u8;
+            let (base, v) = (q6_k_half(i / 16), (i % 16) / 4);
+            let at = pair_byte(r, i % 16);
+            out[base + 32 * (v / 2) + at] |= (u & 15) << (4 * (v % 2));
+            out[base + 64 + at] |= (u >> 4) << (2 * v);
+        }
+    }
+}
+
+fn unpack_q6_k(column: &[u8], r: usize, out: &mut [u8]) {
+    out[..208].fill(0);
+    out[208..210].copy_from_slice(&column[2 * r..2 * r + 2]);
+    for h in 0..16 {
+        out[192 + h] = column[16 + 8 * h + r];
+    }
+    for i in 0..256 {
+        let (base, v) = (q6_k_half(i / 16), (i % 16) / 4);
+        let at = pair_byte(r, i % 16);
+        let low = (column[base + 32 * (v / 2) + at] >> (4 * (v % 2))) & 15;
+        let high = (column[base + 64 + at] >> (2 * v)) & 3;
+        // GGUF's places for element e of half hh: a nibble of ql[64hh + e % 64], two bits
+        // of qh[32hh + e % 32] (see `q6_k_value`).
+        let (hh, e) = (i / 128, i % 128);
+        out[64 * hh + e % 64] |= low << (4 * (e / 64));
+        out[128 + 32 * hh + e % 32] |= high << (2 * (e / 32));
+    }
+}
+
+/// Q8_0: the 8 `d` (16 bytes), then 8 vectors of 32 bytes, vector `v` holding elements
+/// `4v..4v + 4` of the 8 rows at [`pair_byte`].
+fn pack_q8_0<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+    for r in 0..ROWS {
+        let b = block(r);
+        out[2 * r..2 * r + 2].copy_from_slice(&b[..2]);
+        for e in 0..32 {
+            out[16 + 32 * (e / 4) + pair_byte(r, e)] = b[2 + e];
+        }
+    }
+}
+
+fn unpack_q8_0(column: &[u8], r: usize, out: &mut [u8]) {
+    out[..2].copy_from_slice(&column[2 * r..2 * r + 2]);
+    for e in 0..32 {
+        out[2 + e] = column[16 + 32 * (e / 4) + pair_byte(r, e)];
+    }
+}
+
 /// The plain reference: columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` with `W` interleaved,
 /// each row taken back to GGUF's layout and multiplied exactly as the GGUF-layout reference
 /// multiplies it (so the two agree bit for bit).
@@ -314,7 +415,7 @@ pub(crate) unsafe fn columns_scalar(
 ///
 /// # Safety
 /// As [`columns_scalar`]; and `acts` has its byte split ([`QuantizedActs::has_split`]), for
-/// any number of rows.
+/// any number of rows, when [`reads_split`] is true of `format`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn columns(
     y: SharedOut,

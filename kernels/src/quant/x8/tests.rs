@@ -4,7 +4,13 @@ use crate::quant::testing::{
     any_blocks, check_split_columns, weight_blocks, ColumnsKernel as Kernel, Rng,
 };
 
-const FORMATS: [QuantFormat; 3] = [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q4_K];
+const FORMATS: [QuantFormat; 5] = [
+    QuantFormat::Q4_0,
+    QuantFormat::Q4_1,
+    QuantFormat::Q4_K,
+    QuantFormat::Q6_K,
+    QuantFormat::Q8_0,
+];
 
 fn packed(format: QuantFormat, w: &[u8], n: usize, k: usize) -> Vec<u8> {
     let mut out = vec![0u8; w.len()];
@@ -38,7 +44,7 @@ fn bad_shapes_are_refused() {
     let w = vec![0u8; 7 * 18];
     let mut out = vec![0u8; w.len()];
     assert!(pack(QuantFormat::Q4_0, &w, 7, 32, &mut out).is_err());
-    assert!(pack(QuantFormat::Q8_0, &[0; 8 * 34], 8, 32, &mut [0; 8 * 34]).is_err());
+    assert!(pack(QuantFormat::Q5_0, &[0; 8 * 22], 8, 32, &mut [0; 8 * 22]).is_err());
     assert!(pack(QuantFormat::Q4_0, &[0; 144], 8, 32, &mut [0; 143]).is_err());
     assert!(pack(QuantFormat::Q4_K, &[0; 8 * 144], 8, 128, &mut [0; 8 * 144]).is_err());
     let p = vec![0u8; 8 * 18];
@@ -170,14 +176,17 @@ fn extreme_activations_are_exact() {
         let (m, n, k) = (2, 8, 256);
         let mut rng = Rng(3);
         let mut w = weight_blocks(format, n, k, &mut rng);
-        // All nibbles 15: the largest products.
+        // Every weight at its format's largest magnitude: nibbles of 15, Q6_K's −32 (all
+        // bits 0) and Q8_0's −128.
         for block in w.chunks_exact_mut(format.block_bytes()) {
-            let qs = match format {
-                QuantFormat::Q4_0 => 2..18,
-                QuantFormat::Q4_1 => 4..20,
-                _ => 16..144,
+            let (qs, byte) = match format {
+                QuantFormat::Q4_0 => (2..18, 0xFF),
+                QuantFormat::Q4_1 => (4..20, 0xFF),
+                QuantFormat::Q6_K => (0..192, 0),
+                QuantFormat::Q8_0 => (2..34, 0x80),
+                _ => (16..144, 0xFF),
             };
-            block[qs].fill(0xFF);
+            block[qs].fill(byte);
         }
         let p = packed(format, &w, n, k);
         for sign in [1.0f32, -1.0] {
