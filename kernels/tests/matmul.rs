@@ -1,7 +1,7 @@
 //! `linear` (GEMV and gemm paths, f32 and f16 weights, f32 stored transposed) against its
 //! scalar reference and an f64 reference written here, on awkward shapes.
 
-use qkv_kernels::matmul::{linear_scalar, GEMV_MAX_ROWS};
+use qkv_kernels::matmul::{linear_scalar, FLOAT_ONE_PASS_MAX_ROWS, GEMV_MAX_ROWS};
 use qkv_kernels::{f16, linear, KernelError, Weights};
 
 struct Rng(u64);
@@ -99,7 +99,14 @@ fn gemv_shapes() {
     } else {
         (&[1, 7, 8, 9, 17, 64, 577], &[1, 2, 3, 5, 63, 64, 65, 129])
     };
-    for m in 1..=GEMV_MAX_ROWS {
+    // Past GEMV_MAX_ROWS, f32 and f16 rows still go to the GEMV in one pass (register tiles
+    // of 4 rows of x by 3 of W), up to FLOAT_ONE_PASS_MAX_ROWS: ragged tiles both ways.
+    let more: &[usize] = if cfg!(miri) {
+        &[]
+    } else {
+        &[11, 16, 33, FLOAT_ONE_PASS_MAX_ROWS]
+    };
+    for m in (1..=GEMV_MAX_ROWS).chain(more.iter().copied()) {
         for &k in ks {
             for &n in ns {
                 check(m, k, n, (m + k + n) % 2 == 0, n % 3 != 0, &mut rng);
@@ -140,7 +147,7 @@ fn gemm_shapes() {
         }
         return;
     }
-    for &m in &[GEMV_MAX_ROWS + 1, 17, 64] {
+    for &m in &[GEMV_MAX_ROWS + 1, 17, 64, FLOAT_ONE_PASS_MAX_ROWS + 1] {
         for &k in &[1, 9, 576] {
             for &n in &[1, 7, 300] {
                 check(m, k, n, false, true, &mut rng);

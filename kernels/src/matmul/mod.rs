@@ -6,10 +6,12 @@
 //! - Few rows (`m ≤` [`GEMV_MAX_ROWS`], decode): our own GEMV streams `W` once, split across
 //!   threads by rows of `W`: f16 widened to f32 in registers, quantized blocks multiplied as
 //!   integers against `x` rounded to 16 bits per 32 values ([`crate::quant::gemv`]).
-//! - Interleaved 4-bit weights ([`Weights::QuantX8`]), any number of rows: the same split
-//!   of `W`'s rows across threads, each group of 8 rows met by every row of `x` in tiles of
-//!   8 while it sits in cache, as integers ([`crate::quant::x8`]): `W` is read from memory
-//!   once per call, for a decode step, a batched step or a prompt alike.
+//! - Interleaved quantized weights ([`Weights::QuantX8`]), any number of rows: the same
+//!   split of `W`'s rows across threads, each group of 8 rows met by every row of `x` in
+//!   tiles of 8 while it sits in cache, as integers ([`crate::quant::x8`]): `W` is read from
+//!   memory once per call, for a decode step, a batched step or a prompt alike.
+//! - f32 and f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`] rows (a batched step): the same
+//!   split, every row of `x` in one pass, in register tiles of 4 rows of `x` by 3 of `W`.
 //! - Many rows (prefill) of other formats: the gemm crate in f32, parallel with rayon; the
 //!   crate picks its AVX-512 micro-kernels at run time where the CPU has them (its `x86-v4`
 //!   feature), else AVX2/FMA. f16 and quantized weights are widened to f32 one cache-sized
@@ -46,22 +48,37 @@ pub const GEMV_MAX_ROWS: usize = 8;
 /// two GEMVs, SmolLM2-135M Q4_1). Not where AVX-512 VNNI runs the integer GEMM.
 pub const QUANT_GEMV_MAX_ROWS: usize = 16;
 
+/// Up to this many rows, f32 and f16 weights (`[n, k]`) meet all rows of `x` in one pass of
+/// the GEMV's split of `W`'s rows, in register tiles of 4 rows of `x` by 3 of `W`, rather
+/// than going to gemm through panels widened to f32.
+pub const FLOAT_ONE_PASS_MAX_ROWS: usize = 64;
+
 /// True when `m` rows against `w` run through the GEMV's split of `W`'s rows rather than
 /// gemm: up to [`GEMV_MAX_ROWS`] rows for every format but [`Weights::F32T`]; up to
-/// [`QUANT_GEMV_MAX_ROWS`] for quantized weights; and any number for interleaved ones,
-/// whose kernel takes all rows of `x` in tiles of 8 against each group of `W` while it sits
-/// in cache (so `W` is read from memory once per call). Not where AVX-512 VNNI runs the
-/// integer GEMM.
+/// [`QUANT_GEMV_MAX_ROWS`] for quantized weights; and all rows in one pass where
+/// [`one_pass`] says so. Not where AVX-512 VNNI runs the integer GEMM.
 fn gemv_rows(w: Weights<'_>, m: usize) -> bool {
-    !matches!(w, Weights::F32T(_)) && m <= GEMV_MAX_ROWS
+    one_pass(w, m)
+        || !matches!(w, Weights::F32T(_)) && m <= GEMV_MAX_ROWS
         || (w.is_quantized() && m <= QUANT_GEMV_MAX_ROWS && !quant::gemm::available())
-        || (matches!(w, Weights::QuantX8(..)) && !quant::gemm::available())
 }
 
-/// Rows of `x` per GEMV call: all of them for interleaved weights (see [`gemv_rows`]),
-/// else [`GEMV_MAX_ROWS`].
-fn gemv_step(all_interleaved: bool, m: usize) -> usize {
-    if all_interleaved {
+/// True when the GEMV takes all `m` rows of `x` in one pass over `w`, so that `W` is read
+/// from memory once per call: interleaved weights, whose kernel takes the rows in tiles of
+/// 8 against each group of `W` while it sits in cache (not where AVX-512 VNNI runs the
+/// integer GEMM); and f32/f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`].
+fn one_pass(w: Weights<'_>, m: usize) -> bool {
+    match w {
+        Weights::QuantX8(..) => !quant::gemm::available(),
+        Weights::F32(_) | Weights::F16(_) => m <= FLOAT_ONE_PASS_MAX_ROWS,
+        _ => false,
+    }
+}
+
+/// Rows of `x` per GEMV call: all of them when every matrix takes them in one pass (see
+/// [`one_pass`]), else [`GEMV_MAX_ROWS`].
+fn gemv_step(all_one_pass: bool, m: usize) -> usize {
+    if all_one_pass {
         m
     } else {
         GEMV_MAX_ROWS
@@ -243,7 +260,7 @@ pub fn linear(
 ) -> Result<()> {
     validate(y, x, w, bias, m, k, n)?;
     if gemv_rows(w, m) {
-        let step = gemv_step(matches!(w, Weights::QuantX8(..)), m);
+        let step = gemv_step(one_pass(w, m), m);
         for (r0, rows) in (0..m).step_by(step).map(|r| (r, step.min(m - r))) {
             let (xs, ys) = (&x[r0 * k..(r0 + rows) * k], &mut y[r0 * n..(r0 + rows) * n]);
             gemv(ys, xs, w, bias, rows, k, n);
@@ -338,12 +355,9 @@ pub fn linear_many(
         return Ok(());
     }
     // On the stack: the decode step allocates nothing. Groups of GEMV_MAX_ROWS rows, or all
-    // rows at once when every matrix is interleaved.
+    // rows at once when every matrix takes them in one pass.
     let mut parts = [GemvPart::EMPTY; MAX_GROUP];
-    let all_interleaved = projections
-        .iter()
-        .all(|p| matches!(p.w, Weights::QuantX8(..)));
-    let step = gemv_step(all_interleaved, m);
+    let step = gemv_step(projections.iter().all(|p| one_pass(p.w, m)), m);
     for r0 in (0..m).step_by(step) {
         let rows = step.min(m - r0);
         for (part, p) in parts.iter_mut().zip(projections.iter_mut()) {
