@@ -74,8 +74,7 @@ VALUED = {
     "--spec-synth-rates": ("ignore", "no speculative decoding in qkv-server"),
     "--reasoning-format": ("ignore", "qkv always splits <think> blocks for templates that use them"),
     "--reasoning": ("map", "--reasoning"),
-    "--chat-template": ("ignore", "qkv has none of llama.cpp's built-in named templates; "
-                        "--chat-template-file takes a Jinja file"),
+    "--chat-template": ("map", "--chat-template"),
     "--chat-template-file": ("map", "--chat-template-file"),
     "--mmproj-url": ("ignore", "no vision in qkv"),
     "--media-path": ("ignore", "no vision in qkv"),

@@ -32,6 +32,7 @@ mod embed;
 mod embed_decoder;
 mod listen;
 mod models;
+mod named_templates;
 mod native;
 mod openai;
 mod responses;
@@ -170,6 +171,9 @@ struct Args {
     /// A Jinja chat template to render chats with instead of the model's.
     #[arg(long, value_name = "PATH")]
     chat_template_file: Option<PathBuf>,
+    /// A chat template given inline (Jinja), or by name: `chatml`, `llama3`, `command-r`.
+    #[arg(long, value_name = "JINJA|NAME", conflicts_with = "chat_template_file")]
+    chat_template: Option<String>,
     /// Thinking in templates that support it: `off` renders them with
     /// `enable_thinking: false` and closes an opened thinking block; `on`/`auto` (default)
     /// leave the template's default.
@@ -269,7 +273,11 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             std::fs::read_to_string(p)
                 .map_err(|e| format!("--chat-template-file {}: {e}", p.display()))?,
         )),
-        None => None,
+        None => args
+            .chat_template
+            .as_deref()
+            .map(named_templates::resolve)
+            .transpose()?,
     };
     let hosts: Vec<String> = args
         .host
