@@ -171,7 +171,8 @@ struct Args {
     /// A Jinja chat template to render chats with instead of the model's.
     #[arg(long, value_name = "PATH")]
     chat_template_file: Option<PathBuf>,
-    /// A chat template given inline (Jinja), or by name: `chatml`, `llama3`, `command-r`.
+    /// A chat template given inline (Jinja), or a format by name: `chatml`, `llama3`,
+    /// `command-r` (any other value is taken as the template itself).
     #[arg(long, value_name = "JINJA|NAME", conflicts_with = "chat_template_file")]
     chat_template: Option<String>,
     /// Thinking in templates that support it: `off` renders them with
@@ -273,11 +274,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             std::fs::read_to_string(p)
                 .map_err(|e| format!("--chat-template-file {}: {e}", p.display()))?,
         )),
-        None => args
-            .chat_template
-            .as_deref()
-            .map(named_templates::resolve)
-            .transpose()?,
+        None => args.chat_template.as_deref().map(named_templates::resolve),
     };
     let hosts: Vec<String> = args
         .host

@@ -24,28 +24,29 @@ const COMMAND_R: &str = "{%- set names = {'system': 'SYSTEM', 'user': 'USER', 'a
 /// The names `--chat-template` knows.
 pub const NAMES: [&str; 3] = ["chatml", "llama3", "command-r"];
 
-/// `--chat-template VALUE`: (a label for errors, the Jinja source). A value that holds
-/// Jinja markup (`{{` or `{%`) is the template itself; else it must be one of [`NAMES`].
-pub fn resolve(value: &str) -> Result<(String, String), String> {
-    if value.contains("{{") || value.contains("{%") {
-        return Ok(("--chat-template".into(), value.to_owned()));
-    }
+/// `--chat-template VALUE`: (a label for errors, the Jinja source). One of [`NAMES`] is
+/// that format; any other value is the template itself, as llama-server takes it (a value
+/// without Jinja markup then renders as the literal text, and a line on stderr says so).
+pub fn resolve(value: &str) -> (String, String) {
     let source = match value.trim() {
         "chatml" => CHATML,
         "llama3" => LLAMA3,
         "command-r" => COMMAND_R,
-        other => {
-            return Err(format!(
-                "--chat-template {other}: give a Jinja template, or one of {} (or a file with \
-                 --chat-template-file)",
-                NAMES.join(", ")
-            ))
+        _ => {
+            if !value.contains("{{") && !value.contains("{%") {
+                eprintln!(
+                    "qkv-server: --chat-template: {value:?} is none of the named formats ({}) \
+                     and holds no Jinja markup: it renders as written",
+                    NAMES.join(", ")
+                );
+            }
+            return ("--chat-template".into(), value.to_owned());
         }
     };
-    Ok((
+    (
         format!("built-in template {}", value.trim()),
         source.to_owned(),
-    ))
+    )
 }
 
 #[cfg(test)]
@@ -55,7 +56,7 @@ mod tests {
     use serde_json::json;
 
     fn render(name: &str) -> String {
-        let (label, source) = resolve(name).unwrap();
+        let (label, source) = resolve(name);
         let msgs = [
             json!({"role": "system", "content": "You are a test."}),
             json!({"role": "user", "content": "Hi there"}),
@@ -88,7 +89,7 @@ mod tests {
              <|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>\
              <|start_header_id|>assistant<|end_header_id|>\n\n"
         );
-        assert!(resolve("{{ messages }}").is_ok());
-        assert!(resolve("zephyr").unwrap_err().contains("command-r"));
+        assert_eq!(resolve("{{ 'x' }}").1, "{{ 'x' }}");
+        assert_eq!(resolve("plain text").1, "plain text");
     }
 }
