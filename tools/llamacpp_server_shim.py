@@ -56,8 +56,8 @@ VALUED = {
     "-ctk": ("ignore", "qkv keeps its KV cache in the model's activation dtype"),
     "-ctv": ("ignore", "qkv keeps its KV cache in the model's activation dtype"),
     "-fa": ("ignore", "qkv's attention is always fused; there is no switch"),
-    "--pooling": ("ignore", "an encoder's pooling comes from its sentence-transformers config"),
-    "--tags": ("ignore", "qkv-server has no model tags"),
+    "--pooling": ("map", "--pooling"),
+    "--tags": ("map", "--tags"),
     "--model-draft": ("ignore", "no speculative decoding in qkv-server"),
     "--models-dir": ("ignore", "no router mode in qkv-server"),
     "--models-max": ("ignore", "no router mode in qkv-server"),
@@ -74,8 +74,7 @@ VALUED = {
     "--spec-synth-rates": ("ignore", "no speculative decoding in qkv-server"),
     "--reasoning-format": ("ignore", "qkv always splits <think> blocks for templates that use them"),
     "--reasoning": ("map", "--reasoning"),
-    "--chat-template": ("ignore", "qkv has none of llama.cpp's built-in named templates; "
-                        "--chat-template-file takes a Jinja file"),
+    "--chat-template": ("map", "--chat-template"),
     "--chat-template-file": ("map", "--chat-template-file"),
     "--mmproj-url": ("ignore", "no vision in qkv"),
     "--media-path": ("ignore", "no vision in qkv"),
@@ -94,7 +93,8 @@ SWITCHES = {
     "--no-slots": ("map", "--no-slots"),
     "--offline": ("ignore", "qkv-server never downloads when given a model file"),
     "--cont-batching": ("ignore", "qkv's engine always batches continuously"),
-    "--embedding": ("ignore", "qkv-server serves embeddings when the model is an encoder"),
+    "--embedding": ("map", "--embeddings"),
+    "--embeddings": ("map", "--embeddings"),
     "--reranking": ("ignore", "no reranking route in qkv-server"),
     "--kv-unified": ("unified", None),
     "--swa-full": ("ignore", "qkv keeps full-size caches for sliding-window layers"),
@@ -150,6 +150,8 @@ def qkv_args(flags, model, known):
             ctx = int(value)
         elif kind == "parallel":
             parallel = int(value)
+        elif kind == "alias" and "--alias" in known:
+            args += ["--alias", value]
         elif kind == "alias":
             for name in value.split(","):
                 args += ["--model-name", name.strip()]
@@ -160,9 +162,15 @@ def qkv_args(flags, model, known):
         else:
             log(f"ignored {flag}{'' if value is None else ' ' + value}: {target}")
     if not any(f == "--cors-origins" for f, _ in flags) and "--cors-origins" in known:
-        # llama-server allows every origin unless told otherwise; qkv-server none.
-        log("no --cors-origins: --cors-origins * (llama-server's default: every origin)")
-        args += ["--cors-origins", "*"]
+        # llama-server allows every origin unless told otherwise, or only localhost ones
+        # when its built-in tools or MCP servers are on; qkv-server none.
+        if any(f in ("--tools", "--mcp-servers-config", "--mcp-servers-json") for f, _ in flags):
+            log("no --cors-origins with --tools or MCP servers: --cors-origins localhost "
+                "(llama-server's default then)")
+            args += ["--cors-origins", "localhost"]
+        else:
+            log("no --cors-origins: --cors-origins * (llama-server's default: every origin)")
+            args += ["--cors-origins", "*"]
     args += ["--max-sequences", str(parallel)]
     if ctx is not None:
         # llama-server splits --ctx-size over its slots, unless the cache is unified (then

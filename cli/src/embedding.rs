@@ -164,16 +164,7 @@ pub fn fields(b: &Body) -> Result<Fields, ApiError> {
             ))
         }
     };
-    let format = match b.str("encoding_format")? {
-        None | Some("float") => Format::Float,
-        Some("base64") => Format::Base64,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "encoding_format",
-                format!("`encoding_format` must be \"float\" or \"base64\", got {other:?}"),
-            ))
-        }
-    };
+    let format = format(b)?;
     let dimensions = match b.uint("dimensions", u32::MAX as u64)? {
         Some(0) => {
             return Err(ApiError::invalid(
@@ -188,6 +179,18 @@ pub fn fields(b: &Body) -> Result<Fields, ApiError> {
         format,
         dimensions,
     })
+}
+
+/// `encoding_format`: `float` (the default) or `base64`; a 400 naming it otherwise.
+pub fn format(b: &Body) -> Result<Format, ApiError> {
+    match b.str("encoding_format")? {
+        None | Some("float") => Ok(Format::Float),
+        Some("base64") => Ok(Format::Base64),
+        Some(other) => Err(ApiError::invalid(
+            "encoding_format",
+            format!("`encoding_format` must be \"float\" or \"base64\", got {other:?}"),
+        )),
+    }
 }
 
 /// `v`'s little-endian f32 bytes in standard base64 with padding, as OpenAI writes an

@@ -58,11 +58,14 @@ fn sequence(v: &Value, field: &str) -> Result<Vec<PromptPart>, ApiError> {
                     "this server has no multimodal model: `multimodal_data` cannot be read",
                 ));
             }
+            if let Some(parts) = o.get("content") {
+                return content_parts(parts, &format!("{field}.content"));
+            }
             match o.get("prompt_string") {
                 Some(Value::String(s)) => Ok(vec![PromptPart::Text(s.clone())]),
                 _ => Err(ApiError::invalid(
                     &format!("{field}.prompt_string"),
-                    "a prompt object needs a string `prompt_string`",
+                    "a prompt object needs a string `prompt_string` or a list `content`",
                 )),
             }
         }
@@ -85,30 +88,73 @@ fn sequence(v: &Value, field: &str) -> Result<Vec<PromptPart>, ApiError> {
     }
 }
 
+/// A `{"content": [...]}` prompt object's parts: text parts, their texts run together as
+/// one text (llama-server's embedding input); any other kind of part is refused (no model
+/// here reads images, audio or video).
+fn content_parts(v: &Value, field: &str) -> Result<Vec<PromptPart>, ApiError> {
+    let Value::Array(parts) = v else {
+        return Err(ApiError::invalid(
+            field,
+            format!("`content` must be a list of text parts, got {v}"),
+        ));
+    };
+    let mut text = String::new();
+    for (i, p) in parts.iter().enumerate() {
+        match (p.get("type").and_then(Value::as_str), p.get("text")) {
+            (Some("text"), Some(Value::String(t))) => text.push_str(t),
+            (Some("text"), _) => {
+                return Err(ApiError::invalid(
+                    &format!("{field}[{i}].text"),
+                    "a text part needs a string `text`",
+                ))
+            }
+            (kind, _) => {
+                return Err(ApiError::invalid(
+                    &format!("{field}[{i}].type"),
+                    format!(
+                        "only text parts can be read here, got {}",
+                        kind.unwrap_or("no type")
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(vec![PromptPart::Text(text)])
+}
+
 /// The `prompt` of `/completion`, as the sequences to run: a string or an object is one;
 /// a list holding a token id (alone or with strings) is one mixed sequence; any other list
 /// is a batch, each element a string, an object or a list of ids and strings.
 pub fn prompts(b: &Body) -> Result<Vec<Vec<PromptPart>>, ApiError> {
-    let p = b.required("prompt")?;
+    prompts_in(b, "prompt")
+}
+
+/// As [`prompts`], from the field `field` (`input` of llama-server's embeddings, say).
+/// Objects may also be `{"content": [text parts]}`, their texts run together.
+pub fn prompts_in(b: &Body, field: &str) -> Result<Vec<Vec<PromptPart>>, ApiError> {
+    let p = b.required(field)?;
     let Value::Array(items) = p else {
-        return Ok(vec![sequence(p, "prompt")?]);
+        return Ok(vec![sequence(p, field)?]);
     };
     if items.is_empty() {
-        return Err(ApiError::invalid("prompt", "`prompt` is an empty list"));
+        return Err(ApiError::invalid(
+            field,
+            format!("`{field}` is an empty list"),
+        ));
     }
     if items.iter().any(Value::is_number) {
-        return Ok(vec![sequence(p, "prompt")?]);
+        return Ok(vec![sequence(p, field)?]);
     }
     if items.len() > MAX_PROMPTS {
         return Err(ApiError::invalid(
-            "prompt",
+            field,
             format!("at most {MAX_PROMPTS} prompts per request"),
         ));
     }
     items
         .iter()
         .enumerate()
-        .map(|(i, v)| sequence(v, &format!("prompt[{i}]")))
+        .map(|(i, v)| sequence(v, &format!("{field}[{i}]")))
         .collect()
 }
 
@@ -439,6 +485,42 @@ mod tests {
                 "prompt.multimodal_data",
             ),
             (r#"{"prompt": {"text": "x"}}"#, "prompt.prompt_string"),
+        ] {
+            assert_eq!(param(p(j)), f, "{j}");
+        }
+    }
+
+    #[test]
+    fn content_objects_run_their_text_parts_together() {
+        let p = |j: &str| prompts_in(&body(j), "input");
+        use PromptPart::Text;
+        let got = p(
+            r#"{"input": ["hello world", {"content": [{"type": "text", "text": "hello "},
+            {"type": "text", "text": "world"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            [
+                vec![Text("hello world".into())],
+                vec![Text("hello world".into())]
+            ]
+        );
+        for (j, f) in [
+            (r#"{"input": {"content": "string"}}"#, "input.content"),
+            (
+                r#"{"input": {"content": [{"type": "unknown"}]}}"#,
+                "input.content[0].type",
+            ),
+            (
+                r#"{"input": {"content": [{"type": "image_url", "image_url": {"url": "x"}}]}}"#,
+                "input.content[0].type",
+            ),
+            (
+                r#"{"input": {"content": [{"type": "text"}]}}"#,
+                "input.content[0].text",
+            ),
+            (r#"{"input": []}"#, "input"),
         ] {
             assert_eq!(param(p(j)), f, "{j}");
         }

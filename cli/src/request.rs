@@ -436,7 +436,8 @@ pub fn chat_messages(b: &Body) -> Result<(Vec<Value>, Option<Vec<Value>>), ApiEr
 }
 
 /// Chat message `i`, checked: a `role` string and a `content` that is a string, a list of
-/// text parts (joined into one string), or null.
+/// text parts (joined into one string with a blank line between parts, as llama-server
+/// joins them for templates that take string content), or null.
 pub fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let field = |k: &str| format!("messages[{i}].{k}");
     let obj = m.as_object().ok_or_else(|| {
@@ -455,7 +456,13 @@ pub fn message(i: usize, m: &Value) -> Result<Value, ApiError> {
                     p.get("type").and_then(Value::as_str),
                     p.get("text").and_then(Value::as_str),
                 ) {
-                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some("text"), Some(t)) => {
+                        // llama-server joins the parts of a string-content template so.
+                        if !text.is_empty() {
+                            text.push_str("\n\n");
+                        }
+                        text.push_str(t)
+                    }
                     _ => {
                         return Err(ApiError::invalid(
                             &field("content"),
@@ -666,7 +673,7 @@ mod tests {
             {"type": "text", "text": "b"}]}, {"role": "assistant", "content": null}],
             "tools": [{"type": "function"}]}"#;
         let (msgs, tools) = chat_messages(&body(json)).unwrap();
-        assert_eq!(msgs[0]["content"], "ab", "text parts are joined");
+        assert_eq!(msgs[0]["content"], "a\n\nb", "text parts are joined");
         assert!(msgs[1]["content"].is_null());
         assert_eq!(tools.map(|t| t.len()), Some(1));
     }

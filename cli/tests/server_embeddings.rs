@@ -394,11 +394,13 @@ fn embedding_requests_an_encoder_cannot_take_are_400s_naming_the_field() {
             .call("POST", "/v1/embeddings", &json!({"input": "the"})),
         "no key",
     );
-    // A decoder refuses embeddings the same way.
+    // A decoder served without --embeddings refuses them the same way, naming the flag
+    // (with it: cli/tests/server_compat.rs).
     let d = Server::spawn(&["--model", &synthetic(), "--ctx", "256"]).unwrap();
     let (status, text) = d.call("POST", "/v1/embeddings", &json!({"input": "hi"}));
     assert_eq!(status, 400, "{text}");
-    assert!(text.contains("/v1/embeddings needs an encoder"), "{text}");
+    assert!(text.contains("--embeddings"), "{text}");
+    assert!(text.contains("model_not_supported"), "{text}");
 }
 
 /// all-MiniLM-L6-v2's directory: `$QKV_EMBED_MODEL`, else the one the embedding reference

@@ -146,6 +146,10 @@ fuzz_target!(|data: &[u8]| {
     // llama-server's native fields: the prompt forms, n_predict, n_probs, logit_bias,
     // samplers, response_fields, stop lists, cache_prompt, id_slot, return_tokens.
     let _ = qkv_cli::native::prompts(&body);
+    // The decoder's embeddings read `input` (or `content`) as prompts, with content parts.
+    let _ = qkv_cli::native::prompts_in(&body, "input");
+    let _ = qkv_cli::native::prompts_in(&body, "content");
+    let _ = qkv_cli::embedding::format(&body);
     let _ = qkv_cli::native::logit_bias(&body, "logit_bias");
     if let Ok(f) = qkv_cli::native::fields(&body) {
         let _ = body.field("content").map(|v| qkv_cli::native::select_fields(v, &f.response_fields));

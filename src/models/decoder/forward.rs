@@ -62,6 +62,46 @@ impl Decoder {
         self.run(state, tokens, pos0, Logits::All(logits))
     }
 
+    /// Runs `tokens` from position 0 of `state` (whatever its cache held is forgotten) and
+    /// writes every token's final hidden state, after the final norm (the vector the output
+    /// head multiplies), into `out`: row `i` (`dim` wide) is `tokens[i]`'s. Embeddings from
+    /// a generative model pool these rows. Errors as [`forward`](Self::forward) does, and
+    /// with [`Error::Shape`] when `out` is not `tokens.len()·dim` long.
+    pub fn forward_hidden(
+        &self,
+        state: &mut DecoderState,
+        tokens: &[u32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let d = self.config.dim;
+        let DecoderState { cache, scratch } = state;
+        self.check_segment(cache, tokens, 0)?;
+        if out.len() != tokens.len().saturating_mul(d) {
+            return Err(Error::Shape(format!(
+                "hidden-state buffer holds {}, {} tokens of width {d} need {}",
+                out.len(),
+                tokens.len(),
+                tokens.len().saturating_mul(d)
+            )));
+        }
+        cache.filled = 0;
+        let mut pos = 0;
+        for chunk in tokens.chunks(scratch.rows) {
+            let mut seg = [Segment {
+                cache: &mut *cache,
+                tokens: chunk,
+                pos0: pos,
+                logits: false,
+            }];
+            self.layers(&mut seg, scratch)?;
+            let rows = &mut out[pos * d..(pos + chunk.len()) * d];
+            rows.copy_from_slice(&scratch.x[..chunk.len() * d]);
+            self.final_norm.forward_inplace(rows)?;
+            pos += chunk.len();
+        }
+        Ok(())
+    }
+
     fn run(
         &self,
         state: &mut DecoderState,
@@ -392,4 +432,47 @@ enum Logits<'a> {
     Last(&'a mut [f32]),
     /// Every token's, one row each.
     All(&'a mut [f32]),
+}
+
+#[cfg(test)]
+mod hidden_tests {
+    use super::super::{DecoderConfig, WeightLayout};
+    use super::*;
+    use crate::weights::FloatType;
+
+    /// The hidden states, through the output head, are the logits `forward_all` gives; in
+    /// chunks smaller than the prompt too.
+    #[test]
+    fn hidden_states_times_the_head_are_the_logits() {
+        let config = DecoderConfig::llama(64, 2, 4, 2, 128, 100, 256, WeightLayout::Gguf);
+        let model = Decoder::synthetic(config, 11, FloatType::F32).unwrap();
+        let tokens = [3u32, 14, 15, 92, 65, 35, 89];
+        let (d, vocab) = (64, 100);
+        let mut state = model.new_state(32, FloatType::F32, 3).unwrap();
+        let mut hidden = vec![0.0; tokens.len() * d];
+        model
+            .forward_hidden(&mut state, &tokens, &mut hidden)
+            .unwrap();
+        let mut state2 = model.new_state(32, FloatType::F32, 3).unwrap();
+        let mut want = vec![0.0; tokens.len() * vocab];
+        model
+            .forward_all(&mut state2, &tokens, 0, &mut want)
+            .unwrap();
+        let w = model.output.as_ref().unwrap_or(&model.embedding);
+        let mut got = vec![0.0; tokens.len() * vocab];
+        qkv_kernels::linear(&mut got, &hidden, w.weights(), None, tokens.len(), d, vocab).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-4, "{g} vs {w}");
+        }
+        // Running again forgets the first run; a wrong buffer is a typed error.
+        let mut again = vec![0.0; tokens.len() * d];
+        model
+            .forward_hidden(&mut state, &tokens, &mut again)
+            .unwrap();
+        assert_eq!(hidden, again);
+        assert!(matches!(
+            model.forward_hidden(&mut state, &tokens, &mut again[1..]),
+            Err(Error::Shape(_))
+        ));
+    }
 }

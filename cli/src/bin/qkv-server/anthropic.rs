@@ -7,6 +7,7 @@
 //! arguments streamed as `input_json_delta` as they are generated). Errors are in Anthropic's
 //! shape, `{"type": "error", "error": {"type", "message"}}`.
 
+use crate::openai::StopWord;
 use crate::translate::{self, Delta};
 use crate::AppState;
 use axum::body::Bytes;
@@ -69,12 +70,23 @@ pub async fn messages(
             state.shared.metrics.requests.load(Ordering::Relaxed) & 0xffff
         );
         let model = state.model_name.clone();
+        let stop = response
+            .extensions()
+            .get::<StopWord>()
+            .cloned()
+            .unwrap_or_default();
         if stream {
-            let events = events(id, model, prompt_tokens, translate::stream(response));
+            let events = events(id, model, prompt_tokens, translate::stream(response), stop);
             Ok(Sse::new(events).into_response())
         } else {
             let whole = translate::whole(response).await?;
-            Ok(Json(message(&id, &model, &whole)).into_response())
+            Ok(Json(message(
+                &id,
+                &model,
+                &whole,
+                stop.0.get().map(String::as_str),
+            ))
+            .into_response())
         }
     }
     .await;
@@ -97,11 +109,13 @@ pub async fn count_tokens(
     answered(&state, r)
 }
 
-/// Anthropic's `stop_reason` for the chat route's finish reason.
-fn stop_reason(finish: Option<&str>) -> &'static str {
+/// Anthropic's `stop_reason` for the chat route's finish reason and the stop sequence that
+/// ended the reply, if one did (`stop_sequence` then).
+fn stop_reason(finish: Option<&str>, stop: Option<&str>) -> &'static str {
     match finish {
         Some("length") => "max_tokens",
         Some("tool_calls") => "tool_use",
+        Some("stop") if stop.is_some() => "stop_sequence",
         _ => "end_turn",
     }
 }
@@ -117,7 +131,7 @@ fn usage(prompt: u64, cached: u64, output: u64) -> Value {
 }
 
 /// The whole message from the chat route's whole answer.
-fn message(id: &str, model: &str, chat: &Value) -> Value {
+fn message(id: &str, model: &str, chat: &Value, stop: Option<&str>) -> Value {
     let choice = &chat["choices"][0];
     let m = &choice["message"];
     let mut content = Vec::new();
@@ -148,8 +162,8 @@ fn message(id: &str, model: &str, chat: &Value) -> Value {
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stop_reason(choice["finish_reason"].as_str()),
-        "stop_sequence": null,
+        "stop_reason": stop_reason(choice["finish_reason"].as_str(), stop),
+        "stop_sequence": stop,
         "usage": usage(prompt, cached, output),
     })
 }
@@ -166,6 +180,8 @@ enum Block {
 /// Anthropic's events for a streamed chat answer.
 struct Events {
     upstream: Pin<Box<dyn Stream<Item = Delta> + Send>>,
+    /// The stop sequence that ended the reply, once the chat answer has ended.
+    stop: StopWord,
     ready: VecDeque<Event>,
     /// The block being streamed and its index.
     open: Option<(Block, usize)>,
@@ -260,10 +276,12 @@ impl Events {
         }
         self.close();
         let (_, _, output) = translate::usage_counts(self.usage.as_ref().unwrap_or(&Value::Null));
+        let stop = self.stop.0.get().map(String::as_str);
         self.ready.push_back(event(
             "message_delta",
             json!({"type": "message_delta",
-                "delta": {"stop_reason": stop_reason(self.finish.as_deref()), "stop_sequence": null},
+                "delta": {"stop_reason": stop_reason(self.finish.as_deref(), stop),
+                    "stop_sequence": stop},
                 "usage": {"output_tokens": output}}),
         ));
         self.ready
@@ -278,9 +296,11 @@ fn events(
     model: String,
     prompt_tokens: usize,
     upstream: Pin<Box<dyn Stream<Item = Delta> + Send>>,
+    stop: StopWord,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let mut st = Events {
         upstream,
+        stop,
         ready: VecDeque::new(),
         open: None,
         blocks: 0,

@@ -31,6 +31,8 @@ pub struct ServeOptions {
     /// The model's path, and how many sequences run at once (for `/props`).
     pub model_path: String,
     pub max_sequences: usize,
+    /// `--embeddings`: how embeddings pool the hidden states (`None`: not served).
+    pub pooling: Option<crate::embed_decoder::Pooling>,
 }
 
 /// The chat template the server renders with: `--chat-template-file`'s, else the model's.
@@ -150,6 +152,13 @@ fn render_messages(
     let date = |format| Value::from(qkv::tokenizer::strftime_now(format));
     extra.insert("date_string".into(), date("%d %b %Y"));
     extra.insert("datetime".into(), date("%b %d %Y"));
+    // Templates written for a `functions` variable (FireFunction v2's) read the tools as
+    // indented JSON text, empty without tools.
+    let functions = match raw_tools.as_deref() {
+        Some(t) if !t.is_empty() => serde_json::to_string_pretty(t).unwrap_or_default(),
+        _ => String::new(),
+    };
+    extra.insert("functions".into(), Value::String(functions));
     let options = qkv::tokenizer::ChatOptions {
         add_generation_prompt: add_generation || prefill.is_some(),
         tools: match tool_req {

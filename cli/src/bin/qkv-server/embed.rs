@@ -303,7 +303,7 @@ async fn not_a_decoder(
 /// `GET /v1/models`.
 async fn models(State(state): State<Arc<EmbedState>>) -> Json<Value> {
     let cfg = state.embedder.encoder().config();
-    crate::model_list(
+    crate::models::model_list(
         &state.shared,
         json!({
             "n_ctx": cfg.max_seq_length,

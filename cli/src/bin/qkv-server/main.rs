@@ -29,6 +29,10 @@ mod anthropic;
 mod chat;
 mod cors;
 mod embed;
+mod embed_decoder;
+mod listen;
+mod models;
+mod named_templates;
 mod native;
 mod openai;
 mod responses;
@@ -108,6 +112,14 @@ struct Args {
     /// request may name any model: this server runs one and answers with it.
     #[arg(long = "model-name", value_name = "NAME")]
     model_names: Vec<String>,
+    /// llama-server's form: the model's names, comma-separated. `/v1/models` lists it once,
+    /// as the first name in sorted order (the name responses report), with every name in
+    /// `aliases`. Not with `--model-name`.
+    #[arg(long, value_name = "NAMES")]
+    alias: Option<String>,
+    /// Tags `/v1/models` lists for the model, comma-separated.
+    #[arg(long, value_name = "TAGS")]
+    tags: Option<String>,
     /// Seconds running requests get to finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30)]
     grace: u64,
@@ -159,19 +171,32 @@ struct Args {
     /// A Jinja chat template to render chats with instead of the model's.
     #[arg(long, value_name = "PATH")]
     chat_template_file: Option<PathBuf>,
+    /// A chat template given inline (Jinja), or a format by name: `chatml`, `llama3`,
+    /// `command-r` (any other value is taken as the template itself).
+    #[arg(long, value_name = "JINJA|NAME", conflicts_with = "chat_template_file")]
+    chat_template: Option<String>,
     /// Thinking in templates that support it: `off` renders them with
     /// `enable_thinking: false` and closes an opened thinking block; `on`/`auto` (default)
     /// leave the template's default.
     #[arg(long, value_name = "on|off|auto", default_value = "auto")]
     reasoning: String,
+    /// Serve embeddings from this generative model (`POST /v1/embeddings`, and
+    /// llama-server's `POST /embeddings`): its final hidden states, pooled by `--pooling`.
+    #[arg(long)]
+    embeddings: bool,
+    /// How `--embeddings` pools a sequence's hidden states: `last` (the default), `mean`,
+    /// `cls` (the first token), or `none` (every token's, on `/embeddings` only).
+    #[arg(long, value_name = "none|mean|cls|last", default_value = "last")]
+    pooling: String,
 }
 
 /// What the handlers of either kind of model see.
 pub struct Shared {
-    /// The name responses report (the first `--model-name`).
+    /// The name responses report (the first `--model-name`, or the first `--alias` in
+    /// sorted order).
     pub model_name: String,
-    /// Every name `/v1/models` lists, the served one first.
-    pub aliases: Vec<String>,
+    /// Every name, and what `/v1/models` lists.
+    pub names: models::Names,
     pub metrics: Arc<Metrics>,
     /// Set by SIGTERM: new requests get 503.
     pub draining: AtomicBool,
@@ -242,13 +267,14 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.temp.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
         return Err("--temp: give a temperature in [0, 2]".into());
     }
+    let pooling = embed_decoder::Pooling::parse(&args.pooling)?;
     let template = match &args.chat_template_file {
         Some(p) => Some((
             p.display().to_string(),
             std::fs::read_to_string(p)
                 .map_err(|e| format!("--chat-template-file {}: {e}", p.display()))?,
         )),
-        None => None,
+        None => args.chat_template.as_deref().map(named_templates::resolve),
     };
     let hosts: Vec<String> = args
         .host
@@ -268,11 +294,16 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => p.clone(),
         None => qkv_cli::fetch::default_model()?,
     };
-    let aliases = model_names(&args.model_names, &path)?;
+    let names = models::names(
+        &args.model_names,
+        args.alias.as_deref(),
+        args.tags.as_deref(),
+        &path,
+    )?;
     let metrics = Arc::new(Metrics::default());
     let shared = Arc::new(Shared {
-        model_name: aliases[0].clone(),
-        aliases,
+        model_name: names.served.clone(),
+        names,
         metrics: metrics.clone(),
         draining: AtomicBool::new(false),
         vllm_names: args.metrics_vllm_names,
@@ -328,6 +359,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             metrics: !args.no_metrics,
             model_path: path.display().to_string(),
             max_sequences,
+            pooling: args.embeddings.then_some(pooling),
         };
         let state = Arc::new(AppState {
             options,
@@ -385,30 +417,28 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             let mut rx = stop_rx.clone();
             let app = app.clone();
             others.push(tokio::spawn(async move {
-                axum::serve(l, app)
-                    .with_graceful_shutdown(async move {
-                        rx.wait_for(|stop| *stop).await.ok();
-                    })
-                    .await
+                listen::serve(l, app, async move {
+                    rx.wait_for(|stop| *stop).await.ok();
+                })
+                .await
             }));
         }
         let grace = Duration::from_secs(args.grace);
         let st = shared.clone();
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                shutdown_signal().await;
-                stop_tx.send(true).ok();
-                eprintln!("qkv-server: shutting down: finishing the running requests");
-                st.draining.store(true, Ordering::SeqCst);
-                if let Some(worker) = worker {
-                    tokio::spawn(async move {
-                        tokio::time::sleep(grace).await;
-                        eprintln!("qkv-server: grace period over: cancelling what still runs");
-                        worker.cancel_all();
-                    });
-                }
-            })
-            .await?;
+        listen::serve(listener, app, async move {
+            shutdown_signal().await;
+            stop_tx.send(true).ok();
+            eprintln!("qkv-server: shutting down: finishing the running requests");
+            st.draining.store(true, Ordering::SeqCst);
+            if let Some(worker) = worker {
+                tokio::spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    eprintln!("qkv-server: grace period over: cancelling what still runs");
+                    worker.cancel_all();
+                });
+            }
+        })
+        .await?;
         for o in others {
             o.await??;
         }
@@ -461,9 +491,10 @@ fn decoder_routes(state: Arc<AppState>) -> Router {
         )
         .route("/props", get(native::props))
         .route("/slots", get(native::slots))
-        .route("/v1/embeddings", post(no_embeddings))
-        .route("/v1/models", get(models))
-        .route("/models", get(models))
+        .route("/v1/embeddings", post(embed_decoder::openai))
+        .route("/embeddings", post(embed_decoder::native))
+        .route("/v1/models", get(models::models))
+        .route("/models", get(models::models))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/v1/messages", post(anthropic::messages))
@@ -560,19 +591,6 @@ fn counted(shared: &Shared, r: Result<Response, ApiError>) -> Response {
     }
 }
 
-/// `/v1/embeddings` on a decoder: a 400 that says why.
-async fn no_embeddings(
-    State(state): State<Arc<AppState>>,
-    raw: Result<Bytes, BytesRejection>,
-) -> Response {
-    let why = format!(
-        "`{}` is a text generation model; /v1/embeddings needs an encoder (a \
-         sentence-transformers directory such as all-MiniLM-L6-v2)",
-        state.model_name
-    );
-    unsupported(&state.shared, raw, why)
-}
-
 /// A route the served model's kind cannot answer: the body is read as on every route (a
 /// malformed one is its own error), then a 400 `model_not_supported` saying `why`.
 fn unsupported(shared: &Shared, raw: Result<Bytes, BytesRejection>, why: String) -> Response {
@@ -645,50 +663,6 @@ async fn completions(
     }
     .await;
     counted(&state.shared, r)
-}
-
-/// The names the model answers to: `--model-name`s in order, else the file or directory
-/// name; an empty or repeated name is a startup error.
-fn model_names(given: &[String], path: &Path) -> Result<Vec<String>, String> {
-    if given.is_empty() {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "qkv".into());
-        return Ok(vec![name]);
-    }
-    for (i, name) in given.iter().enumerate() {
-        if name.trim().is_empty() {
-            return Err("--model-name: a name is empty".into());
-        }
-        if given[..i].contains(name) {
-            return Err(format!("--model-name {name}: given twice"));
-        }
-    }
-    Ok(given.to_vec())
-}
-
-/// The `/v1/models` answer: one entry per name, each the same model (`root`: the served
-/// name), with `meta`.
-fn model_list(shared: &Shared, meta: Value) -> Json<Value> {
-    let data: Vec<Value> = shared
-        .aliases
-        .iter()
-        .map(|name| {
-            json!({
-                "id": name, "object": "model", "created": 0, "owned_by": "qkv",
-                "root": shared.model_name, "meta": meta,
-            })
-        })
-        .collect();
-    Json(json!({"object": "list", "data": data}))
-}
-
-async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    model_list(
-        &state.shared,
-        json!({"n_ctx": state.context, "n_vocab": state.model.vocab_size()}),
-    )
 }
 
 async fn health(State(shared): State<Arc<Shared>>) -> Response {

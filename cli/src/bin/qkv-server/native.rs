@@ -25,7 +25,11 @@ use std::sync::Arc;
 
 /// The token ids of one prompt sequence: text parts encoded (the first with the special
 /// tokens the model adds, as llama-server does), ids checked against the vocabulary.
-fn encode(tokenizer: &Tokenizer, parts: &[PromptPart], vocab: usize) -> Result<Vec<u32>, ApiError> {
+pub fn encode(
+    tokenizer: &Tokenizer,
+    parts: &[PromptPart],
+    vocab: usize,
+) -> Result<Vec<u32>, ApiError> {
     let mut ids = Vec::new();
     for (i, part) in parts.iter().enumerate() {
         match part {

@@ -71,12 +71,21 @@ pub async fn generate(
         return Ok(axum::Json(first).into_response());
     }
     let run = start(state, kind, prompt, p, post).await?;
-    if run.p.stream {
-        Ok(stream(run).into_response())
+    let stop = run.stop_cell.clone();
+    let mut response = if run.p.stream {
+        stream(run).into_response()
     } else {
-        whole(run).await.map(IntoResponse::into_response)
-    }
+        whole(run).await?.into_response()
+    };
+    response.extensions_mut().insert(stop);
+    Ok(response)
 }
+
+/// The stop string that ended a run, set when it matches: a response extension of
+/// [`generate`]'s answer (never sent), read by the routes that translate the chat answer
+/// (Anthropic's `stop_sequence`). A streamed answer has it once its stream has ended.
+#[derive(Clone, Debug, Default)]
+pub struct StopWord(pub Arc<std::sync::OnceLock<String>>);
 
 /// Submits `prompt` (a 400 `exceed_context_size_error` when it leaves no room in the
 /// context), with `p`'s logit bias applied around `post`'s constraint, and returns the run
@@ -158,6 +167,7 @@ pub async fn start(
         first_token: None,
         last_token: None,
         stop_word: None,
+        stop_cell: StopWord::default(),
         eos: false,
         tokens: Vec::new(),
         prompt_tokens,
@@ -251,6 +261,8 @@ pub struct Run {
     last_token: Option<Instant>,
     /// The stop string that ended the run, if one did.
     pub stop_word: Option<String>,
+    /// The same, for whoever holds the response ([`StopWord`]).
+    stop_cell: StopWord,
     /// Whether the end-of-text token ended it.
     pub eos: bool,
     /// The generated token ids.
@@ -406,6 +418,9 @@ impl Run {
                     .iter()
                     .find(|s| self.text[start + at..].starts_with(s.as_str()))
                     .cloned();
+                if let Some(w) = &self.stop_word {
+                    self.stop_cell.0.set(w.clone()).ok();
+                }
                 self.text.truncate(start + at);
                 start + at
             }
