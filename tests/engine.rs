@@ -176,6 +176,59 @@ fn batched_sequences_get_the_tokens_they_get_alone() {
     check_batched_sequences_get_the_tokens_they_get_alone(&synthetic_model());
 }
 
+/// The step budget: prompts that arrive while nothing decodes are read together under
+/// `prefill_step_tokens`; a prompt that arrives while others decode is read in chunks that
+/// fill `step_tokens` after their decode tokens, so the running streams keep a token a step.
+#[test]
+fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
+    let m = synthetic_model();
+    let mut e = engine(
+        &m,
+        EngineOptions {
+            max_sequences: 4,
+            step_tokens: 8,
+            prefill_step_tokens: 64,
+            ..EngineOptions::default()
+        },
+    );
+    let prompt = |k: u32| {
+        (0..20)
+            .map(|t| 32 + (t * 7 + k * 13) % 200)
+            .collect::<Vec<_>>()
+    };
+    let first: Vec<SeqId> = (0..3)
+        .map(|k| e.submit(request(prompt(k), 30)).unwrap())
+        .collect();
+    let mut events = Vec::new();
+    e.step(&mut events).unwrap();
+    // 60 prompt tokens in one step: all three have their first token.
+    let tokens = |events: &[Event], seq: SeqId| {
+        events
+            .iter()
+            .filter(|ev| matches!(ev, Event::Token { seq: s, .. } if *s == seq))
+            .count()
+    };
+    for &seq in &first {
+        assert_eq!(tokens(&events, seq), 1, "{seq:?} after the first step");
+    }
+    // Now three decode: 8 - 3 = 5 prompt tokens a step, so 20 take 4 steps, while each
+    // running sequence still gets one token every step.
+    let late = e.submit(request(prompt(3), 4)).unwrap();
+    for step in 1..=4 {
+        events.clear();
+        e.step(&mut events).unwrap();
+        for &seq in &first {
+            assert_eq!(tokens(&events, seq), 1, "{seq:?} at step {step}");
+        }
+        let want = usize::from(step == 4);
+        assert_eq!(
+            tokens(&events, late),
+            want,
+            "the late prompt at step {step}"
+        );
+    }
+}
+
 #[test]
 fn network_batched_sequences_get_the_tokens_they_get_alone() {
     let Some(m) = real_model() else { return };
