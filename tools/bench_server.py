@@ -24,12 +24,17 @@ processes (SIGSTOP) while they run; a stopped server or load generator makes lat
 that say nothing about either server. A watcher thread samples every 50 ms the state of
 the server (and its own clock); a load run during which the server was seen stopped, or
 the watcher itself missed more than 0.5 s, is discarded and repeated (up to --retries
-times), and the number of repeats is printed with the table.
+times), and the number of repeats is printed with the table. Each run also records the
+CPU that other processes took meanwhile (`other_cores`: all busy CPU time on the machine
+from /proc/stat, less the server's and the load generator's, over the wall time); a run
+where they averaged more than --max-other cores is repeated too, and the table gives the
+median of `other_cores` per row, so a reader sees how quiet the host was.
 """
 
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import statistics
@@ -99,13 +104,44 @@ def start(kind, exe, model, slots, port, qkv_args=()):
     return proc
 
 
+def busy_seconds():
+    """CPU seconds the whole machine spent busy (not idle or waiting) since boot."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_seconds(pid):
+    """CPU seconds process `pid` has used (user and system), or 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            v = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_seconds():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 class Watch:
-    """Notices, while a load runs, whether the server was stopped or this process starved."""
+    """Notices, while a load runs, whether the server was stopped or this process starved,
+    and how much CPU the rest of the machine took."""
 
     def __init__(self, pid):
         self.pid, self.paused, self.done = pid, False, threading.Event()
+        self.t0, self.busy0 = time.monotonic(), busy_seconds()
+        self.own0 = process_seconds(pid) + children_seconds() + process_seconds(os.getpid())
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
+
+    def other_cores(self):
+        """Cores' worth of CPU that other processes used since the start."""
+        own = process_seconds(self.pid) + children_seconds() + process_seconds(os.getpid())
+        wall = time.monotonic() - self.t0
+        return max(0.0, (busy_seconds() - self.busy0) - (own - self.own0)) / max(wall, 1e-9)
 
     def run(self):
         last = time.monotonic()
@@ -128,7 +164,7 @@ class Watch:
         return self.paused
 
 
-def load(port, streams, pid=None, retries=0, stats=None):
+def load(port, streams, pid=None, retries=0, stats=None, max_other=float("inf")):
     for attempt in range(retries + 1):
         watch = Watch(pid) if pid else None
         out = subprocess.run(
@@ -136,17 +172,20 @@ def load(port, streams, pid=None, retries=0, stats=None):
              f"http://127.0.0.1:{port}/v1", "--streams", str(streams),
              "--prompt-tokens", "128", "--max-tokens", "128", "--json"],
             capture_output=True, text=True, timeout=1800)
+        other = watch.other_cores() if watch else 0.0
         paused = watch.stop() if watch else False
         if out.returncode != 0:
             sys.exit(f"load failed: {out.stderr}")
-        if not paused:
+        if not paused and other <= max_other:
             break
         if stats is not None:
             stats["repeated"] += 1
-        log(f"{streams} streams: paused during the run (attempt {attempt + 1}), "
-            + ("running it again" if attempt < retries else "kept, marked paused"))
+        why = "paused" if paused else f"other processes took {other:.2f} cores"
+        log(f"{streams} streams: {why} during the run (attempt {attempt + 1}), "
+            + ("running it again" if attempt < retries else "kept, marked"))
     r = json.loads(out.stdout)
     r["paused"] = paused
+    r["other_cores"] = other
     return r
 
 
@@ -158,6 +197,8 @@ def main():
     ap.add_argument("--qkv-args", default="", help="extra qkv-server flags, split on spaces")
     ap.add_argument("--only", choices=["qkv", "llama"], help="run one server only")
     ap.add_argument("--retries", type=int, default=4, help="repeats of a paused load run")
+    ap.add_argument("--max-other", type=float, default=0.5,
+                    help="repeat a run where other processes averaged more cores than this")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
@@ -184,11 +225,12 @@ def main():
             try:
                 load(port, 1)  # warm-up
                 for s in streams:
-                    r = load(port, s, proc.pid, args.retries, stats)
+                    r = load(port, s, proc.pid, args.retries, stats, args.max_other)
                     results[(kind, s)].append(r)
                     log(f"round {rnd + 1} {kind} {s} streams: {r['tok_s']:.1f} tok/s, "
                         f"TTFT p50/p99 {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms, "
                         f"ITL p50/p99 {r['itl_p50_ms']:.1f}/{r['itl_p99_ms']:.1f} ms"
+                        + f", other processes {r['other_cores']:.2f} cores"
                         + (" (paused)" if r["paused"] else ""))
             finally:
                 proc.send_signal(signal.SIGTERM)
@@ -205,28 +247,30 @@ def main():
             dict(model=str(model), qkv_args=qkv_args, repeated=stats["repeated"],
                  runs=[dict(r, server=k) for (k, s), rs in results.items()
                        for r in rs]), indent=1))
-    print(f"model {model.name}; medians of {args.rounds} rounds; paused runs repeated: "
-          f"{stats['repeated']}")
+    print(f"model {model.name}; medians of {args.rounds} rounds; runs repeated (paused or "
+          f"busy host): {stats['repeated']}")
     if args.only:
-        print("| streams | tok/s | TTFT p50/p99 ms | ITL p50/p99 ms |")
-        print("|---|---|---|---|")
+        print("| streams | tok/s | TTFT p50/p99 ms | ITL p50/p99 ms | other cores |")
+        print("|---|---|---|---|---|")
         k = args.only
         for s in streams:
             print(f"| {s} | {med(k, s, 'tok_s'):.1f} | {med(k, s, 'ttft_p50_ms'):.0f} / "
                   f"{med(k, s, 'ttft_p99_ms'):.0f} | {med(k, s, 'itl_p50_ms'):.1f} / "
-                  f"{med(k, s, 'itl_p99_ms'):.1f} |")
+                  f"{med(k, s, 'itl_p99_ms'):.1f} | {med(k, s, 'other_cores'):.2f} |")
         return
 
     print("| streams | llama-server tok/s | qkv tok/s | qkv / llama | TTFT p50/p99 ms llama | "
-          "TTFT p50/p99 ms qkv | ITL p50/p99 ms llama | ITL p50/p99 ms qkv |")
-    print("|---|---|---|---|---|---|---|---|")
+          "TTFT p50/p99 ms qkv | ITL p50/p99 ms llama | ITL p50/p99 ms qkv | "
+          "other cores llama / qkv |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for s in streams:
         lq, ql = med("llama", s, "tok_s"), med("qkv", s, "tok_s")
         print(f"| {s} | {lq:.1f} | {ql:.1f} | {ql / lq:.2f}× | "
               f"{med('llama', s, 'ttft_p50_ms'):.0f} / {med('llama', s, 'ttft_p99_ms'):.0f} | "
               f"{med('qkv', s, 'ttft_p50_ms'):.0f} / {med('qkv', s, 'ttft_p99_ms'):.0f} | "
               f"{med('llama', s, 'itl_p50_ms'):.1f} / {med('llama', s, 'itl_p99_ms'):.1f} | "
-              f"{med('qkv', s, 'itl_p50_ms'):.1f} / {med('qkv', s, 'itl_p99_ms'):.1f} |")
+              f"{med('qkv', s, 'itl_p50_ms'):.1f} / {med('qkv', s, 'itl_p99_ms'):.1f} | "
+              f"{med('llama', s, 'other_cores'):.2f} / {med('qkv', s, 'other_cores'):.2f} |")
 
 
 if __name__ == "__main__":
