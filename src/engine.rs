@@ -8,10 +8,11 @@
 //!   between steps without disturbing the others.
 //! - Prompts are read in chunks under a per-step token budget, after the decode tokens of
 //!   the running sequences, so a long prompt never stalls the streams already running by
-//!   more than one small chunk a step ([`EngineOptions::step_tokens`]). A step in which no
-//!   sequence decodes has nobody to stall: it reads the waiting prompts together under the
-//!   larger [`EngineOptions::prefill_step_tokens`], so that streams that arrive together
-//!   all start together, and none of them waits on its neighbours' prompts afterwards.
+//!   more than one small chunk a step ([`EngineOptions::step_tokens`]). A step in which at
+//!   least as many sequences read their prompts as decode (none decodes, or a burst of
+//!   requests just arrived) reads the prompts together under the larger
+//!   [`EngineOptions::prefill_step_tokens`], so that streams that arrive together start
+//!   together, and none of them is stalled by its neighbours' prompts afterwards.
 //! - A finished sequence's cache is kept: a new prompt that starts with its tokens (the same
 //!   system prompt, the previous turn of a chat) reuses those positions instead of running
 //!   them again ([`Event::Done`] reports how many).
@@ -68,9 +69,9 @@ pub struct EngineOptions {
     /// prompt chunks): what bounds the inter-token latency of running streams when a new
     /// prompt arrives. Decode tokens always run, even past it.
     pub step_tokens: usize,
-    /// Most prompt tokens a step runs when no sequence is decoding (prompts only, nobody
-    /// waiting on a token); the larger of this and [`step_tokens`](Self::step_tokens) is
-    /// used. Sizes the scratch with it.
+    /// Most tokens a step runs when at least as many sequences are reading their prompts as
+    /// are decoding (none decodes, or a burst just arrived); the larger of this and
+    /// [`step_tokens`](Self::step_tokens) is used. Sizes the scratch with it.
     pub prefill_step_tokens: usize,
     /// Most requests waiting for a slot; [`Engine::submit`] refuses more.
     pub queue: usize,
@@ -468,8 +469,15 @@ impl Engine {
                 budget = budget.saturating_sub(1);
             }
         }
-        if self.plan.is_empty() {
-            // Nobody decodes, so nobody waits on this step: read more of the prompts at once.
+        // A step's prompt tokens delay the decoding sequences and speed up the ones still
+        // reading: when no fewer are reading than decoding (nobody decodes, or a burst of
+        // requests has just arrived), read the prompts together under the larger budget.
+        let reading = self
+            .slots
+            .iter()
+            .filter(|s| s.running.as_ref().is_some_and(|r| r.next.is_none()))
+            .count();
+        if reading >= self.plan.len() {
             budget = budget.max(self.options.prefill_step_tokens);
         }
         for (i, slot) in self.slots.iter().enumerate() {

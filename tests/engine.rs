@@ -177,8 +177,9 @@ fn batched_sequences_get_the_tokens_they_get_alone() {
 }
 
 /// The step budget: prompts that arrive while nothing decodes are read together under
-/// `prefill_step_tokens`; a prompt that arrives while others decode is read in chunks that
-/// fill `step_tokens` after their decode tokens, so the running streams keep a token a step.
+/// `prefill_step_tokens`; a prompt that arrives while more sequences decode than read is
+/// read in chunks that fill `step_tokens` after their decode tokens, so the running streams
+/// keep a token a step.
 #[test]
 fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
     let m = synthetic_model();
@@ -226,6 +227,30 @@ fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
             want,
             "the late prompt at step {step}"
         );
+    }
+
+    // A burst: one sequence decodes and two prompts arrive, so as many read as decode and
+    // the next step reads both prompts whole.
+    let mut e = engine(
+        &m,
+        EngineOptions {
+            max_sequences: 4,
+            step_tokens: 8,
+            prefill_step_tokens: 64,
+            ..EngineOptions::default()
+        },
+    );
+    let lead = e.submit(request(prompt(0), 30)).unwrap();
+    events.clear();
+    e.step(&mut events).unwrap();
+    assert_eq!(tokens(&events, lead), 1);
+    let burst: Vec<SeqId> = (1..3)
+        .map(|k| e.submit(request(prompt(k), 30)).unwrap())
+        .collect();
+    events.clear();
+    e.step(&mut events).unwrap();
+    for seq in [lead, burst[0], burst[1]] {
+        assert_eq!(tokens(&events, seq), 1, "{seq:?} in the burst's step");
     }
 }
 

@@ -102,7 +102,7 @@ struct Args {
     /// prompt chunks): bounds how long a new prompt stalls the running streams.
     #[arg(long, default_value_t = EngineOptions::default().step_tokens)]
     step_tokens: usize,
-    /// Most prompt tokens a step runs when no sequence decodes (prompts arriving together).
+    /// Most tokens a step runs when as many sequences read prompts as decode (a burst).
     #[arg(long, default_value_t = EngineOptions::default().prefill_step_tokens)]
     prefill_step_tokens: usize,
     /// Largest request body accepted, in KiB; larger ones get 413.
