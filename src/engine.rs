@@ -478,7 +478,9 @@ impl Engine {
             .filter(|s| s.running.as_ref().is_some_and(|r| r.next.is_none()))
             .count();
         if reading >= self.plan.len() {
-            budget = budget.max(self.options.prefill_step_tokens);
+            // The decode tokens count against it too: the scratch holds no more rows.
+            let prefill = self.options.prefill_step_tokens;
+            budget = budget.max(prefill.saturating_sub(self.plan.len()));
         }
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(r) = &slot.running else { continue };

@@ -230,7 +230,8 @@ fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
     }
 
     // A burst: one sequence decodes and two prompts arrive, so as many read as decode and
-    // the next step reads both prompts whole.
+    // the next step reads under the larger budget: the decode token and 63 prompt tokens,
+    // the first prompt whole (40) and 23 of the second.
     let mut e = engine(
         &m,
         EngineOptions {
@@ -244,13 +245,44 @@ fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
     events.clear();
     e.step(&mut events).unwrap();
     assert_eq!(tokens(&events, lead), 1);
+    let long = |k: u32| [prompt(k), prompt(k + 5)].concat()[..40].to_vec();
     let burst: Vec<SeqId> = (1..3)
-        .map(|k| e.submit(request(prompt(k), 30)).unwrap())
+        .map(|k| e.submit(request(long(k), 30)).unwrap())
         .collect();
     events.clear();
     e.step(&mut events).unwrap();
-    for seq in [lead, burst[0], burst[1]] {
-        assert_eq!(tokens(&events, seq), 1, "{seq:?} in the burst's step");
+    assert_eq!(
+        tokens(&events, lead),
+        1,
+        "the decoding sequence in the burst's step"
+    );
+    assert_eq!(tokens(&events, burst[0]), 1, "the first prompt, read whole");
+    assert_eq!(
+        tokens(&events, burst[1]),
+        0,
+        "the second prompt, read in part"
+    );
+    // Now two decode and one reads: back to chunks of 8 - 2 = 6, so its last 17 tokens
+    // take 3 steps, and the two running sequences get a token in each.
+    for step in 1..=3 {
+        events.clear();
+        e.step(&mut events).unwrap();
+        assert_eq!(
+            tokens(&events, lead),
+            1,
+            "the first sequence, step {step} after"
+        );
+        assert_eq!(
+            tokens(&events, burst[0]),
+            1,
+            "the first prompt, step {step} after"
+        );
+        let want = usize::from(step == 3);
+        assert_eq!(
+            tokens(&events, burst[1]),
+            want,
+            "the second, step {step} after"
+        );
     }
 }
 
