@@ -13,6 +13,16 @@
 //! previous turn of a chat): `cold` on a fresh engine reads all 512, `cached` reuses the
 //! finished sequence's cache and reads the last 32.
 //!
+//! `engine/summary` (printed after criterion's groups, and alone with the filter
+//! `summary`): for B = 1, 4, 16 and 64, the fastest of 15 timed steps, as aggregate
+//! tokens/s, as a share of the FMA peak (2 FLOP per weight of every matrix product, each
+//! sequence's token once, over the best of 5 [`qkv_kernels::probe::fma_gflops`] in the same
+//! sitting) and as a fraction of the same file's prefill tokens/s (one 512-token prompt read
+//! in one step, the fastest of 5). Fastest, not median: on a shared host other jobs (and
+//! benchmarks that stop niced processes) only ever slow a sample down. Attention, norms and sampling are not counted as FLOP, so the share
+//! is of useful matrix work only. `QKV_ENGINE_MODEL=FILE` runs the summary on another GGUF
+//! (criterion's groups stay on the default model).
+//!
 //! Run: `cargo bench --bench engine [-- FILTER]`.
 
 use criterion::{criterion_group, Criterion, Throughput};
@@ -20,7 +30,7 @@ use qkv::engine::{Engine, EngineOptions, GenRequest};
 use qkv::model::{Model, ModelOptions};
 use qkv::sample::SamplerConfig;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn bench(c: &mut Criterion) {
     let path = qkv_cli::fetch::default_model().expect("the default model");
@@ -109,7 +119,144 @@ fn bench(c: &mut Criterion) {
 
 criterion_group!(benches, bench);
 
+/// FLOP of the matrix products for one token: 2 per weight of the attention projections,
+/// the feed-forward block (the routed experts' share for a mixture) and the output head.
+fn flop_per_token(model: &Model) -> f64 {
+    let c = model.config();
+    let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+    let ffn = match &c.moe {
+        Some(m) => 3 * c.dim * (m.used * m.expert_ffn + m.shared_ffn.unwrap_or(0)),
+        None => 3 * c.dim * c.ffn_dim,
+    };
+    let per_layer = c.dim * (q + 2 * kv) + q * c.dim + ffn;
+    2.0 * (c.layers * per_layer + c.vocab * c.dim) as f64
+}
+
+fn max(v: Vec<f64>) -> f64 {
+    v.into_iter().fold(f64::NAN, f64::max)
+}
+
+fn min(v: Vec<f64>) -> f64 {
+    v.into_iter().fold(f64::NAN, f64::min)
+}
+
+/// A prompt of `n` tokens that differs per `seed`.
+fn prompt(n: u32, seed: u32) -> Vec<u32> {
+    (0..n)
+        .map(|t| 200 + (t * 37 + seed * 101) % 40000)
+        .collect()
+}
+
+/// `engine/summary`: decode steps at B = 1, 4, 16, 64 against the FMA peak and prefill.
+fn summary() {
+    let path = match std::env::var_os("QKV_ENGINE_MODEL") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => qkv_cli::fetch::default_model().expect("the default model"),
+    };
+    let model = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
+    let flop = flop_per_token(&model);
+    let isa = qkv_kernels::probe::FmaIsa::widest();
+    let peak = |rounds| {
+        max((0..5)
+            .map(|_| isa.and_then(|i| qkv_kernels::probe::fma_gflops(i, rounds)))
+            .map(|g| g.unwrap_or(f64::NAN))
+            .collect())
+    };
+    let gflops = peak(20_000_000);
+    // Prefill: one 512-token prompt in one step.
+    let prefill = max((0..5)
+        .map(|i| {
+            let mut engine = Engine::new(
+                model.clone(),
+                EngineOptions {
+                    max_sequences: 1,
+                    context: 1024,
+                    step_tokens: 512,
+                    ..EngineOptions::default()
+                },
+            )
+            .unwrap();
+            engine
+                .submit(GenRequest::new(prompt(512, i), SamplerConfig::greedy(), 1))
+                .unwrap();
+            let mut events = Vec::new();
+            let t = Instant::now();
+            engine.step(&mut events).unwrap();
+            512.0 / t.elapsed().as_secs_f64()
+        })
+        .collect());
+    println!(
+        "engine/summary: {} ({:.2} GFLOP/token in matrix products), FMA peak {gflops:.1} GFLOP/s \
+         ({}), prefill {prefill:.0} tok/s ({:.1}% of the peak)",
+        path.display(),
+        flop / 1e9,
+        isa.map_or("none", |i| i.name()),
+        100.0 * prefill * flop / (gflops * 1e9)
+    );
+    println!("| B | step ms | tok/s | share of FMA peak | tok/s / prefill tok/s |");
+    println!("|---|---|---|---|---|");
+    for b in [1u32, 4, 16, 64] {
+        let mut engine = Engine::new(
+            model.clone(),
+            EngineOptions {
+                max_sequences: b as usize,
+                context: 1024,
+                step_tokens: 8192,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        for i in 0..b {
+            let request = GenRequest {
+                ignore_eos: true,
+                ..GenRequest::new(prompt(128, i), SamplerConfig::greedy(), 896)
+            };
+            engine.submit(request).unwrap();
+        }
+        let mut events = Vec::new();
+        for _ in 0..3 {
+            engine.step(&mut events).unwrap();
+        }
+        assert_eq!(engine.running(), b as usize);
+        let secs = min((0..15)
+            .map(|_| {
+                events.clear();
+                let t = Instant::now();
+                engine.step(&mut events).unwrap();
+                t.elapsed().as_secs_f64()
+            })
+            .collect());
+        let tok_s = f64::from(b) / secs;
+        println!(
+            "| {b} | {:.2} | {tok_s:.0} | {:.1}% | {:.2} |",
+            secs * 1e3,
+            100.0 * tok_s * flop / (gflops * 1e9),
+            tok_s / prefill
+        );
+    }
+    println!(
+        "engine/summary: FMA peak after the steps {:.1} GFLOP/s",
+        peak(20_000_000)
+    );
+}
+
 fn main() {
-    benches();
-    Criterion::default().configure_from_args().final_summary();
+    // Criterion's filters are the arguments without a leading '-'; the summary runs when
+    // there are none or one of them matches its name.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let only_summary = !filters.is_empty() && filters.iter().all(|f| f.contains("summary"));
+    if !only_summary {
+        benches();
+        Criterion::default().configure_from_args().final_summary();
+    }
+    if filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| "engine/summary".contains(f.as_str()))
+    {
+        summary();
+    }
 }

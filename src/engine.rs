@@ -7,7 +7,12 @@
 //!   cache) is free under the memory budget; finished, cancelled or failed sequences leave
 //!   between steps without disturbing the others.
 //! - Prompts are read in chunks under a per-step token budget, after the decode tokens of
-//!   the running sequences, so a long prompt never stalls the streams already running.
+//!   the running sequences, so a long prompt never stalls the streams already running by
+//!   more than one small chunk a step ([`EngineOptions::step_tokens`]). A step in which at
+//!   least as many sequences read their prompts as decode (none decodes, or a burst of
+//!   requests just arrived) reads the prompts together under the larger
+//!   [`EngineOptions::prefill_step_tokens`], so that streams that arrive together start
+//!   together, and none of them is stalled by its neighbours' prompts afterwards.
 //! - A finished sequence's cache is kept: a new prompt that starts with its tokens (the same
 //!   system prompt, the previous turn of a chat) reuses those positions instead of running
 //!   them again ([`Event::Done`] reports how many).
@@ -60,8 +65,14 @@ pub struct EngineOptions {
     /// Most bytes all KV caches may take together; `None` = `max_sequences` caches. Fewer
     /// sequences run at once when the budget does not hold that many.
     pub kv_budget: Option<usize>,
-    /// Most tokens one step runs (decode tokens first, then prompt chunks).
+    /// Most tokens one step runs while any sequence is decoding (decode tokens first, then
+    /// prompt chunks): what bounds the inter-token latency of running streams when a new
+    /// prompt arrives. Decode tokens always run, even past it.
     pub step_tokens: usize,
+    /// Most tokens a step runs when at least as many sequences are reading their prompts as
+    /// are decoding (none decodes, or a burst just arrived); the larger of this and
+    /// [`step_tokens`](Self::step_tokens) is used. Sizes the scratch with it.
+    pub prefill_step_tokens: usize,
     /// Most requests waiting for a slot; [`Engine::submit`] refuses more.
     pub queue: usize,
     /// How the KV caches store keys and values; `None` = the model's default (see
@@ -72,13 +83,16 @@ pub struct EngineOptions {
 }
 
 impl Default for EngineOptions {
-    /// 16 sequences of 2048 positions, 512 tokens a step, 64 waiting.
+    /// 16 sequences of 2048 positions, 64 waiting; 128 tokens a step while sequences
+    /// decode, 2048 in a step of prompts only (the defaults measured in BENCHMARKS.md,
+    /// "Serving at 1 to 64 streams").
     fn default() -> Self {
         EngineOptions {
             max_sequences: 16,
             context: 2048,
             kv_budget: None,
-            step_tokens: 512,
+            step_tokens: 128,
+            prefill_step_tokens: 2048,
             queue: 64,
             kv_dtype: None,
         }
@@ -290,7 +304,8 @@ impl Engine {
             }
         };
         let vocab = model.vocab_size();
-        let scratch = decoder.new_scratch(o.step_tokens.max(max_slots))?;
+        let scratch =
+            decoder.new_scratch(o.step_tokens.max(o.prefill_step_tokens).max(max_slots))?;
         let logits = crate::models::zeroed_for(&[max_slots, vocab], || {
             format!("the logits of {max_slots} sequences")
         })?;
@@ -453,6 +468,19 @@ impl Engine {
                 // Decode tokens always run (the scratch holds max_running rows at least).
                 budget = budget.saturating_sub(1);
             }
+        }
+        // A step's prompt tokens delay the decoding sequences and speed up the ones still
+        // reading: when no fewer are reading than decoding (nobody decodes, or a burst of
+        // requests has just arrived), read the prompts together under the larger budget.
+        let reading = self
+            .slots
+            .iter()
+            .filter(|s| s.running.as_ref().is_some_and(|r| r.next.is_none()))
+            .count();
+        if reading >= self.plan.len() {
+            // The decode tokens count against it too: the scratch holds no more rows.
+            let prefill = self.options.prefill_step_tokens;
+            budget = budget.max(prefill.saturating_sub(self.plan.len()));
         }
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(r) = &slot.running else { continue };

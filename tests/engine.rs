@@ -176,6 +176,116 @@ fn batched_sequences_get_the_tokens_they_get_alone() {
     check_batched_sequences_get_the_tokens_they_get_alone(&synthetic_model());
 }
 
+/// The step budget: prompts that arrive while nothing decodes are read together under
+/// `prefill_step_tokens`; a prompt that arrives while more sequences decode than read is
+/// read in chunks that fill `step_tokens` after their decode tokens, so the running streams
+/// keep a token a step.
+#[test]
+fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
+    let m = synthetic_model();
+    let mut e = engine(
+        &m,
+        EngineOptions {
+            max_sequences: 4,
+            step_tokens: 8,
+            prefill_step_tokens: 64,
+            ..EngineOptions::default()
+        },
+    );
+    let prompt = |k: u32| {
+        (0..20)
+            .map(|t| 32 + (t * 7 + k * 13) % 200)
+            .collect::<Vec<_>>()
+    };
+    let first: Vec<SeqId> = (0..3)
+        .map(|k| e.submit(request(prompt(k), 30)).unwrap())
+        .collect();
+    let mut events = Vec::new();
+    e.step(&mut events).unwrap();
+    // 60 prompt tokens in one step: all three have their first token.
+    let tokens = |events: &[Event], seq: SeqId| {
+        events
+            .iter()
+            .filter(|ev| matches!(ev, Event::Token { seq: s, .. } if *s == seq))
+            .count()
+    };
+    for &seq in &first {
+        assert_eq!(tokens(&events, seq), 1, "{seq:?} after the first step");
+    }
+    // Now three decode: 8 - 3 = 5 prompt tokens a step, so 20 take 4 steps, while each
+    // running sequence still gets one token every step.
+    let late = e.submit(request(prompt(3), 4)).unwrap();
+    for step in 1..=4 {
+        events.clear();
+        e.step(&mut events).unwrap();
+        for &seq in &first {
+            assert_eq!(tokens(&events, seq), 1, "{seq:?} at step {step}");
+        }
+        let want = usize::from(step == 4);
+        assert_eq!(
+            tokens(&events, late),
+            want,
+            "the late prompt at step {step}"
+        );
+    }
+
+    // A burst: one sequence decodes and two prompts arrive, so as many read as decode and
+    // the next step reads under the larger budget: the decode token and 63 prompt tokens,
+    // the first prompt whole (40) and 23 of the second.
+    let mut e = engine(
+        &m,
+        EngineOptions {
+            max_sequences: 4,
+            step_tokens: 8,
+            prefill_step_tokens: 64,
+            ..EngineOptions::default()
+        },
+    );
+    let lead = e.submit(request(prompt(0), 30)).unwrap();
+    events.clear();
+    e.step(&mut events).unwrap();
+    assert_eq!(tokens(&events, lead), 1);
+    let long = |k: u32| [prompt(k), prompt(k + 5)].concat()[..40].to_vec();
+    let burst: Vec<SeqId> = (1..3)
+        .map(|k| e.submit(request(long(k), 30)).unwrap())
+        .collect();
+    events.clear();
+    e.step(&mut events).unwrap();
+    assert_eq!(
+        tokens(&events, lead),
+        1,
+        "the decoding sequence in the burst's step"
+    );
+    assert_eq!(tokens(&events, burst[0]), 1, "the first prompt, read whole");
+    assert_eq!(
+        tokens(&events, burst[1]),
+        0,
+        "the second prompt, read in part"
+    );
+    // Now two decode and one reads: back to chunks of 8 - 2 = 6, so its last 17 tokens
+    // take 3 steps, and the two running sequences get a token in each.
+    for step in 1..=3 {
+        events.clear();
+        e.step(&mut events).unwrap();
+        assert_eq!(
+            tokens(&events, lead),
+            1,
+            "the first sequence, step {step} after"
+        );
+        assert_eq!(
+            tokens(&events, burst[0]),
+            1,
+            "the first prompt, step {step} after"
+        );
+        let want = usize::from(step == 3);
+        assert_eq!(
+            tokens(&events, burst[1]),
+            want,
+            "the second, step {step} after"
+        );
+    }
+}
+
 #[test]
 fn network_batched_sequences_get_the_tokens_they_get_alone() {
     let Some(m) = real_model() else { return };

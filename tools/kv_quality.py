@@ -16,12 +16,22 @@ engine's own f16-cache run, top-token agreement and perplexity, at windows of 40
    every scored token has 2048–4095 tokens of context before it.
 4. A markdown table: PPL of both caches, mean KLD and same-top-token share, both engines.
 
-Base files (two of ~0.8 GB at the defaults) go to $QKV_CACHE/llamacpp/kl/ and are deleted
-at the end. qkv's binary is built (`cargo build --release --bin decode`) and copied to
+Everything is cached under $QKV_CACHE/llamacpp/kl/ so that a run stopped part way (a
+session ending, a niced process paused by someone's benchmark) resumes where it was:
+- the base files (~1 GB each at the defaults) stay, named by engine, file, window and text
+  length, with a `.done` stamp written only once their run finished; a base without its
+  stamp is half written and is made again. qkv's base is also named by a hash of the
+  `decode` binary, since another build may round differently.
+- each run's figures go to a `.json` beside them, and a run with its `.json` is not repeated.
+The f16 PPL of each engine comes from the base run; with the base already made it is read
+back from the compare run (`base_ppl`, llama.cpp's `Mean PPL(base)`). `--fresh` deletes
+this model's cached files first; `--clean` deletes the base files at the end.
+qkv's binary is built (`cargo build --release --bin decode`) and copied to
 $QKV_CACHE/llamacpp/qkv-decode-kv unless --qkv names one.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -39,7 +49,9 @@ def qkv_ppl(qkv, model, text, ctx, threads, base, kv_type):
     cmd = [qkv, "perplexity", "--model", model, "--file", text, "--ctx", ctx,
            "--threads", threads, "--kv-type", kv_type, "--kl-base", base]
     b.log("$ " + " ".join(map(str, cmd)))
-    res = subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True)
+    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"qkv's perplexity run failed ({res.returncode}):\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1]), " ".join(map(str, cmd))
 
 
@@ -53,6 +65,56 @@ def own_qkv(lc: Path) -> Path:
     return snap
 
 
+def digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()[:12]
+
+
+class Step:
+    """One cached run: its figures in `<stem>.json`, its command beside them."""
+
+    def __init__(self, kl: Path, stem: str):
+        self.path = kl / f"{stem}.json"
+
+    def get(self):
+        if self.path.is_file():
+            try:
+                got = json.loads(self.path.read_text())
+                b.log(f"cached: {self.path.name}")
+                return got["figures"], got["command"]
+            except (ValueError, KeyError):
+                self.path.unlink()
+        return None
+
+    def put(self, figures, command):
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(figures=figures, command=command)))
+        tmp.replace(self.path)
+        return figures, command
+
+
+def pair(kl, stem, base, run_base, run_compare):
+    """(f16 figures, q8_0 figures, commands) of one engine, each run at most once."""
+    done = base.with_name(base.name + ".done")
+    if not done.is_file():  # missing or half written: make it again, and forget what used it
+        base.unlink(missing_ok=True)
+        for k in ("f16", "q8_0"):
+            (kl / f"{stem}-{k}.json").unlink(missing_ok=True)
+    f16, q8 = Step(kl, f"{stem}-f16"), Step(kl, f"{stem}-q8_0")
+    a = f16.get()
+    if a is None and not done.is_file():
+        a = f16.put(*run_base())
+        done.write_text("")
+    c = q8.get() or q8.put(*run_compare())
+    if a is None:  # the base was made by an earlier run whose figures were lost
+        fig = dict(ppl=c[0]["base_ppl"], ppl_err=float("nan"))
+        a = f16.put(fig, c[1].replace("q8_0", "f16") + "  (PPL read back from the base)")
+    return a, c
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,57 +123,77 @@ def main():
     ap.add_argument("--chars", type=int, default=100_000, help="length of the text")
     ap.add_argument("--model", type=Path, help="GGUF file (default: the default model)")
     ap.add_argument("--qkv", type=Path, help="a built `decode` binary to use as is")
+    ap.add_argument("--engines", default="qkv,llamacpp", help="which engines to run")
+    ap.add_argument("--fresh", action="store_true", help="delete this model's cached runs first")
+    ap.add_argument("--clean", action="store_true", help="delete the base files at the end")
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
+    engines = args.engines.split(",")
 
     cache = b.cache_dir()
     lc = cache / "llamacpp"
     _, quant = b.ensure_llamacpp(lc)
     tool = quant.parent / "llama-perplexity"
-    qkv = args.qkv or own_qkv(lc)
     model = args.model or cache / b.SOURCE_GGUF
     if not model.is_file():
         sys.exit(f"{model} missing: run `cargo run --release --bin decode -- --prompt Hi -n 1`")
-    text = lc / "kv-ppl.txt"
-    text.write_text(perplexity_text.text(args.chars), encoding="utf-8")
+    text = lc / f"kv-ppl-{args.chars}.txt"
+    body = perplexity_text.text(args.chars)
+    if not text.is_file() or text.read_text(encoding="utf-8") != body:
+        text.write_text(body, encoding="utf-8")
     kl = lc / "kl"
     kl.mkdir(exist_ok=True)
-    qbase = kl / f"qkv-kv-f16-c{args.ctx}.bin"
-    lbase = kl / f"llamacpp-kv-f16-c{args.ctx}.bin"
-    for stale in (qbase, lbase):
-        stale.unlink(missing_ok=True)
     ctx, t = args.ctx, args.threads
-    fa = ["-fa", "on"]
-    try:
-        q16, q16cmd = qkv_ppl(qkv, model, text, ctx, t, qbase, "f16")
-        q8, q8cmd = qkv_ppl(qkv, model, text, ctx, t, qbase, "q8_0")
-        l16, l16cmd = lc_ppl(tool, model, text, ctx, t, lbase, False, fa)
-        l8, l8cmd = lc_ppl(tool, model, text, ctx, t, lbase, True,
-                           fa + ["-ctk", "q8_0", "-ctv", "q8_0"])
-    finally:
-        for f in (qbase, lbase):
+    tag = f"{model.stem}-c{ctx}-t{args.chars}"
+    if args.fresh:
+        for f in kl.glob(f"*-{tag}*"):
+            f.unlink()
+    rows, bases = {}, []
+    if "qkv" in engines:
+        qkv = args.qkv or own_qkv(lc)
+        stem = f"qkv-{digest(qkv)}-{tag}"
+        qbase = kl / f"{stem}.bin"
+        bases.append(qbase)
+        rows["qkv"] = pair(kl, stem, qbase,
+                           lambda: qkv_ppl(qkv, model, text, ctx, t, qbase, "f16"),
+                           lambda: qkv_ppl(qkv, model, text, ctx, t, qbase, "q8_0"))
+    if "llamacpp" in engines:
+        stem = f"llamacpp-{tag}"
+        lbase = kl / f"{stem}.bin"
+        bases.append(lbase)
+        fa = ["-fa", "on"]
+        rows["llama.cpp"] = pair(
+            kl, stem, lbase,
+            lambda: lc_ppl(tool, model, text, ctx, t, lbase, False, fa),
+            lambda: lc_ppl(tool, model, text, ctx, t, lbase, True,
+                           fa + ["-ctk", "q8_0", "-ctv", "q8_0"]))
+    if args.clean:
+        for f in bases:
             f.unlink(missing_ok=True)
+            f.with_name(f.name + ".done").unlink(missing_ok=True)
 
+    scored = next(iter(rows.values()))[1][0].get("scored", "?")
     print()
-    print(f"model {model.name}; text {text.name} ({len(text.read_text())} characters, "
+    print(f"model {model.name}; text {text.name} ({len(body)} characters, "
           f"tools/perplexity_text.py); windows of {ctx}, second half scored "
-          f"({q8['scored']} tokens); {t} threads")
+          f"({scored} tokens for qkv); {t} threads")
     print()
     print("| engine | PPL, f16 cache | PPL, q8_0 cache | mean KLD q8_0 vs f16 | "
           "same top token |")
     print("|---|---|---|---|---|")
-    for name, a, c in (("qkv", q16, q8), ("llama.cpp", l16, l8)):
+    for name, ((a, _), (c, _)) in rows.items():
         print(f"| {name} | {a['ppl']:.4f} ± {a['ppl_err']:.4f} | "
               f"{c['ppl']:.4f} ± {c['ppl_err']:.4f} | "
               f"{c['kld']:.6f} ± {c['kld_err']:.6f} | "
               f"{c['same_top']:.3%} ± {c['same_top_err']:.3%} |")
     print()
     print("Commands:")
-    for c in (q16cmd, q8cmd, l16cmd, l8cmd):
-        print(f"- `{c}`")
+    for (_, c1), (_, c2) in rows.values():
+        print(f"- `{c1}`")
+        print(f"- `{c2}`")
     if args.json_out:
-        rows = dict(qkv=dict(f16=q16, q8_0=q8), llamacpp=dict(f16=l16, q8_0=l8))
-        args.json_out.write_text(json.dumps(dict(ctx=ctx, model=str(model), rows=rows), indent=1))
+        out = {k: dict(f16=a, q8_0=c) for k, ((a, _), (c, _)) in rows.items()}
+        args.json_out.write_text(json.dumps(dict(ctx=ctx, model=str(model), rows=out), indent=1))
 
 
 if __name__ == "__main__":

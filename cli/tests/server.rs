@@ -167,6 +167,8 @@ fn network_routes_streaming_and_stop_strings() {
         "qkv_batch_size_bucket",
         "qkv_time_to_first_token_seconds_bucket",
         "qkv_inter_token_seconds_bucket",
+        "qkv_time_to_first_token_recent_seconds{quantile=\"0.99\"}",
+        "qkv_inter_token_recent_seconds{quantile=\"0.5\"}",
     ] {
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }

@@ -3,7 +3,8 @@
 //! ```text
 //! qkv-server [--model PATH] [--dtype f16|f32] [--host 127.0.0.1[,::1]] [--port 8080]
 //!            [--threads N] [--max-sequences 16] [--kv-budget MB] [--ctx 2048] [--queue 64]
-//!            [--step-tokens 512] [--body-limit KB] [--model-name NAME]... [--grace SECONDS]
+//!            [--step-tokens 128] [--prefill-step-tokens 2048] [--body-limit KB]
+//!            [--model-name NAME]... [--grace SECONDS]
 //!            [--api-key KEY]... [--api-key-file PATH] [--metrics-public]
 //!            [--metrics-vllm-names] [--no-metrics] [--no-slots] [--temp T] [--seed N]
 //!            [--n-predict N] [--chat-template-file PATH] [--reasoning on|off|auto]
@@ -101,9 +102,13 @@ struct Args {
     /// Most requests waiting for a free sequence; more get 429.
     #[arg(long, default_value_t = 64)]
     queue: usize,
-    /// Most tokens one engine step runs (decode tokens first, then prompt chunks).
-    #[arg(long, default_value_t = 512)]
+    /// Most tokens one engine step runs while sequences decode (decode tokens first, then
+    /// prompt chunks): bounds how long a new prompt stalls the running streams.
+    #[arg(long, default_value_t = EngineOptions::default().step_tokens)]
     step_tokens: usize,
+    /// Most tokens a step runs when as many sequences read prompts as decode (a burst).
+    #[arg(long, default_value_t = EngineOptions::default().prefill_step_tokens)]
+    prefill_step_tokens: usize,
     /// Largest request body accepted, in KiB; larger ones get 413.
     #[arg(long, value_name = "KB", default_value_t = 1024)]
     body_limit: usize,
@@ -334,6 +339,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 context: ctx,
                 kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
                 step_tokens: args.step_tokens,
+                prefill_step_tokens: args.prefill_step_tokens,
                 queue: args.queue,
                 kv_dtype: args.kv_type,
             },

@@ -150,8 +150,14 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics) {
                         continue;
                     };
                     match c.last_token {
-                        None => m.ttft.observe(now - c.submitted),
-                        Some(t) => m.inter_token.observe(now - t),
+                        None => {
+                            m.ttft.observe(now - c.submitted);
+                            m.ttft_recent.observe(now - c.submitted);
+                        }
+                        Some(t) => {
+                            m.inter_token.observe(now - t);
+                            m.inter_token_recent.observe(now - t);
+                        }
                     }
                     c.last_token = Some(now);
                     if c.out
@@ -248,9 +254,11 @@ pub struct Histogram {
     state: Mutex<(Vec<u64>, f64, u64)>,
 }
 
-/// Bucket bounds in seconds for latencies.
+/// Bucket bounds in seconds for latencies (fine between 10 ms and 1 s, where the
+/// inter-token latencies of a loaded server fall).
 const SECONDS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+    5.0, 10.0, 30.0,
 ];
 /// Bucket bounds for batch sizes (tokens generated per step).
 const COUNTS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
@@ -303,6 +311,74 @@ impl Histogram {
     }
 }
 
+/// How many of the latest observations a [`Recent`] summary keeps.
+const RECENT: usize = 4096;
+
+/// A Prometheus summary over the latest [`RECENT`] observations: their median and 99th
+/// percentile, exact (sorted on each scrape), so a dashboard gets p50/p99 without
+/// interpolating between histogram buckets. `_sum` and `_count` cover every observation.
+pub struct Recent {
+    state: Mutex<RecentState>,
+}
+
+#[derive(Default)]
+struct RecentState {
+    ring: Vec<f64>,
+    next: usize,
+    sum: f64,
+    count: u64,
+}
+
+impl Recent {
+    fn new() -> Recent {
+        Recent {
+            state: Mutex::new(RecentState::default()),
+        }
+    }
+
+    /// Records a duration in seconds.
+    pub fn observe(&self, d: std::time::Duration) {
+        let v = d.as_secs_f64();
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.ring.len() < RECENT {
+            s.ring.push(v);
+        } else {
+            let i = s.next;
+            s.ring[i] = v;
+        }
+        s.next = (s.next + 1) % RECENT;
+        s.sum += v;
+        s.count += 1;
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        use std::fmt::Write;
+        let (mut v, sum, count) = {
+            let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            (s.ring.clone(), s.sum, s.count)
+        };
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help} (quantiles over the latest {RECENT})\n# TYPE {name} summary"
+        );
+        for q in [0.5, 0.9, 0.99] {
+            let x = nearest_rank(&mut v, q).unwrap_or(f64::NAN);
+            let _ = writeln!(out, "{name}{{quantile=\"{q}\"}} {x}");
+        }
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
+/// The nearest-rank `q` quantile of `v` (sorted in place); `None` when empty.
+fn nearest_rank(v: &mut [f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let k = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    Some(v[k - 1])
+}
+
 /// The server's counters, gauges and histograms (`GET /metrics`).
 pub struct Metrics {
     pub requests: AtomicU64,
@@ -322,6 +398,10 @@ pub struct Metrics {
     pub max_batch: AtomicU64,
     pub ttft: Histogram,
     pub inter_token: Histogram,
+    /// p50/p90/p99 of the latest times to first token.
+    pub ttft_recent: Recent,
+    /// p50/p90/p99 of the latest inter-token latencies.
+    pub inter_token_recent: Recent,
     pub step_seconds: Histogram,
     pub batch: Histogram,
 }
@@ -344,6 +424,8 @@ impl Default for Metrics {
             max_batch: AtomicU64::new(0),
             ttft: Histogram::new(SECONDS),
             inter_token: Histogram::new(SECONDS),
+            ttft_recent: Recent::new(),
+            inter_token_recent: Recent::new(),
             step_seconds: Histogram::new(SECONDS),
             batch: Histogram::new(COUNTS),
         }
@@ -606,6 +688,16 @@ impl Metrics {
             "between a sequence's tokens",
             &mut out,
         );
+        self.ttft_recent.render(
+            "qkv_time_to_first_token_recent_seconds",
+            "from submission to the first token",
+            &mut out,
+        );
+        self.inter_token_recent.render(
+            "qkv_inter_token_recent_seconds",
+            "between a sequence's tokens",
+            &mut out,
+        );
         self.step_seconds
             .render("qkv_step_seconds", "one engine step", &mut out);
         self.batch.render(
@@ -614,5 +706,40 @@ impl Metrics {
             &mut out,
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        assert_eq!(nearest_rank(&mut v, 0.5), Some(50.0));
+        assert_eq!(nearest_rank(&mut v, 0.99), Some(99.0));
+        assert_eq!(nearest_rank(&mut v, 1.0), Some(100.0));
+        assert_eq!(nearest_rank(&mut [], 0.5), None);
+    }
+
+    #[test]
+    fn recent_summary_keeps_the_latest_window() {
+        let r = Recent::new();
+        // An old slow spell, then a full window of fast tokens: the slow ones age out.
+        for _ in 0..100 {
+            r.observe(Duration::from_secs(2));
+        }
+        for _ in 0..RECENT {
+            r.observe(Duration::from_millis(10));
+        }
+        let mut out = String::new();
+        r.render("x_seconds", "test", &mut out);
+        assert!(out.contains("# TYPE x_seconds summary"), "{out}");
+        assert!(out.contains("x_seconds{quantile=\"0.99\"} 0.01\n"), "{out}");
+        assert!(
+            out.contains(&format!("x_seconds_count {}", RECENT + 100)),
+            "{out}"
+        );
     }
 }
