@@ -123,8 +123,8 @@ impl Block {
         ]
     }
 
-    fn matrices(&self) -> Vec<&Tensor> {
-        let mut all = self.attn_matrices().to_vec();
+    fn matrices(&self) -> Vec<moe::Matrix<'_>> {
+        let mut all: Vec<_> = self.attn_matrices().into_iter().map(Into::into).collect();
         all.extend(self.ffn.matrices());
         all
     }
@@ -524,7 +524,7 @@ impl Decoder {
     /// the router and the used experts' share of all experts).
     pub fn weight_formats(&self) -> (Vec<(String, WeightFormat)>, usize) {
         let head = self.output.as_ref().unwrap_or(&self.embedding);
-        let mut all = vec![head];
+        let mut all = vec![moe::Matrix::from(head)];
         let mut bytes = head.bytes();
         for b in &self.blocks {
             all.extend(b.matrices());
@@ -532,9 +532,7 @@ impl Decoder {
             bytes += b.ffn.step_bytes(self.config.moe.as_ref());
         }
         (
-            all.iter()
-                .map(|t| (t.name().to_owned(), t.format()))
-                .collect(),
+            all.iter().map(|t| (t.name.to_owned(), t.format)).collect(),
             bytes,
         )
     }

@@ -6,21 +6,42 @@
 //! each expert a SwiGLU of its own, plus `sigmoid(w_g · x) · shared(x)` where there is a
 //! shared expert (Qwen2-MoE).
 //!
-//! Experts are matrices of their own, views of the rows of the file's 3-D tensors (GGUF's
-//! `ffn_{gate,up,down}_exps`) or the per-expert tensors of a Hugging Face directory, left
-//! mapped and in their stored format. Only the chosen experts are read: a decode step runs
-//! `k` of `E`; a pass of many rows groups them by expert, so each expert that any row chose
-//! runs once, as one product over exactly those rows (gathered, then scattered back with
-//! their weights), and its weights are read once per pass.
+//! Experts are matrices of their own, cut from the rows of the file's 3-D tensors (GGUF's
+//! `ffn_{gate,up,down}_exps`) or the per-expert tensors of a Hugging Face directory
+//! ([`ExpertMatrices`]). Only the chosen experts are read. A pass groups its rows by expert,
+//! so each expert that any row chose runs once, as one product over exactly those rows, and
+//! its weights are read once per pass; the chosen experts run side by side on the threads
+//! (one hand-off for the whole block, however many experts), each writing its own rows,
+//! which are then summed with their weights.
 
 use super::config::{DecoderConfig, Family, Moe, WeightLayout};
 use crate::error::{Error, Result};
 use crate::nn::Linear;
-use crate::weights::{Tensor, TensorSource};
+use crate::weights::{Tensor, TensorSource, WeightFormat};
 use qkv_kernels::activation::{softmax_inplace, swiglu};
-use qkv_kernels::{linear_many, Projection, Weights};
+use qkv_kernels::{linear, linear_many, Projection, QuantFormat, Weights};
+use rayon::prelude::*;
 
-/// `down · (act(gate · x) ⊙ up · x)`: a dense feed-forward block, or one expert.
+/// What the model's summary needs of one weight matrix (or of a bank of experts' matrices).
+pub(super) struct Matrix<'a> {
+    pub(super) name: &'a str,
+    pub(super) format: WeightFormat,
+    pub(super) numel: usize,
+    pub(super) bytes: usize,
+}
+
+impl<'a> From<&'a Tensor> for Matrix<'a> {
+    fn from(t: &'a Tensor) -> Matrix<'a> {
+        Matrix {
+            name: t.name(),
+            format: t.format(),
+            numel: t.numel(),
+            bytes: t.bytes(),
+        }
+    }
+}
+
+/// `down · (act(gate · x) ⊙ up · x)`: a dense feed-forward block, or a shared expert.
 pub(super) struct GatedMlp {
     pub(super) gate: Linear,
     pub(super) up: Linear,
@@ -31,9 +52,265 @@ impl GatedMlp {
     fn matrices(&self) -> [&Tensor; 3] {
         [self.gate.weight(), self.up.weight(), self.down.weight()]
     }
+}
 
-    fn bytes(&self) -> usize {
-        self.matrices().iter().map(|t| t.bytes()).sum()
+/// One kind of matrix (gate, up or down) of every routed expert of a layer.
+pub(super) enum ExpertMatrices {
+    /// A layer per expert: formats without an interleaved layout, and floats.
+    Each(Vec<Linear>),
+    /// Every expert's matrix interleaved ([`Tensor::interleaved`]), end to end in one
+    /// anonymous map that the kernel is asked to back with huge pages: a decode step streams
+    /// `k` scattered experts, and with 4 KiB pages each of their pages costs a TLB miss and
+    /// stops the hardware prefetcher (8 Q4_K gate and up matrices of 768 × 2048 streamed in
+    /// a median 2.05 ms from huge pages against 2.66 ms from 4 KiB pages, 2 threads).
+    Bank(Box<Bank>),
+}
+
+/// The bytes of `experts` interleaved `[rows, cols]` matrices of `format`, `each` bytes apart.
+pub(super) struct Bank {
+    /// The name of expert 0's matrix.
+    name: String,
+    map: memmap2::MmapMut,
+    format: QuantFormat,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+    each: usize,
+}
+
+impl ExpertMatrices {
+    /// The experts' matrices from one `[rows, cols]` tensor per expert (views of a 3-D
+    /// tensor's rows, or separate tensors), each passed through `widen` and then interleaved
+    /// when its format has that layout, in which case all of them go into one [`Bank`].
+    /// Errors when the experts disagree in shape or format, or memory is refused.
+    fn build(
+        parts: Vec<Tensor>,
+        widen: &dyn Fn(Tensor) -> Result<Tensor>,
+    ) -> Result<ExpertMatrices> {
+        let experts = parts.len();
+        let mut parts = parts.into_iter();
+        let Some(first) = parts.next() else {
+            return Ok(ExpertMatrices::Each(Vec::new()));
+        };
+        let first = widen(first)?.interleaved()?;
+        let (format, each) = match first.weights() {
+            Weights::QuantX8(f, b) => (f, b.len()),
+            _ => {
+                let mut all = Vec::with_capacity(experts);
+                all.push(Linear::from_tensors(first, None)?);
+                for t in parts {
+                    all.push(Linear::from_tensors(widen(t)?, None)?);
+                }
+                return Ok(ExpertMatrices::Each(all));
+            }
+        };
+        let (rows, cols) = match *first.shape() {
+            [r, c] => (r, c),
+            _ => return Err(Error::Shape(format!("{}: not a matrix", first.name()))),
+        };
+        // Expert 0 of a 3-D tensor is named `name[0]`: the bank goes by the tensor's name.
+        let name = first.name();
+        let name = name.strip_suffix("[0]").unwrap_or(name).to_owned();
+        let what = || format!("the {experts} experts of `{name}`");
+        let total = each
+            .checked_mul(experts)
+            .ok_or_else(|| Error::AllocationRefused {
+                what: what(),
+                bytes: usize::MAX,
+            })?;
+        let mut map = memmap2::MmapMut::map_anon(total).map_err(|_| Error::AllocationRefused {
+            what: what(),
+            bytes: total,
+        })?;
+        // Advice only: without it (or without transparent huge pages) the bytes are the same.
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        let mut put = |i: usize, t: &Tensor| -> Result<()> {
+            match t.weights() {
+                Weights::QuantX8(f, b)
+                    if f == format && b.len() == each && t.shape() == [rows, cols] =>
+                {
+                    map[i * each..(i + 1) * each].copy_from_slice(b);
+                    Ok(())
+                }
+                _ => Err(Error::TensorShape {
+                    name: t.name().to_owned(),
+                    expected: vec![rows, cols],
+                    actual: t.shape().to_vec(),
+                }),
+            }
+        };
+        put(0, &first)?;
+        drop(first);
+        for (i, t) in parts.enumerate() {
+            // One expert at a time: its interleaved copy is dropped once it is in the bank.
+            put(i + 1, &widen(t)?.interleaved()?)?;
+        }
+        Ok(ExpertMatrices::Bank(Box::new(Bank {
+            name,
+            map,
+            format,
+            experts,
+            rows,
+            cols,
+            each,
+        })))
+    }
+
+    /// Expert `e`'s matrix as the kernels' operand, with its output and input features.
+    fn operand(&self, e: usize) -> (Weights<'_>, usize, usize) {
+        match self {
+            ExpertMatrices::Each(v) => {
+                let l = &v[e];
+                (l.weight().weights(), l.out_dim(), l.in_dim())
+            }
+            ExpertMatrices::Bank(b) => (
+                Weights::QuantX8(b.format, &b.map[e * b.each..(e + 1) * b.each]),
+                b.rows,
+                b.cols,
+            ),
+        }
+    }
+
+    /// Expert `e`'s product as one of a group's projections, into `y`.
+    fn projection<'a, 'y>(&'a self, e: usize, y: &'y mut [f32]) -> Projection<'a, 'y> {
+        let (w, n, _) = self.operand(e);
+        Projection {
+            w,
+            bias: None,
+            n,
+            y,
+        }
+    }
+
+    /// `y[rows, out] = x[rows, in] · Wₑᵀ` for expert `e`, in products of at most
+    /// [`ExpertMatrices::step`] rows.
+    fn forward(&self, e: usize, x: &[f32], rows: usize, y: &mut [f32]) -> Result<()> {
+        let (w, n, k) = self.operand(e);
+        let step = self.step(rows);
+        for r0 in (0..rows).step_by(step) {
+            let r1 = (r0 + step).min(rows);
+            linear(
+                &mut y[r0 * n..r1 * n],
+                &x[r0 * k..r1 * k],
+                w,
+                None,
+                r1 - r0,
+                k,
+                n,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Rows per product over `rows` rows: all of them, but for quantized matrices in GGUF's
+    /// layout (Q6_K, Q8_0: no interleaved layout yet) from 17 to 32 rows, where the kernels
+    /// would widen the matrix to f32 for gemm, two integer GEMV passes of at most 16 rows
+    /// cost less: an expert of 768 × 2048 (or 2048 × 768) took 1.6–3.1 ms per pass in two
+    /// GEMVs against 2.5–4.5 ms widened, Q8_0 at 17, 24 and 32 rows on 2 threads (Q6_K
+    /// mostly the same). Where AVX-512 VNNI runs the integer GEMM, all rows at once.
+    fn step(&self, rows: usize) -> usize {
+        let gguf = match self {
+            ExpertMatrices::Each(v) => v
+                .first()
+                .is_some_and(|l| matches!(l.weight().weights(), Weights::Quant(..))),
+            ExpertMatrices::Bank(_) => false,
+        };
+        let gemv = qkv_kernels::matmul::QUANT_GEMV_MAX_ROWS;
+        if gguf && rows > gemv && rows <= 2 * gemv && !qkv_kernels::quant::gemm::available() {
+            gemv
+        } else {
+            rows.max(1)
+        }
+    }
+
+    /// The matrices as the model's summary lists them: a bank as one entry.
+    fn matrices(&self) -> Vec<Matrix<'_>> {
+        match self {
+            ExpertMatrices::Each(v) => v.iter().map(|l| Matrix::from(l.weight())).collect(),
+            ExpertMatrices::Bank(b) => vec![Matrix {
+                name: &b.name,
+                format: WeightFormat::Quant(b.format),
+                numel: b.experts * b.rows * b.cols,
+                bytes: b.map.len(),
+            }],
+        }
+    }
+}
+
+/// The routed experts of a layer.
+pub(super) struct Experts {
+    pub(super) gate: ExpertMatrices,
+    pub(super) up: ExpertMatrices,
+    pub(super) down: ExpertMatrices,
+}
+
+impl Experts {
+    fn build(
+        gates: Vec<Tensor>,
+        ups: Vec<Tensor>,
+        downs: Vec<Tensor>,
+        widen: &dyn Fn(Tensor) -> Result<Tensor>,
+    ) -> Result<Experts> {
+        Ok(Experts {
+            gate: ExpertMatrices::build(gates, widen)?,
+            up: ExpertMatrices::build(ups, widen)?,
+            down: ExpertMatrices::build(downs, widen)?,
+        })
+    }
+
+    fn matrices(&self) -> Vec<Matrix<'_>> {
+        let mut all = self.gate.matrices();
+        all.extend(self.up.matrices());
+        all.extend(self.down.matrices());
+        all
+    }
+
+    /// Expert `e` over the `n` rows of `x`: `down · swiglu(gate · x, up · x)` into `y`
+    /// (`[n, dim]`), with `g`, `u` and `h` (`n · expert_ffn` each) as scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        e: usize,
+        x: &[f32],
+        n: usize,
+        d: usize,
+        g: &mut [f32],
+        u: &mut [f32],
+        h: &mut [f32],
+        y: &mut [f32],
+    ) -> Result<()> {
+        self.gate_up(e, x, n, d, g, u)?;
+        swiglu(h, g, u)?;
+        self.down.forward(e, h, n, y)
+    }
+
+    /// Expert `e`'s gate and up products over the `n` rows of `x` into `g` and `u`, as one
+    /// group per [`ExpertMatrices::step`] rows.
+    fn gate_up(
+        &self,
+        e: usize,
+        x: &[f32],
+        n: usize,
+        d: usize,
+        g: &mut [f32],
+        u: &mut [f32],
+    ) -> Result<()> {
+        let step = self.gate.step(n).min(self.up.step(n));
+        let (ff_g, ff_u) = (self.gate.operand(e).1, self.up.operand(e).1);
+        for r0 in (0..n).step_by(step) {
+            let r1 = (r0 + step).min(n);
+            linear_many(
+                &x[r0 * d..r1 * d],
+                r1 - r0,
+                d,
+                &mut [
+                    self.gate.projection(e, &mut g[r0 * ff_g..r1 * ff_g]),
+                    self.up.projection(e, &mut u[r0 * ff_u..r1 * ff_u]),
+                ],
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -41,7 +318,7 @@ impl GatedMlp {
 pub(super) struct MoeBlock {
     /// `[experts, dim]`.
     router: Linear,
-    experts: Vec<GatedMlp>,
+    experts: Box<Experts>,
     /// The shared expert and its gate row `[dim]` (Qwen2-MoE).
     shared: Option<(GatedMlp, Vec<f32>)>,
 }
@@ -53,14 +330,15 @@ pub(super) enum Ffn {
 }
 
 impl Ffn {
-    /// Every weight matrix of the block.
-    pub(super) fn matrices(&self) -> Vec<&Tensor> {
+    /// Every weight matrix of the block (the routed experts' as one entry per bank).
+    pub(super) fn matrices(&self) -> Vec<Matrix<'_>> {
         match self {
-            Ffn::Dense(m) => m.matrices().to_vec(),
+            Ffn::Dense(m) => m.matrices().into_iter().map(Matrix::from).collect(),
             Ffn::Moe(b) => {
-                let mut all = vec![b.router.weight()];
-                for e in b.experts.iter().chain(b.shared.iter().map(|(s, _)| s)) {
-                    all.extend(e.matrices());
+                let mut all = vec![Matrix::from(b.router.weight())];
+                all.extend(b.experts.matrices());
+                if let Some((s, _)) = &b.shared {
+                    all.extend(s.matrices().into_iter().map(Matrix::from));
                 }
                 all
             }
@@ -72,12 +350,14 @@ impl Ffn {
     pub(super) fn step_bytes(&self, moe: Option<&Moe>) -> usize {
         match (self, moe) {
             (Ffn::Moe(b), Some(m)) => {
-                let experts: usize = b.experts.iter().map(GatedMlp::bytes).sum();
+                let experts: usize = b.experts.matrices().iter().map(|t| t.bytes).sum();
                 b.router.weight().bytes()
                     + experts / m.experts.max(1) * m.used
-                    + b.shared.as_ref().map_or(0, |(s, _)| s.bytes())
+                    + b.shared
+                        .as_ref()
+                        .map_or(0, |(s, _)| s.matrices().iter().map(|t| t.bytes()).sum())
             }
-            _ => self.matrices().iter().map(|t| t.bytes()).sum(),
+            _ => self.matrices().iter().map(|t| t.bytes).sum(),
         }
     }
 
@@ -90,7 +370,7 @@ impl Ffn {
             }) => g.len(),
             _ => 0,
         };
-        gate + self.matrices().iter().map(|t| t.numel()).sum::<usize>()
+        gate + self.matrices().iter().map(|t| t.numel).sum::<usize>()
     }
 }
 
@@ -133,15 +413,12 @@ pub(super) fn load_moe(
         WeightLayout::Gguf => {
             let n = |part: &str| format!("blk.{l}.{part}.weight");
             let router = linear(tensor(&n("ffn_gate_inp"), &[e, d])?)?;
-            let gates = tensor(&n("ffn_gate_exps"), &[e, ff, d])?.split_outer()?;
-            let ups = tensor(&n("ffn_up_exps"), &[e, ff, d])?.split_outer()?;
-            let downs = tensor(&n("ffn_down_exps"), &[e, d, ff])?.split_outer()?;
-            let experts = gates
-                .into_iter()
-                .zip(ups)
-                .zip(downs)
-                .map(|((g, u), dn)| mlp(g, u, dn))
-                .collect::<Result<Vec<_>>>()?;
+            let experts = Experts::build(
+                tensor(&n("ffn_gate_exps"), &[e, ff, d])?.split_outer()?,
+                tensor(&n("ffn_up_exps"), &[e, ff, d])?.split_outer()?,
+                tensor(&n("ffn_down_exps"), &[e, d, ff])?.split_outer()?,
+                widen,
+            )?;
             let shared = match m.shared_ffn {
                 None => None,
                 Some(sf) => Some((
@@ -155,7 +432,7 @@ pub(super) fn load_moe(
             };
             Ok(MoeBlock {
                 router,
-                experts,
+                experts: Box::new(experts),
                 shared,
             })
         }
@@ -172,39 +449,36 @@ pub(super) fn load_moe(
             };
             let router = linear(tensor(&format!("{block}.gate.weight"), &[e, d])?)?;
             let fused = format!("{block}.experts.gate_up_proj");
-            let experts = if source.contains(&fused) {
+            let (mut gates, mut ups) = (Vec::with_capacity(e), Vec::with_capacity(e));
+            let downs = if source.contains(&fused) {
                 // transformers 5's own layout: [E, 2·ff, dim] and [E, dim, ff].
-                let gate_up = tensor(&fused, &[e, 2 * ff, d])?.split_outer()?;
-                let downs =
-                    tensor(&format!("{block}.experts.down_proj"), &[e, d, ff])?.split_outer()?;
-                gate_up
-                    .into_iter()
-                    .zip(downs)
-                    .map(|(gu, dn)| {
-                        let mut p = gu.split_rows(&[ff, ff])?.into_iter();
-                        match (p.next(), p.next()) {
-                            (Some(g), Some(u)) => mlp(g, u, dn),
-                            _ => Err(Error::Config(format!("{fused}: not two halves"))),
+                for gu in tensor(&fused, &[e, 2 * ff, d])?.split_outer()? {
+                    let mut p = gu.split_rows(&[ff, ff])?.into_iter();
+                    match (p.next(), p.next()) {
+                        (Some(g), Some(u)) => {
+                            gates.push(g);
+                            ups.push(u);
                         }
-                    })
-                    .collect::<Result<Vec<_>>>()?
+                        _ => return Err(Error::Config(format!("{fused}: not two halves"))),
+                    }
+                }
+                tensor(&format!("{block}.experts.down_proj"), &[e, d, ff])?.split_outer()?
             } else {
                 let [g, u, dn] = if mixtral {
                     ["w1", "w3", "w2"]
                 } else {
                     ["gate_proj", "up_proj", "down_proj"]
                 };
-                (0..e)
-                    .map(|x| {
-                        let n = |p: &str| format!("{block}.experts.{x}.{p}.weight");
-                        mlp(
-                            tensor(&n(g), &[ff, d])?,
-                            tensor(&n(u), &[ff, d])?,
-                            tensor(&n(dn), &[d, ff])?,
-                        )
-                    })
-                    .collect::<Result<Vec<_>>>()?
+                let mut downs = Vec::with_capacity(e);
+                for x in 0..e {
+                    let n = |p: &str| format!("{block}.experts.{x}.{p}.weight");
+                    gates.push(tensor(&n(g), &[ff, d])?);
+                    ups.push(tensor(&n(u), &[ff, d])?);
+                    downs.push(tensor(&n(dn), &[d, ff])?);
+                }
+                downs
             };
+            let experts = Experts::build(gates, ups, downs, widen)?;
             let shared = match m.shared_ffn {
                 None => None,
                 Some(sf) => {
@@ -221,7 +495,7 @@ pub(super) fn load_moe(
             };
             Ok(MoeBlock {
                 router,
-                experts,
+                experts: Box::new(experts),
                 shared,
             })
         }
@@ -236,18 +510,18 @@ pub(super) fn synthetic_moe(
     matrix: &mut dyn FnMut(String, usize, usize) -> Result<Tensor>,
 ) -> Result<MoeBlock> {
     let (d, ff) = (c.dim, m.expert_ffn);
+    let router =
+        Linear::from_tensors(matrix(format!("blk.{l}.ffn_gate_inp"), m.experts, d)?, None)?;
+    let (mut gates, mut ups, mut downs) = (Vec::new(), Vec::new(), Vec::new());
+    for x in 0..m.experts {
+        gates.push(matrix(format!("blk.{l}.ffn_gate_exps[{x}]"), ff, d)?);
+        ups.push(matrix(format!("blk.{l}.ffn_up_exps[{x}]"), ff, d)?);
+        downs.push(matrix(format!("blk.{l}.ffn_down_exps[{x}]"), d, ff)?);
+    }
+    let experts = Experts::build(gates, ups, downs, &Ok)?;
     let mut lin = |name: String, rows: usize, cols: usize| -> Result<Linear> {
         Linear::from_tensors(matrix(name, rows, cols)?, None)
     };
-    let router = lin(format!("blk.{l}.ffn_gate_inp"), m.experts, d)?;
-    let mut experts = Vec::new();
-    for x in 0..m.experts {
-        experts.push(GatedMlp {
-            gate: lin(format!("blk.{l}.ffn_gate_exps[{x}]"), ff, d)?,
-            up: lin(format!("blk.{l}.ffn_up_exps[{x}]"), ff, d)?,
-            down: lin(format!("blk.{l}.ffn_down_exps[{x}]"), d, ff)?,
-        });
-    }
     let shared = match m.shared_ffn {
         None => None,
         Some(sf) => Some((
@@ -261,7 +535,7 @@ pub(super) fn synthetic_moe(
     };
     Ok(MoeBlock {
         router,
-        experts,
+        experts: Box::new(experts),
         shared,
     })
 }
@@ -272,15 +546,18 @@ pub struct MoeScratch {
     probs: Vec<f32>,
     /// Per row, its `used` experts (ascending) and their weights.
     chosen: Vec<(u32, f32)>,
+    /// Per row and choice, where its (row, weight) pair went in `order`.
+    slot: Vec<u32>,
     /// Where each expert's run starts in `order` (one more than the experts).
     starts: Vec<usize>,
     /// Where the next row of each expert goes while `order` is filled.
     cursor: Vec<usize>,
     /// (row, weight) pairs grouped by expert.
     order: Vec<(u32, f32)>,
-    /// The gathered input rows of one expert, `[rows, dim]`.
-    xin: Vec<f32>,
-    /// One expert's output rows, `[max(rows, used), dim]`.
+    /// Per pair of `order`, its input row gathered, then the expert's output row,
+    /// `[rows · used, dim]`.
+    xo: Vec<f32>,
+    /// The shared expert's output rows, `[rows, dim]` (empty without one).
     out: Vec<f32>,
     /// The block's output, `[rows, dim]`.
     pub(super) acc: Vec<f32>,
@@ -291,8 +568,8 @@ impl MoeScratch {
     pub(super) fn new(c: &DecoderConfig, m: &Moe, rows: usize) -> Result<MoeScratch> {
         let what = || format!("the expert scratch of a pass of {rows} positions");
         let z = |dims: &[usize]| super::super::zeroed_for::<f32>(dims, what);
+        let n = rows.saturating_mul(m.used);
         let pairs = || -> Result<Vec<(u32, f32)>> {
-            let n = rows.saturating_mul(m.used);
             let mut v = Vec::new();
             v.try_reserve_exact(n)
                 .map_err(|_| Error::AllocationRefused {
@@ -302,33 +579,49 @@ impl MoeScratch {
             v.resize(n, (0, 0.0));
             Ok(v)
         };
+        let mut slot = Vec::new();
+        slot.try_reserve_exact(n)
+            .map_err(|_| Error::AllocationRefused {
+                what: what(),
+                bytes: n.saturating_mul(4),
+            })?;
+        slot.resize(n, 0);
         Ok(MoeScratch {
             probs: z(&[rows, m.experts])?,
             chosen: pairs()?,
+            slot,
             starts: vec![0; m.experts + 1],
             cursor: vec![0; m.experts],
             order: pairs()?,
-            xin: z(&[rows, c.dim])?,
-            out: z(&[rows.max(m.used), c.dim])?,
+            xo: z(&[n, c.dim])?,
+            out: z(&[if m.shared_ffn.is_some() { rows } else { 0 }, c.dim])?,
             acc: z(&[rows, c.dim])?,
         })
     }
 }
 
-/// Elements of the gate, up and hidden buffers a pass of `rows` positions needs.
+/// Elements of the gate, up and hidden buffers a pass of `rows` positions needs: for a
+/// mixture, every chosen expert's rows at once.
 pub(super) fn ffn_elems(c: &DecoderConfig, rows: usize) -> Option<usize> {
     match &c.moe {
         None => rows.checked_mul(c.ffn_dim),
         Some(m) => {
-            let experts = rows.max(m.used).checked_mul(m.expert_ffn)?;
+            let experts = rows.checked_mul(m.used)?.checked_mul(m.expert_ffn)?;
             let shared = rows.checked_mul(m.shared_ffn.unwrap_or(0))?;
             Some(experts.max(shared))
         }
     }
 }
 
-/// Most projections one [`linear_many`] call takes as one group (the kernels' limit).
-const GROUP: usize = 8;
+/// One expert's share of a pass: its rows' inputs (then outputs) and scratch.
+struct Task<'a> {
+    expert: usize,
+    rows: usize,
+    xo: &'a mut [f32],
+    gate: &'a mut [f32],
+    up: &'a mut [f32],
+    hidden: &'a mut [f32],
+}
 
 impl MoeBlock {
     /// The block over `t` rows of `xn` (`[t, dim]`, normalised), into `s.acc[..t·dim]`.
@@ -346,108 +639,133 @@ impl MoeBlock {
         hidden: &mut [f32],
     ) -> Result<()> {
         let (ne, k, ff) = (m.experts, m.used, m.expert_ffn);
+        let pairs = t * k;
+        if xn.len() != t * d
+            || s.xo.len() < pairs * d
+            || s.acc.len() < t * d
+            || [gate.len(), up.len(), hidden.len()]
+                .iter()
+                .any(|&l| l < pairs * ff)
+        {
+            return Err(Error::Shape(format!(
+                "expert scratch too small for a pass of {t} positions"
+            )));
+        }
         let probs = &mut s.probs[..t * ne];
         self.router.forward_into(xn, t, probs)?;
-        let chosen = &mut s.chosen[..t * k];
+        let chosen = &mut s.chosen[..pairs];
         for (p, pick) in probs.chunks_exact_mut(ne).zip(chosen.chunks_exact_mut(k)) {
             route(p, pick, m.norm_topk);
         }
-        let acc = &mut s.acc[..t * d];
-        acc.fill(0.0);
-        if t == 1 {
-            // One token: every chosen expert reads the same input, so their gate and up
-            // projections run as groups of one hand-off each.
-            let (gate, up) = (&mut gate[..k * ff], &mut up[..k * ff]);
-            let mut gs = gate.chunks_exact_mut(ff);
-            let mut us = up.chunks_exact_mut(ff);
-            for picks in chosen.chunks(GROUP / 2) {
-                let mut group: [Projection<'_, '_>; GROUP] = std::array::from_fn(|_| Projection {
-                    w: Weights::F32(&[]),
-                    bias: None,
-                    n: 0,
-                    y: &mut [],
-                });
-                for (i, &(x, _)) in picks.iter().enumerate() {
-                    let e = &self.experts[x as usize];
-                    let (g, u) = (gs.next(), us.next());
-                    let (Some(g), Some(u)) = (g, u) else {
-                        return Err(Error::Shape("expert scratch too small".into()));
-                    };
-                    group[2 * i] = e.gate.projection(g);
-                    group[2 * i + 1] = e.up.projection(u);
-                }
-                linear_many(xn, 1, d, &mut group[..2 * picks.len()])?;
+        // Group the rows by expert (a counting sort, rows ascending within each expert),
+        // remembering where each row's choice went.
+        let starts = &mut s.starts;
+        starts.fill(0);
+        for &(x, _) in chosen.iter() {
+            starts[x as usize + 1] += 1;
+        }
+        for x in 0..ne {
+            starts[x + 1] += starts[x];
+        }
+        let next = &mut s.cursor;
+        next.copy_from_slice(&starts[..ne]);
+        let order = &mut s.order[..pairs];
+        let slot = &mut s.slot[..pairs];
+        for (r, (pick, slots)) in chosen
+            .chunks_exact(k)
+            .zip(slot.chunks_exact_mut(k))
+            .enumerate()
+        {
+            for (&(x, w), at) in pick.iter().zip(slots) {
+                let p = next[x as usize];
+                order[p] = (r as u32, w);
+                *at = p as u32;
+                next[x as usize] += 1;
             }
-            let hidden = &mut hidden[..k * ff];
-            swiglu(hidden, gate, up)?;
-            let out = &mut s.out[..k * d];
-            for ((&(x, _), h), o) in chosen
-                .iter()
-                .zip(hidden.chunks_exact(ff))
-                .zip(out.chunks_exact_mut(d))
-            {
-                self.experts[x as usize].down.forward_into(h, 1, o)?;
+        }
+        // Each chosen expert's rows, scratch and output, cut in expert order.
+        let mut tasks = Vec::with_capacity(ne.min(pairs));
+        let (mut xo, mut g, mut u, mut h) = (
+            &mut s.xo[..pairs * d],
+            &mut gate[..pairs * ff],
+            &mut up[..pairs * ff],
+            &mut hidden[..pairs * ff],
+        );
+        for x in 0..ne {
+            let n = starts[x + 1] - starts[x];
+            if n == 0 {
+                continue;
             }
-            for (&(_, w), o) in chosen.iter().zip(out.chunks_exact(d)) {
-                acc.iter_mut().zip(o).for_each(|(a, v)| *a += w * v);
-            }
-        } else {
-            // Group the rows by expert (a counting sort, rows ascending within each expert).
-            let starts = &mut s.starts;
-            starts.fill(0);
-            for &(x, _) in chosen.iter() {
-                starts[x as usize + 1] += 1;
-            }
-            for x in 0..ne {
-                starts[x + 1] += starts[x];
-            }
-            let next = &mut s.cursor;
-            next.copy_from_slice(&starts[..ne]);
-            let order = &mut s.order[..t * k];
-            for (r, pick) in chosen.chunks_exact(k).enumerate() {
-                for &(x, w) in pick {
-                    order[next[x as usize]] = (r as u32, w);
-                    next[x as usize] += 1;
-                }
-            }
-            for (x, expert) in self.experts.iter().enumerate() {
-                let rows = &order[starts[x]..starts[x + 1]];
-                let n = rows.len();
-                if n == 0 {
-                    continue;
-                }
-                let input: &[f32] = if n == t {
-                    xn
-                } else {
-                    let xin = &mut s.xin[..n * d];
-                    for (dst, &(r, _)) in xin.chunks_exact_mut(d).zip(rows) {
-                        let r = r as usize;
-                        dst.copy_from_slice(&xn[r * d..(r + 1) * d]);
-                    }
-                    xin
-                };
-                let (g, u, h) = (
-                    &mut gate[..n * ff],
-                    &mut up[..n * ff],
-                    &mut hidden[..n * ff],
-                );
-                linear_many(
-                    input,
-                    n,
-                    d,
-                    &mut [expert.gate.projection(g), expert.up.projection(u)],
-                )?;
-                swiglu(h, g, u)?;
-                let out = &mut s.out[..n * d];
-                expert.down.forward_into(h, n, out)?;
-                for (o, &(r, w)) in out.chunks_exact(d).zip(rows) {
+            let (a, rest) = std::mem::take(&mut xo).split_at_mut(n * d);
+            xo = rest;
+            let (gx, rest) = std::mem::take(&mut g).split_at_mut(n * ff);
+            g = rest;
+            let (ux, rest) = std::mem::take(&mut u).split_at_mut(n * ff);
+            u = rest;
+            let (hx, rest) = std::mem::take(&mut h).split_at_mut(n * ff);
+            h = rest;
+            if n < t {
+                for (dst, &(r, _)) in a.chunks_exact_mut(d).zip(&order[starts[x]..starts[x + 1]]) {
                     let r = r as usize;
-                    acc[r * d..(r + 1) * d]
-                        .iter_mut()
-                        .zip(o)
-                        .for_each(|(a, v)| *a += w * v);
+                    dst.copy_from_slice(&xn[r * d..(r + 1) * d]);
                 }
             }
+            tasks.push(Task {
+                expert: x,
+                rows: n,
+                xo: a,
+                gate: gx,
+                up: ux,
+                hidden: hx,
+            });
+        }
+        // The experts side by side on the threads, the largest first (each product still
+        // splits across idle threads); an expert that every row chose reads `xn` itself.
+        tasks.sort_by_key(|task| std::cmp::Reverse(task.rows));
+        let experts = &self.experts;
+        let run = |task: &mut Task<'_>| -> Result<()> {
+            let Task {
+                expert,
+                rows,
+                xo,
+                gate,
+                up,
+                hidden,
+            } = task;
+            if *rows == t {
+                experts.run(*expert, xn, t, d, gate, up, hidden, xo)
+            } else {
+                // The gathered rows are read by gate and up before down overwrites them.
+                experts.gate_up(*expert, xo, *rows, d, gate, up)?;
+                swiglu(hidden, gate, up)?;
+                experts.down.forward(*expert, hidden, *rows, xo)
+            }
+        };
+        if tasks.len() == 1 {
+            run(&mut tasks[0])?;
+        } else {
+            tasks.par_iter_mut().with_max_len(1).try_for_each(run)?;
+        }
+        drop(tasks);
+        // Each row: its experts' outputs with their weights.
+        let xo = &s.xo[..pairs * d];
+        let combine = |(r, a): (usize, &mut [f32])| {
+            a.fill(0.0);
+            for (&p, &(_, w)) in slot[r * k..(r + 1) * k]
+                .iter()
+                .zip(&chosen[r * k..(r + 1) * k])
+            {
+                let p = p as usize;
+                a.iter_mut()
+                    .zip(&xo[p * d..(p + 1) * d])
+                    .for_each(|(a, v)| *a += w * v);
+            }
+        };
+        let acc = &mut s.acc[..t * d];
+        if t >= 16 {
+            acc.par_chunks_mut(d).enumerate().for_each(combine);
+        } else {
+            acc.chunks_mut(d).enumerate().for_each(combine);
         }
         if let Some((shared, gate_row)) = &self.shared {
             let sf = m.shared_ffn.unwrap_or(0);
@@ -534,8 +852,89 @@ mod tests {
         assert_ne!(pick[0].0, pick[1].0);
     }
 
-    /// The block, row by row with every expert computed densely, against its grouped pass
-    /// (many rows) and its decode pass (one row), with and without a shared expert.
+    /// Runs `block` over the `t` rows of `xn` as one grouped pass and row by row, and
+    /// compares both with a reference that takes each row alone and each chosen expert
+    /// through `expert(e, x)`, within `tol` of the largest output.
+    fn check_block(
+        c: &DecoderConfig,
+        m: &Moe,
+        block: &MoeBlock,
+        xn: &[f32],
+        t: usize,
+        expert: &dyn Fn(usize, &[f32]) -> Vec<f32>,
+        tol: f32,
+    ) {
+        let d = c.dim;
+        let mut want = vec![0.0f32; t * d];
+        for r in 0..t {
+            let x = &xn[r * d..(r + 1) * d];
+            let mut logits = vec![0.0; m.experts];
+            block.router.forward_into(x, 1, &mut logits).unwrap();
+            let mut pick = vec![(0, 0.0); m.used];
+            route(&mut logits, &mut pick, m.norm_topk);
+            for (x_id, w) in pick {
+                let o = expert(x_id as usize, x);
+                for (a, v) in want[r * d..(r + 1) * d].iter_mut().zip(o) {
+                    *a += w * v;
+                }
+            }
+            if let Some((s, gate_row)) = &block.shared {
+                let sf = m.shared_ffn.unwrap();
+                let (mut g, mut u, mut h) = (vec![0.0; sf], vec![0.0; sf], vec![0.0; sf]);
+                s.gate.forward_into(x, 1, &mut g).unwrap();
+                s.up.forward_into(x, 1, &mut u).unwrap();
+                swiglu(&mut h, &g, &u).unwrap();
+                let mut o = vec![0.0; d];
+                s.down.forward_into(&h, 1, &mut o).unwrap();
+                let z: f32 = x.iter().zip(gate_row).map(|(a, b)| a * b).sum();
+                let g = 1.0 / (1.0 + (-z).exp());
+                for (a, v) in want[r * d..(r + 1) * d].iter_mut().zip(o) {
+                    *a += g * v;
+                }
+            }
+        }
+        let mut s = MoeScratch::new(c, m, t).unwrap();
+        let n = ffn_elems(c, t).unwrap();
+        let (mut g, mut u, mut h) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        block
+            .forward(m, xn, t, d, &mut s, &mut g, &mut u, &mut h)
+            .unwrap();
+        // Errors relative to the largest output (plus one): single outputs that nearly
+        // cancel carry the rounding of the large terms they sum.
+        let scale = 1.0 + want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let worst = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs() / scale)
+                .fold(0.0f32, f32::max)
+        };
+        let e = worst(&s.acc[..t * d], &want);
+        assert!(e <= tol, "grouped pass of {t} rows: error {e}");
+        for r in 0..t {
+            let x = &xn[r * d..(r + 1) * d];
+            block
+                .forward(m, x, 1, d, &mut s, &mut g, &mut u, &mut h)
+                .unwrap();
+            let e = worst(&s.acc[..d], &want[r * d..(r + 1) * d]);
+            assert!(e <= tol, "row {r}: error {e}");
+        }
+    }
+
+    /// Expert `e` of `experts` over one row, through its own products.
+    fn one_expert(experts: &Experts, e: usize, x: &[f32]) -> Vec<f32> {
+        let (_, ff, d) = experts.gate.operand(e);
+        let (mut g, mut u, mut h) = (vec![0.0; ff], vec![0.0; ff], vec![0.0; ff]);
+        experts.gate.forward(e, x, 1, &mut g).unwrap();
+        experts.up.forward(e, x, 1, &mut u).unwrap();
+        swiglu(&mut h, &g, &u).unwrap();
+        let mut o = vec![0.0; d];
+        experts.down.forward(e, &h, 1, &mut o).unwrap();
+        o
+    }
+
+    /// The block, row by row with every expert computed alone, against its grouped pass
+    /// (many rows, the experts side by side) and its decode pass (one row), with and
+    /// without a shared expert.
     #[test]
     fn grouped_and_single_row_passes_equal_a_dense_reference() {
         for (shared, norm) in [(None, true), (Some(24), false)] {
@@ -561,72 +960,156 @@ mod tests {
                 Tensor::from_f32(&name, vec![rows, cols], data)?.into_dtype(FloatType::F32)
             };
             let block = synthetic_moe(&c, &m, 0, &mut matrix).unwrap();
-            let (t, d) = (7, c.dim);
-            let xn: Vec<f32> = (0..t * d)
+            assert!(matches!(block.experts.gate, ExpertMatrices::Each(_)));
+            let t = 7;
+            let xn: Vec<f32> = (0..t * c.dim)
                 .map(|i| ((i * 7919) % 23) as f32 / 11.0 - 1.0)
                 .collect();
-            // Reference: every row alone, every expert run, the chosen ones summed.
-            let mut want = vec![0.0f32; t * d];
-            for r in 0..t {
-                let x = &xn[r * d..(r + 1) * d];
-                let mut logits = vec![0.0; m.experts];
-                block.router.forward_into(x, 1, &mut logits).unwrap();
-                let mut pick = vec![(0, 0.0); m.used];
-                route(&mut logits, &mut pick, norm);
-                let run = |e: &GatedMlp, ff: usize| {
-                    let (mut g, mut u, mut h) = (vec![0.0; ff], vec![0.0; ff], vec![0.0; ff]);
-                    e.gate.forward_into(x, 1, &mut g).unwrap();
-                    e.up.forward_into(x, 1, &mut u).unwrap();
-                    swiglu(&mut h, &g, &u).unwrap();
-                    let mut o = vec![0.0; d];
-                    e.down.forward_into(&h, 1, &mut o).unwrap();
-                    o
-                };
-                for (x_id, w) in pick {
-                    let o = run(&block.experts[x_id as usize], m.expert_ffn);
-                    for (a, v) in want[r * d..(r + 1) * d].iter_mut().zip(o) {
-                        *a += w * v;
-                    }
-                }
-                if let Some((s, gate_row)) = &block.shared {
-                    let o = run(s, shared.unwrap());
-                    let z: f32 = x.iter().zip(gate_row).map(|(a, b)| a * b).sum();
-                    let g = 1.0 / (1.0 + (-z).exp());
-                    for (a, v) in want[r * d..(r + 1) * d].iter_mut().zip(o) {
-                        *a += g * v;
-                    }
-                }
-            }
-            let mut s = MoeScratch::new(&c, &m, t).unwrap();
-            let n = ffn_elems(&c, t).unwrap();
-            let (mut g, mut u, mut h) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-            block
-                .forward(&m, &xn, t, d, &mut s, &mut g, &mut u, &mut h)
-                .unwrap();
-            let close = |a: &[f32], b: &[f32]| {
-                a.iter()
-                    .zip(b)
-                    .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
-            };
-            assert!(close(&s.acc[..t * d], &want), "grouped, shared {shared:?}");
-            for r in 0..t {
-                block
-                    .forward(
-                        &m,
-                        &xn[r * d..(r + 1) * d],
-                        1,
-                        d,
-                        &mut s,
-                        &mut g,
-                        &mut u,
-                        &mut h,
-                    )
-                    .unwrap();
-                assert!(
-                    close(&s.acc[..d], &want[r * d..(r + 1) * d]),
-                    "row {r}, shared {shared:?}"
-                );
-            }
+            let experts = &block.experts;
+            check_block(
+                &c,
+                &m,
+                &block,
+                &xn,
+                t,
+                &|e, x| one_expert(experts, e, x),
+                1e-5,
+            );
         }
+    }
+
+    /// Quantized experts in banks (one interleaved map per kind of matrix), against each
+    /// expert's blocks in the file's layout multiplied on their own: 5 experts, 3 chosen per
+    /// row, matrices of 32 and 64 rows (whole groups of 8), passes of 1, 2 and 13 rows (an
+    /// expert may meet no row, some of them, or every one).
+    #[test]
+    fn banked_quantized_experts_equal_each_expert_alone() {
+        quantized_experts(QuantFormat::Q4_0, 5, 3, 32, 64, &[1, 2, 13], true);
+    }
+
+    /// Experts in a format without an interleaved layout (Q6_K), whose passes of 17 to 32
+    /// rows run as two products: 3 experts, 2 chosen, passes of 1, 24 (every expert that a
+    /// row chose meets most rows) and 40 rows. The reference is exact (the blocks widened
+    /// to f32, f32 products), so the tolerance covers the kernels' rounding of the inputs to
+    /// 16 bits, which sums of 256 random terms that largely cancel magnify.
+    #[test]
+    fn gguf_layout_experts_in_split_passes_equal_each_expert_alone() {
+        quantized_experts(QuantFormat::Q6_K, 3, 2, 256, 256, &[1, 24, 40], false);
+    }
+
+    /// A block of `experts` experts of `format` (`used` chosen per row, `[ff, d]` gate and
+    /// up, `[d, ff]` down, random blocks mapped from a file as GGUF's 3-D tensors are),
+    /// checked by [`check_block`] over passes of each of `passes` rows, against each expert's
+    /// blocks multiplied in the file's layout; `bank` says whether they must be banked.
+    fn quantized_experts(
+        format: QuantFormat,
+        experts: usize,
+        used: usize,
+        ff: usize,
+        d: usize,
+        passes: &[usize],
+        bank: bool,
+    ) {
+        use qkv_kernels::quant::testing::{weight_blocks, Rng};
+        let m = Moe {
+            experts,
+            used,
+            expert_ffn: ff,
+            norm_topk: true,
+            shared_ffn: None,
+        };
+        let c = DecoderConfig {
+            moe: Some(m.clone()),
+            ..DecoderConfig::llama(d, 1, 2, 2, 8, 10, 32, WeightLayout::Gguf)
+        };
+        // Every expert's blocks in one file, as a GGUF file holds a 3-D tensor.
+        let mut rng = Rng(0x2545F4914F6CDD1D);
+        let kinds = [(ff, d), (ff, d), (d, ff)];
+        let blocks: Vec<Vec<Vec<u8>>> = kinds
+            .iter()
+            .map(|&(rows, cols)| {
+                (0..m.experts)
+                    .map(|_| weight_blocks(format, rows, cols, &mut rng))
+                    .collect()
+            })
+            .collect();
+        let dir = std::env::temp_dir().join(format!("qkv-moe-{format}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("experts.bin");
+        let all: Vec<u8> = blocks.iter().flatten().flatten().copied().collect();
+        std::fs::write(&path, &all).unwrap();
+        let file = crate::weights::map_file(&path).unwrap();
+        let mut offset = 0;
+        let mut views = Vec::new();
+        for (kind, &(rows, cols)) in ["gate", "up", "down"].iter().zip(&kinds) {
+            let len = m.experts * format.row_bytes(cols).unwrap() * rows;
+            let t = Tensor::from_mapped_quant(
+                &format!("blk.0.ffn_{kind}_exps.weight"),
+                vec![m.experts, rows, cols],
+                file.clone(),
+                offset,
+                format,
+            )
+            .unwrap();
+            views.push(t.split_outer().unwrap());
+            offset += len;
+        }
+        let downs = views.pop().unwrap();
+        let ups = views.pop().unwrap();
+        let gates = views.pop().unwrap();
+        let experts = Experts::build(gates, ups, downs, &Ok).unwrap();
+        for e in [&experts.gate, &experts.up, &experts.down] {
+            assert_eq!(
+                matches!(e, ExpertMatrices::Bank(_)),
+                bank,
+                "{format} experts"
+            );
+        }
+        if bank {
+            let names = experts.matrices();
+            assert_eq!(names[0].name, "blk.0.ffn_gate_exps.weight");
+        }
+        let mut seed = 5u64;
+        let router = (0..m.experts * d)
+            .map(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect();
+        let block = MoeBlock {
+            router: Linear::from_tensors(
+                Tensor::from_f32("router", vec![m.experts, d], router).unwrap(),
+                None,
+            )
+            .unwrap(),
+            experts: Box::new(experts),
+            shared: None,
+        };
+        // The reference: each expert's own blocks, in the file's layout, through the
+        // kernels' one-row product (banks) or exactly (the others, split into passes).
+        let plain = |kind: usize, e: usize| Weights::Quant(format, &blocks[kind][e]);
+        let product = if bank {
+            linear
+        } else {
+            qkv_kernels::matmul::linear_scalar
+        };
+        let expert = |e: usize, x: &[f32]| {
+            let (mut g, mut u, mut h) = (vec![0.0; ff], vec![0.0; ff], vec![0.0; ff]);
+            product(&mut g, x, plain(0, e), None, 1, d, ff).unwrap();
+            product(&mut u, x, plain(1, e), None, 1, d, ff).unwrap();
+            swiglu(&mut h, &g, &u).unwrap();
+            let mut o = vec![0.0; d];
+            product(&mut o, &h, plain(2, e), None, 1, ff, d).unwrap();
+            o
+        };
+        let tol = if bank { 1e-5 } else { 1e-3 };
+        for &t in passes {
+            let xn: Vec<f32> = (0..t * d)
+                .map(|i| ((i * 7919 + t) % 29) as f32 / 14.0 - 1.0)
+                .collect();
+            check_block(&c, &m, &block, &xn, t, &expert, tol);
+        }
+        drop(block);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
