@@ -231,10 +231,9 @@ mod gemv_avx2 {
 
     /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.
     ///
-    /// W is read one row at a time, front to back: a single sequential stream is what the
-    /// hardware prefetcher follows best (interleaving four rows measured 2.5× slower here).
-    /// Each row meets up to 4 rows of `x` per pass; for m > 4 the next pass re-reads the
-    /// row from L1, so W still comes from memory exactly once.
+    /// One row of `x` (decode) reads W one row at a time, front to back: a single
+    /// sequential stream is what the hardware prefetcher follows best (interleaving four
+    /// rows measured 2.5× slower here). More rows go to [`tiles`].
     ///
     /// # Safety
     /// AVX2, FMA and F16C must be available; `y` points to m·n floats whose columns
@@ -260,23 +259,10 @@ mod gemv_avx2 {
         }
         for j in j0..j1 {
             let b = bias.map_or(0.0, |b| b[j]);
-            let mut i = 0;
-            while i < m {
-                let mr = (m - i).min(4);
-                // Accumulators: rows × k-unroll ≤ 8: enough independent FMA chains, and for
-                // m = 1 a deep unroll keeps many loads of the stream in flight.
-                // SAFETY: this function has the features; i + mr ≤ m and j < j1 ≤ n, and
-                // the sizes of x, w and y are this function's contract.
-                unsafe {
-                    match mr {
-                        1 => row::<T, 1, 8>(y, x, w, k, n, i, j, b),
-                        2 => row::<T, 2, 4>(y, x, w, k, n, i, j, b),
-                        3 => row::<T, 3, 2>(y, x, w, k, n, i, j, b),
-                        _ => row::<T, 4, 2>(y, x, w, k, n, i, j, b),
-                    }
-                }
-                i += mr;
-            }
+            // Eight accumulators: a deep unroll keeps many loads of the stream in flight.
+            // SAFETY: this function has the features; j < j1 ≤ n, and the sizes of x, w
+            // and y are this function's contract.
+            unsafe { row::<T, 8>(y, x, w, k, n, j, b) };
         }
     }
 
@@ -387,62 +373,54 @@ mod gemv_avx2 {
         }
     }
 
-    /// `y[i, j] = x[i, :]·W[j, :] + b` for `i` in `i0..i0+M`, with `U` accumulators per row.
+    /// `y[0, j] = x·W[j, :] + b` for one row `x`, with `U` accumulators.
     ///
     /// # Safety
     /// The caller must have AVX2, FMA and F16C; `w` holds row `j` (`(j + 1)·k` values), `x`
-    /// rows `i0..i0 + M` (`(i0 + M)·k` values), and `y` points to `m·n` floats whose column
-    /// `j` only this call touches, with `i0 + M ≤ m` and `j < n`.
+    /// is `k` values, and `y` points to `n` floats whose column `j < n` only this call
+    /// touches.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn row<T: Lane, const M: usize, const U: usize>(
+    unsafe fn row<T: Lane, const U: usize>(
         y: SharedOut,
         x: &[f32],
         w: &[T],
         k: usize,
         n: usize,
-        i0: usize,
         j: usize,
         b: f32,
     ) {
+        debug_assert!(j < n && x.len() >= k);
         // SAFETY: the caller has the CPU features and the bounds above (this function's
-        // contract). Every vector load reads 8 values at `p (+ 8u) < k` with `p + 8 ≤ k`, inside row
-        // `j` of W and rows `i0..i0 + M` of x; the tail reads `q < k`; the store writes
-        // `y[(i0 + mi)·n + j]`, in this call's own column.
+        // contract). Every vector load reads 8 values at `p (+ 8u) < k` with `p + 8 ≤ k`,
+        // inside row `j` of W and x; the tail reads `q < k`; the store writes `y[j]`, in
+        // this call's own column.
         unsafe {
             let wp = w.as_ptr().add(j * k);
-            let xp = x.as_ptr().add(i0 * k);
-            let mut acc = [[_mm256_setzero_ps(); U]; M];
+            let xp = x.as_ptr();
+            let mut acc = [_mm256_setzero_ps(); U];
             let step = 8 * U;
             let mut p = 0;
             while p + step <= k {
-                for u in 0..U {
+                for (u, a) in acc.iter_mut().enumerate() {
                     let wv = T::load8(wp.add(p + 8 * u));
-                    for (mi, a) in acc.iter_mut().enumerate() {
-                        a[u] =
-                            _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p + 8 * u)), wv, a[u]);
-                    }
+                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(p + 8 * u)), wv, *a);
                 }
                 p += step;
             }
             while p + 8 <= k {
                 let wv = T::load8(wp.add(p));
-                for (mi, a) in acc.iter_mut().enumerate() {
-                    a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(mi * k + p)), wv, a[0]);
-                }
+                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(p)), wv, acc[0]);
                 p += 8;
             }
-            for (mi, a) in acc.iter().enumerate() {
-                let mut v = a[0];
-                for au in &a[1..] {
-                    v = _mm256_add_ps(v, *au);
-                }
-                let mut s = hsum(v);
-                for q in p..k {
-                    s += *xp.add(mi * k + q) * (*wp.add(q)).to_f32();
-                }
-                *y.get().add((i0 + mi) * n + j) = s + b;
+            let mut v = acc[0];
+            for a in &acc[1..] {
+                v = _mm256_add_ps(v, *a);
             }
+            let mut s = hsum(v);
+            for q in p..k {
+                s += *xp.add(q) * (*wp.add(q)).to_f32();
+            }
+            *y.get().add(j) = s + b;
         }
     }
 }
