@@ -190,6 +190,21 @@ pub enum Event {
         /// Tokens generated.
         generated: usize,
     },
+    /// A sequence's prompt advanced: `read` of its `total` prompt tokens are in its cache,
+    /// `cached` of them reused from an earlier sequence. Sent when the sequence takes a slot
+    /// (then `read == cached`) and after each chunk of its prompt runs (the last with
+    /// `read == total`, before its first token), so a server can report progress through a
+    /// long prompt.
+    Prompt {
+        /// The sequence.
+        seq: SeqId,
+        /// Prompt tokens reused from a cached sequence.
+        cached: usize,
+        /// Prompt tokens in the cache now, the reused ones included.
+        read: usize,
+        /// Tokens of the prompt.
+        total: usize,
+    },
     /// A sequence failed (its logits were not finite, say); no event about it follows.
     Failed {
         /// The sequence.
@@ -536,6 +551,12 @@ impl Engine {
                 slot.tokens
                     .extend_from_slice(&r.request.prompt[r.read..r.read + n]);
                 r.read += n;
+                events.push(Event::Prompt {
+                    seq: r.seq,
+                    cached: r.cached,
+                    read: r.read,
+                    total: r.request.prompt.len(),
+                });
             }
             if !wants {
                 continue;
@@ -669,6 +690,12 @@ impl Engine {
             let keep = reuse_len(s);
             s.tokens.truncate(keep);
             s.cache.truncate(keep);
+            events.push(Event::Prompt {
+                seq,
+                cached: keep,
+                read: keep,
+                total: request.prompt.len(),
+            });
             s.running = Some(Running {
                 seq,
                 sampler: Sampler::new(request.sampler.clone())?,

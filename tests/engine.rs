@@ -112,6 +112,7 @@ fn collect(events: &[Event]) -> (Tokens, HashMap<SeqId, Event>) {
                 );
             }
             Event::Failed { seq, error } => panic!("{seq:?} failed: {error}"),
+            Event::Prompt { .. } => {}
         }
     }
     (tokens, done)
@@ -180,6 +181,65 @@ fn batched_sequences_get_the_tokens_they_get_alone() {
 /// `prefill_step_tokens`; a prompt that arrives while more sequences decode than read is
 /// read in chunks that fill `step_tokens` after their decode tokens, so the running streams
 /// keep a token a step.
+/// Each sequence reports its prompt's progress: once when it takes a slot (`read` equal to
+/// the reused `cached`), then after every chunk with `read` growing, the last at `total`
+/// and before its first token; a prompt that shares a finished sequence's prefix starts
+/// from the reused tokens.
+#[test]
+fn prompt_progress_is_reported_chunk_by_chunk() {
+    let m = synthetic_model();
+    let mut e = engine(
+        &m,
+        EngineOptions {
+            max_sequences: 2,
+            step_tokens: 8,
+            prefill_step_tokens: 8,
+            ..EngineOptions::default()
+        },
+    );
+    let prompt: Vec<u32> = (0..30).map(|t| 32 + (t * 11) % 200).collect();
+    let run = |e: &mut Engine, prompt: Vec<u32>| {
+        let seq = e.submit(request(prompt, 3)).unwrap();
+        let mut events = Vec::new();
+        while !e.is_idle() {
+            e.step(&mut events).unwrap();
+        }
+        let mut progress = Vec::new();
+        let mut first_token = None;
+        for (i, ev) in events.iter().enumerate() {
+            match ev {
+                Event::Prompt {
+                    seq: s,
+                    cached,
+                    read,
+                    total,
+                } if *s == seq => progress.push((i, *cached, *read, *total)),
+                Event::Token { seq: s, .. } if *s == seq => {
+                    first_token.get_or_insert(i);
+                }
+                _ => {}
+            }
+        }
+        (progress, first_token.expect("a token"))
+    };
+    let (progress, first_token) = run(&mut e, prompt.clone());
+    let reads: Vec<usize> = progress.iter().map(|p| p.2).collect();
+    // 30 tokens in chunks of 8: 0, 8, 16, 24, 30.
+    assert_eq!(reads, [0, 8, 16, 24, 30]);
+    assert!(progress.iter().all(|p| p.1 == 0 && p.3 == 30));
+    assert!(progress.last().unwrap().0 < first_token);
+
+    // The same prompt with a new ending reuses the finished sequence's cache.
+    let mut second = prompt[..26].to_vec();
+    second.extend([7, 9, 11, 13]);
+    let (progress, _) = run(&mut e, second);
+    let (_, cached, read, total) = progress[0];
+    assert!(cached >= 24, "reused {cached}");
+    assert_eq!((read, total), (cached, 30));
+    assert_eq!(progress.last().unwrap().2, 30);
+    assert!(progress.windows(2).all(|w| w[1].2 > w[0].2));
+}
+
 #[test]
 fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
     let m = synthetic_model();

@@ -282,6 +282,9 @@ pub struct Params {
     /// llama-server's `verbose`: add `__verbose` (the prompt as text, the raw output) to
     /// the answer.
     pub verbose: bool,
+    /// llama-server's `return_progress`: a streamed reply also sends a `prompt_progress`
+    /// chunk when the prompt takes its slot and after each chunk of it is read.
+    pub return_progress: bool,
 }
 
 /// The most choices (`n`) one request may ask for.
@@ -406,6 +409,7 @@ pub fn params(b: &Body, chat: bool, seed: impl FnOnce() -> u64) -> Result<Params
         n,
         logit_bias: crate::native::logit_bias(b, "logit_bias")?,
         verbose: b.bool("verbose", false)?,
+        return_progress: b.bool("return_progress", false)?,
     })
 }
 

@@ -3,7 +3,8 @@
 //! Title-Case; embeddings from a generative model (`--embeddings`, `--pooling`) equal to the
 //! library's own hidden states pooled and normalised; `--alias` and `--tags` in
 //! `/v1/models`; content parts joined by a blank line; the `functions` variable of
-//! FireFunction's template; `--chat-template` by name; Anthropic's `stop_sequence`.
+//! FireFunction's template; `--chat-template` by name; Anthropic's `stop_sequence`;
+//! `return_progress`.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -323,4 +324,75 @@ fn anthropic_names_the_stop_sequence_that_ended_the_reply() {
         .unwrap();
     assert_eq!(delta["delta"]["stop_reason"], "stop_sequence");
     assert_eq!(delta["delta"]["stop_sequence"], mid.as_str());
+}
+
+/// llama-server's `return_progress`: a streamed reply reports its prompt's progress when the
+/// prompt takes its slot (`processed` equal to `cache`, timings at 0) and after each chunk
+/// of it is read (`--prefill-step-tokens 8` cuts it small), the last at `total` and before
+/// the first token; the chat stream sends the same reports as chunks without choices, and
+/// only when asked.
+#[test]
+fn streams_report_prompt_progress_when_asked() {
+    let s = server(&["--step-tokens", "8", "--prefill-step-tokens", "8"]);
+    let prompt = "the quick brown fox jumps over the lazy dog ".repeat(2);
+    let body = json!({"prompt": prompt, "n_predict": 3, "stream": true,
+        "return_progress": true});
+    let mut sse = s.stream("/completion", &body);
+    let mut chunks = Vec::new();
+    while let Some(d) = sse.next() {
+        if d == "[DONE]" {
+            break;
+        }
+        chunks.push(serde_json::from_str::<Value>(&d).unwrap());
+    }
+    let progress: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c.get("prompt_progress").is_some())
+        .collect();
+    assert!(progress.len() > 2, "{chunks:?}");
+    let (first, last) = (progress[0], progress[progress.len() - 1]);
+    assert_eq!(first["timings"]["prompt_n"], 0);
+    assert_eq!(first["timings"]["prompt_ms"], 0.0);
+    assert_eq!(first["timings"]["predicted_n"], 0);
+    assert_eq!(
+        first["prompt_progress"]["processed"],
+        first["prompt_progress"]["cache"]
+    );
+    let processed: Vec<u64> = progress
+        .iter()
+        .map(|p| p["prompt_progress"]["processed"].as_u64().unwrap())
+        .collect();
+    assert!(processed.windows(2).all(|w| w[1] > w[0]), "{processed:?}");
+    assert_eq!(
+        last["prompt_progress"]["processed"],
+        last["prompt_progress"]["total"]
+    );
+    let first_token = chunks
+        .iter()
+        .position(|c| c["tokens"].as_array().is_some_and(|t| !t.is_empty()))
+        .unwrap();
+    let last_report = chunks
+        .iter()
+        .rposition(|c| c.get("prompt_progress").is_some())
+        .unwrap();
+    assert!(last_report < first_token);
+
+    let chat = |progress: bool| {
+        s.stream(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 2,
+                "stream": true, "return_progress": progress}),
+        )
+        .all()
+    };
+    let with = chat(true);
+    let reports: Vec<&Value> = with
+        .iter()
+        .filter(|c| c.get("prompt_progress").is_some())
+        .collect();
+    assert!(reports.len() > 2, "{with:?}");
+    assert!(reports.iter().all(|c| c["choices"] == json!([])));
+    assert!(chat(false)
+        .iter()
+        .all(|c| c.get("prompt_progress").is_none()));
 }

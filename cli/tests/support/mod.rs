@@ -309,7 +309,10 @@ pub fn metric(text: &str, name: &str) -> f64 {
             let mut parts = rest.split(' ');
             let n = parts.next().unwrap();
             let kind = parts.next().unwrap();
-            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            assert!(
+                ["counter", "gauge", "histogram", "summary"].contains(&kind),
+                "{line}"
+            );
             assert!(
                 helped.last().map(String::as_str) == Some(n),
                 "TYPE without HELP: {line}"

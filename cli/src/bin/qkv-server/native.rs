@@ -278,9 +278,24 @@ fn stream(
             };
             loop {
                 match run.next().await {
+                    // llama-server's `return_progress`: the prompt's progress and its
+                    // timings, with no content.
+                    Some(Piece {
+                        progress: Some(p), ..
+                    }) => {
+                        let mut v = json!({
+                            "index": 0, "content": "", "tokens": [], "stop": false,
+                            "id_slot": f.id_slot.max(0), "tokens_predicted": 0,
+                            "tokens_evaluated": run.prompt_tokens,
+                        });
+                        v["prompt_progress"] = p["prompt_progress"].clone();
+                        v["timings"] = p["timings"].clone();
+                        return Some((data(&v), Phase::Running(run, f, tail)));
+                    }
                     Some(Piece {
                         text,
                         token: Some(t),
+                        ..
                     }) => {
                         let tokenizer = run.state.model.tokenizer().expect("checked at start");
                         let mut v = json!({
@@ -297,7 +312,9 @@ fn stream(
                         }
                         return Some((data(&v), Phase::Running(run, f, tail)));
                     }
-                    Some(Piece { text, token: None }) => tail.push_str(&text),
+                    Some(Piece {
+                        text, token: None, ..
+                    }) => tail.push_str(&text),
                     None => {
                         run.drain().await;
                         let v = final_object(&run, &tail, &f, true);

@@ -173,6 +173,7 @@ pub async fn start(
         prompt_tokens,
         cached_tokens: 0,
         prompt,
+        progress_since: None,
     })
 }
 
@@ -272,6 +273,8 @@ pub struct Run {
     pub cached_tokens: usize,
     /// The prompt's token ids.
     pub prompt: Vec<u32>,
+    /// When the first report of the prompt's progress came (`return_progress`).
+    progress_since: Option<Instant>,
 }
 
 /// A generated token, its log-probability and the most likely alternatives.
@@ -283,6 +286,9 @@ pub struct Piece {
     pub text: String,
     /// The token, when the event was one.
     pub token: Option<TokenLogprob>,
+    /// The prompt's progress, when the event was that (only for runs whose request asked
+    /// for `return_progress` on a stream; the others never see such events).
+    pub progress: Option<Value>,
 }
 
 impl Run {
@@ -329,72 +335,118 @@ impl Run {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// Waits for the next event; `None` once finished.
+    /// llama-server's `prompt_progress` object and the `timings` that go with it, for a
+    /// prompt with `read` of `total` tokens in the cache, `cached` of them reused: the
+    /// milliseconds count from the first report, so the first is at 0.
+    fn progress(&mut self, cached: usize, read: usize, total: usize) -> Value {
+        let now = Instant::now();
+        let since = *self.progress_since.get_or_insert(now);
+        let ms = now.saturating_duration_since(since).as_secs_f64() * 1e3;
+        let n = read.saturating_sub(cached);
+        let (per_token, per_second) = if n == 0 || ms <= 0.0 {
+            (0.0, 0.0)
+        } else {
+            (ms / n as f64, n as f64 * 1e3 / ms)
+        };
+        json!({
+            "prompt_progress": {"total": total, "cache": cached, "processed": read,
+                "time_ms": ms},
+            "timings": {"cache_n": cached, "prompt_n": n, "prompt_ms": ms,
+                "prompt_per_token_ms": per_token, "prompt_per_second": per_second,
+                "predicted_n": 0, "predicted_ms": 0.0, "predicted_per_token_ms": 0.0,
+                "predicted_per_second": 0.0},
+        })
+    }
+
+    /// Waits for the next event; `None` once finished. Progress through the prompt is a
+    /// piece of its own only when the request streams and asked for `return_progress`.
     pub async fn next(&mut self) -> Option<Piece> {
         if self.finished.is_some() {
             return None;
         }
         let tokenizer = self.state.model.tokenizer()?;
-        match self.rx.recv().await {
-            Some(Out::Token {
-                token,
-                logprob,
-                top,
-            }) => {
-                let now = Instant::now();
-                self.first_token.get_or_insert(now);
-                self.last_token = Some(now);
-                self.tokens.push(token);
-                let markup = self.parse.is_some()
-                    && tokenizer
-                        .token_str(token)
-                        .is_ok_and(|t| qkv_cli::tools::MARKUP_TOKENS.contains(&t));
-                if !tokenizer.is_special(token) || markup {
-                    if let Ok(bytes) = tokenizer.token_bytes(token) {
-                        self.pending.extend_from_slice(bytes);
+        loop {
+            return match self.rx.recv().await {
+                Some(Out::Progress {
+                    cached,
+                    read,
+                    total,
+                }) => {
+                    if !(self.p.return_progress && self.p.stream) {
+                        continue;
                     }
-                    self.text
-                        .push_str(&qkv::tokenizer::take_complete_utf8(&mut self.pending));
+                    Some(Piece {
+                        text: String::new(),
+                        token: None,
+                        progress: Some(self.progress(cached, read, total)),
+                    })
                 }
-                let text = self.release();
-                Some(Piece {
-                    text,
-                    token: Some((token, logprob, top)),
-                })
-            }
-            Some(Out::Done {
-                reason,
-                prompt_tokens,
-                cached_tokens,
-                generated,
-            }) => {
-                self.guard.armed = false;
-                self.text.push_str(&String::from_utf8_lossy(&self.pending));
-                self.pending.clear();
-                self.cached_tokens = cached_tokens;
-                let text = self.release();
-                if self.finished.is_none() {
-                    self.eos = reason == FinishReason::Eos;
-                    self.finished = Some(match reason {
-                        FinishReason::Eos | FinishReason::Complete => "stop",
-                        FinishReason::Length | FinishReason::Cancelled => "length",
-                    });
+                Some(Out::Token {
+                    token,
+                    logprob,
+                    top,
+                }) => {
+                    let now = Instant::now();
+                    self.first_token.get_or_insert(now);
+                    self.last_token = Some(now);
+                    self.tokens.push(token);
+                    let markup = self.parse.is_some()
+                        && tokenizer
+                            .token_str(token)
+                            .is_ok_and(|t| qkv_cli::tools::MARKUP_TOKENS.contains(&t));
+                    if !tokenizer.is_special(token) || markup {
+                        if let Ok(bytes) = tokenizer.token_bytes(token) {
+                            self.pending.extend_from_slice(bytes);
+                        }
+                        self.text
+                            .push_str(&qkv::tokenizer::take_complete_utf8(&mut self.pending));
+                    }
+                    let text = self.release();
+                    Some(Piece {
+                        text,
+                        token: Some((token, logprob, top)),
+                        progress: None,
+                    })
                 }
-                self.usage = Some(usage(prompt_tokens, cached_tokens, generated));
-                Some(Piece { text, token: None })
-            }
-            Some(Out::Failed(e)) => {
-                self.guard.armed = false;
-                self.finished = Some("error");
-                Some(Piece {
-                    text: format!("[qkv: {e}]"),
-                    token: None,
-                })
-            }
-            None => {
-                self.finished = Some("error");
-                None
-            }
+                Some(Out::Done {
+                    reason,
+                    prompt_tokens,
+                    cached_tokens,
+                    generated,
+                }) => {
+                    self.guard.armed = false;
+                    self.text.push_str(&String::from_utf8_lossy(&self.pending));
+                    self.pending.clear();
+                    self.cached_tokens = cached_tokens;
+                    let text = self.release();
+                    if self.finished.is_none() {
+                        self.eos = reason == FinishReason::Eos;
+                        self.finished = Some(match reason {
+                            FinishReason::Eos | FinishReason::Complete => "stop",
+                            FinishReason::Length | FinishReason::Cancelled => "length",
+                        });
+                    }
+                    self.usage = Some(usage(prompt_tokens, cached_tokens, generated));
+                    Some(Piece {
+                        text,
+                        token: None,
+                        progress: None,
+                    })
+                }
+                Some(Out::Failed(e)) => {
+                    self.guard.armed = false;
+                    self.finished = Some("error");
+                    Some(Piece {
+                        text: format!("[qkv: {e}]"),
+                        token: None,
+                        progress: None,
+                    })
+                }
+                None => {
+                    self.finished = Some("error");
+                    None
+                }
+            };
         }
     }
 
@@ -472,7 +524,7 @@ impl Run {
                     self.usage = Some(usage(prompt_tokens, cached_tokens, generated));
                 }
                 Some(Out::Failed(_)) | None => break,
-                Some(Out::Token { .. }) => {}
+                Some(Out::Token { .. } | Out::Progress { .. }) => {}
             }
         }
     }
@@ -729,6 +781,15 @@ fn stream(run: Run) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Inf
                         return Some(closing(run).await);
                     }
                     match run.next().await {
+                        // llama-server's `return_progress`: an envelope without choices.
+                        Some(Piece {
+                            progress: Some(p), ..
+                        }) => {
+                            let mut c = run.envelope(json!([]));
+                            c["prompt_progress"] = p["prompt_progress"].clone();
+                            c["timings"] = p["timings"].clone();
+                            queue.push_back(c);
+                        }
                         // A reply read with its parse: pieces sent as they become certain.
                         Some(piece) if run.parse.is_some() => {
                             run.text_held.push_str(&piece.text);

@@ -29,6 +29,12 @@ pub enum Out {
     },
     /// The sequence failed.
     Failed(String),
+    /// Its prompt advanced: `read` of `total` tokens in the cache, `cached` of them reused.
+    Progress {
+        cached: usize,
+        read: usize,
+        total: usize,
+    },
 }
 
 /// A command for the engine thread.
@@ -202,6 +208,23 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics) {
                 Event::Failed { seq, error } => {
                     if let Some(c) = clients.remove(&seq) {
                         c.out.send(Out::Failed(error)).ok();
+                    }
+                }
+                Event::Prompt {
+                    seq,
+                    cached,
+                    read,
+                    total,
+                } => {
+                    // A client that is gone is noticed at its next token.
+                    if let Some(c) = clients.get(&seq) {
+                        c.out
+                            .send(Out::Progress {
+                                cached,
+                                read,
+                                total,
+                            })
+                            .ok();
                     }
                 }
             }
