@@ -1,5 +1,6 @@
 //! The `/v1/embeddings` body, read as [`crate::request`] reads the others (a wrong type or
-//! value is an [`ApiError`] naming the field), and the base64 form of an embedding.
+//! value is an [`ApiError`] naming the field), the base64 form of an embedding, and how a
+//! generative model's hidden states are pooled into one ([`Pooling`], [`pool`]).
 //!
 //! ```
 //! use qkv_cli::embedding::{base64_f32, fields, Format, Input};
@@ -221,6 +222,54 @@ fn base64(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// How a sequence's hidden states become its embedding (`--pooling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// Every token's vector, unpooled (llama-server's `/embeddings` only).
+    None,
+    /// The mean over the tokens.
+    Mean,
+    /// The first token's.
+    Cls,
+    /// The last token's (what decoder embedding models such as Qwen3-Embedding use).
+    Last,
+}
+
+impl Pooling {
+    /// Reads `--pooling`: `none`, `mean`, `cls` or `last`.
+    pub fn parse(s: &str) -> Result<Pooling, String> {
+        match s {
+            "none" => Ok(Pooling::None),
+            "mean" => Ok(Pooling::Mean),
+            "cls" => Ok(Pooling::Cls),
+            "last" => Ok(Pooling::Last),
+            other => Err(format!(
+                "--pooling {other}: give none, mean, cls or last (rank is not served)"
+            )),
+        }
+    }
+}
+
+/// Pools `hidden` (`rows` of `dim`) by `pooling`: one vector, or every row for `None`.
+pub fn pool(hidden: &[f32], dim: usize, pooling: Pooling) -> Vec<Vec<f32>> {
+    let rows: Vec<&[f32]> = hidden.chunks_exact(dim).collect();
+    match pooling {
+        Pooling::None => rows.iter().map(|r| r.to_vec()).collect(),
+        Pooling::Cls => rows.first().map(|r| r.to_vec()).into_iter().collect(),
+        Pooling::Last => rows.last().map(|r| r.to_vec()).into_iter().collect(),
+        Pooling::Mean => {
+            let mut sum = vec![0f64; dim];
+            for r in &rows {
+                for (s, x) in sum.iter_mut().zip(r.iter()) {
+                    *s += f64::from(*x);
+                }
+            }
+            let n = rows.len().max(1) as f64;
+            vec![sum.into_iter().map(|s| (s / n) as f32).collect()]
+        }
+    }
 }
 
 #[cfg(test)]

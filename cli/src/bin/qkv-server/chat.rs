@@ -32,7 +32,7 @@ pub struct ServeOptions {
     pub model_path: String,
     pub max_sequences: usize,
     /// `--embeddings`: how embeddings pool the hidden states (`None`: not served).
-    pub pooling: Option<crate::embed_decoder::Pooling>,
+    pub pooling: Option<qkv_cli::embedding::Pooling>,
 }
 
 /// The chat template the server renders with: `--chat-template-file`'s, else the model's.

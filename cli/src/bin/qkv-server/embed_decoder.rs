@@ -21,40 +21,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use qkv::weights::FloatType;
-use qkv_cli::embedding::base64_f32;
+use qkv_cli::embedding::{base64_f32, pool, Pooling};
 use qkv_cli::native::prompts_in;
 use qkv_cli::request::{ApiError, Body};
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-
-/// How a sequence's hidden states become its embedding (`--pooling`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pooling {
-    /// Every token's vector, unpooled (llama-server's `/embeddings` only).
-    None,
-    /// The mean over the tokens.
-    Mean,
-    /// The first token's.
-    Cls,
-    /// The last token's (what decoder embedding models such as Qwen3-Embedding use).
-    Last,
-}
-
-impl Pooling {
-    /// Reads `--pooling`: `none`, `mean`, `cls` or `last`.
-    pub fn parse(s: &str) -> Result<Pooling, String> {
-        match s {
-            "none" => Ok(Pooling::None),
-            "mean" => Ok(Pooling::Mean),
-            "cls" => Ok(Pooling::Cls),
-            "last" => Ok(Pooling::Last),
-            other => Err(format!(
-                "--pooling {other}: give none, mean, cls or last (rank is not served)"
-            )),
-        }
-    }
-}
 
 /// Scales `v` by llama-server's `embd_normalize` rule: -1 leaves it, 0 scales the largest
 /// magnitude to 32760 (int16 range), 1 divides by the sum of magnitudes, 2 by the Euclidean
@@ -76,26 +48,6 @@ pub fn normalize(v: &mut [f32], rule: i64) {
     if norm > 0.0 {
         let inv = (1.0 / norm) as f32;
         v.iter_mut().for_each(|x| *x *= inv);
-    }
-}
-
-/// Pools `hidden` (`rows` of `dim`) by `pooling`: one vector, or every row for `None`.
-pub fn pool(hidden: &[f32], dim: usize, pooling: Pooling) -> Vec<Vec<f32>> {
-    let rows: Vec<&[f32]> = hidden.chunks_exact(dim).collect();
-    match pooling {
-        Pooling::None => rows.iter().map(|r| r.to_vec()).collect(),
-        Pooling::Cls => rows.first().map(|r| r.to_vec()).into_iter().collect(),
-        Pooling::Last => rows.last().map(|r| r.to_vec()).into_iter().collect(),
-        Pooling::Mean => {
-            let mut sum = vec![0f64; dim];
-            for r in &rows {
-                for (s, x) in sum.iter_mut().zip(r.iter()) {
-                    *s += f64::from(*x);
-                }
-            }
-            let n = rows.len().max(1) as f64;
-            vec![sum.into_iter().map(|s| (s / n) as f32).collect()]
-        }
     }
 }
 

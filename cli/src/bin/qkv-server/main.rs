@@ -272,7 +272,7 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if args.temp.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
         return Err("--temp: give a temperature in [0, 2]".into());
     }
-    let pooling = embed_decoder::Pooling::parse(&args.pooling)?;
+    let pooling = qkv_cli::embedding::Pooling::parse(&args.pooling)?;
     let template = match &args.chat_template_file {
         Some(p) => Some((
             p.display().to_string(),
