@@ -690,12 +690,7 @@ impl Engine {
             let keep = reuse_len(s);
             s.tokens.truncate(keep);
             s.cache.truncate(keep);
-            events.push(Event::Prompt {
-                seq,
-                cached: keep,
-                read: keep,
-                total: request.prompt.len(),
-            });
+            let total = request.prompt.len();
             s.running = Some(Running {
                 seq,
                 sampler: Sampler::new(request.sampler.clone())?,
@@ -706,6 +701,12 @@ impl Engine {
                 cancelled: false,
                 constraint,
                 request,
+            });
+            events.push(Event::Prompt {
+                seq,
+                cached: keep,
+                read: keep,
+                total,
             });
         }
         Ok(())
