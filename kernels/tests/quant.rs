@@ -1,10 +1,12 @@
 //! `linear` with quantized weights (the decode GEMV, m ≤ 8) against `linear_scalar`, which
 //! dequantizes exactly to f32: every format, awkward shapes, pools of 1–3 threads.
 //!
-//! The GEMV quantizes `x` to 16-bit integers per block of 32, so each element of `x` may be
-//! off by half a step of its block (`0.5·amax/32767`); the tolerance is that error carried
-//! through the weights, `Σ|w|·0.5·step`, plus f32 rounding. Runs whichever kernel the CPU
-//! and the environment select (`QKV_FORCE_SCALAR=1`, `QKV_NO_AVX512=1`).
+//! The GEMV quantizes `x` to integers per block of 32 (16 bits; for interleaved 4-bit weights,
+//! 8 when `QKV_ACT_BITS=8`), so each element of `x` may be off by half a step of its block
+//! (`0.5·amax/32767`, or `/127`); the tolerance is that error carried through the weights,
+//! `Σ|w|·0.5·step`, plus f32 rounding. Runs whichever kernel and precision the CPU and the
+//! environment select (`QKV_FORCE_SCALAR=1`, `QKV_NO_AVX512=1`, `QKV_ACT_BITS=8`; `.ci/run`
+//! runs the file under each).
 
 use qkv_kernels::matmul::linear_scalar;
 use qkv_kernels::quant::testing::{weight_blocks as random_blocks, Rng};
@@ -30,11 +32,12 @@ fn activations(len: usize, rng: &mut Rng) -> Vec<f32> {
 }
 
 /// The bound on `|linear − exact|` for every output: `Σ_p |w[j, p]|·0.5·step(x[i], p)` (the
-/// activation rounding) plus f32 slack on `Σ|w·x|`.
-fn tolerance(x: &[f32], wf: &[f32], m: usize, k: usize, n: usize) -> Vec<f64> {
+/// activation rounding, a step being a block's largest magnitude over `levels`: 32767 for
+/// 16-bit activations, 127 for 8-bit) plus f32 slack on `Σ|w·x|`.
+fn tolerance(x: &[f32], wf: &[f32], m: usize, k: usize, n: usize, levels: f32) -> Vec<f64> {
     let steps: Vec<f64> = x
         .chunks_exact(32)
-        .map(|b| f64::from(b.iter().fold(0.0f32, |a, v| a.max(v.abs()))) / 32767.0)
+        .map(|b| f64::from(b.iter().fold(0.0f32, |a, v| a.max(v.abs()))) / f64::from(levels))
         .collect();
     let mut tol = vec![0.0; m * n];
     for i in 0..m {
@@ -94,7 +97,7 @@ fn quantized_gemv_matches_exact_dequantization() {
                     let b = (m % 2 == 1).then_some(&bias[..]);
                     let mut want = vec![0.0f32; m * n];
                     linear_scalar(&mut want, &x, weights, b, m, k, n).unwrap();
-                    let tol = tolerance(&x, &wf, m, k, n);
+                    let tol = tolerance(&x, &wf, m, k, n, 32767.0);
                     for (t, p) in pools.iter().enumerate() {
                         let mut got = vec![f32::NAN; m * n];
                         p.install(|| linear(&mut got, &x, weights, b, m, k, n))
@@ -217,8 +220,8 @@ fn non_finite_activations_are_never_hidden() {
 /// blocks give in GGUF's layout, through every path of `linear`: the decode GEMV (1 row),
 /// one pass in tiles of 8 rows for any number of rows (2–40), on 1–3 threads; `linear_many`
 /// beside GGUF-layout parts and as a group of interleaved parts only; and `rows_to_f32`
-/// row for row. Every format with the layout: the 4-bit ones read the activations' byte
-/// split, Q6_K and Q8_0 their 16-bit integers.
+/// row for row. Every format with the layout: the 4-bit ones read 8-bit activations (so
+/// the bound is theirs), Q6_K and Q8_0 16-bit ones.
 #[test]
 fn interleaved_weights_match_their_file_layout() {
     use qkv_kernels::quant::x8;
@@ -252,7 +255,7 @@ fn interleaved_weights_match_their_file_layout() {
                 let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
                 for &m in ms {
                     let x = activations(m * k, &mut rng);
-                    let tol = tolerance(&x, &wf, m, k, n);
+                    let tol = tolerance(&x, &wf, m, k, n, x8::act_precision(format).max());
                     let mut want = vec![0.0f32; m * n];
                     linear_scalar(&mut want, &x, plain, Some(&bias), m, k, n).unwrap();
                     for threads in 1..=3 {
@@ -343,8 +346,8 @@ fn interleaved_weights_match_their_file_layout() {
     .is_err());
 }
 
-/// A group of interleaved parts of which some read the activations' byte split (Q4_K) and
-/// some do not (Q6_K, Q8_0), as a Q4_K_M file's layers mix them: each part equals its own
+/// A group of interleaved parts of which some read 8-bit activations (Q4_K) and some 16-bit
+/// ones (Q6_K, Q8_0), as a Q4_K_M file's layers mix them: each part equals its own
 /// `linear`, for the row counts of decode, a batched step and a prompt.
 #[test]
 fn interleaved_groups_mix_formats() {

@@ -2,11 +2,12 @@
 //! read once per call, the rows of `W` split across the pool's threads.
 //!
 //! f32 and f16 rows are streamed with f32 FMAs (f16 widened in registers). Quantized rows
-//! go to [`crate::quant::gemv`], which first quantizes `x` to 16-bit integers per block of
-//! 32 (once per call, before the split) and then takes integer dot products per block.
+//! go to [`crate::quant::gemv`] or [`crate::quant::x8`], after `x` is quantized to integers
+//! per block of 32 (once per call, before the split, at each precision the matrices read:
+//! [`Weights::act_precision`]); the kernels take integer dot products per block.
 
 use super::Weights;
-use crate::quant::act::QuantizedActs;
+use crate::quant::act::{ActPrecision, QuantizedActs};
 use crate::SharedOut;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -59,45 +60,92 @@ pub(super) fn gemv(
 }
 
 thread_local! {
-    /// The quantized activations of the calling thread's current GEMV.
-    static ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
+    /// The calling thread's current GEMV's activations at 16 bits.
+    static WIDE: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
+    /// And at 8 bits.
+    static BYTE: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
+}
+
+/// `x` quantized at each precision the parts of a group read ([`Weights::act_precision`]).
+#[derive(Clone, Copy, Default)]
+struct Acts<'a> {
+    wide: Option<&'a QuantizedActs>,
+    byte: Option<&'a QuantizedActs>,
+}
+
+impl<'a> Acts<'a> {
+    /// The activations `w` reads, if it is quantized.
+    fn of(&self, w: Weights<'_>) -> Option<&'a QuantizedActs> {
+        match w.act_precision()? {
+            ActPrecision::Wide => self.wide,
+            ActPrecision::Byte => self.byte,
+        }
+    }
 }
 
 /// The GEMV over a group of matrices sharing `x`: their rows, end to end, are one range split
 /// across the threads. Each part's `y` must be `m·n` long (validated by the callers).
 pub(super) fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) {
-    // Quantized parts read x as 16-bit integers: quantized once here, before the split.
-    if parts.iter().any(|p| p.w.is_quantized()) {
-        // Interleaved 4-bit parts read the byte split, for however many rows there are.
-        let split = parts
-            .iter()
-            .any(|p| matches!(p.w, Weights::QuantX8(f, _) if crate::quant::x8::reads_split(f)));
-        with_quantized(x, m, k, split, |acts| {
-            gemv_parts_with(parts, x, Some(acts), m, k)
-        });
-    } else {
-        gemv_parts_with(parts, x, None, m, k);
+    // Quantized parts read x as integers, at their precision: quantized once here for each
+    // precision the group needs, before the split.
+    let needs = |p: ActPrecision| parts.iter().any(|part| part.w.act_precision() == Some(p));
+    // Interleaved 4-bit parts read the 16-bit integers' byte split, for however many rows
+    // there are.
+    let split = parts
+        .iter()
+        .any(|p| matches!(p.w, Weights::QuantX8(f, _) if crate::quant::x8::reads_tiles(f)));
+    let run = |acts: Acts<'_>| gemv_parts_with(parts, x, acts, m, k);
+    let wide = |f: &dyn Fn(&QuantizedActs)| with_quantized(x, m, k, ActPrecision::Wide, split, f);
+    let byte = |f: &dyn Fn(&QuantizedActs)| with_quantized(x, m, k, ActPrecision::Byte, true, f);
+    match (needs(ActPrecision::Wide), needs(ActPrecision::Byte)) {
+        (false, false) => run(Acts::default()),
+        (true, false) => wide(&|w| {
+            run(Acts {
+                wide: Some(w),
+                byte: None,
+            })
+        }),
+        (false, true) => byte(&|b| {
+            run(Acts {
+                wide: None,
+                byte: Some(b),
+            })
+        }),
+        (true, true) => wide(&|w| {
+            byte(&|b| {
+                run(Acts {
+                    wide: Some(w),
+                    byte: Some(b),
+                })
+            })
+        }),
     }
 }
 
-/// Runs `f` on `x[m, k]` quantized per block of 32 (with the byte split for any `m` when
-/// `split`), in the calling thread's reused buffers. They are taken out of the thread-local
-/// (not borrowed) for the reason `gemm_panels` gives, and put back afterwards unless a larger
-/// set was put back meanwhile.
+/// Runs `f` on `x[m, k]` quantized per block of 32 at `precision` (with the byte split for
+/// any `m` when `split`: [`QuantizedActs::add_split`]), in the calling thread's reused
+/// buffers for that precision. They are taken out of the thread-local (not borrowed) for
+/// the reason `gemm_panels` gives, and put back afterwards unless a larger set was put back
+/// meanwhile.
 pub(super) fn with_quantized<R>(
     x: &[f32],
     m: usize,
     k: usize,
+    precision: ActPrecision,
     split: bool,
     f: impl FnOnce(&QuantizedActs) -> R,
 ) -> R {
-    let mut acts = ACTS.with(|a| std::mem::take(&mut *a.borrow_mut()));
-    acts.quantize_validated(x, m, k);
+    let slot = match precision {
+        ActPrecision::Wide => &WIDE,
+        ActPrecision::Byte => &BYTE,
+    };
+    let mut acts = slot.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    acts.quantize_validated(x, m, k, precision);
     if split {
         acts.add_split();
     }
     let out = f(&acts);
-    ACTS.with(|kept| {
+    slot.with(|kept| {
         let mut kept = kept.borrow_mut();
         if kept.q.capacity() < acts.q.capacity() {
             *kept = acts;
@@ -106,13 +154,7 @@ pub(super) fn with_quantized<R>(
     out
 }
 
-fn gemv_parts_with(
-    parts: &[GemvPart<'_>],
-    x: &[f32],
-    acts: Option<&QuantizedActs>,
-    m: usize,
-    k: usize,
-) {
+fn gemv_parts_with(parts: &[GemvPart<'_>], x: &[f32], acts: Acts<'_>, m: usize, k: usize) {
     // Each part's n·k fits (validated); the sums of up to MAX_GROUP of them saturate rather
     // than wrap (they only steer the split, and cannot reach usize::MAX for real slices).
     let total = parts.iter().fold(0usize, |t, p| t.saturating_add(p.n));
@@ -127,7 +169,20 @@ fn gemv_parts_with(
                 // this call; this task writes columns a−base..b−base of every row, which no
                 // other task touches while it runs. The tasks' columns interleave within each
                 // row, so each gets the raw pointer rather than a `&mut` over the whole.
-                unsafe { gemv_columns(p.y, x, acts, p.w, p.bias, m, k, p.n, a - base, b - base) };
+                unsafe {
+                    gemv_columns(
+                        p.y,
+                        x,
+                        acts.of(p.w),
+                        p.w,
+                        p.bias,
+                        m,
+                        k,
+                        p.n,
+                        a - base,
+                        b - base,
+                    )
+                };
             }
             base += p.n;
         }
@@ -162,8 +217,8 @@ fn gemv_parts_with(
 ///
 /// # Safety
 /// `y` must point to `m·n` writable floats, of which no one else reads or writes columns
-/// `j0..j1` during the call; `x` is m·k, `w` n·k, `j1 ≤ n`; `acts` is `x` quantized when
-/// `w` is quantized.
+/// `j0..j1` during the call; `x` is m·k, `w` n·k, `j1 ≤ n`; `acts` is `x` quantized at
+/// [`Weights::act_precision`] when `w` is quantized.
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemv_columns(
     y: SharedOut,
@@ -186,7 +241,8 @@ unsafe fn gemv_columns(
     if let Weights::QuantX8(format, bytes) = w {
         let acts = acts.expect("gemv_parts quantizes x for quantized parts");
         // SAFETY: this function's contract; `bytes` holds n interleaved rows of k
-        // (validated), and `gemv_parts` gave `acts` its byte split for interleaved parts.
+        // (validated), and `gemv_parts` gave `acts` its tiles for interleaved 4-bit parts
+        // (the byte split at 16 bits; the bytes, always there at 8).
         unsafe { crate::quant::x8::columns(y, acts, format, bytes, bias, n, j0, j1) };
         return;
     }

@@ -31,7 +31,7 @@
 mod gemv;
 
 use crate::error::{check_len, check_nonzero, KernelError, Result};
-use crate::quant::{self, QuantFormat};
+use crate::quant::{self, act::ActPrecision, QuantFormat};
 use crate::SharedOut;
 use gemv::{gemv, gemv_parts, GemvPart};
 use half::f16;
@@ -140,6 +140,18 @@ impl Weights<'_> {
     /// True for block-quantized weights, in either layout.
     pub fn is_quantized(&self) -> bool {
         matches!(self, Weights::Quant(..) | Weights::QuantX8(..))
+    }
+
+    /// The precision at which the activations meet these weights, for quantized ones: 16
+    /// bits in GGUF's layout, the process's choice for the interleaved layout
+    /// ([`quant::x8::act_precision`]). It depends on the matrix, never on the number of
+    /// rows, so a row's result does not depend on the rows beside it.
+    pub fn act_precision(&self) -> Option<ActPrecision> {
+        match self {
+            Weights::Quant(..) => Some(ActPrecision::Wide),
+            Weights::QuantX8(f, _) => Some(quant::x8::act_precision(*f)),
+            _ => None,
+        }
     }
 
     /// Checks that the matrix is exactly `n` rows of `k` (for quantized formats, `k` whole
@@ -270,7 +282,7 @@ pub fn linear(
             Weights::F32(w) => gemm_f32(y, x, Rhs::Rows(w), bias, m, k, n),
             Weights::F32T(w) => gemm_f32(y, x, Rhs::Cols(w), bias, m, k, n),
             Weights::Quant(format, blocks) if quant::gemm::available() => {
-                gemv::with_quantized(x, m, k, false, |acts| {
+                gemv::with_quantized(x, m, k, ActPrecision::Wide, false, |acts| {
                     quant::gemm::gemm(y, acts, format, blocks, bias, n)
                 })?;
             }
@@ -280,7 +292,10 @@ pub fn linear(
                 let mut blocks = UNPACKED.with(|u| std::mem::take(&mut *u.borrow_mut()));
                 blocks.resize(packed.len(), 0);
                 quant::x8::unpack_rows(format, packed, k, 0, n, &mut blocks)?;
-                gemv::with_quantized(x, m, k, false, |acts| {
+                // At the precision the interleaved kernels use, so that a row's result does
+                // not depend on how many rows came with it.
+                let precision = quant::x8::act_precision(format);
+                gemv::with_quantized(x, m, k, precision, false, |acts| {
                     quant::gemm::gemm(y, acts, format, &blocks, bias, n)
                 })?;
                 UNPACKED.with(|u| {

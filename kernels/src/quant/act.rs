@@ -1,29 +1,60 @@
-//! Activations quantized to 16-bit integers, per block of 32, for the quantized GEMV.
+//! Activations quantized to integers per block of 32, for the quantized matrix products.
 //!
-//! The quantized GEMV multiplies the weights' small integers by integer activations and
-//! applies both scales once per block. ggml quantizes activations to 8 bits for this, which
-//! adds an error of up to 1/254 of each block's largest value; qkv uses 16 bits, so the error
-//! (at most 1/65534 of the block's largest value per element) stays far below the weights'
-//! own quantization error and the integer products still fit `madd`'s 32-bit sums.
+//! The quantized kernels multiply the weights' small integers by integer activations and
+//! apply both scales once per block. Two precisions ([`ActPrecision`]):
 //!
-//! Block `b` of row `i` holds `x[i, 32b..32b+32]` as `q = round(x · 32767 / amax)` with
-//! `amax = max |x|` over the block, its scale `amax / 32767` (0 for an all-zero block), and
-//! the exact f32 sum of the block's values (the Q4_1/Q5_1/K-formats' minimum terms use it).
+//! - **16 bits** (`|q| ≤ 32767`), for every kernel of weights in GGUF's layout and for the
+//!   interleaved Q6_K and Q8_0: the error (at most 1/65534 of the block's largest value per
+//!   element) stays far below the weights' own, and the products still fit `madd`'s 32-bit
+//!   sums.
+//! - **8 bits** (`|q| ≤ 127`), as ggml's Q8 activations: an error of up to 1/254 of the
+//!   block's largest value, and each byte of 4-bit weights meets a byte of activations in
+//!   one `maddubs` (32 products per instruction) where 16 bits take two, one per byte of
+//!   the integer ([`QuantizedActs::split`]). The interleaved 4-bit formats (Q4_0, Q4_1,
+//!   Q4_K) take it when the process asks for it ([`crate::quant::x8::set_act_precision`]).
+//!
+//! The precision follows the weights and the process's choice, never the number of rows, so
+//! a sequence gets the same numbers alone or in a batch.
+//!
+//! Block `b` of row `i` holds `x[i, 32b..32b+32]` as `q = round(x · max / amax)` with
+//! `amax = max |x|` over the block, its scale `amax / max` (0 for an all-zero block), and
+//! its sum for the Q4_1/Q5_1/K-formats' minimum terms ([`QuantizedActs::sum`]).
 
 /// Elements per activation block.
 pub const ACT_BLOCK: usize = 32;
 
 use crate::error::{check_len, KernelError, Result};
 
-/// Most rows for which [`QuantizedActs::quantize`] also fills the byte split
-/// ([`QuantizedActs::split`], [`QuantizedActs::split_meta`]) and the half-block sums
+/// Most rows for which [`QuantizedActs::quantize`] also fills the half-block sums
 /// ([`QuantizedActs::isum16`]).
-pub const SPLIT_MAX_ROWS: usize = 16;
+pub const HALF_SUMS_MAX_ROWS: usize = 16;
 
-/// Rows per tile of the byte split ([`QuantizedActs::split`]).
+/// Rows per tile of the layouts the interleaved kernels read ([`QuantizedActs::split`],
+/// [`QuantizedActs::bytes`]; [`QuantizedActs::tile_at`]).
 pub const TILE_ROWS: usize = 8;
 
-/// One block of one row, split into bytes: `q = 256·hi + lo` element by element.
+/// How finely activations are quantized (see the module's introduction).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ActPrecision {
+    /// 16-bit integers, `|q| ≤ 32767`.
+    #[default]
+    Wide,
+    /// 8-bit integers, `|q| ≤ 127`, also laid out as bytes ([`QuantizedActs::bytes`]).
+    Byte,
+}
+
+impl ActPrecision {
+    /// The largest magnitude of a quantized activation: 32767 or 127.
+    pub const fn max(self) -> f32 {
+        match self {
+            ActPrecision::Wide => 32767.0,
+            ActPrecision::Byte => 127.0,
+        }
+    }
+}
+
+/// One block of one row at [`ActPrecision::Wide`], split into bytes: `q = 256·hi + lo`
+/// element by element.
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
 pub struct SplitBlock {
@@ -33,10 +64,18 @@ pub struct SplitBlock {
     pub lo: [u8; ACT_BLOCK],
 }
 
-/// What the kernels of interleaved weights read beside a [`SplitBlock`].
+/// One block of one row at [`ActPrecision::Byte`]: its 32 integers as bytes.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(32))]
+pub struct ByteBlock {
+    /// The integers, −127..=127.
+    pub q: [i8; ACT_BLOCK],
+}
+
+/// What the kernels of interleaved weights read beside a [`SplitBlock`] or a [`ByteBlock`].
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[repr(C)]
-pub struct SplitMeta {
+pub struct TileMeta {
     /// The block's scale ([`QuantizedActs::scale`]).
     pub scale: f32,
     /// The f32 sum of its original values ([`QuantizedActs::sum`]).
@@ -45,18 +84,21 @@ pub struct SplitMeta {
     pub isum: i32,
 }
 
-/// Largest magnitude of a quantized activation.
-const ACT_MAX: f32 = 32767.0;
-
 /// `x[m, k]` quantized per block of [`ACT_BLOCK`]: reused across calls, so a decode step
 /// allocates nothing once it has grown.
 #[derive(Clone, Debug, Default)]
 pub struct QuantizedActs {
-    /// The integers, `m·k`, row-major like `x`.
+    /// The integers, `m·k`, row-major like `x`, within ±[`ActPrecision::max`].
     pub q: Vec<i16>,
     /// One scale per block (`m·k / 32`): a value is `q · scale`.
     pub scale: Vec<f32>,
-    /// The f32 sum of each block's original values (`m·k / 32`).
+    /// Each block's sum (`m·k / 32`), for the minimum terms of Q4_1, Q5_1 and the K-formats:
+    /// at 16 bits the exact f32 sum of its original values; at 8 bits the sum of its
+    /// rounded ones, `scale·Σq`, so that a weight's minimum meets the same rounded
+    /// activations as the rest of the weight. (With the exact sum, each activation's
+    /// rounding error would meet only the weight's offset from its block's minimum, 0 to 15
+    /// steps of a 4-bit scale, rather than the weight itself, about −8 to 7 steps: on the
+    /// default model that measured four times the KL divergence, 0.0121 against 0.0030.)
     pub sum: Vec<f32>,
     /// For one row (`m = 1`, a decode step's GEMV), the same integers reordered within
     /// each block as its 16 even-indexed elements then its 16 odd-indexed ones, the order in
@@ -64,23 +106,29 @@ pub struct QuantizedActs {
     /// holds an even element in its low byte and the next odd one in its high byte). Empty
     /// for more rows.
     pub eo: Vec<i16>,
-    /// For up to [`SPLIT_MAX_ROWS`] rows, the integer sum of `q` over each half-block of 16
-    /// elements (two per block, `m·k / 16`): the GEMV kernels take a format's offset (Q4_0's
-    /// −8, Q5_0's −16, Q6_K's −32) off the weights' sums once per block, exactly, instead
-    /// of off every weight. Empty for more rows.
+    /// For up to [`HALF_SUMS_MAX_ROWS`] rows, the integer sum of `q` over each half-block of
+    /// 16 elements (two per block, `m·k / 16`): the GEMV kernels take a format's offset
+    /// (Q4_0's −8, Q5_0's −16, Q6_K's −32) off the weights' sums once per block, exactly,
+    /// instead of off every weight. Empty for more rows.
     pub isum16: Vec<i32>,
-    /// For up to [`SPLIT_MAX_ROWS`] rows (the GEMV regime), every integer `q` split into
-    /// bytes as `q = 256·hi + lo`: `hi` the arithmetic high byte (−128..=127) and `lo` the
-    /// low byte read unsigned (0..=255). The kernels of interleaved 4-bit weights
-    /// ([`crate::quant::x8`]) multiply bytes by bytes (`maddubs`) and put the two halves
-    /// together exactly. One [`SplitBlock`] per block of each row, in tiles of
-    /// [`TILE_ROWS`] rows: within a tile, block by block, and the tile's rows within each
-    /// block ([`QuantizedActs::split_at`]), so that a kernel taking a tile of rows against
-    /// a column of weight blocks reads one stream. Empty for more rows, unless
-    /// [`QuantizedActs::add_split`] added it.
+    /// At [`ActPrecision::Wide`], when [`QuantizedActs::add_split`] made it: every integer
+    /// split into bytes as `q = 256·hi + lo` (`hi` the arithmetic high byte, −128..=127,
+    /// `lo` the low byte read unsigned), which the interleaved 4-bit kernels
+    /// ([`crate::quant::x8`]) multiply byte by byte (`maddubs`) and put back together
+    /// exactly. One [`SplitBlock`] per block of each row, in tiles of [`TILE_ROWS`] rows:
+    /// within a tile, block by block, and the tile's rows within each block
+    /// ([`QuantizedActs::tile_at`]), so that a kernel taking a tile of rows against a column
+    /// of weight blocks reads one stream. Else empty.
     pub split: Vec<SplitBlock>,
-    /// Each block's scale, sum and integer sum, in the order of [`QuantizedActs::split`].
-    pub split_meta: Vec<SplitMeta>,
+    /// At [`ActPrecision::Byte`], for every row, the integers as bytes: one [`ByteBlock`]
+    /// per block of each row, in the tiles of [`QuantizedActs::split`]. Empty at
+    /// [`ActPrecision::Wide`].
+    pub bytes: Vec<ByteBlock>,
+    /// Each block's scale, sum and integer sum, in the order of the tiles, for whichever of
+    /// [`QuantizedActs::split`] and [`QuantizedActs::bytes`] is there.
+    pub tile_meta: Vec<TileMeta>,
+    /// The precision `q` holds.
+    pub precision: ActPrecision,
     /// Rows.
     pub m: usize,
     /// Elements per row (a multiple of 32).
@@ -93,7 +141,8 @@ impl QuantizedActs {
         self.k / ACT_BLOCK
     }
 
-    /// Quantizes `x[m, k]` into `self`, growing its buffers when needed.
+    /// Quantizes `x[m, k]` into `self` at 16 bits ([`ActPrecision::Wide`]), growing its
+    /// buffers when needed.
     ///
     /// Errors, leaving `self` as it was, unless `k` is a multiple of 32 and
     /// `x.len() == m·k`.
@@ -101,6 +150,31 @@ impl QuantizedActs {
     /// Non-finite values make their block's scale non-finite, so that the GEMV's result is
     /// NaN or infinite as an f32 product would be: nothing is hidden.
     pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) -> Result<()> {
+        self.quantize_at(x, m, k, ActPrecision::Wide)
+    }
+
+    /// [`QuantizedActs::quantize`] at `precision`; at [`ActPrecision::Byte`] also the byte
+    /// layout ([`QuantizedActs::bytes`]) for every row.
+    ///
+    /// ```
+    /// use qkv_kernels::quant::act::{ActPrecision, QuantizedActs};
+    /// let mut acts = QuantizedActs::default();
+    /// let mut x = vec![0.25f32; 20 * 32];
+    /// x[17 * 32 + 1] = -0.5;
+    /// acts.quantize_at(&x, 20, 32, ActPrecision::Byte).unwrap();
+    /// acts.check().unwrap();
+    /// // Row 17, block 0: 0.25 is half the block's largest magnitude.
+    /// let at = acts.tile_at(17, 0);
+    /// assert_eq!(&acts.bytes[at].q[..3], &[64, -127, 64]);
+    /// assert_eq!(acts.tile_meta[at].scale, 0.5 / 127.0);
+    /// ```
+    pub fn quantize_at(
+        &mut self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        precision: ActPrecision,
+    ) -> Result<()> {
         if !k.is_multiple_of(ACT_BLOCK) {
             return Err(KernelError::Mismatch {
                 what: "quantized activations: k must be a multiple of the 32-element block",
@@ -112,13 +186,19 @@ impl QuantizedActs {
             KernelError::Invalid(format!("quantized activations: {m}·{k} elements overflow"))
         })?;
         check_len("x", needed, x.len())?;
-        self.quantize_validated(x, m, k);
+        self.quantize_validated(x, m, k, precision);
         Ok(())
     }
 
-    /// [`QuantizedActs::quantize`] for callers that validated `k % 32 == 0` and
+    /// [`QuantizedActs::quantize_at`] for callers that validated `k % 32 == 0` and
     /// `x.len() == m·k` (the matmul entry points check their shapes before they get here).
-    pub(crate) fn quantize_validated(&mut self, x: &[f32], m: usize, k: usize) {
+    pub(crate) fn quantize_validated(
+        &mut self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        precision: ActPrecision,
+    ) {
         debug_assert!(k.is_multiple_of(ACT_BLOCK) && x.len() == m * k);
         let blocks = m * k / ACT_BLOCK;
         self.q.resize(m * k, 0);
@@ -126,18 +206,22 @@ impl QuantizedActs {
         self.sum.resize(blocks, 0.0);
         self.m = m;
         self.k = k;
-        quantize_any(x, &mut self.q, &mut self.scale, &mut self.sum);
+        self.precision = precision;
+        quantize_any(x, &mut self.q, &mut self.scale, &mut self.sum, precision);
         self.eo.clear();
         self.isum16.clear();
         self.split.clear();
-        self.split_meta.clear();
-        if m <= SPLIT_MAX_ROWS {
+        self.bytes.clear();
+        self.tile_meta.clear();
+        if m <= HALF_SUMS_MAX_ROWS {
             self.isum16.extend(
                 self.q
                     .chunks_exact(16)
                     .map(|h| h.iter().map(|&v| i32::from(v)).sum::<i32>()),
             );
-            self.add_split();
+        }
+        if precision == ActPrecision::Byte {
+            self.fill_bytes();
         }
         if m == 1 {
             self.eo.resize(k, 0);
@@ -155,25 +239,44 @@ impl QuantizedActs {
         }
     }
 
-    /// Fills the byte split ([`QuantizedActs::split`], [`QuantizedActs::split_meta`]) for
-    /// every row, whatever `m` is: the kernels of interleaved weights read it for any
-    /// number of rows (a prompt's), where [`QuantizedActs::quantize`] fills it only for up
-    /// to [`SPLIT_MAX_ROWS`]. Does nothing when it is already there.
+    /// Lays the 8-bit integers out as [`QuantizedActs::bytes`], with their
+    /// [`QuantizedActs::tile_meta`].
+    fn fill_bytes(&mut self) {
+        let (m, bpr) = (self.m, self.blocks_per_row());
+        self.bytes.resize(m * bpr, ByteBlock { q: [0; ACT_BLOCK] });
+        self.fill_tile_meta();
+        for row in 0..m {
+            for b in 0..bpr {
+                let (src, at) = (row * bpr + b, self.tile_at(row, b));
+                let q = &self.q[ACT_BLOCK * src..ACT_BLOCK * (src + 1)];
+                for (o, &v) in self.bytes[at].q.iter_mut().zip(q) {
+                    // Within ±127 at this precision.
+                    *o = v as i8;
+                }
+            }
+        }
+    }
+
+    /// Fills the byte split ([`QuantizedActs::split`], with its
+    /// [`QuantizedActs::tile_meta`]) of 16-bit activations, for every row: the kernels of
+    /// interleaved 4-bit weights read it at [`ActPrecision::Wide`]. Does nothing when it is
+    /// already there, or at [`ActPrecision::Byte`] (whose [`QuantizedActs::bytes`] those
+    /// kernels read instead).
     ///
     /// ```
     /// use qkv_kernels::quant::act::QuantizedActs;
     /// let mut acts = QuantizedActs::default();
     /// acts.quantize(&vec![0.25; 20 * 32], 20, 32).unwrap();
-    /// assert!(!acts.has_split());
+    /// assert!(!acts.has_tiles());
     /// acts.add_split();
-    /// assert!(acts.has_split());
+    /// assert!(acts.has_tiles());
     /// acts.check().unwrap();
     /// // Row 17, block 0: 32767 = 256·127 + 255.
-    /// let at = acts.split_at(17, 0);
+    /// let at = acts.tile_at(17, 0);
     /// assert_eq!((acts.split[at].hi[0], acts.split[at].lo[0]), (127, 255));
     /// ```
     pub fn add_split(&mut self) {
-        if self.has_split() {
+        if self.has_tiles() || self.precision == ActPrecision::Byte {
             return;
         }
         let (m, bpr) = (self.m, self.blocks_per_row());
@@ -181,20 +284,30 @@ impl QuantizedActs {
             hi: [0; ACT_BLOCK],
             lo: [0; ACT_BLOCK],
         };
-        self.split.clear();
         self.split.resize(m * bpr, empty);
-        self.split_meta.clear();
-        self.split_meta.resize(m * bpr, SplitMeta::default());
+        self.fill_tile_meta();
         for row in 0..m {
             for b in 0..bpr {
-                let (src, at) = (row * bpr + b, self.split_at(row, b));
+                let (src, at) = (row * bpr + b, self.tile_at(row, b));
                 let q = &self.q[ACT_BLOCK * src..ACT_BLOCK * (src + 1)];
                 let out = &mut self.split[at];
                 for (e, &v) in q.iter().enumerate() {
                     out.hi[e] = (v >> 8) as i8;
                     out.lo[e] = v as u8;
                 }
-                self.split_meta[at] = SplitMeta {
+            }
+        }
+    }
+
+    /// Every block's [`TileMeta`] in the order of the tiles.
+    fn fill_tile_meta(&mut self) {
+        let (m, bpr) = (self.m, self.blocks_per_row());
+        self.tile_meta.resize(m * bpr, TileMeta::default());
+        for row in 0..m {
+            for b in 0..bpr {
+                let (src, at) = (row * bpr + b, self.tile_at(row, b));
+                let q = &self.q[ACT_BLOCK * src..ACT_BLOCK * (src + 1)];
+                self.tile_meta[at] = TileMeta {
                     scale: self.scale[src],
                     sum: self.sum[src],
                     isum: q.iter().map(|&v| i32::from(v)).sum(),
@@ -203,25 +316,32 @@ impl QuantizedActs {
         }
     }
 
-    /// Where block `b` of row `row` sits in [`QuantizedActs::split`]: tile `t = row / 8`
-    /// starts after the `8t` rows before it, and within a tile of `r` rows (8, or fewer for
-    /// the last) block `b` of its row `i` is entry `b·r + i`.
-    pub fn split_at(&self, row: usize, b: usize) -> usize {
+    /// Where block `b` of row `row` sits in [`QuantizedActs::split`] and
+    /// [`QuantizedActs::bytes`]: tile `t = row / 8` starts after the `8t` rows before it,
+    /// and within a tile of `r` rows (8, or fewer for the last) block `b` of its row `i` is
+    /// entry `b·r + i`.
+    pub fn tile_at(&self, row: usize, b: usize) -> usize {
         let t0 = row / TILE_ROWS * TILE_ROWS;
         let r = TILE_ROWS.min(self.m - t0);
         t0 * self.blocks_per_row() + b * r + (row - t0)
     }
 
-    /// True when the byte split covers all `m` rows.
-    pub fn has_split(&self) -> bool {
+    /// True when the tiles the interleaved 4-bit kernels read cover all `m` rows: the byte
+    /// split at [`ActPrecision::Wide`], the bytes at [`ActPrecision::Byte`].
+    pub fn has_tiles(&self) -> bool {
         let blocks = self.q.len() / ACT_BLOCK;
-        blocks > 0 && self.split.len() == blocks && self.split_meta.len() == blocks
+        let tiles = match self.precision {
+            ActPrecision::Wide => self.split.len(),
+            ActPrecision::Byte => self.bytes.len(),
+        };
+        blocks > 0 && tiles == blocks && self.tile_meta.len() == blocks
     }
 
-    /// Checks that the buffers agree with `m` and `k` (`k` a multiple of 32, `m·k`
-    /// integers, one scale and one sum per block), as [`QuantizedActs::quantize`] leaves
-    /// them. The fields are public, so the kernels that read them through raw pointers
-    /// check them first.
+    /// Checks that the buffers agree with `m`, `k` and the precision (`k` a multiple of
+    /// 32, `m·k` integers, one scale and one sum per block, the bytes at
+    /// [`ActPrecision::Byte`], the byte split at [`ActPrecision::Wide`] if there is one), as
+    /// [`QuantizedActs::quantize_at`] and [`QuantizedActs::add_split`] leave them. The fields are public, so the kernels that read them through raw
+    /// pointers check them first.
     pub fn check(&self) -> Result<()> {
         if !self.k.is_multiple_of(ACT_BLOCK) {
             return Err(KernelError::Mismatch {
@@ -247,24 +367,26 @@ impl QuantizedActs {
             elems / ACT_BLOCK,
             self.sum.len(),
         )?;
-        if self.m <= SPLIT_MAX_ROWS {
+        if self.m <= HALF_SUMS_MAX_ROWS {
             check_len(
                 "quantized activations isum16",
                 elems / 16,
                 self.isum16.len(),
             )?;
         }
-        // The split is there for up to SPLIT_MAX_ROWS rows, and for more when added.
-        if self.m <= SPLIT_MAX_ROWS || !self.split.is_empty() {
+        let tiles = match self.precision {
+            ActPrecision::Byte => Some(("quantized activations bytes", self.bytes.len())),
+            ActPrecision::Wide if !self.split.is_empty() || !self.tile_meta.is_empty() => {
+                Some(("quantized activations split", self.split.len()))
+            }
+            ActPrecision::Wide => None,
+        };
+        if let Some((what, len)) = tiles {
+            check_len(what, elems / ACT_BLOCK, len)?;
             check_len(
-                "quantized activations split",
+                "quantized activations tile_meta",
                 elems / ACT_BLOCK,
-                self.split.len(),
-            )?;
-            check_len(
-                "quantized activations split_meta",
-                elems / ACT_BLOCK,
-                self.split_meta.len(),
+                self.tile_meta.len(),
             )?;
         }
         if self.m == 1 {
@@ -274,38 +396,68 @@ impl QuantizedActs {
     }
 }
 
-/// Quantizes whole blocks with AVX2 where the CPU has it, else with the scalar loop.
-fn quantize_any(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32]) {
+/// Quantizes whole blocks at `precision` with AVX2 where the CPU has it, else with the
+/// scalar loop.
+fn quantize_any(
+    x: &[f32],
+    q: &mut [i16],
+    scale: &mut [f32],
+    sum: &mut [f32],
+    precision: ActPrecision,
+) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma_f16c() {
         // SAFETY: AVX2 and FMA were detected at run time just above (the function's only
         // contract: it indexes through chunks and bounds-checked slots).
-        unsafe { avx2::quantize(x, q, scale, sum) };
-        return;
+        unsafe { avx2::quantize(x, q, scale, sum, precision.max()) };
+    } else {
+        quantize_blocks(x, q, scale, sum, precision.max());
     }
-    quantize_blocks(x, q, scale, sum);
+    #[cfg(not(target_arch = "x86_64"))]
+    quantize_blocks(x, q, scale, sum, precision.max());
+    rounded_sums(q, scale, sum, precision);
 }
 
-/// The scale and its inverse for a block whose largest magnitude is `amax`.
+/// At [`ActPrecision::Byte`], replaces each block's exact sum by the sum of its rounded
+/// values, `scale·Σq` (see [`QuantizedActs::sum`]).
+fn rounded_sums(q: &[i16], scale: &[f32], sum: &mut [f32], precision: ActPrecision) {
+    if precision == ActPrecision::Byte {
+        for ((qb, s), out) in q.chunks_exact(ACT_BLOCK).zip(scale).zip(sum) {
+            // At most 32·127 in magnitude: exact in f32.
+            let isum: i32 = qb.iter().map(|&v| i32::from(v)).sum();
+            *out = s * isum as f32;
+        }
+    }
+}
+
+/// The scale and its inverse for a block whose largest magnitude is `amax`, for integers
+/// up to `max`.
 #[inline(always)]
-fn scales(amax: f32) -> (f32, f32) {
+fn scales(amax: f32, max: f32) -> (f32, f32) {
     if !amax.is_finite() {
         // A NaN or infinity in the block: the scale carries it into the result.
         (amax, 0.0)
-    } else if ACT_MAX / amax < f32::INFINITY {
-        (amax / ACT_MAX, ACT_MAX / amax)
+    } else if max / amax < f32::INFINITY {
+        (amax / max, max / amax)
     } else {
-        // Zero, or so small (below 1e-34) that 32767 / amax overflows: a block of values
+        // Zero, or so small (below 1e-34) that max / amax overflows: a block of values
         // whose products with any weight are lost in f32 rounding anyway.
         (0.0, 0.0)
     }
 }
 
-/// The plain reference for [`QuantizedActs::quantize`]: round half away from zero.
+/// The plain reference for [`QuantizedActs::quantize_at`]'s integers, scales and sums:
+/// round half away from zero.
 ///
 /// Errors unless `x.len()` is a multiple of 32, `q` holds as many values as `x`, and `scale`
 /// and `sum` one per block of 32.
-pub fn quantize_scalar(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32]) -> Result<()> {
+pub fn quantize_scalar(
+    x: &[f32],
+    q: &mut [i16],
+    scale: &mut [f32],
+    sum: &mut [f32],
+    precision: ActPrecision,
+) -> Result<()> {
     if !x.len().is_multiple_of(ACT_BLOCK) {
         return Err(KernelError::Mismatch {
             what: "quantize_scalar: x must be whole 32-element blocks",
@@ -316,12 +468,13 @@ pub fn quantize_scalar(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f
     check_len("q", x.len(), q.len())?;
     check_len("scale", x.len() / ACT_BLOCK, scale.len())?;
     check_len("sum", x.len() / ACT_BLOCK, sum.len())?;
-    quantize_blocks(x, q, scale, sum);
+    quantize_blocks(x, q, scale, sum, precision.max());
+    rounded_sums(q, scale, sum, precision);
     Ok(())
 }
 
 /// The loop of [`quantize_scalar`], lengths already checked.
-fn quantize_blocks(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32]) {
+fn quantize_blocks(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32], max: f32) {
     for (b, (xb, qb)) in x
         .chunks_exact(ACT_BLOCK)
         .zip(q.chunks_exact_mut(ACT_BLOCK))
@@ -335,7 +488,7 @@ fn quantize_blocks(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32])
                 a.max(v.abs())
             }
         });
-        let (s, inv) = scales(amax);
+        let (s, inv) = scales(amax, max);
         scale[b] = s;
         sum[b] = sum8(xb);
         for (o, &v) in qb.iter_mut().zip(xb) {
@@ -374,7 +527,7 @@ mod avx2 {
     /// walks whole chunks of 32 and writes `scale` and `sum` through bounds-checked indices,
     /// so calling it is `unsafe` only for the CPU features (AVX2 and FMA).
     #[target_feature(enable = "avx2,fma")]
-    pub fn quantize(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32]) {
+    pub fn quantize(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32], max: f32) {
         let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
         let sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
         let half = _mm256_set1_ps(0.5);
@@ -407,7 +560,7 @@ mod avx2 {
             if _mm256_movemask_ps(nan) != 0 {
                 a = f32::NAN;
             }
-            let (s, inv) = scales(a);
+            let (s, inv) = scales(a, max);
             scale[b] = s;
             // Same order as the scalar `sum8`: lanes over the 4 vectors, then halves.
             let s4 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), v[2]), v[3]);
@@ -422,7 +575,7 @@ mod avx2 {
                 let r = _mm256_add_ps(t, _mm256_or_ps(half, _mm256_and_ps(t, sign_mask)));
                 *o = _mm256_cvttps_epi32(r);
             }
-            // Pack to i16 (saturating; values are within ±32767) and undo the lane interleave.
+            // Pack to i16 (saturating; values are within ±max) and undo the lane interleave.
             let lo =
                 _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(ints[0], ints[1]));
             let hi =
@@ -465,66 +618,97 @@ mod tests {
     fn error_is_within_half_a_step() {
         let x = values(32 * 40, 7);
         let mut acts = QuantizedActs::default();
-        acts.quantize(&x, 2, 32 * 20).unwrap();
-        for (b, xb) in x.chunks_exact(32).enumerate() {
-            let s = acts.scale[b];
-            for (j, &v) in xb.iter().enumerate() {
-                let back = f32::from(acts.q[32 * b + j]) * s;
-                let err = (back - v).abs();
-                assert!(
-                    err <= (0.5 + 1.0 / 128.0) * s,
-                    "block {b} elem {j}: {err} of {s}"
-                );
+        for precision in [ActPrecision::Wide, ActPrecision::Byte] {
+            acts.quantize_at(&x, 2, 32 * 20, precision).unwrap();
+            for (b, xb) in x.chunks_exact(32).enumerate() {
+                let s = acts.scale[b];
+                let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                assert_eq!(s, amax / precision.max(), "block {b}");
+                for (j, &v) in xb.iter().enumerate() {
+                    let back = f32::from(acts.q[32 * b + j]) * s;
+                    let err = (back - v).abs();
+                    assert!(
+                        err <= (0.5 + 1.0 / 128.0) * s,
+                        "{precision:?} block {b} elem {j}: {err} of {s}"
+                    );
+                }
+                let exact: f64 = match precision {
+                    ActPrecision::Wide => xb.iter().map(|&v| f64::from(v)).sum(),
+                    ActPrecision::Byte => {
+                        let q = &acts.q[32 * b..32 * b + 32];
+                        f64::from(s) * q.iter().map(|&v| f64::from(v)).sum::<f64>()
+                    }
+                };
+                assert!((f64::from(acts.sum[b]) - exact).abs() <= 1e-6 * (1.0 + exact.abs()));
             }
-            let exact: f64 = xb.iter().map(|&v| f64::from(v)).sum();
-            assert!((f64::from(acts.sum[b]) - exact).abs() <= 1e-6 * (1.0 + exact.abs()));
         }
     }
 
     /// One row also gets its integers in even/odd order per block; up to 16 rows get their
-    /// half-block sums and byte split; more rows get none of them, and a later call does not
-    /// see stale ones.
+    /// half-block sums; 8-bit activations get their bytes and 16-bit ones their byte split
+    /// when asked, for any number of rows; and a later call does not see stale ones.
     #[test]
     fn one_row_gets_even_odd_order_and_half_sums() {
         let mut acts = QuantizedActs::default();
         let k = 96;
         acts.quantize(&values(2 * k, 5), 2, k).unwrap();
         assert!(acts.eo.is_empty() && acts.isum16.len() == 2 * k / 16);
-        check_split(&acts);
-        acts.quantize(&values(17 * k, 5), 17, k).unwrap();
-        assert!(acts.isum16.is_empty() && acts.split.is_empty() && acts.split_meta.is_empty());
-        acts.check().unwrap();
-        acts.add_split();
-        acts.check().unwrap();
-        check_split(&acts);
-        let x = values(k, 9);
-        acts.quantize(&x, 1, k).unwrap();
-        acts.check().unwrap();
-        for b in 0..k / 32 {
-            let q = &acts.q[32 * b..32 * b + 32];
-            let eo = &acts.eo[32 * b..32 * b + 32];
-            for i in 0..16 {
-                assert_eq!(eo[i], q[2 * i], "block {b}, even {i}");
-                assert_eq!(eo[16 + i], q[2 * i + 1], "block {b}, odd {i}");
-            }
-            for h in 0..2 {
-                let want: i32 = q[16 * h..16 * h + 16].iter().map(|&v| i32::from(v)).sum();
-                assert_eq!(acts.isum16[2 * b + h], want, "block {b}, half {h}");
+        assert!(!acts.has_tiles());
+        for m in [2, 17] {
+            acts.quantize(&values(m * k, 5), m, k).unwrap();
+            assert_eq!(acts.isum16.is_empty(), m > HALF_SUMS_MAX_ROWS);
+            acts.add_split();
+            acts.check().unwrap();
+            check_tiles(&acts);
+            acts.quantize_at(&values(m * k, 5), m, k, ActPrecision::Byte)
+                .unwrap();
+            assert!(acts.split.is_empty());
+            acts.check().unwrap();
+            check_tiles(&acts);
+            // The byte split is for 16-bit activations only.
+            acts.add_split();
+            assert!(acts.split.is_empty());
+        }
+        for precision in [ActPrecision::Wide, ActPrecision::Byte] {
+            let x = values(k, 9);
+            acts.quantize_at(&x, 1, k, precision).unwrap();
+            acts.check().unwrap();
+            for b in 0..k / 32 {
+                let q = &acts.q[32 * b..32 * b + 32];
+                let eo = &acts.eo[32 * b..32 * b + 32];
+                for i in 0..16 {
+                    assert_eq!(eo[i], q[2 * i], "block {b}, even {i}");
+                    assert_eq!(eo[16 + i], q[2 * i + 1], "block {b}, odd {i}");
+                }
+                for h in 0..2 {
+                    let want: i32 = q[16 * h..16 * h + 16].iter().map(|&v| i32::from(v)).sum();
+                    assert_eq!(acts.isum16[2 * b + h], want, "block {b}, half {h}");
+                }
             }
         }
         acts.quantize(&values(2 * k, 5), 2, k).unwrap();
-        assert!(acts.eo.is_empty());
+        assert!(acts.eo.is_empty() && acts.bytes.is_empty() && acts.tile_meta.is_empty());
+        // Tiles that disagree with the shape are refused.
+        acts.quantize_at(&values(2 * k, 5), 2, k, ActPrecision::Byte)
+            .unwrap();
+        acts.bytes.pop();
+        assert!(matches!(acts.check(), Err(KernelError::Length { .. })));
+        acts.quantize(&values(2 * k, 5), 2, k).unwrap();
+        acts.add_split();
+        acts.tile_meta.pop();
+        assert!(matches!(acts.check(), Err(KernelError::Length { .. })));
     }
 
-    /// Every block of every row is in the split where `split_at` says, its bytes putting
-    /// `q` back together, with its scale, sum and integer sum; and every entry is some
-    /// block's (the tiles leave no gaps).
-    fn check_split(acts: &QuantizedActs) {
+    /// Every block of every row is in the tiles where `tile_at` says, its bytes putting `q`
+    /// back together (the bytes themselves within ±127 at 8 bits, `256·hi + lo` at 16), with
+    /// its scale, sum and integer sum; and every entry is some block's (the tiles leave no
+    /// gaps).
+    fn check_tiles(acts: &QuantizedActs) {
         let bpr = acts.blocks_per_row();
-        let mut seen = vec![false; acts.split.len()];
+        let mut seen = vec![false; acts.tile_meta.len()];
         for row in 0..acts.m {
             for b in 0..bpr {
-                let at = acts.split_at(row, b);
+                let at = acts.tile_at(row, b);
                 assert!(
                     !std::mem::replace(&mut seen[at], true),
                     "row {row} block {b}"
@@ -532,10 +716,19 @@ mod tests {
                 let src = row * bpr + b;
                 let q = &acts.q[32 * src..32 * src + 32];
                 for (e, &v) in q.iter().enumerate() {
-                    let (hi, lo) = (acts.split[at].hi[e], acts.split[at].lo[e]);
-                    assert_eq!(256 * i32::from(hi) + i32::from(lo), i32::from(v));
+                    let back = match acts.precision {
+                        ActPrecision::Byte => {
+                            assert!(v.abs() <= 127);
+                            i32::from(acts.bytes[at].q[e])
+                        }
+                        ActPrecision::Wide => {
+                            let t = &acts.split[at];
+                            256 * i32::from(t.hi[e]) + i32::from(t.lo[e])
+                        }
+                    };
+                    assert_eq!(back, i32::from(v));
                 }
-                let meta = acts.split_meta[at];
+                let meta = acts.tile_meta[at];
                 assert_eq!(meta.scale.to_bits(), acts.scale[src].to_bits());
                 assert_eq!(meta.sum.to_bits(), acts.sum[src].to_bits());
                 assert_eq!(meta.isum, q.iter().map(|&v| i32::from(v)).sum::<i32>());
@@ -548,19 +741,21 @@ mod tests {
     fn simd_and_scalar_agree_bitwise() {
         let x = values(32 * 64, 11);
         let mut acts = QuantizedActs::default();
-        acts.quantize(&x, 4, 32 * 16).unwrap();
-        let mut q = vec![0i16; x.len()];
-        let (mut scale, mut sum) = (vec![0.0; 64], vec![0.0; 64]);
-        quantize_scalar(&x, &mut q, &mut scale, &mut sum).unwrap();
-        assert_eq!(acts.q, q);
-        assert_eq!(
-            acts.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
-        assert_eq!(
-            acts.sum.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            sum.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
+        for precision in [ActPrecision::Wide, ActPrecision::Byte] {
+            acts.quantize_at(&x, 4, 32 * 16, precision).unwrap();
+            let mut q = vec![0i16; x.len()];
+            let (mut scale, mut sum) = (vec![0.0; 64], vec![0.0; 64]);
+            quantize_scalar(&x, &mut q, &mut scale, &mut sum, precision).unwrap();
+            assert_eq!(acts.q, q, "{precision:?}");
+            assert_eq!(
+                acts.scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                scale.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+            assert_eq!(
+                acts.sum.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                sum.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
     }
 
     #[test]
@@ -598,19 +793,26 @@ mod tests {
         assert!(matches!(acts.check(), Err(KernelError::Length { .. })));
 
         let (mut q, mut scale, mut sum) = (vec![0i16; 64], vec![0.0; 2], vec![0.0; 2]);
-        assert!(quantize_scalar(&x[..40], &mut q[..40], &mut scale, &mut sum).is_err());
+        assert!(quantize_scalar(
+            &x[..40],
+            &mut q[..40],
+            &mut scale,
+            &mut sum,
+            ActPrecision::Wide
+        )
+        .is_err());
         assert!(matches!(
-            quantize_scalar(&x, &mut q[..32], &mut scale, &mut sum),
+            quantize_scalar(&x, &mut q[..32], &mut scale, &mut sum, ActPrecision::Wide),
             Err(KernelError::Length { what: "q", .. })
         ));
         assert!(matches!(
-            quantize_scalar(&x, &mut q, &mut scale[..1], &mut sum),
+            quantize_scalar(&x, &mut q, &mut scale[..1], &mut sum, ActPrecision::Wide),
             Err(KernelError::Length { what: "scale", .. })
         ));
         assert!(matches!(
-            quantize_scalar(&x, &mut q, &mut scale, &mut sum[..1]),
+            quantize_scalar(&x, &mut q, &mut scale, &mut sum[..1], ActPrecision::Byte),
             Err(KernelError::Length { what: "sum", .. })
         ));
-        quantize_scalar(&x, &mut q, &mut scale, &mut sum).unwrap();
+        quantize_scalar(&x, &mut q, &mut scale, &mut sum, ActPrecision::Byte).unwrap();
     }
 }

@@ -4,7 +4,7 @@
 
 use super::avx2_i16::{q6_k, q8_0};
 use super::ROWS;
-use crate::quant::act::{QuantizedActs, TILE_ROWS};
+use crate::quant::act::{ActPrecision, ByteBlock, QuantizedActs, SplitBlock, TILE_ROWS};
 use crate::quant::QuantFormat;
 use crate::SharedOut;
 use core::arch::x86_64::*;
@@ -22,34 +22,101 @@ unsafe fn splat4(p: *const u8) -> __m256i {
     unsafe { _mm256_set1_epi32(core::ptr::read_unaligned(p as *const i32)) }
 }
 
-/// One row of `x` (4 elements of its byte split: `hi`, `lo`) met by 8 rows × 4 weights
-/// (`w`, one unsigned value of at most 15 per byte, row `r` in bytes `4r..4r + 4`): the two
-/// halves' products added to the 16-bit sums `a` (with `hi`) and `b` (with `lo`).
-///
-/// # Safety
-/// `hi..hi + 4` and `lo..lo + 4` readable; AVX2.
-#[inline(always)]
-unsafe fn step(w: __m256i, hi: *const i8, lo: *const u8, a: &mut __m256i, b: &mut __m256i) {
-    // SAFETY: the caller's contract. maddubs takes its first operand unsigned and its second
-    // signed: the nibbles against `hi`, and `lo` against the nibbles (0..=15 fit i8).
-    unsafe {
-        *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(w, splat4(hi as *const u8)));
-        *b = _mm256_add_epi16(*b, _mm256_maddubs_epi16(splat4(lo), w));
+/// How a row's tile entry of activations meets 8 rows × 4 weights (`w`, one unsigned value of
+/// at most 15 per byte, row `r` in bytes `4r..4r + 4`): [`Split`] for 16-bit activations,
+/// [`Bytes`] for 8-bit ones. A group of 32 takes 8 steps into 16-bit sums that cannot
+/// overflow, and [`Tiles::finish`] gives its exact integer dot products, one per row.
+trait Tiles {
+    /// A block of one row.
+    type Block;
+    /// The running 16-bit sums of a group.
+    type Sums: Copy;
+    /// The first tile entry of `acts`.
+    fn blocks(acts: &QuantizedActs) -> *const Self::Block;
+    /// Sums of nothing.
+    ///
+    /// # Safety
+    /// AVX2.
+    unsafe fn zero() -> Self::Sums;
+    /// Adds the products of `w` with elements `e..e + 4` of the block at `x`.
+    ///
+    /// # Safety
+    /// `x` points to a block; `e + 4 ≤ 32`; AVX2.
+    unsafe fn step(w: __m256i, x: *const Self::Block, e: usize, s: &mut Self::Sums);
+    /// The 8 rows' dot products (i32 lanes).
+    ///
+    /// # Safety
+    /// AVX2.
+    unsafe fn finish(s: Self::Sums) -> __m256i;
+}
+
+/// 16-bit activations as their byte split `q = 256·hi + lo`: the nibbles times `hi` (signed)
+/// and `lo` (unsigned) times the nibbles (as signed bytes, which they fit), in two sums (at
+/// most 8·2·15·128 = 30720 and, unsigned, 8·2·255·15 = 61200), put together as
+/// `256·Σ(q·hi) + Σ(q·lo)`.
+struct Split;
+
+impl Tiles for Split {
+    type Block = SplitBlock;
+    type Sums = (__m256i, __m256i);
+    fn blocks(acts: &QuantizedActs) -> *const SplitBlock {
+        acts.split.as_ptr()
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self::Sums {
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe { (_mm256_setzero_si256(), _mm256_setzero_si256()) }
+    }
+    #[inline(always)]
+    unsafe fn step(w: __m256i, x: *const SplitBlock, e: usize, s: &mut Self::Sums) {
+        // SAFETY: the caller's contract. maddubs takes its first operand unsigned and its
+        // second signed: the nibbles against `hi`, and `lo` against the nibbles.
+        unsafe {
+            let (hi, lo) = ((*x).hi.as_ptr().add(e), (*x).lo.as_ptr().add(e));
+            s.0 = _mm256_add_epi16(s.0, _mm256_maddubs_epi16(w, splat4(hi as *const u8)));
+            s.1 = _mm256_add_epi16(s.1, _mm256_maddubs_epi16(splat4(lo), w));
+        }
+    }
+    #[inline(always)]
+    unsafe fn finish((a, b): Self::Sums) -> __m256i {
+        // SAFETY: registers only; the caller has AVX2. `a`'s lanes are signed, `b`'s
+        // unsigned.
+        unsafe {
+            let a = _mm256_madd_epi16(a, _mm256_set1_epi16(256));
+            let b_even = _mm256_blend_epi16::<0b1010_1010>(b, _mm256_setzero_si256());
+            _mm256_add_epi32(a, _mm256_add_epi32(b_even, _mm256_srli_epi32::<16>(b)))
+        }
     }
 }
 
-/// The exact integer dot products of a group of 32 per row (8 i32 lanes) from the 16-bit
-/// sums of [`step`]: `256·a + b`, with `a`'s lanes signed and `b`'s unsigned.
-///
-/// # Safety
-/// AVX2.
-#[inline(always)]
-unsafe fn finish(a: __m256i, b: __m256i) -> __m256i {
-    // SAFETY: registers only; the caller has AVX2.
-    unsafe {
-        let a = _mm256_madd_epi16(a, _mm256_set1_epi16(256));
-        let b_even = _mm256_blend_epi16::<0b1010_1010>(b, _mm256_setzero_si256());
-        _mm256_add_epi32(a, _mm256_add_epi32(b_even, _mm256_srli_epi32::<16>(b)))
+/// 8-bit activations: the nibbles times the bytes in one `maddubs` (at most
+/// 8·2·15·128 = 30720 per lane).
+struct Bytes;
+
+impl Tiles for Bytes {
+    type Block = ByteBlock;
+    type Sums = __m256i;
+    fn blocks(acts: &QuantizedActs) -> *const ByteBlock {
+        acts.bytes.as_ptr()
+    }
+    #[inline(always)]
+    unsafe fn zero() -> __m256i {
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe { _mm256_setzero_si256() }
+    }
+    #[inline(always)]
+    unsafe fn step(w: __m256i, x: *const ByteBlock, e: usize, s: &mut __m256i) {
+        // SAFETY: the caller's contract. maddubs takes the nibbles unsigned, the
+        // activations signed.
+        unsafe {
+            let x = splat4((*x).q.as_ptr().add(e) as *const u8);
+            *s = _mm256_add_epi16(*s, _mm256_maddubs_epi16(w, x));
+        }
+    }
+    #[inline(always)]
+    unsafe fn finish(s: __m256i) -> __m256i {
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe { _mm256_madd_epi16(s, _mm256_set1_epi16(1)) }
     }
 }
 
@@ -72,28 +139,25 @@ unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
 
 /// Q4_0 (`Q41` false) and Q4_1 (`Q41` true): adds `x[i0 + i]·W[r]` (without bias) to lane
 /// `r` of `acc[i]` for `i < M`, over the `nb` columns of the group at `col`; `i0` starts a
-/// tile of the split, of `M` rows.
+/// tile of `T`'s layout, of `M` rows.
 ///
 /// # Safety
-/// AVX2, FMA, F16C; `col` holds `nb` columns of the format; `acts` has the byte split, with
+/// AVX2, FMA, F16C; `col` holds `nb` columns of the format; `acts` has `T`'s tiles, with
 /// a tile of `M` rows of `nb` blocks at `i0`.
 #[inline(always)]
-unsafe fn q4_0<const M: usize, const Q41: bool>(
+unsafe fn q4_0<T: Tiles, const M: usize, const Q41: bool>(
     col: *const u8,
     nb: usize,
     acts: &QuantizedActs,
     i0: usize,
     acc: &mut [__m256; ROWS],
 ) {
-    let tile = acts.split_at(i0, 0);
+    let tile = acts.tile_at(i0, 0);
     let (column, head) = if Q41 { (160, 32) } else { (144, 16) };
     // SAFETY: column b < nb lies inside `col` (`column` bytes each), and the tile's entries
-    // b·M + i < nb·M inside the split (the contract); prefetches never fault.
+    // b·M + i < nb·M inside the tiles (the contract); prefetches never fault.
     unsafe {
-        let (split, meta) = (
-            acts.split.as_ptr().add(tile),
-            acts.split_meta.as_ptr().add(tile),
-        );
+        let (tiles, meta) = (T::blocks(acts).add(tile), acts.tile_meta.as_ptr().add(tile));
         for b in 0..nb {
             let base = col.add(b * column);
             _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH) as *const i8);
@@ -107,20 +171,19 @@ unsafe fn q4_0<const M: usize, const Q41: bool>(
                 _mm256_setzero_ps()
             };
             for (i, acc) in acc.iter_mut().enumerate().take(M) {
-                let (x, xm) = (&*split.add(b * M + i), &*meta.add(b * M + i));
-                let (hi, lo) = (x.hi.as_ptr(), x.lo.as_ptr());
-                let (mut a, mut s) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                let (x, xm) = (tiles.add(b * M + i), &*meta.add(b * M + i));
+                let mut a = T::zero();
                 for p in 0..4 {
                     // Chunk p: elements 4p..4p + 4 low, 16 + 4p.. high.
                     let (w_lo, w_hi) = nibbles(base.add(head + 32 * p));
-                    step(w_lo, hi.add(4 * p), lo.add(4 * p), &mut a, &mut s);
-                    step(w_hi, hi.add(16 + 4 * p), lo.add(16 + 4 * p), &mut a, &mut s);
+                    T::step(w_lo, x, 4 * p, &mut a);
+                    T::step(w_hi, x, 16 + 4 * p, &mut a);
                 }
                 let dot = if Q41 {
-                    finish(a, s)
+                    T::finish(a)
                 } else {
                     // The stored nibbles are q + 8: take 8·Σx off, exactly.
-                    _mm256_sub_epi32(finish(a, s), _mm256_set1_epi32(8 * xm.isum))
+                    _mm256_sub_epi32(T::finish(a), _mm256_set1_epi32(8 * xm.isum))
                 };
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(xm.scale));
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc);
@@ -138,22 +201,19 @@ unsafe fn q4_0<const M: usize, const Q41: bool>(
 /// # Safety
 /// As [`q4_0`], with `ns` Q4_K columns of 1152 bytes and rows of `256·ns` elements.
 #[inline(always)]
-unsafe fn q4_k<const M: usize>(
+unsafe fn q4_k<T: Tiles, const M: usize>(
     col: *const u8,
     ns: usize,
     acts: &QuantizedActs,
     i0: usize,
     acc: &mut [__m256; ROWS],
 ) {
-    let tile = acts.split_at(i0, 0);
+    let tile = acts.tile_at(i0, 0);
     // SAFETY: column s < ns lies inside `col` (1152 bytes each), and the tile's entries
-    // (8s + g)·M + i < 8·ns·M inside the split (the contract); `tab` is this frame's;
+    // (8s + g)·M + i < 8·ns·M inside the tiles (the contract); `tab` is this frame's;
     // prefetches never fault.
     unsafe {
-        let (split, meta) = (
-            acts.split.as_ptr().add(tile),
-            acts.split_meta.as_ptr().add(tile),
-        );
+        let (tiles, meta) = (T::blocks(acts).add(tile), acts.tile_meta.as_ptr().add(tile));
         let m4 = _mm256_set1_epi8(0x0F);
         let m30 = _mm256_set1_epi8(0x30);
         for s in 0..ns {
@@ -214,31 +274,17 @@ unsafe fn q4_k<const M: usize>(
                     for c in 0..4 {
                         _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * c) as *const i8);
                     }
-                    let (mut a0, mut s0) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                    let (mut a1, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                    let (x0, x1) = (&*split.add(8 * s + 2 * j), &*split.add(8 * s + 2 * j + 1));
+                    let (mut a0, mut a1) = (T::zero(), T::zero());
+                    let (x0, x1) = (tiles.add(8 * s + 2 * j), tiles.add(8 * s + 2 * j + 1));
                     for p in 0..8 {
                         // Chunk (j, p): group 2j's elements 4p..4p + 4 low, group 2j + 1's high.
                         let (w0, w1) = nibbles(q.add(32 * p));
-                        let e = 4 * p;
-                        step(
-                            w0,
-                            x0.hi.as_ptr().add(e),
-                            x0.lo.as_ptr().add(e),
-                            &mut a0,
-                            &mut s0,
-                        );
-                        step(
-                            w1,
-                            x1.hi.as_ptr().add(e),
-                            x1.lo.as_ptr().add(e),
-                            &mut a1,
-                            &mut s1,
-                        );
+                        T::step(w0, x0, 4 * p, &mut a0);
+                        T::step(w1, x1, 4 * p, &mut a1);
                     }
-                    for (g, a, t) in [(2 * j, a0, s0), (2 * j + 1, a1, s1)] {
+                    for (g, a) in [(2 * j, a0), (2 * j + 1, a1)] {
                         let xm = &*meta.add(8 * s + g);
-                        let dot = _mm256_cvtepi32_ps(finish(a, t));
+                        let dot = _mm256_cvtepi32_ps(T::finish(a));
                         let xs = _mm256_set1_ps(xm.scale);
                         *acc = _mm256_fmadd_ps(dot, _mm256_mul_ps(sc[g], xs), *acc);
                         mins = _mm256_fmadd_ps(mn[g], _mm256_set1_ps(xm.sum), mins);
@@ -271,18 +317,12 @@ unsafe fn q4_k<const M: usize>(
                 for (i, acc) in acc.iter_mut().enumerate().take(M) {
                     // Block g of the super-block, row i of the tile.
                     let at = (8 * s + g) * M + i;
-                    let (x, xm) = (&*split.add(at), &*meta.add(at));
-                    let (mut a, mut t) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    let (x, xm) = (tiles.add(at), &*meta.add(at));
+                    let mut a = T::zero();
                     for (p, &w) in w.iter().enumerate() {
-                        step(
-                            w,
-                            x.hi.as_ptr().add(4 * p),
-                            x.lo.as_ptr().add(4 * p),
-                            &mut a,
-                            &mut t,
-                        );
+                        T::step(w, x, 4 * p, &mut a);
                     }
-                    let dot = _mm256_cvtepi32_ps(finish(a, t));
+                    let dot = _mm256_cvtepi32_ps(T::finish(a));
                     let xs = _mm256_set1_ps(xm.scale);
                     *acc = _mm256_fmadd_ps(dot, _mm256_mul_ps(sc[g], xs), *acc);
                     *acc = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xm.sum), *acc);
@@ -312,7 +352,8 @@ pub(super) unsafe fn columns(
     let cols = k / format.block_elems();
     let group_bytes = ROWS * cols * format.block_bytes();
     debug_assert!(w.len() == n / ROWS * group_bytes && j1 <= n);
-    debug_assert!(acts.has_split() || !super::reads_split(format));
+    debug_assert!(acts.has_tiles() || !super::reads_tiles(format));
+    let bytes = acts.precision == ActPrecision::Byte;
     // Q6_K's sums take the offset of 32 off per half-group, not per weight, where the
     // weights meet one or two rows: one row's step needs 2 instructions, the weights' 16.
     let raw = !acts.isum16.is_empty();
@@ -320,7 +361,7 @@ pub(super) unsafe fn columns(
     while t * ROWS < j1 {
         let r0 = t * ROWS;
         // SAFETY: group t < n / 8 lies inside w; the kernels' other bounds are the
-        // contract's (the split holds m rows of k); y's columns j0..j1 are this call's.
+        // contract's (the tiles hold m rows of k); y's columns j0..j1 are this call's.
         unsafe {
             let col = w.as_ptr().add(t * group_bytes);
             let mut i0 = 0;
@@ -328,26 +369,29 @@ pub(super) unsafe fn columns(
                 let mr = (m - i0).min(TILE_ROWS);
                 let mut acc = [_mm256_setzero_ps(); ROWS];
                 macro_rules! run {
-                    ($kernel:ident $(, $flag:literal)?) => {
+                    ($kernel:ident $(, $t:ty)? $(; $flag:literal)?) => {
                         match mr {
-                            1 => $kernel::<1 $(, $flag)?>(col, cols, acts, i0, &mut acc),
-                            2 => $kernel::<2 $(, $flag)?>(col, cols, acts, i0, &mut acc),
-                            3 => $kernel::<3 $(, $flag)?>(col, cols, acts, i0, &mut acc),
-                            4 => $kernel::<4 $(, $flag)?>(col, cols, acts, i0, &mut acc),
-                            5 => $kernel::<5 $(, $flag)?>(col, cols, acts, i0, &mut acc),
-                            6 => $kernel::<6 $(, $flag)?>(col, cols, acts, i0, &mut acc),
-                            7 => $kernel::<7 $(, $flag)?>(col, cols, acts, i0, &mut acc),
-                            _ => $kernel::<8 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            1 => $kernel::<$($t,)? 1 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            2 => $kernel::<$($t,)? 2 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            3 => $kernel::<$($t,)? 3 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            4 => $kernel::<$($t,)? 4 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            5 => $kernel::<$($t,)? 5 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            6 => $kernel::<$($t,)? 6 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            7 => $kernel::<$($t,)? 7 $(, $flag)?>(col, cols, acts, i0, &mut acc),
+                            _ => $kernel::<$($t,)? 8 $(, $flag)?>(col, cols, acts, i0, &mut acc),
                         }
                     };
                 }
                 match format {
-                    QuantFormat::Q4_0 => run!(q4_0, false),
-                    QuantFormat::Q4_1 => run!(q4_0, true),
-                    QuantFormat::Q6_K if raw && mr <= 2 => run!(q6_k, true),
-                    QuantFormat::Q6_K => run!(q6_k, false),
+                    QuantFormat::Q4_0 if bytes => run!(q4_0, Bytes; false),
+                    QuantFormat::Q4_0 => run!(q4_0, Split; false),
+                    QuantFormat::Q4_1 if bytes => run!(q4_0, Bytes; true),
+                    QuantFormat::Q4_1 => run!(q4_0, Split; true),
+                    QuantFormat::Q6_K if raw && mr <= 2 => run!(q6_k; true),
+                    QuantFormat::Q6_K => run!(q6_k; false),
                     QuantFormat::Q8_0 => run!(q8_0),
-                    _ => run!(q4_k),
+                    _ if bytes => run!(q4_k, Bytes),
+                    _ => run!(q4_k, Split),
                 }
                 let (a, b) = (j0.max(r0), j1.min(r0 + ROWS));
                 for (i, v) in acc.iter().enumerate().take(mr) {

@@ -1,11 +1,10 @@
-//! Interleaved Q6_K and Q8_0 with 256-bit vectors, against the 16-bit activations
-//! themselves (not their byte split): the weights are widened to 16-bit lanes once per
-//! column, two elements of each of the 8 rows per vector ([`super::pair_byte`]), and each
-//! vector meets a broadcast pair of activations in one `madd`: 16 exact products summed in
-//! pairs into 32-bit lanes, which cannot overflow (at most 2·32767·128 per `madd`, and 16
-//! of them per lane before the sums are scaled). Six- and eight-bit weights would overflow
-//! the 16-bit sums of the 4-bit kernels' `maddubs`, and a `madd` of 16 products costs what
-//! two `maddubs` of 32 cost there, with no byte split to make.
+//! Interleaved Q6_K and Q8_0 with 256-bit vectors, against 16-bit activations: the weights
+//! are widened to 16-bit lanes once per column, two elements of each of the 8 rows per
+//! vector ([`super::pair_byte`]), and each vector meets a broadcast pair of activations in
+//! one `madd`: 16 exact products summed in pairs into 32-bit lanes, which cannot overflow
+//! (at most 2·32767·128 per `madd`, and 16 of them per lane before the sums are scaled).
+//! Six- and eight-bit weights would overflow the 16-bit sums of the 4-bit kernels'
+//! `maddubs`.
 
 use super::ROWS;
 use crate::quant::act::QuantizedActs;

@@ -8,15 +8,18 @@
 //! scales at once. No horizontal reduction is left. The bytes are the same as the file's,
 //! only moved: a matrix takes exactly the bytes it took before ([`pack`], [`unpack_rows`]).
 //!
-//! The activations meet 4-bit weights as bytes (`maddubs`, 32 byte products per instruction),
-//! split exactly as `x = 256·hi + lo` ([`QuantizedActs::split`]): the weights' unsigned
-//! nibbles times `hi` (signed) and `lo` (unsigned) times the nibbles (as signed bytes, which
-//! they fit), each summed over a group of 32 in 16-bit lanes that cannot overflow (at most
+//! The activations meet 4-bit weights as bytes (`maddubs`, 32 byte products per
+//! instruction). At 16 bits ([`ActPrecision::Wide`], the default) each integer is split
+//! exactly as `q = 256·hi + lo` ([`QuantizedActs::split`]): the weights' unsigned nibbles
+//! times `hi` (signed) and `lo` (unsigned) times the nibbles (as signed bytes, which they
+//! fit), each summed over a group of 32 in 16-bit lanes that cannot overflow (at most
 //! 8·2·15·128 = 30720 and, unsigned, 8·2·255·15 = 61200), then widened and put together as
-//! `256·Σ(q·hi) + Σ(q·lo)`: the same exact integer dot product as the other kernels.
-//! Six- and eight-bit weights would overflow those 16-bit sums; Q6_K and Q8_0 are widened
-//! to 16 bits instead, two elements of each row per 32-bit lane, and meet pairs of the
-//! 16-bit activations in one `madd` each (`avx2_i16.rs`).
+//! `256·Σ(q·hi) + Σ(q·lo)`: the same exact integer dot product as the other kernels. At 8
+//! bits ([`ActPrecision::Byte`], when the process asks for it: [`set_act_precision`]) the
+//! bytes are the integers themselves, and one `maddubs` does what took two. Six- and
+//! eight-bit weights would overflow those 16-bit sums; Q6_K and Q8_0 are widened to 16 bits
+//! instead, two elements of each row per 32-bit lane, and meet pairs of the 16-bit
+//! activations in one `madd` each (`avx2_i16.rs`).
 //!
 //! Layouts, for rows `8t..8t + 8` (a row group; groups follow each other, and within a group
 //! the columns of blocks follow in order):
@@ -41,12 +44,13 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_i16;
 
-use super::act::QuantizedActs;
+use super::act::{ActPrecision, QuantizedActs};
 use super::blocks::{k_scale_min, q6_k_value};
 use super::gemv::row_scalar;
 use super::QuantFormat;
 use crate::error::{KernelError, Result};
 use crate::SharedOut;
+use std::sync::OnceLock;
 
 /// Rows woven together.
 pub const ROWS: usize = 8;
@@ -63,14 +67,61 @@ pub fn supports(format: QuantFormat) -> bool {
     )
 }
 
-/// True when the kernel of `format` reads the activations' byte split
-/// ([`QuantizedActs::split`]): the 4-bit formats do, Q6_K and Q8_0 read the 16-bit
-/// integers themselves.
-pub fn reads_split(format: QuantFormat) -> bool {
+/// True when the kernel of `format` reads the activations' tiles of bytes
+/// ([`QuantizedActs::split`] at 16 bits, [`QuantizedActs::bytes`] at 8): the 4-bit formats
+/// do, Q6_K and Q8_0 read the 16-bit integers themselves.
+pub fn reads_tiles(format: QuantFormat) -> bool {
     matches!(
         format,
         QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4_K
     )
+}
+
+/// The process's precision for interleaved 4-bit weights, fixed at its first use.
+static FOUR_BIT: OnceLock<ActPrecision> = OnceLock::new();
+
+/// Chooses, for this process, the precision at which activations meet interleaved 4-bit
+/// weights (Q4_0, Q4_1, Q4_K): [`ActPrecision::Wide`], the default (16 bits: next to no
+/// error of its own), or [`ActPrecision::Byte`] (8 bits, as llama.cpp's CPU kernels: about
+/// 1.5 times the integer rate where a matrix meets many rows, a prompt's or a large
+/// batch's, for an error of up to 1/254 of each block's largest activation). Without a
+/// call, `QKV_ACT_BITS=8` in the environment asks for 8 bits.
+///
+/// The choice is fixed by the first call, or by the first product that needs it, so that
+/// every matrix of a model, alone or batched, sees the same precision for the life of the
+/// process. Errors when it is already fixed to the other precision.
+///
+/// ```
+/// use qkv_kernels::quant::{act::ActPrecision, x8, QuantFormat};
+/// x8::set_act_precision(ActPrecision::Byte).unwrap();
+/// assert_eq!(x8::act_precision(QuantFormat::Q4_K), ActPrecision::Byte);
+/// assert_eq!(x8::act_precision(QuantFormat::Q6_K), ActPrecision::Wide);
+/// assert!(x8::set_act_precision(ActPrecision::Wide).is_err());
+/// ```
+pub fn set_act_precision(precision: ActPrecision) -> Result<()> {
+    let fixed = *FOUR_BIT.get_or_init(|| precision);
+    if fixed == precision {
+        Ok(())
+    } else {
+        Err(KernelError::Invalid(format!(
+            "activations of 4-bit weights are already fixed at {fixed:?} for this process"
+        )))
+    }
+}
+
+/// The precision at which activations meet interleaved weights of `format`: the process's
+/// choice ([`set_act_precision`]) for the 4-bit formats, 16 bits for Q6_K and Q8_0. Every
+/// path that multiplies such a matrix (the interleaved kernels for any number of rows, the
+/// integer GEMM where AVX-512 VNNI runs it) quantizes at this precision, so the results do
+/// not depend on the path or on the number of rows.
+pub fn act_precision(format: QuantFormat) -> ActPrecision {
+    if !reads_tiles(format) {
+        return ActPrecision::Wide;
+    }
+    *FOUR_BIT.get_or_init(|| match std::env::var("QKV_ACT_BITS").as_deref() {
+        Ok("8") => ActPrecision::Byte,
+        _ => ActPrecision::Wide,
+    })
 }
 
 /// The bytes of an interleaved `[n, k]` matrix of `format` (the same as in GGUF's layout),
@@ -414,8 +465,8 @@ pub(crate) unsafe fn columns_scalar(
 /// for this CPU.
 ///
 /// # Safety
-/// As [`columns_scalar`]; and `acts` has its byte split ([`QuantizedActs::has_split`]), for
-/// any number of rows, when [`reads_split`] is true of `format`.
+/// As [`columns_scalar`]; and `acts` has its tiles ([`QuantizedActs::has_tiles`]), for any
+/// number of rows, when [`reads_tiles`] is true of `format`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn columns(
     y: SharedOut,

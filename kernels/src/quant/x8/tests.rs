@@ -1,4 +1,5 @@
 use super::*;
+use crate::quant::act::ActPrecision;
 use crate::quant::gemv::columns_scalar as gguf_scalar;
 use crate::quant::testing::{
     any_blocks, check_split_columns, weight_blocks, ColumnsKernel as Kernel, Rng,
@@ -51,6 +52,24 @@ fn bad_shapes_are_refused() {
     assert!(unpack_rows(QuantFormat::Q4_0, &p, 32, 7, 2, &mut [0; 36]).is_err());
     assert!(unpack_rows(QuantFormat::Q4_0, &p, 32, usize::MAX, 2, &mut [0; 36]).is_err());
     assert!(unpack_rows(QuantFormat::Q4_0, &p[..100], 32, 0, 1, &mut [0; 18]).is_err());
+}
+
+/// `x[m, k]` quantized at each precision the kernels of `format` take (8 and 16 bits for the
+/// 4-bit formats, 16 for the others), with the tiles the interleaved kernels read.
+fn each_precision(x: &[f32], m: usize, k: usize, format: QuantFormat) -> Vec<QuantizedActs> {
+    let mut precisions = vec![ActPrecision::Wide];
+    if reads_tiles(format) {
+        precisions.push(ActPrecision::Byte);
+    }
+    precisions
+        .into_iter()
+        .map(|p| {
+            let mut acts = QuantizedActs::default();
+            acts.quantize_at(x, m, k, p).unwrap();
+            acts.add_split();
+            acts
+        })
+        .collect()
 }
 
 fn kernels() -> Vec<(&'static str, Kernel)> {
@@ -108,59 +127,59 @@ fn simd_matches_scalar_reference() {
                     })
                     .collect();
                 let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
-                let mut acts = QuantizedActs::default();
-                acts.quantize(&x, m, k).unwrap();
-                acts.add_split();
-                let mut want = vec![f32::NAN; m * n];
-                let mut same = vec![f32::NAN; m * n];
-                // SAFETY: want and same are m·n; w and p hold n rows of k; every column is
-                // ours.
-                unsafe {
-                    gguf_scalar(
-                        SharedOut(want.as_mut_ptr()),
-                        &acts,
-                        format,
-                        &w,
-                        Some(&bias),
-                        n,
-                        0,
-                        n,
-                    );
-                    columns_scalar(
-                        SharedOut(same.as_mut_ptr()),
-                        &acts,
-                        format,
-                        &p,
-                        Some(&bias),
-                        n,
-                        0,
-                        n,
-                    );
-                }
-                assert_eq!(
-                    same.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                    "{format} m={m} k={k} n={n}: interleaved reference"
-                );
-                for (name, kernel) in kernels() {
-                    let cut = (n / 3).max(1) | 1; // odd: cuts a group of 8
-                                                  // SAFETY: `kernels` lists only what this CPU runs; p holds n interleaved
-                                                  // rows of k, w the same in GGUF's layout.
-                    let err = unsafe {
-                        check_split_columns(
-                            name,
-                            kernel,
+                for acts in each_precision(&x, m, k, format) {
+                    let mut want = vec![f32::NAN; m * n];
+                    let mut same = vec![f32::NAN; m * n];
+                    // SAFETY: want and same are m·n; w and p hold n rows of k; every column is
+                    // ours.
+                    unsafe {
+                        gguf_scalar(
+                            SharedOut(want.as_mut_ptr()),
                             &acts,
                             format,
-                            &p,
                             &w,
                             Some(&bias),
                             n,
-                            cut,
-                            &want,
-                        )
-                    };
-                    worst = worst.max(err);
+                            0,
+                            n,
+                        );
+                        columns_scalar(
+                            SharedOut(same.as_mut_ptr()),
+                            &acts,
+                            format,
+                            &p,
+                            Some(&bias),
+                            n,
+                            0,
+                            n,
+                        );
+                    }
+                    assert_eq!(
+                        same.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{format} {:?} m={m} k={k} n={n}: interleaved reference",
+                        acts.precision
+                    );
+                    for (name, kernel) in kernels() {
+                        let cut = (n / 3).max(1) | 1; // odd: cuts a group of 8
+                                                      // SAFETY: `kernels` lists only what this CPU runs; p holds n interleaved
+                                                      // rows of k, w the same in GGUF's layout.
+                        let err = unsafe {
+                            check_split_columns(
+                                name,
+                                kernel,
+                                &acts,
+                                format,
+                                &p,
+                                &w,
+                                Some(&bias),
+                                n,
+                                cut,
+                                &want,
+                            )
+                        };
+                        worst = worst.max(err);
+                    }
                 }
             }
         }
@@ -168,8 +187,9 @@ fn simd_matches_scalar_reference() {
     eprintln!("worst relative error against the scalar kernel: {worst:e}");
 }
 
-/// Activations at the ends of the 16-bit range: every byte split at its extreme, which
-/// is where the 16-bit sums of the kernel are closest to overflowing.
+/// Activations at the ends of their range (±32767, ±127), against weights at their
+/// format's largest magnitude: where the 16-bit sums of the kernels are closest to
+/// overflowing.
 #[test]
 fn extreme_activations_are_exact() {
     for format in FORMATS {
@@ -190,44 +210,44 @@ fn extreme_activations_are_exact() {
         }
         let p = packed(format, &w, n, k);
         for sign in [1.0f32, -1.0] {
-            // Every element at the block's maximum: q = ±32767 (hi 127 / −128, lo 255 / 1).
+            // Every element at the block's maximum: q = ±32767 or ±127.
             let x = vec![sign; m * k];
-            let mut acts = QuantizedActs::default();
-            acts.quantize(&x, m, k).unwrap();
-            let mut want = vec![0.0f32; m * n];
-            // SAFETY: want is m·n, w holds n rows of k.
-            unsafe {
-                gguf_scalar(
-                    SharedOut(want.as_mut_ptr()),
-                    &acts,
-                    format,
-                    &w,
-                    None,
-                    n,
-                    0,
-                    n,
-                )
-            };
-            for (name, kernel) in kernels() {
-                let mut got = vec![0.0f32; m * n];
-                // SAFETY: as above.
+            for acts in each_precision(&x, m, k, format) {
+                let mut want = vec![0.0f32; m * n];
+                // SAFETY: want is m·n, w holds n rows of k.
                 unsafe {
-                    kernel(
-                        SharedOut(got.as_mut_ptr()),
+                    gguf_scalar(
+                        SharedOut(want.as_mut_ptr()),
                         &acts,
                         format,
-                        &p,
+                        &w,
                         None,
                         n,
                         0,
                         n,
                     )
                 };
-                for (g, e) in got.iter().zip(&want) {
-                    assert!(
-                        (g - e).abs() <= 1e-5 * e.abs().max(1.0),
-                        "{name} {format}: {g} vs {e}"
-                    );
+                for (name, kernel) in kernels() {
+                    let mut got = vec![0.0f32; m * n];
+                    // SAFETY: as above.
+                    unsafe {
+                        kernel(
+                            SharedOut(got.as_mut_ptr()),
+                            &acts,
+                            format,
+                            &p,
+                            None,
+                            n,
+                            0,
+                            n,
+                        )
+                    };
+                    for (g, e) in got.iter().zip(&want) {
+                        assert!(
+                            (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                            "{name} {format}: {g} vs {e}"
+                        );
+                    }
                 }
             }
         }
@@ -244,18 +264,18 @@ fn non_finite_x_stays_visible() {
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             let mut x: Vec<f32> = (0..m * k).map(|_| rng.uniform()).collect();
             x[k + k / 2 + 44] = bad;
-            let mut acts = QuantizedActs::default();
-            acts.quantize(&x, m, k).unwrap();
-            for (name, kernel) in kernels() {
-                let mut y = vec![0.0f32; m * n];
-                // SAFETY: y is m·n, w holds n rows of k.
-                unsafe { kernel(SharedOut(y.as_mut_ptr()), &acts, format, &w, None, n, 0, n) };
-                for j in 0..n {
-                    assert!(!y[n + j].is_finite(), "{name} {format} {bad}: y[1, {j}]");
-                    assert!(
-                        y[j].is_finite() && y[2 * n + j].is_finite(),
-                        "{name} {format}"
-                    );
+            for acts in each_precision(&x, m, k, format) {
+                for (name, kernel) in kernels() {
+                    let mut y = vec![0.0f32; m * n];
+                    // SAFETY: y is m·n, w holds n rows of k.
+                    unsafe { kernel(SharedOut(y.as_mut_ptr()), &acts, format, &w, None, n, 0, n) };
+                    for j in 0..n {
+                        assert!(!y[n + j].is_finite(), "{name} {format} {bad}: y[1, {j}]");
+                        assert!(
+                            y[j].is_finite() && y[2 * n + j].is_finite(),
+                            "{name} {format}"
+                        );
+                    }
                 }
             }
         }
