@@ -85,6 +85,7 @@
 mod bpe;
 mod gguf;
 mod hf;
+mod hf_config;
 mod normalize;
 mod parts;
 mod pretok;
