@@ -12,6 +12,7 @@
 //! token of the text.
 
 use super::bpe::WholePiece;
+use super::hf_config::{Config, Specials};
 use super::normalize::{Bert, Normalizer, Step};
 use super::parts::{byte_token, Kind, ModelSpec, Parts, UnknownSpec};
 use super::pretok::{self, Behavior, PreTokenizer, Split};
@@ -20,7 +21,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
 
-fn read_json(path: &Path) -> Result<Value> {
+pub(super) fn read_json(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
         path: path.to_owned(),
         source,
@@ -32,7 +33,7 @@ fn read_json(path: &Path) -> Result<Value> {
 }
 
 /// A token given as `"<s>"` or `{"content": "<s>", …}` in `tokenizer_config.json`.
-fn token_text(v: &Value) -> Option<&str> {
+pub(super) fn token_text(v: &Value) -> Option<&str> {
     v.as_str()
         .or_else(|| v.get("content").and_then(Value::as_str))
 }
@@ -42,12 +43,12 @@ fn kind_of(v: &Value) -> &str {
 }
 
 /// Reads `tokenizer.json` files; `unsupported` and `format` name the file.
-struct Reader<'p> {
-    path: &'p Path,
+pub(super) struct Reader<'p> {
+    pub(super) path: &'p Path,
 }
 
 impl Reader<'_> {
-    fn format(&self, msg: String) -> Error {
+    pub(super) fn format(&self, msg: String) -> Error {
         Error::Format {
             path: self.path.to_owned(),
             msg,
@@ -189,38 +190,41 @@ impl Reader<'_> {
                 .steps
                 .push(split(r"\w+|[^\w\s]+", Behavior::Removed, true)?),
             "WhitespaceSplit" => pre.steps.push(split(r"\s+", Behavior::Removed, false)?),
-            "Metaspace" => {
-                if !pre.steps.is_empty() {
-                    return Err(self.unsupported("a Metaspace pre-tokenizer after a split".into()));
-                }
-                let marker = v
-                    .get("replacement")
-                    .and_then(Value::as_str)
-                    .unwrap_or("▁")
-                    .to_owned();
-                // Newer files say `prepend_scheme`, older ones `add_prefix_space`.
-                let scheme = match v.get("prepend_scheme").and_then(Value::as_str) {
-                    Some(s) => s.to_owned(),
-                    None if self.bool_field(v, "add_prefix_space", true)? => "always".into(),
-                    None => "never".into(),
-                };
-                norm.push(Step::Replace(" ".into(), marker.clone()));
-                match scheme.as_str() {
-                    "always" | "first" => norm.push(Step::Metaspace {
-                        prefix: marker.clone(),
-                        first_only: scheme == "first",
-                    }),
-                    "never" => {}
-                    other => {
-                        return Err(self.unsupported(format!("Metaspace prepend_scheme {other}")))
-                    }
-                }
-                if self.bool_field(v, "split", true)? {
-                    pre.steps
-                        .push(Split::literal(&marker, Behavior::MergedWithNext, false)?);
-                }
-            }
+            "Metaspace" => self.metaspace(v, pre, norm)?,
             other => return Err(self.unsupported(format!("pre-tokenizer {other}"))),
+        }
+        Ok(())
+    }
+
+    /// A `Metaspace` pre-tokenizer: spaces become its marker (and one goes before the text,
+    /// as its prepend scheme says) in the normalizer; the text splits before each marker.
+    fn metaspace(&self, v: &Value, pre: &mut PreTokenizer, norm: &mut Vec<Step>) -> Result<()> {
+        if !pre.steps.is_empty() {
+            return Err(self.unsupported("a Metaspace pre-tokenizer after a split".into()));
+        }
+        let marker = v
+            .get("replacement")
+            .and_then(Value::as_str)
+            .unwrap_or("▁")
+            .to_owned();
+        // Newer files say `prepend_scheme`, older ones `add_prefix_space`.
+        let scheme = match v.get("prepend_scheme").and_then(Value::as_str) {
+            Some(s) => s.to_owned(),
+            None if self.bool_field(v, "add_prefix_space", true)? => "always".into(),
+            None => "never".into(),
+        };
+        norm.push(Step::Replace(" ".into(), marker.clone()));
+        match scheme.as_str() {
+            "always" | "first" => norm.push(Step::Metaspace {
+                prefix: marker.clone(),
+                first_only: scheme == "first",
+            }),
+            "never" => {}
+            other => return Err(self.unsupported(format!("Metaspace prepend_scheme {other}"))),
+        }
+        if self.bool_field(v, "split", true)? {
+            pre.steps
+                .push(Split::literal(&marker, Behavior::MergedWithNext, false)?);
         }
         Ok(())
     }
@@ -260,343 +264,378 @@ impl Reader<'_> {
                 prefix.push(pair_id("cls")?);
                 suffix.push(pair_id("sep")?);
             }
-            "TemplateProcessing" => {
-                let single = v
-                    .get("single")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| self.format("TemplateProcessing without `single`".into()))?;
-                let specials = v.get("special_tokens");
-                let mut seen_text = false;
-                for piece in single {
-                    if piece.get("Sequence").is_some() {
-                        seen_text = true;
-                        continue;
-                    }
-                    let name = piece
-                        .get("SpecialToken")
-                        .and_then(|s| s.get("id"))
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| self.format(format!("template piece {piece}")))?;
-                    let ids: Vec<u32> = match specials
-                        .and_then(|s| s.get(name))
-                        .and_then(|s| s.get("ids"))
-                        .and_then(Value::as_array)
-                    {
-                        Some(ids) => ids
-                            .iter()
-                            .map(|i| {
-                                i.as_u64()
-                                    .filter(|&i| i < u32::MAX as u64)
-                                    .map(|i| i as u32)
-                            })
-                            .collect::<Option<_>>()
-                            .ok_or_else(|| self.format(format!("template token {name} ids")))?,
-                        None => vec![*vocab.get(name).ok_or_else(|| {
-                            self.format(format!("template token {name} is not in the vocabulary"))
-                        })?],
-                    };
-                    if seen_text {
-                        &mut *suffix
-                    } else {
-                        &mut *prefix
-                    }
-                    .extend(ids);
-                }
-            }
+            "TemplateProcessing" => self.template_processing(v, vocab, prefix, suffix)?,
             other => return Err(self.unsupported(format!("post-processor {other}"))),
+        }
+        Ok(())
+    }
+
+    /// A `TemplateProcessing` post-processor's `single` template: the special tokens before
+    /// the text (`Sequence`) go to `prefix`, the ones after it to `suffix`.
+    fn template_processing(
+        &self,
+        v: &Value,
+        vocab: &HashMap<&str, u32>,
+        prefix: &mut Vec<u32>,
+        suffix: &mut Vec<u32>,
+    ) -> Result<()> {
+        let single = v
+            .get("single")
+            .and_then(Value::as_array)
+            .ok_or_else(|| self.format("TemplateProcessing without `single`".into()))?;
+        let specials = v.get("special_tokens");
+        let mut seen_text = false;
+        for piece in single {
+            if piece.get("Sequence").is_some() {
+                seen_text = true;
+                continue;
+            }
+            let name = piece
+                .get("SpecialToken")
+                .and_then(|s| s.get("id"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| self.format(format!("template piece {piece}")))?;
+            let ids: Vec<u32> = match specials
+                .and_then(|s| s.get(name))
+                .and_then(|s| s.get("ids"))
+                .and_then(Value::as_array)
+            {
+                Some(ids) => ids
+                    .iter()
+                    .map(|i| {
+                        i.as_u64()
+                            .filter(|&i| i < u32::MAX as u64)
+                            .map(|i| i as u32)
+                    })
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| self.format(format!("template token {name} ids")))?,
+                None => vec![*vocab.get(name).ok_or_else(|| {
+                    self.format(format!("template token {name} is not in the vocabulary"))
+                })?],
+            };
+            if seen_text {
+                &mut *suffix
+            } else {
+                &mut *prefix
+            }
+            .extend(ids);
         }
         Ok(())
     }
 }
 
-pub(super) fn load(path: &Path) -> Result<Parts> {
-    let r = Reader { path };
-    let json = read_json(path)?;
-    let model = json
-        .get("model")
-        .filter(|m| m.is_object())
-        .ok_or_else(|| r.format("no `model`".into()))?;
-    let model_type = match model.get("type").and_then(Value::as_str) {
-        Some(t) => t,
-        // Old files leave the type out; a merge list means BPE.
-        None if model.get("merges").is_some() => "BPE",
-        None => return Err(r.format("the model has no type".into())),
-    };
-
-    // Vocabulary: model.vocab, then added tokens (which may extend it).
-    let vocab = model
-        .get("vocab")
-        .and_then(Value::as_object)
-        .ok_or_else(|| match model_type {
-            "BPE" | "WordPiece" => r.format("model.vocab is not an object".into()),
-            other => r.unsupported(format!(
-                "tokenizer model {other} (qkv implements BPE and WordPiece)"
-            )),
-        })?;
-    let mut entries: Vec<(usize, String, Kind)> = Vec::with_capacity(vocab.len() + 32);
-    for (tok, id) in vocab {
-        let id = id
-            .as_u64()
-            .filter(|&i| i < u32::MAX as u64)
-            .ok_or_else(|| r.format(format!("model.vocab[{tok:?}] is not a token id")))?;
-        entries.push((id as usize, tok.clone(), Kind::Normal));
-    }
-    let added = match json.get("added_tokens") {
-        None | Some(Value::Null) => &[][..],
-        Some(Value::Array(list)) => &list[..],
-        Some(other) => return Err(r.format(format!("added_tokens is {other}, not a list"))),
-    };
-    let has_normalizer = !json.get("normalizer").is_none_or(Value::is_null);
-    let mut strip = Vec::new();
-    for a in added {
-        let id = a.get("id").and_then(Value::as_u64);
-        let content = a.get("content").and_then(Value::as_str);
-        let (Some(id), Some(content)) = (id, content) else {
-            return Err(r.format(format!("added token {a} lacks an id or content")));
-        };
-        if id >= u32::MAX as u64 {
-            return Err(r.format(format!("added token {content:?} has id {id}")));
-        }
-        if r.bool_field(a, "single_word", false)? {
-            return Err(r.unsupported(format!("added token {content:?} with single_word")));
-        }
-        let special = r.bool_field(a, "special", false)?;
-        // Hugging Face matches `normalized` tokens in the normalized text; qkv matches added
-        // tokens in the text as given, which is the same only without a normalizer.
-        if has_normalizer && r.bool_field(a, "normalized", !special)? {
-            return Err(r.unsupported(format!(
-                "added token {content:?} matched after normalization (normalized: true)"
-            )));
-        }
-        let (lstrip, rstrip) = (
-            r.bool_field(a, "lstrip", false)?,
-            r.bool_field(a, "rstrip", false)?,
-        );
-        if lstrip || rstrip {
-            strip.push((id as u32, lstrip, rstrip));
-        }
-        let kind = if special {
-            Kind::Control
-        } else {
-            Kind::UserDefined
-        };
-        entries.push((id as usize, content.to_owned(), kind));
-    }
-    let n = entries.iter().map(|e| e.0 + 1).max().unwrap_or(0);
-    if n > entries.len() {
-        return Err(r.format(format!(
-            "token ids run to {} but only {} tokens are defined",
-            n - 1,
-            entries.len()
-        )));
-    }
-    let mut tokens: Vec<Option<String>> = vec![None; n];
-    let mut kinds = vec![Kind::Normal; n];
-    for (id, tok, kind) in entries {
-        match &tokens[id] {
-            Some(existing) if *existing != tok => {
-                return Err(r.format(format!("token id {id} is both {existing:?} and {tok:?}")))
-            }
-            _ => tokens[id] = Some(tok),
-        }
-        if kind != Kind::Normal {
-            kinds[id] = kind;
-        }
-    }
-    let tokens: Vec<String> = tokens
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| t.ok_or_else(|| r.format(format!("no token has id {i}"))))
-        .collect::<Result<_>>()?;
-    let index: HashMap<&str, u32> = tokens
+/// The ids a token text has in `tokens` (the first of duplicates wins).
+fn index_of(tokens: &[String]) -> HashMap<&str, u32> {
+    tokens
         .iter()
         .enumerate()
         .rev()
         .map(|(i, t)| (t.as_str(), i as u32))
-        .collect();
-    let lookup = |what: &str, text: &str| -> Result<u32> {
-        index
-            .get(text)
-            .copied()
-            .ok_or_else(|| r.format(format!("{what} {text:?} is not in the vocabulary")))
-    };
+        .collect()
+}
 
-    let mut normalizer = Normalizer::default();
-    match json.get("normalizer") {
-        None | Some(Value::Null) => {}
-        Some(v) => r.normalizer(v, &mut normalizer.steps)?,
-    }
-    let mut pre = PreTokenizer::default();
-    let mut byte_level = false;
-    match json.get("pre_tokenizer") {
-        None | Some(Value::Null) => {}
-        Some(v) => r.pre_tokenizer(v, &mut pre, &mut normalizer.steps, &mut byte_level)?,
+/// The vocabulary: every token's text and kind, and the special tokens that strip whitespace.
+struct Vocabulary {
+    tokens: Vec<String>,
+    kinds: Vec<Kind>,
+    strip: Vec<(u32, bool, bool)>,
+}
+
+impl Reader<'_> {
+    /// The `model` section and its type.
+    fn model<'j>(&self, json: &'j Value) -> Result<(&'j Value, &'j str)> {
+        let model = json
+            .get("model")
+            .filter(|m| m.is_object())
+            .ok_or_else(|| self.format("no `model`".into()))?;
+        let model_type = match model.get("type").and_then(Value::as_str) {
+            Some(t) => t,
+            // Old files leave the type out; a merge list means BPE.
+            None if model.get("merges").is_some() => "BPE",
+            None => return Err(self.format("the model has no type".into())),
+        };
+        Ok((model, model_type))
     }
 
-    let unk = match model.get("unk_token") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(lookup("unk_token", s)?),
-        Some(other) => return Err(r.format(format!("unk_token is {other}"))),
-    };
-    let spec = match model_type {
-        "BPE" => {
-            for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
-                if model
-                    .get(key)
-                    .and_then(Value::as_str)
-                    .is_some_and(|s| !s.is_empty())
-                {
-                    return Err(r.unsupported(format!("BPE with {key}")));
-                }
-            }
-            if model
-                .get("dropout")
-                .and_then(Value::as_f64)
-                .is_some_and(|d| d > 0.0)
-            {
-                return Err(r.unsupported("BPE with dropout".into()));
-            }
-            let mut merges = Vec::new();
-            for (i, m) in model
-                .get("merges")
-                .and_then(Value::as_array)
-                .ok_or_else(|| r.format("model.merges is not an array".into()))?
-                .iter()
-                .enumerate()
-            {
-                let pair = match m {
-                    Value::String(s) => {
-                        s.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned()))
-                    }
-                    Value::Array(v) if v.len() == 2 => match (v[0].as_str(), v[1].as_str()) {
-                        (Some(a), Some(b)) => Some((a.to_owned(), b.to_owned())),
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                merges.push(
-                    pair.ok_or_else(|| r.format(format!("model.merges[{i}] = {m} is not a pair")))?,
-                );
-            }
-            let unknown = if r.bool_field(model, "byte_fallback", false)? {
-                UnknownSpec::ByteFallback
-            } else if unk.is_some() {
-                UnknownSpec::Unk {
-                    fuse: r.bool_field(model, "fuse_unk", false)?,
-                }
-            } else {
-                UnknownSpec::Drop
+    /// `model.vocab`, then the added tokens (which may extend it), as one list of tokens.
+    fn vocabulary(&self, json: &Value, model: &Value, model_type: &str) -> Result<Vocabulary> {
+        let vocab =
+            model
+                .get("vocab")
+                .and_then(Value::as_object)
+                .ok_or_else(|| match model_type {
+                    "BPE" | "WordPiece" => self.format("model.vocab is not an object".into()),
+                    other => self.unsupported(format!(
+                        "tokenizer model {other} (qkv implements BPE and WordPiece)"
+                    )),
+                })?;
+        let mut entries: Vec<(usize, String, Kind)> = Vec::with_capacity(vocab.len() + 32);
+        for (tok, id) in vocab {
+            let id = id
+                .as_u64()
+                .filter(|&i| i < u32::MAX as u64)
+                .ok_or_else(|| self.format(format!("model.vocab[{tok:?}] is not a token id")))?;
+            entries.push((id as usize, tok.clone(), Kind::Normal));
+        }
+        let strip = self.added_tokens(json, &mut entries)?;
+        let (tokens, kinds) = self.by_id(entries)?;
+        Ok(Vocabulary {
+            tokens,
+            kinds,
+            strip,
+        })
+    }
+
+    /// Adds `added_tokens` to `entries`; returns the ones that strip whitespace.
+    fn added_tokens(
+        &self,
+        json: &Value,
+        entries: &mut Vec<(usize, String, Kind)>,
+    ) -> Result<Vec<(u32, bool, bool)>> {
+        let added = match json.get("added_tokens") {
+            None | Some(Value::Null) => &[][..],
+            Some(Value::Array(list)) => &list[..],
+            Some(other) => return Err(self.format(format!("added_tokens is {other}, not a list"))),
+        };
+        let has_normalizer = !json.get("normalizer").is_none_or(Value::is_null);
+        let mut strip = Vec::new();
+        for a in added {
+            let id = a.get("id").and_then(Value::as_u64);
+            let content = a.get("content").and_then(Value::as_str);
+            let (Some(id), Some(content)) = (id, content) else {
+                return Err(self.format(format!("added token {a} lacks an id or content")));
             };
-            if unknown == UnknownSpec::ByteFallback {
-                for (i, t) in tokens.iter().enumerate() {
-                    if kinds[i] == Kind::Normal && byte_token(t).is_some() {
-                        kinds[i] = Kind::Byte;
-                    }
+            if id >= u32::MAX as u64 {
+                return Err(self.format(format!("added token {content:?} has id {id}")));
+            }
+            if self.bool_field(a, "single_word", false)? {
+                return Err(self.unsupported(format!("added token {content:?} with single_word")));
+            }
+            let special = self.bool_field(a, "special", false)?;
+            // Hugging Face matches `normalized` tokens in the normalized text; qkv matches
+            // added tokens in the text as given, which is the same only without a normalizer.
+            if has_normalizer && self.bool_field(a, "normalized", !special)? {
+                return Err(self.unsupported(format!(
+                    "added token {content:?} matched after normalization (normalized: true)"
+                )));
+            }
+            let (lstrip, rstrip) = (
+                self.bool_field(a, "lstrip", false)?,
+                self.bool_field(a, "rstrip", false)?,
+            );
+            if lstrip || rstrip {
+                strip.push((id as u32, lstrip, rstrip));
+            }
+            let kind = if special {
+                Kind::Control
+            } else {
+                Kind::UserDefined
+            };
+            entries.push((id as usize, content.to_owned(), kind));
+        }
+        Ok(strip)
+    }
+
+    /// The tokens and kinds in id order: every id below the largest defined once.
+    fn by_id(&self, entries: Vec<(usize, String, Kind)>) -> Result<(Vec<String>, Vec<Kind>)> {
+        let n = entries.iter().map(|e| e.0 + 1).max().unwrap_or(0);
+        if n > entries.len() {
+            return Err(self.format(format!(
+                "token ids run to {} but only {} tokens are defined",
+                n - 1,
+                entries.len()
+            )));
+        }
+        let mut tokens: Vec<Option<String>> = vec![None; n];
+        let mut kinds = vec![Kind::Normal; n];
+        for (id, tok, kind) in entries {
+            match &tokens[id] {
+                Some(existing) if *existing != tok => {
+                    return Err(
+                        self.format(format!("token id {id} is both {existing:?} and {tok:?}"))
+                    )
+                }
+                _ => tokens[id] = Some(tok),
+            }
+            if kind != Kind::Normal {
+                kinds[id] = kind;
+            }
+        }
+        let tokens: Vec<String> = tokens
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| t.ok_or_else(|| self.format(format!("no token has id {i}"))))
+            .collect::<Result<_>>()?;
+        Ok((tokens, kinds))
+    }
+
+    /// The `normalizer` and `pre_tokenizer` sections (a `Metaspace` pre-tokenizer adds
+    /// normalizer steps); whether the pre-tokenizer is byte-level.
+    fn text_steps(&self, json: &Value) -> Result<(Normalizer, PreTokenizer, bool)> {
+        let mut normalizer = Normalizer::default();
+        match json.get("normalizer") {
+            None | Some(Value::Null) => {}
+            Some(v) => self.normalizer(v, &mut normalizer.steps)?,
+        }
+        let mut pre = PreTokenizer::default();
+        let mut byte_level = false;
+        match json.get("pre_tokenizer") {
+            None | Some(Value::Null) => {}
+            Some(v) => self.pre_tokenizer(v, &mut pre, &mut normalizer.steps, &mut byte_level)?,
+        }
+        Ok((normalizer, pre, byte_level))
+    }
+
+    /// `model.unk_token`, as an id.
+    fn unk(&self, model: &Value, index: &HashMap<&str, u32>) -> Result<Option<u32>> {
+        match model.get("unk_token") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => index
+                .get(s.as_str())
+                .copied()
+                .map(Some)
+                .ok_or_else(|| self.format(format!("unk_token {s:?} is not in the vocabulary"))),
+            Some(other) => Err(self.format(format!("unk_token is {other}"))),
+        }
+    }
+
+    /// The model section as a [`ModelSpec`]; byte-fallback BPE marks the `<0xXX>` tokens as
+    /// bytes in `kinds`.
+    fn model_spec(
+        &self,
+        model: &Value,
+        model_type: &str,
+        byte_level: bool,
+        unk: Option<u32>,
+        tokens: &[String],
+        kinds: &mut [Kind],
+    ) -> Result<ModelSpec> {
+        match model_type {
+            "BPE" => self.bpe(model, byte_level, unk, tokens, kinds),
+            "WordPiece" => Ok(ModelSpec::WordPiece {
+                first_prefix: String::new(),
+                cont_prefix: model
+                    .get("continuing_subword_prefix")
+                    .and_then(Value::as_str)
+                    .unwrap_or("##")
+                    .to_owned(),
+                max_chars: model
+                    .get("max_input_chars_per_word")
+                    .and_then(Value::as_u64)
+                    .map_or(100, |m| m.min(usize::MAX as u64) as usize),
+            }),
+            other => Err(self.unsupported(format!(
+                "tokenizer model {other} (qkv implements BPE and WordPiece)"
+            ))),
+        }
+    }
+
+    fn bpe(
+        &self,
+        model: &Value,
+        byte_level: bool,
+        unk: Option<u32>,
+        tokens: &[String],
+        kinds: &mut [Kind],
+    ) -> Result<ModelSpec> {
+        for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
+            if model
+                .get(key)
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+            {
+                return Err(self.unsupported(format!("BPE with {key}")));
+            }
+        }
+        if model
+            .get("dropout")
+            .and_then(Value::as_f64)
+            .is_some_and(|d| d > 0.0)
+        {
+            return Err(self.unsupported("BPE with dropout".into()));
+        }
+        let merges = self.merges(model)?;
+        let unknown = if self.bool_field(model, "byte_fallback", false)? {
+            UnknownSpec::ByteFallback
+        } else if unk.is_some() {
+            UnknownSpec::Unk {
+                fuse: self.bool_field(model, "fuse_unk", false)?,
+            }
+        } else {
+            UnknownSpec::Drop
+        };
+        if unknown == UnknownSpec::ByteFallback {
+            for (t, kind) in tokens.iter().zip(kinds.iter_mut()) {
+                if *kind == Kind::Normal && byte_token(t).is_some() {
+                    *kind = Kind::Byte;
                 }
             }
-            ModelSpec::Bpe {
-                merges,
-                byte_level,
-                unknown,
-                whole: if r.bool_field(model, "ignore_merges", false)? {
-                    WholePiece::Always
-                } else {
-                    WholePiece::Never
-                },
-            }
         }
-        "WordPiece" => ModelSpec::WordPiece {
-            first_prefix: String::new(),
-            cont_prefix: model
-                .get("continuing_subword_prefix")
-                .and_then(Value::as_str)
-                .unwrap_or("##")
-                .to_owned(),
-            max_chars: model
-                .get("max_input_chars_per_word")
-                .and_then(Value::as_u64)
-                .map_or(100, |m| m.min(usize::MAX as u64) as usize),
-        },
-        other => {
-            return Err(r.unsupported(format!(
-                "tokenizer model {other} (qkv implements BPE and WordPiece)"
-            )))
-        }
-    };
-
-    // tokenizer_config.json beside it: special token names, add_bos/eos, the chat template.
-    let config_path = path.with_file_name("tokenizer_config.json");
-    let config = if config_path.is_file() {
-        read_json(&config_path)?
-    } else {
-        Value::Null
-    };
-    let c = Reader { path: &config_path };
-    if !(config.is_null() || config.is_object()) {
-        return Err(c.format("not a JSON object".into()));
+        Ok(ModelSpec::Bpe {
+            merges,
+            byte_level,
+            unknown,
+            whole: if self.bool_field(model, "ignore_merges", false)? {
+                WholePiece::Always
+            } else {
+                WholePiece::Never
+            },
+        })
     }
-    let find = |key: &str| -> Result<Option<u32>> {
-        match config.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => {
-                let text = token_text(v)
-                    .ok_or_else(|| c.format(format!("{key} is {v}, not a token's text")))?;
-                index
-                    .get(text)
-                    .map(|&i| Some(i))
-                    .ok_or_else(|| c.format(format!("{key} {text:?} is not in the vocabulary")))
-            }
-        }
-    };
-    let bos = match find("bos_token")? {
-        Some(b) => Some(b),
-        None => find("cls_token")?,
-    };
-    let eos = find("eos_token")?;
-    let pad = find("pad_token")?;
-    let sep = find("sep_token")?;
-    let chat_template = match config.get("chat_template") {
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(Value::Array(list)) => list
-            .iter()
-            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-            .and_then(|t| t.get("template"))
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        _ => None,
-    };
 
-    // Special tokens around the text: tokenizer_config's flags, else the post-processor's.
+    /// `model.merges`: `"a b"` strings or `["a", "b"]` pairs, in rank order.
+    fn merges(&self, model: &Value) -> Result<Vec<(String, String)>> {
+        let mut merges = Vec::new();
+        for (i, m) in model
+            .get("merges")
+            .and_then(Value::as_array)
+            .ok_or_else(|| self.format("model.merges is not an array".into()))?
+            .iter()
+            .enumerate()
+        {
+            let pair = match m {
+                Value::String(s) => s.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())),
+                Value::Array(v) if v.len() == 2 => match (v[0].as_str(), v[1].as_str()) {
+                    (Some(a), Some(b)) => Some((a.to_owned(), b.to_owned())),
+                    _ => None,
+                },
+                _ => None,
+            };
+            merges.push(
+                pair.ok_or_else(|| self.format(format!("model.merges[{i}] = {m} is not a pair")))?,
+            );
+        }
+        Ok(merges)
+    }
+}
+
+/// Reads `tokenizer.json` at `path`, and `tokenizer_config.json` beside it, section by
+/// section.
+pub(super) fn load(path: &Path) -> Result<Parts> {
+    let r = Reader { path };
+    let json = read_json(path)?;
+    let (model, model_type) = r.model(&json)?;
+    let Vocabulary {
+        tokens,
+        mut kinds,
+        strip,
+    } = r.vocabulary(&json, model, model_type)?;
+    let index = index_of(&tokens);
+    let (normalizer, pre, byte_level) = r.text_steps(&json)?;
+    let unk = r.unk(model, &index)?;
+    let spec = r.model_spec(model, model_type, byte_level, unk, &tokens, &mut kinds)?;
+
+    let config = Config::read(path)?;
+    let specials = config.specials(&index)?;
+    let chat_template = config.chat_template();
+    // Special tokens around the text: the post-processor's, unless tokenizer_config says.
     let (mut prefix, mut suffix) = (Vec::new(), Vec::new());
     match json.get("post_processor") {
         None | Some(Value::Null) => {}
         Some(v) => r.post_processor(v, &index, &mut prefix, &mut suffix)?,
     }
-    let flag = |key: &str| -> Result<Option<bool>> {
-        match config.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(c.format(format!("{key} is {v}, not true or false"))),
-        }
-    };
-    let need = |key: &str, id: Option<u32>| {
-        id.ok_or_else(|| c.format(format!("{key} is set but there is no such token")))
-    };
-    if let Some(add) = flag("add_bos_token")? {
-        prefix = if add {
-            vec![need("add_bos_token", bos)?]
-        } else {
-            Vec::new()
-        };
-    }
-    if let Some(add) = flag("add_eos_token")? {
-        suffix = if add {
-            vec![need("add_eos_token", eos)?]
-        } else {
-            Vec::new()
-        };
-    }
-
+    config.around(&specials, &mut prefix, &mut suffix)?;
+    let Specials { bos, eos, pad, sep } = specials;
     Ok(Parts {
         tokens,
         kinds,

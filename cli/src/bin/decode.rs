@@ -28,8 +28,8 @@ use clap::{Args, Parser, Subcommand};
 use qkv::model::{Model, ModelOptions};
 use qkv::models::decoder::KvType;
 use qkv::sample::SamplerConfig;
-use qkv::session::{Session, SessionOptions};
-use qkv::tokenizer::ChatMessage;
+use qkv::session::{Piece, Session, SessionOptions};
+use qkv::tokenizer::{ChatMessage, Tokenizer};
 use qkv::weights::{gguf, FloatType};
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -444,8 +444,39 @@ impl Out {
 /// small enough that a typo cannot make the process spawn threads for minutes.
 const MAX_THREADS: usize = 1024;
 
+/// `decode [--prompt …]`: generate from a prompt, as a list of steps.
 fn run(args: &RunArgs) -> AnyResult<()> {
     // Checked before anything is loaded, so a typo costs nothing.
+    let config = sampler_config(args)?;
+    set_threads(args.threads)?;
+    let prompt = read_prompt(args)?;
+    let Loaded {
+        path,
+        model,
+        mut session,
+        load_ms,
+    } = load(args)?;
+    let tokenizer = model.tokenizer().ok_or("the model has no tokenizer")?;
+    let ids = prompt_ids(tokenizer, prompt, args.chat)?;
+    prepare_context(&mut session, &ids, args)?;
+    let prompt_start = Instant::now();
+    session.prefill(&ids)?;
+    let prompt_s = prompt_start.elapsed().as_secs_f64();
+    let mut out = Out {
+        stdout: std::io::stdout().lock(),
+        closed: false,
+    };
+    let generated = generate(&mut session, tokenizer, config, args, &mut out)?;
+    let timing = Timing {
+        load_ms,
+        prompt_tokens: ids.len(),
+        prompt_s,
+    };
+    report(&model, &session, &path, args, &timing, &generated, &mut out)
+}
+
+/// The sampler `args` ask for, validated.
+fn sampler_config(args: &RunArgs) -> AnyResult<SamplerConfig> {
     let config = SamplerConfig {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -456,7 +487,11 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         seed: args.seed,
     };
     config.validate()?;
-    set_threads(args.threads)?;
+    Ok(config)
+}
+
+/// `--prompt`, or all of stdin; never empty.
+fn read_prompt(args: &RunArgs) -> AnyResult<String> {
     let prompt = match &args.prompt {
         Some(p) => p.clone(),
         None => {
@@ -476,23 +511,44 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     if prompt.is_empty() {
         return Err("the prompt is empty (pass --prompt TEXT or text on stdin)".into());
     }
+    Ok(prompt)
+}
 
+/// The model and a session on it, with the time they took.
+struct Loaded {
+    path: PathBuf,
+    model: Arc<Model>,
+    session: Session,
+    load_ms: f64,
+}
+
+/// Loads `--model` (or the default model) and opens a session with `--ctx` and `--kv-type`.
+fn load(args: &RunArgs) -> AnyResult<Loaded> {
     let path = match &args.model {
         Some(p) => p.clone(),
         None => qkv_cli::fetch::default_model()?,
     };
     let load_start = Instant::now();
     let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
-    let tokenizer = model.tokenizer().ok_or("the model has no tokenizer")?;
+    model.tokenizer().ok_or("the model has no tokenizer")?;
     let options = SessionOptions {
         context: args.ctx,
         kv_dtype: args.kv_type,
         prefill_chunk: None,
     };
-    let mut session = Session::new(model.clone(), options)?;
+    let session = Session::new(model.clone(), options)?;
     let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
+    Ok(Loaded {
+        path,
+        model,
+        session,
+        load_ms,
+    })
+}
 
-    let text = if args.chat {
+/// The prompt's token ids, wrapped in the chat template as a user message with `--chat`.
+fn prompt_ids(tokenizer: &Tokenizer, prompt: String, chat: bool) -> AnyResult<Vec<u32>> {
+    let text = if chat {
         let messages = [ChatMessage {
             role: "user".into(),
             content: prompt,
@@ -505,9 +561,13 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     if ids.is_empty() {
         return Err("the prompt encodes to no tokens".into());
     }
+    Ok(ids)
+}
 
+/// The untimed work before the prompt: `--warmup`'s run, then `--depth` context tokens.
+fn prepare_context(session: &mut Session, ids: &[u32], args: &RunArgs) -> AnyResult<()> {
     if args.warmup {
-        session.prefill(&ids)?;
+        session.prefill(ids)?;
         session.reset();
     }
     if args.depth > 0 {
@@ -529,14 +589,26 @@ fn run(args: &RunArgs) -> AnyResult<()> {
             .prefill(&context)
             .map_err(|e| format!("--depth {}: {e}", args.depth))?;
     }
-    let prompt_start = Instant::now();
-    session.prefill(&ids)?;
-    let prompt_s = prompt_start.elapsed().as_secs_f64();
+    Ok(())
+}
 
-    let mut out = Out {
-        stdout: std::io::stdout().lock(),
-        closed: false,
-    };
+/// What generation did.
+struct Generated {
+    tokens: usize,
+    secs: f64,
+    /// The context's capacity, when generation stopped because it was full.
+    full: Option<usize>,
+}
+
+/// Generates up to `-n` tokens after the prefilled prompt, writing each as it comes, then the
+/// text held back at the end.
+fn generate(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    config: SamplerConfig,
+    args: &RunArgs,
+    out: &mut Out,
+) -> AnyResult<Generated> {
     let gen_start = Instant::now();
     let mut generated = 0usize;
     let mut stream = session
@@ -555,28 +627,13 @@ fn run(args: &RunArgs) -> AnyResult<()> {
             Err(e) => return Err(e.into()),
         };
         generated += 1;
-        if args.json {
-            // Written by hand to keep the keys in this order; the text is escaped by serde.
-            let text = serde_json::to_string(&piece.text)?;
-            let logprob = serde_json::to_string(&piece.logprob)?;
-            out.write(&format!(
-                "{{\"id\":{},\"text\":{text},\"logprob\":{logprob}}}\n",
-                piece.id
-            ))?;
-        } else if tokenizer.is_special(piece.id) {
-            // Text shows what a reader should see: no end-of-turn or role markers. Bytes held
-            // back before one (an unfinished character) come out in its piece, and stay.
-            let own = tokenizer.decode(&[piece.id])?;
-            out.write(piece.text.strip_suffix(own.as_str()).unwrap_or(""))?;
-        } else {
-            out.write(&piece.text)?;
-        }
+        write_piece(out, tokenizer, &piece, args.json)?;
         if out.closed {
             break;
         }
     }
     let rest = stream.finish();
-    let gen_s = gen_start.elapsed().as_secs_f64();
+    let secs = gen_start.elapsed().as_secs_f64();
     if args.json {
         // Text held back at the end (generation stopped inside a character), so that the
         // texts of all lines join to the whole output.
@@ -587,18 +644,63 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         out.write(&rest)?;
         out.write("\n")?;
     }
+    Ok(Generated {
+        tokens: generated,
+        secs,
+        full,
+    })
+}
 
+/// One generated token: a JSON line, or its text (special tokens left out).
+fn write_piece(out: &mut Out, tokenizer: &Tokenizer, piece: &Piece, json: bool) -> AnyResult<()> {
+    if json {
+        // Written by hand to keep the keys in this order; the text is escaped by serde.
+        let text = serde_json::to_string(&piece.text)?;
+        let logprob = serde_json::to_string(&piece.logprob)?;
+        out.write(&format!(
+            "{{\"id\":{},\"text\":{text},\"logprob\":{logprob}}}\n",
+            piece.id
+        ))
+    } else if tokenizer.is_special(piece.id) {
+        // Text shows what a reader should see: no end-of-turn or role markers. Bytes held
+        // back before one (an unfinished character) come out in its piece, and stay.
+        let own = tokenizer.decode(&[piece.id])?;
+        out.write(piece.text.strip_suffix(own.as_str()).unwrap_or(""))
+    } else {
+        out.write(&piece.text)
+    }
+}
+
+/// The times before generation.
+struct Timing {
+    load_ms: f64,
+    prompt_tokens: usize,
+    prompt_s: f64,
+}
+
+/// The statistics: a JSON object on stdout with `--json`, and a line on stderr (after a note
+/// when the context filled up).
+fn report(
+    model: &Model,
+    session: &Session,
+    path: &std::path::Path,
+    args: &RunArgs,
+    timing: &Timing,
+    generated: &Generated,
+    out: &mut Out,
+) -> AnyResult<()> {
     let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-    let prompt_tps = per_s(ids.len(), prompt_s);
-    let gen_tps = per_s(generated, gen_s);
+    let prompt_tps = per_s(timing.prompt_tokens, timing.prompt_s);
+    let gen_tps = per_s(generated.tokens, generated.secs);
+    let load_ms = timing.load_ms;
     if args.json {
         let (_, weight_bytes) = model.decoder().weight_formats();
         let stats = serde_json::json!({"stats": {
             "load_ms": round2(load_ms),
             "depth": args.depth,
-            "prompt_tokens": ids.len(),
+            "prompt_tokens": timing.prompt_tokens,
             "prompt_tokens_per_s": round2(prompt_tps),
-            "generated_tokens": generated,
+            "generated_tokens": generated.tokens,
             "generated_tokens_per_s": round2(gen_tps),
             "weight_bytes": weight_bytes,
             "kv_cache_bytes": session.cache_bytes(),
@@ -608,19 +710,21 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         }});
         out.write(&format!("{stats}\n"))?;
     }
-    if let Some(capacity) = full {
+    if let Some(capacity) = generated.full {
         note(format_args!(
-            "decode: stopped after {generated} tokens: the context ({capacity} positions) is \
-             full (--ctx sets it)"
+            "decode: stopped after {} tokens: the context ({capacity} positions) is full \
+             (--ctx sets it)",
+            generated.tokens
         ));
     }
     note(format_args!(
-        "decode: {} ({}, KV {}, {} threads): load {load_ms:.0} ms | prompt {} tokens, {prompt_tps:.1} tok/s | generated {generated} tokens, {gen_tps:.1} tok/s",
+        "decode: {} ({}, KV {}, {} threads): load {load_ms:.0} ms | prompt {} tokens, {prompt_tps:.1} tok/s | generated {} tokens, {gen_tps:.1} tok/s",
         path.display(),
-        weights_label(&model, args.dtype),
+        weights_label(model, args.dtype),
         session.kv_dtype(),
         rayon::current_num_threads(),
-        ids.len(),
+        timing.prompt_tokens,
+        generated.tokens,
     ));
     Ok(())
 }
