@@ -470,11 +470,17 @@ impl Engine {
     pub fn step(&mut self, events: &mut Vec<Event>) -> Result<()> {
         self.retire_cancelled(events);
         self.admit(events)?;
-        let vocab = self.model.vocab_size();
-        let decoder = self.model.decoder();
+        if !self.plan_step() {
+            return Ok(());
+        }
+        self.run_pass()?;
+        self.take_results(events);
+        Ok(())
+    }
 
-        // Plan: decode tokens first, then prompt chunks, under the token budget. Each entry
-        // is (slot, tokens to run, logits wanted).
+    /// Fills `plan` with the step's segments in slot order: decode tokens first, then prompt
+    /// chunks, under the token budget. False when nothing is to run.
+    fn plan_step(&mut self) -> bool {
         self.plan.clear();
         let mut budget = self.options.step_tokens;
         for (i, slot) in self.slots.iter().enumerate() {
@@ -506,13 +512,16 @@ impl Engine {
                 self.plan.push((i, n, n == left));
             }
         }
-        if self.plan.is_empty() {
-            return Ok(());
-        }
         // Segments in slot order (the logits rows follow it).
         self.plan.sort_unstable_by_key(|p| p.0);
+        !self.plan.is_empty()
+    }
 
-        // The pass.
+    /// The forward pass over the planned segments, leaving one row of logits per segment
+    /// that wants them in `logits`.
+    fn run_pass(&mut self) -> Result<()> {
+        let vocab = self.model.vocab_size();
+        let decoder = self.model.decoder();
         let wanted = self.plan.iter().filter(|p| p.2).count();
         let mut segments = reuse(std::mem::take(&mut self.segments));
         let mut plan = self.plan.iter().peekable();
@@ -539,95 +548,24 @@ impl Engine {
         let (scratch, logits) = (&mut self.scratch, &mut self.logits[..wanted * vocab]);
         let result = rayon::scope(|_| decoder.forward_batch(&mut segments, scratch, logits));
         self.segments = reuse(segments);
-        result?;
+        result
+    }
 
-        // Bookkeeping and sampling.
+    /// Bookkeeping after the pass: prompt progress for the segments that read their prompt,
+    /// and a sampled token for each that wanted logits.
+    fn take_results(&mut self, events: &mut Vec<Event>) {
+        let vocab = self.model.vocab_size();
         let eos_id = self.model.tokenizer().and_then(|t| t.eos_id());
         let mut row = 0;
         for &(i, n, wants) in &self.plan {
             let slot = &mut self.slots[i];
-            let r = slot.running.as_mut().expect("planned slots run");
-            if r.next.take().is_none() {
-                slot.tokens
-                    .extend_from_slice(&r.request.prompt[r.read..r.read + n]);
-                r.read += n;
-                events.push(Event::Prompt {
-                    seq: r.seq,
-                    cached: r.cached,
-                    read: r.read,
-                    total: r.request.prompt.len(),
-                });
-            }
-            if !wants {
-                continue;
-            }
-            let logits = &self.logits[row * vocab..(row + 1) * vocab];
-            row += 1;
-            let recent = &slot.tokens[slot
-                .tokens
-                .len()
-                .saturating_sub(r.sampler.config().repeat_last_n)..];
-            let sampled = sample_constrained(
-                &mut r.sampler,
-                &mut r.constraint,
-                logits,
-                recent,
-                &mut self.masked,
-            );
-            let sampled = match sampled {
-                Ok(s) => s,
-                Err(e) => {
-                    let seq = r.seq;
-                    // The logits follow the slot's last token.
-                    let e = match e {
-                        Error::NonFiniteLogits { token, value, .. } => Error::NonFiniteLogits {
-                            sequence: None,
-                            position: slot.tokens.len().checked_sub(1),
-                            token,
-                            value,
-                        },
-                        other => other,
-                    };
-                    slot.running = None;
-                    events.push(Event::Failed {
-                        seq,
-                        error: e.to_string(),
-                    });
-                    continue;
-                }
-            };
-            r.generated += 1;
-            let top = match r.request.top_logprobs {
-                0 => Vec::new(),
-                k => top_logprobs(logits, k),
-            };
-            events.push(Event::Token {
-                seq: r.seq,
-                token: sampled.id,
-                logprob: sampled.logprob,
-                top,
-            });
-            let reason = if !r.request.ignore_eos && eos_id == Some(sampled.id) {
-                Some(FinishReason::Eos)
-            } else if r.constraint.as_ref().is_some_and(|c| c.is_complete()) {
-                Some(FinishReason::Complete)
-            } else if r.generated >= r.request.max_tokens {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            match reason {
-                Some(reason) => {
-                    let r = slot.running.take().expect("running");
-                    events.push(done(&r, reason));
-                }
-                None => {
-                    slot.tokens.push(sampled.id);
-                    r.next = Some(sampled.id);
-                }
+            read_prompt_chunk(slot, n, events);
+            if wants {
+                let logits = &self.logits[row * vocab..(row + 1) * vocab];
+                row += 1;
+                sample_next(slot, logits, &mut self.masked, eos_id, events);
             }
         }
-        Ok(())
     }
 
     /// Ends the running sequences marked cancelled.
@@ -743,6 +681,93 @@ fn sample_constrained(
         id,
         logprob: (logits[id as usize] - lse).min(0.0),
     })
+}
+
+/// After a pass: a slot that read `n` prompt tokens (rather than its last sampled token)
+/// records them and reports its progress.
+fn read_prompt_chunk(slot: &mut Slot, n: usize, events: &mut Vec<Event>) {
+    let r = slot.running.as_mut().expect("planned slots run");
+    if r.next.take().is_none() {
+        slot.tokens
+            .extend_from_slice(&r.request.prompt[r.read..r.read + n]);
+        r.read += n;
+        events.push(Event::Prompt {
+            seq: r.seq,
+            cached: r.cached,
+            read: r.read,
+            total: r.request.prompt.len(),
+        });
+    }
+}
+
+/// Samples a slot's next token from its row of `logits` and reports it; the sequence
+/// finishes (at its end of sequence, a complete constraint or its token limit) or fails
+/// alone when sampling fails.
+fn sample_next(
+    slot: &mut Slot,
+    logits: &[f32],
+    masked: &mut Vec<f32>,
+    eos_id: Option<u32>,
+    events: &mut Vec<Event>,
+) {
+    let r = slot.running.as_mut().expect("planned slots run");
+    let recent = &slot.tokens[slot
+        .tokens
+        .len()
+        .saturating_sub(r.sampler.config().repeat_last_n)..];
+    let sampled = sample_constrained(&mut r.sampler, &mut r.constraint, logits, recent, masked);
+    let sampled = match sampled {
+        Ok(s) => s,
+        Err(e) => {
+            let seq = r.seq;
+            // The logits follow the slot's last token.
+            let e = match e {
+                Error::NonFiniteLogits { token, value, .. } => Error::NonFiniteLogits {
+                    sequence: None,
+                    position: slot.tokens.len().checked_sub(1),
+                    token,
+                    value,
+                },
+                other => other,
+            };
+            slot.running = None;
+            events.push(Event::Failed {
+                seq,
+                error: e.to_string(),
+            });
+            return;
+        }
+    };
+    r.generated += 1;
+    let top = match r.request.top_logprobs {
+        0 => Vec::new(),
+        k => top_logprobs(logits, k),
+    };
+    events.push(Event::Token {
+        seq: r.seq,
+        token: sampled.id,
+        logprob: sampled.logprob,
+        top,
+    });
+    let reason = if !r.request.ignore_eos && eos_id == Some(sampled.id) {
+        Some(FinishReason::Eos)
+    } else if r.constraint.as_ref().is_some_and(|c| c.is_complete()) {
+        Some(FinishReason::Complete)
+    } else if r.generated >= r.request.max_tokens {
+        Some(FinishReason::Length)
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => {
+            let r = slot.running.take().expect("running");
+            events.push(done(&r, reason));
+        }
+        None => {
+            slot.tokens.push(sampled.id);
+            r.next = Some(sampled.id);
+        }
+    }
 }
 
 /// The [`Event::Done`] of a sequence.
