@@ -16,7 +16,7 @@ impl DecoderConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<DecoderConfig> {
         let keys = Keys::new(file)?;
         let traits = keys.family.traits();
-        let moe = gguf_moe(file, keys.family, &keys.prefix)?;
+        let moe = keys.moe()?;
         let sizes = keys.sizes(moe.as_ref())?;
         let mut config = traits.config(sizes, WeightLayout::Gguf);
         config.rope = keys.rope()?;
@@ -299,124 +299,113 @@ const KNOWN_GGUF_KEYS: &[&str] = &[
 /// `LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX`).
 const GATING_SOFTMAX: u32 = 1;
 
-/// The mixture of experts a file's `{arch}.expert_*` keys describe, as llama.cpp runs the
-/// family: a softmax router, top-k, the top-k weights renormalised for `qwen3moe` and
-/// Mixtral-style `llama` files but not for `qwen2moe`, whose shared expert is gated by a
-/// sigmoid. Anything else (another router function, expert groups, scaled weights, a
-/// family without experts that declares some) is refused by key.
-fn gguf_moe(file: &GgufFile, family: Family, prefix: &str) -> Result<Option<Moe>> {
-    let path = file.path();
-    let key = |k: &str| format!("{prefix}{k}");
-    let unsupported = |k: &str, why: &str| {
-        let value = file
-            .metadata(&key(k))
+impl Keys<'_> {
+    /// [`Error::Unsupported`] naming `{arch}.k` and its value, or `(missing)`.
+    fn refuse_moe(&self, k: &str, why: &str) -> Error {
+        let value = self
+            .opt(k)
             .map_or_else(|| "(missing)".to_owned(), |v| v.to_string());
         Error::Unsupported(format!(
             "{}: `{}` = {value} ({why})",
-            path.display(),
-            key(k)
+            self.file.path().display(),
+            self.key(k)
         ))
-    };
-    let opt_u = |k: &str| -> Result<Option<usize>> {
-        file.metadata(&key(k))
-            .map(|_| file.get_u32(&key(k)).map(|v| v as usize))
-            .transpose()
-    };
-    let experts = opt_u("expert_count")?.unwrap_or(0);
-    let used = opt_u("expert_used_count")?.unwrap_or(0);
-    let traits = family.traits().moe;
-    if traits.experts == Experts::None {
-        for k in ["expert_count", "expert_used_count"] {
-            if opt_u(k)?.unwrap_or(0) != 0 {
-                return Err(unsupported(
-                    k,
-                    &format!("a mixture of experts in {}", family.gguf_arch()),
-                ));
+    }
+
+    /// The mixture of experts the `{arch}.expert_*` keys describe, as llama.cpp runs the
+    /// family: a softmax router, top-k, the top-k weights renormalised for `qwen3moe` and
+    /// Mixtral-style `llama` files but not for `qwen2moe`, whose shared expert is gated by
+    /// a sigmoid. A family without experts that declares some, or one that needs experts
+    /// and declares none, is refused by key; so is a router qkv does not run
+    /// ([`Keys::check_router`]).
+    fn moe(&self) -> Result<Option<Moe>> {
+        let arch = self.family.gguf_arch();
+        let experts = self.opt_u("expert_count")?.unwrap_or(0);
+        let used = self.opt_u("expert_used_count")?.unwrap_or(0);
+        let traits = self.family.traits().moe;
+        if traits.experts == Experts::None {
+            for k in ["expert_count", "expert_used_count"] {
+                if self.opt_u(k)?.unwrap_or(0) != 0 {
+                    return Err(self.refuse_moe(k, &format!("a mixture of experts in {arch}")));
+                }
+            }
+            return Ok(None);
+        }
+        if experts == 0 {
+            if traits.experts == Experts::Required {
+                return Err(self.refuse_moe("expert_count", &format!("{arch} needs experts")));
+            }
+            if used != 0 {
+                return Err(self.refuse_moe("expert_used_count", "experts used without experts"));
+            }
+            return Ok(None);
+        }
+        if used == 0 {
+            return Err(self.refuse_moe("expert_used_count", "a mixture of experts must use some"));
+        }
+        self.check_router(traits.gguf_norm_topk)?;
+        let expert_ffn = match self.opt_u("expert_feed_forward_length")? {
+            Some(n) => n,
+            None => self.u("feed_forward_length")?,
+        };
+        let shared_ffn = self.opt_u("expert_shared_feed_forward_length")?;
+        if shared_ffn.is_some() != traits.shared_expert {
+            let want = if traits.shared_expert {
+                "required"
+            } else {
+                "not run"
+            };
+            return Err(self.refuse_moe(
+                "expert_shared_feed_forward_length",
+                &format!("a shared expert is {want} in {arch}"),
+            ));
+        }
+        Ok(Some(Moe {
+            experts,
+            used,
+            expert_ffn,
+            norm_topk: traits.gguf_norm_topk,
+            shared_ffn,
+        }))
+    }
+
+    /// Refuses by key another router function, expert groups, scaled expert weights, and
+    /// top-k weights normalised otherwise than llama.cpp does for the family (`norm_topk`).
+    fn check_router(&self, norm_topk: bool) -> Result<()> {
+        let gating = self.opt_u("expert_gating_func")?;
+        if let Some(g) = gating.filter(|&g| g != GATING_SOFTMAX as usize) {
+            return Err(self.refuse_moe(
+                "expert_gating_func",
+                &format!("router function {g}: qkv runs the softmax router ({GATING_SOFTMAX})"),
+            ));
+        }
+        for k in ["expert_group_count", "expert_group_used_count"] {
+            if self.opt_u(k)?.unwrap_or(0) > 1 {
+                return Err(self.refuse_moe(k, "expert groups"));
             }
         }
-        return Ok(None);
-    }
-    if experts == 0 {
-        if traits.experts == Experts::Required {
-            return Err(unsupported(
-                "expert_count",
-                &format!("{} needs experts", family.gguf_arch()),
-            ));
+        if let Some(s) = self.opt_f("expert_weights_scale")? {
+            if s != 0.0 && s != 1.0 {
+                return Err(self.refuse_moe("expert_weights_scale", "scaled expert weights"));
+            }
         }
-        if used != 0 {
-            return Err(unsupported(
-                "expert_used_count",
-                "experts used without experts",
-            ));
-        }
-        return Ok(None);
-    }
-    if used == 0 {
-        return Err(unsupported(
-            "expert_used_count",
-            "a mixture of experts must use some",
-        ));
-    }
-    if let Some(g) = opt_u("expert_gating_func")?.filter(|&g| g != GATING_SOFTMAX as usize) {
-        return Err(unsupported(
-            "expert_gating_func",
-            &format!("router function {g}: qkv runs the softmax router ({GATING_SOFTMAX})"),
-        ));
-    }
-    for k in ["expert_group_count", "expert_group_used_count"] {
-        if opt_u(k)?.unwrap_or(0) > 1 {
-            return Err(unsupported(k, "expert groups"));
-        }
-    }
-    if file.metadata(&key("expert_weights_scale")).is_some() {
-        let s = file.get_f32(&key("expert_weights_scale"))?;
-        if s != 0.0 && s != 1.0 {
-            return Err(unsupported("expert_weights_scale", "scaled expert weights"));
-        }
-    }
-    let norm_topk = traits.gguf_norm_topk;
-    if let Some(v) = file.metadata(&key("expert_weights_norm")) {
-        if v.as_bool() != Some(norm_topk) {
-            return Err(unsupported(
+        let norm = self.opt("expert_weights_norm");
+        if norm.is_some_and(|v| v.as_bool() != Some(norm_topk)) {
+            let how = if norm_topk {
+                "renormalised"
+            } else {
+                "as they are"
+            };
+            return Err(self.refuse_moe(
                 "expert_weights_norm",
                 &format!(
-                    "llama.cpp runs {} with the top-k weights {}",
-                    family.gguf_arch(),
-                    if norm_topk {
-                        "renormalised"
-                    } else {
-                        "as they are"
-                    }
+                    "llama.cpp runs {} with the top-k weights {how}",
+                    self.family.gguf_arch()
                 ),
             ));
         }
+        Ok(())
     }
-    let expert_ffn = match opt_u("expert_feed_forward_length")? {
-        Some(n) => n,
-        None => file.get_u32(&key("feed_forward_length"))? as usize,
-    };
-    let shared_ffn = opt_u("expert_shared_feed_forward_length")?;
-    if shared_ffn.is_some() != traits.shared_expert {
-        return Err(unsupported(
-            "expert_shared_feed_forward_length",
-            &format!(
-                "a shared expert is {} in {}",
-                if traits.shared_expert {
-                    "required"
-                } else {
-                    "not run"
-                },
-                family.gguf_arch()
-            ),
-        ));
-    }
-    Ok(Some(Moe {
-        experts,
-        used,
-        expert_ffn,
-        norm_topk,
-        shared_ffn,
-    }))
 }
 
 /// YaRN from `rope.scaling.factor`, `rope.scaling.original_context_length` and the optional
