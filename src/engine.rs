@@ -55,6 +55,9 @@ use crate::sample::{Sampler, SamplerConfig};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+mod after_pass;
+use after_pass::{read_prompt_chunk, sample_next};
+
 /// How an [`Engine`] is sized.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -470,11 +473,17 @@ impl Engine {
     pub fn step(&mut self, events: &mut Vec<Event>) -> Result<()> {
         self.retire_cancelled(events);
         self.admit(events)?;
-        let vocab = self.model.vocab_size();
-        let decoder = self.model.decoder();
+        if !self.plan_step() {
+            return Ok(());
+        }
+        self.run_pass()?;
+        self.take_results(events);
+        Ok(())
+    }
 
-        // Plan: decode tokens first, then prompt chunks, under the token budget. Each entry
-        // is (slot, tokens to run, logits wanted).
+    /// Fills `plan` with the step's segments in slot order: decode tokens first, then prompt
+    /// chunks, under the token budget. False when nothing is to run.
+    fn plan_step(&mut self) -> bool {
         self.plan.clear();
         let mut budget = self.options.step_tokens;
         for (i, slot) in self.slots.iter().enumerate() {
@@ -506,13 +515,16 @@ impl Engine {
                 self.plan.push((i, n, n == left));
             }
         }
-        if self.plan.is_empty() {
-            return Ok(());
-        }
         // Segments in slot order (the logits rows follow it).
         self.plan.sort_unstable_by_key(|p| p.0);
+        !self.plan.is_empty()
+    }
 
-        // The pass.
+    /// The forward pass over the planned segments, leaving one row of logits per segment
+    /// that wants them in `logits`.
+    fn run_pass(&mut self) -> Result<()> {
+        let vocab = self.model.vocab_size();
+        let decoder = self.model.decoder();
         let wanted = self.plan.iter().filter(|p| p.2).count();
         let mut segments = reuse(std::mem::take(&mut self.segments));
         let mut plan = self.plan.iter().peekable();
@@ -539,95 +551,24 @@ impl Engine {
         let (scratch, logits) = (&mut self.scratch, &mut self.logits[..wanted * vocab]);
         let result = rayon::scope(|_| decoder.forward_batch(&mut segments, scratch, logits));
         self.segments = reuse(segments);
-        result?;
+        result
+    }
 
-        // Bookkeeping and sampling.
+    /// Bookkeeping after the pass: prompt progress for the segments that read their prompt,
+    /// and a sampled token for each that wanted logits.
+    fn take_results(&mut self, events: &mut Vec<Event>) {
+        let vocab = self.model.vocab_size();
         let eos_id = self.model.tokenizer().and_then(|t| t.eos_id());
         let mut row = 0;
         for &(i, n, wants) in &self.plan {
             let slot = &mut self.slots[i];
-            let r = slot.running.as_mut().expect("planned slots run");
-            if r.next.take().is_none() {
-                slot.tokens
-                    .extend_from_slice(&r.request.prompt[r.read..r.read + n]);
-                r.read += n;
-                events.push(Event::Prompt {
-                    seq: r.seq,
-                    cached: r.cached,
-                    read: r.read,
-                    total: r.request.prompt.len(),
-                });
-            }
-            if !wants {
-                continue;
-            }
-            let logits = &self.logits[row * vocab..(row + 1) * vocab];
-            row += 1;
-            let recent = &slot.tokens[slot
-                .tokens
-                .len()
-                .saturating_sub(r.sampler.config().repeat_last_n)..];
-            let sampled = sample_constrained(
-                &mut r.sampler,
-                &mut r.constraint,
-                logits,
-                recent,
-                &mut self.masked,
-            );
-            let sampled = match sampled {
-                Ok(s) => s,
-                Err(e) => {
-                    let seq = r.seq;
-                    // The logits follow the slot's last token.
-                    let e = match e {
-                        Error::NonFiniteLogits { token, value, .. } => Error::NonFiniteLogits {
-                            sequence: None,
-                            position: slot.tokens.len().checked_sub(1),
-                            token,
-                            value,
-                        },
-                        other => other,
-                    };
-                    slot.running = None;
-                    events.push(Event::Failed {
-                        seq,
-                        error: e.to_string(),
-                    });
-                    continue;
-                }
-            };
-            r.generated += 1;
-            let top = match r.request.top_logprobs {
-                0 => Vec::new(),
-                k => top_logprobs(logits, k),
-            };
-            events.push(Event::Token {
-                seq: r.seq,
-                token: sampled.id,
-                logprob: sampled.logprob,
-                top,
-            });
-            let reason = if !r.request.ignore_eos && eos_id == Some(sampled.id) {
-                Some(FinishReason::Eos)
-            } else if r.constraint.as_ref().is_some_and(|c| c.is_complete()) {
-                Some(FinishReason::Complete)
-            } else if r.generated >= r.request.max_tokens {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            match reason {
-                Some(reason) => {
-                    let r = slot.running.take().expect("running");
-                    events.push(done(&r, reason));
-                }
-                None => {
-                    slot.tokens.push(sampled.id);
-                    r.next = Some(sampled.id);
-                }
+            read_prompt_chunk(slot, n, events);
+            if wants {
+                let logits = &self.logits[row * vocab..(row + 1) * vocab];
+                row += 1;
+                sample_next(slot, logits, &mut self.masked, eos_id, events);
             }
         }
-        Ok(())
     }
 
     /// Ends the running sequences marked cancelled.
@@ -711,38 +652,6 @@ impl Engine {
         }
         Ok(())
     }
-}
-
-/// Samples a token from `logits`; with a constraint, checks that token, and when it is
-/// refused masks a copy of the logits (in `masked`) and samples again from it. The token
-/// kept is committed to the constraint; its log-probability is the model's own. A
-/// constraint's error is an [`Error::Config`].
-fn sample_constrained(
-    sampler: &mut Sampler,
-    constraint: &mut Option<Box<dyn TokenConstraint>>,
-    logits: &[f32],
-    recent: &[u32],
-    masked: &mut Vec<f32>,
-) -> Result<crate::sample::Sampled> {
-    let first = sampler.sample(logits, recent)?;
-    let Some(c) = constraint.as_mut() else {
-        return Ok(first);
-    };
-    let refused = |e: String| Error::Config(format!("constraint: {e}"));
-    if c.allows(first.id) {
-        c.commit(first.id).map_err(refused)?;
-        return Ok(first);
-    }
-    masked.clear();
-    masked.extend_from_slice(logits);
-    c.mask(masked).map_err(refused)?;
-    let id = sampler.sample(masked, recent)?.id;
-    c.commit(id).map_err(refused)?;
-    let lse = qkv_kernels::activation::log_sum_exp(logits);
-    Ok(crate::sample::Sampled {
-        id,
-        logprob: (logits[id as usize] - lse).min(0.0),
-    })
 }
 
 /// The [`Event::Done`] of a sequence.

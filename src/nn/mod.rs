@@ -5,11 +5,11 @@
 //! - [`Mask`], [`KeyPadding`], [`DenseMask`]: one masking convention for the whole API,
 //!   **`true` = visible** (the kernel's). See [`mask`] for what a fully masked row returns.
 //! - [`Linear`], [`LayerNorm`], [`FeedForward`], [`Embedding`], [`PositionalEncoding`].
-//! - Attention modules of the seeds ([`attention`]): [`SelfAttention`], [`MultiHeadAttention`],
+//! - Attention modules of the seeds ([`seeds`]): [`SelfAttention`], [`MultiHeadAttention`],
 //!   [`CrossAttention`], [`MultiHeadCrossAttention`], [`Attention`],
-//!   [`MultiHeadAttentionWithProbs`], [`TransformerAttention`]; all of them are thin names
-//!   over one [`AttentionCore`], and all attention goes through the one kernel
-//!   [`qkv_kernels::attention()`].
+//!   [`MultiHeadAttentionWithProbs`], [`TransformerAttention`]; they are rows of one table
+//!   ([`seeds::SEED_MODULES`]) over one [`AttentionCore`] ([`attention`]), and all attention
+//!   goes through the one kernel [`qkv_kernels::attention()`].
 //!
 //! ```
 //! use qkv::nn::{Linear, Seq};
@@ -30,16 +30,18 @@ pub mod ffn;
 pub mod linear;
 pub mod mask;
 pub mod norm;
+pub mod seeds;
 pub mod seq;
 
 pub use crate::weights::Scope;
-pub use attention::{
-    Attention, AttentionCore, AttentionScratch, CrossAttention, MultiHeadAttention,
-    MultiHeadAttentionWithProbs, MultiHeadCrossAttention, SelfAttention, TransformerAttention,
-};
+pub use attention::{AttentionCore, AttentionScratch};
 pub use embedding::{Embedding, PositionalEncoding};
 pub use ffn::FeedForward;
 pub use linear::Linear;
 pub use mask::{DenseMask, KeyPadding, Mask};
 pub use norm::{LayerNorm, RmsNorm};
+pub use seeds::{
+    Attention, CrossAttention, MultiHeadAttention, MultiHeadAttentionWithProbs,
+    MultiHeadCrossAttention, SelfAttention, TransformerAttention,
+};
 pub use seq::{Seq, SeqBuf};

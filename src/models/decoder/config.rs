@@ -5,17 +5,22 @@
 //! [`Error::Unsupported`] naming the file, the key and its value; none is ignored. A GGUF key
 //! under `{arch}.` that qkv does not know is refused too, since it may change the network.
 
+mod family;
 mod gguf;
 mod hf;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use family::Sizes;
+pub use family::{Experts, FamilyTraits, HfQkvBias, MoeTraits, WindowTraits, FAMILIES};
 
 use crate::error::{Error, Result};
 use qkv_kernels::rope::RopeStyle;
 use std::path::Path;
 
 /// The families of decoder-only transformers qkv runs. Each differs from Llama only in the
-/// data of [`DecoderConfig`]; the family itself decides just the tensor names.
+/// data of [`DecoderConfig`]; what the family implies, whatever the file, is its row of
+/// [`FAMILIES`] ([`Family::traits`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     /// Llama 2, 3, 3.1, 3.2, SmolLM2/3, TinyLlama, and Mistral (GGUF architecture `llama`).
@@ -37,66 +42,6 @@ pub enum Family {
     /// Qwen2 (Q/K/V biases) with a mixture of experts plus a shared expert behind a sigmoid
     /// gate in every layer (Qwen1.5-MoE, Qwen2-57B-A14B).
     Qwen2Moe,
-}
-
-impl Family {
-    /// The GGUF `general.architecture` of the family.
-    pub fn gguf_arch(self) -> &'static str {
-        match self {
-            Family::Llama => "llama",
-            Family::Qwen2 => "qwen2",
-            Family::Qwen3 => "qwen3",
-            Family::Phi3 => "phi3",
-            Family::Gemma2 => "gemma2",
-            Family::Gemma3 => "gemma3",
-            Family::Qwen3Moe => "qwen3moe",
-            Family::Qwen2Moe => "qwen2moe",
-        }
-    }
-
-    pub(crate) fn from_gguf_arch(arch: &str) -> Option<Family> {
-        [
-            Family::Llama,
-            Family::Qwen2,
-            Family::Qwen3,
-            Family::Phi3,
-            Family::Gemma2,
-            Family::Gemma3,
-            Family::Qwen3Moe,
-            Family::Qwen2Moe,
-        ]
-        .into_iter()
-        .find(|f| f.gguf_arch() == arch)
-    }
-
-    /// The family of a Hugging Face `model_type`.
-    pub(crate) fn from_model_type(model_type: &str) -> Option<Family> {
-        Some(match model_type {
-            "llama" | "mistral" | "smollm3" | "mixtral" => Family::Llama,
-            "qwen2" => Family::Qwen2,
-            "qwen3" => Family::Qwen3,
-            "phi3" => Family::Phi3,
-            "gemma2" => Family::Gemma2,
-            "gemma3_text" => Family::Gemma3,
-            "qwen3_moe" => Family::Qwen3Moe,
-            "qwen2_moe" => Family::Qwen2Moe,
-            _ => return None,
-        })
-    }
-
-    pub(crate) fn is_gemma(self) -> bool {
-        matches!(self, Family::Gemma2 | Family::Gemma3)
-    }
-
-    /// Queries and keys are RMS-normalised per head (Qwen3, Qwen3-MoE, Gemma 3).
-    pub(crate) fn has_qk_norm(self) -> bool {
-        matches!(self, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3)
-    }
-
-    /// Every layer's feed-forward block is a mixture of experts.
-    pub(crate) fn is_moe(self) -> bool {
-        matches!(self, Family::Qwen3Moe | Family::Qwen2Moe)
-    }
 }
 
 /// The GGUF architectures qkv's decoder runs.

@@ -320,7 +320,7 @@ impl Decoder {
         let mut blocks = Vec::new();
         for l in 0..c.layers {
             let n = |part: &str| layer_name(c, l, part, "weight");
-            let (wq, wk, wv) = if c.family == Family::Phi3 {
+            let (wq, wk, wv) = if c.family.traits().fused_projections {
                 let mut p = fused(l, "attn_qkv", &[qd, kvd, kvd], d)?.into_iter();
                 let mut next = || p.next().expect("three parts");
                 (next(), next(), next())
@@ -334,7 +334,7 @@ impl Decoder {
             let ffn = if let Some(m) = &c.moe {
                 Ffn::Moe(moe::load_moe(c, m, l, source, &widened)?)
             } else {
-                let (gate, up) = if c.family == Family::Phi3 {
+                let (gate, up) = if c.family.traits().fused_projections {
                     let part = match c.layout {
                         WeightLayout::Gguf => "ffn_up",
                         WeightLayout::HuggingFace => "ffn_gate_up",

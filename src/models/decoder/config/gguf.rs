@@ -1,12 +1,12 @@
-//! [`DecoderConfig::from_gguf`]: a decoder's configuration from GGUF metadata.
+//! [`DecoderConfig::from_gguf`]: a decoder's configuration from GGUF metadata, one function
+//! per group of `{arch}.*` keys; what the family implies comes from [`super::FAMILIES`].
 
 use super::{
-    default_attn_scale, in_file, yarn_mscale, Activation, DecoderConfig, Family, Moe, Rope,
-    RopeScaling, WeightLayout, GGUF_ARCHITECTURES, MAX_LAYERS,
+    in_file, yarn_mscale, DecoderConfig, Experts, Family, FamilyTraits, Moe, Rope, RopeScaling,
+    Sizes, WeightLayout, WindowTraits, GGUF_ARCHITECTURES, MAX_LAYERS,
 };
 use crate::error::{Error, Result};
 use crate::weights::gguf::{GgufFile, MetaValue};
-use qkv_kernels::rope::RopeStyle;
 
 impl DecoderConfig {
     /// Reads the configuration from a GGUF file's `general.architecture` and `{arch}.*` keys
@@ -14,207 +14,244 @@ impl DecoderConfig {
     /// `blk.0.attn_q.bias`). [`Error::Unsupported`] names an architecture or a key qkv does
     /// not run, with its value.
     pub fn from_gguf(file: &GgufFile) -> Result<DecoderConfig> {
+        let keys = Keys::new(file)?;
+        let traits = keys.family.traits();
+        let moe = keys.moe()?;
+        let sizes = keys.sizes(moe.as_ref())?;
+        let mut config = traits.config(sizes, WeightLayout::Gguf);
+        config.rope = keys.rope()?;
+        config.rope_local = keys.rope_local(traits, config.rope.base)?;
+        config.windows = keys.windows(traits, config.layers)?;
+        config.qkv_bias = file.tensor_info("blk.0.attn_q.bias").is_some();
+        config.out_bias = file.tensor_info("blk.0.attn_output.bias").is_some();
+        (config.attn_softcap, config.final_softcap) = keys.softcaps(traits)?;
+        // llama.cpp's one exception to 1/√head_dim: the 27B Gemmas scale by
+        // 1/√(dim / heads), as Google's reference does.
+        if traits.gguf_dim_scaled_layers == Some(config.layers) {
+            config.attn_scale = 1.0 / ((config.dim / config.heads.max(1)).max(1) as f32).sqrt();
+        }
+        config.moe = moe;
+        config.validate().map_err(|e| in_file(file.path(), e))?;
+        Ok(config)
+    }
+}
+
+/// A GGUF file's `{arch}.*` keys, once the architecture is known and every key is one qkv
+/// knows.
+struct Keys<'f> {
+    file: &'f GgufFile,
+    family: Family,
+    arch: &'f str,
+    /// `{arch}.`
+    prefix: String,
+}
+
+/// Zero means "off" for llama.cpp's optional numbers.
+fn nonzero(v: Option<f32>) -> Option<f32> {
+    v.filter(|&v| v != 0.0)
+}
+
+impl<'f> Keys<'f> {
+    /// The family of `general.architecture`; refuses another architecture, and any
+    /// `{arch}.` key qkv does not know.
+    fn new(file: &'f GgufFile) -> Result<Keys<'f>> {
         let arch = file.get_str("general.architecture")?;
-        let path = file.path();
         let family = Family::from_gguf_arch(arch).ok_or_else(|| {
             Error::Unsupported(format!(
                 "{}: architecture `{}` (qkv runs {})",
-                path.display(),
+                file.path().display(),
                 arch.escape_debug(),
                 GGUF_ARCHITECTURES.join(", ")
             ))
         })?;
-        let prefix = format!("{arch}.");
-        let unsupported = |key: &str, value: &MetaValue, why: &str| {
-            Error::Unsupported(format!("{}: `{key}` = {value} ({why})", path.display()))
+        let keys = Keys {
+            file,
+            family,
+            arch,
+            prefix: format!("{arch}."),
         };
         for (key, value) in file.metadata_entries() {
-            let Some(rest) = key.strip_prefix(&prefix) else {
+            let Some(rest) = key.strip_prefix(&keys.prefix) else {
                 continue;
             };
             if !KNOWN_GGUF_KEYS.contains(&rest) {
-                return Err(unsupported(
+                return Err(keys.refuse_full(
                     key,
                     value,
                     "a key qkv does not know, which may change the network",
                 ));
             }
         }
-        let key = |k: &str| format!("{prefix}{k}");
-        let opt = |k: &str| file.metadata(&key(k));
-        let u = |k: &str| -> Result<usize> { Ok(file.get_u32(&key(k))? as usize) };
-        let opt_u = |k: &str| -> Result<Option<usize>> { opt(k).map(|_| u(k)).transpose() };
-        let opt_f =
-            |k: &str| -> Result<Option<f32>> { opt(k).map(|_| file.get_f32(&key(k))).transpose() };
-        // Zero means "off" for llama.cpp's optional numbers.
-        let nonzero = |v: Option<f32>| v.filter(|&v| v != 0.0);
+        Ok(keys)
+    }
 
-        let dim = u("embedding_length")?;
-        let heads = u("attention.head_count")?;
-        let layers = u("block_count")?;
-        let kv_heads = opt_u("attention.head_count_kv")?.unwrap_or(heads);
-        let head_dim = match opt_u("attention.key_length")? {
+    fn key(&self, k: &str) -> String {
+        format!("{}{k}", self.prefix)
+    }
+
+    fn opt(&self, k: &str) -> Option<&'f MetaValue> {
+        self.file.metadata(&self.key(k))
+    }
+
+    fn u(&self, k: &str) -> Result<usize> {
+        Ok(self.file.get_u32(&self.key(k))? as usize)
+    }
+
+    fn opt_u(&self, k: &str) -> Result<Option<usize>> {
+        self.opt(k).map(|_| self.u(k)).transpose()
+    }
+
+    fn opt_f(&self, k: &str) -> Result<Option<f32>> {
+        self.opt(k)
+            .map(|_| self.file.get_f32(&self.key(k)))
+            .transpose()
+    }
+
+    /// [`Error::Unsupported`] naming the full key `key` and its value.
+    fn refuse_full(&self, key: &str, value: &MetaValue, why: &str) -> Error {
+        Error::Unsupported(format!(
+            "{}: `{key}` = {value} ({why})",
+            self.file.path().display()
+        ))
+    }
+
+    /// [`Error::Unsupported`] naming `{arch}.k`, which is present, and its value.
+    fn refuse(&self, k: &str, why: &str) -> Error {
+        self.refuse_full(&self.key(k), self.opt(k).expect("present"), why)
+    }
+
+    /// The sizes; values of another width than keys and partial rotation are refused.
+    fn sizes(&self, moe: Option<&Moe>) -> Result<Sizes> {
+        let dim = self.u("embedding_length")?;
+        let heads = self.u("attention.head_count")?;
+        let head_dim = match self.opt_u("attention.key_length")? {
             Some(k) => k,
             None => dim.checked_div(heads).unwrap_or(0),
         };
-        if let Some(v) = opt_u("attention.value_length")? {
-            if v != head_dim {
-                return Err(unsupported(
-                    &key("attention.value_length"),
-                    opt("attention.value_length").expect("present"),
-                    "values of another width than keys",
-                ));
-            }
+        if self
+            .opt_u("attention.value_length")?
+            .is_some_and(|v| v != head_dim)
+        {
+            return Err(self.refuse(
+                "attention.value_length",
+                "values of another width than keys",
+            ));
         }
-        if let Some(n) = opt_u("rope.dimension_count")? {
-            if n != head_dim {
-                return Err(unsupported(
-                    &key("rope.dimension_count"),
-                    opt("rope.dimension_count").expect("present"),
-                    "partial rotary embedding: qkv rotates whole heads",
-                ));
-            }
+        if self
+            .opt_u("rope.dimension_count")?
+            .is_some_and(|n| n != head_dim)
+        {
+            return Err(self.refuse(
+                "rope.dimension_count",
+                "partial rotary embedding: qkv rotates whole heads",
+            ));
         }
-        let moe = gguf_moe(file, family, &prefix)?;
-        let vocab = match opt_u("vocab_size")? {
-            Some(v) => v,
-            None => file.get_array("tokenizer.ggml.tokens")?.len(),
-        };
-        let base = opt_f("rope.freq_base")?.unwrap_or(10000.0);
-        let scaling = match opt("rope.scaling.type") {
-            None => RopeScaling::None,
-            Some(v) => match v.as_str() {
-                Some("none") => RopeScaling::None,
-                Some("linear") => match nonzero(opt_f("rope.scaling.factor")?) {
-                    Some(factor) if factor != 1.0 => RopeScaling::Linear { factor },
-                    _ => RopeScaling::None,
-                },
-                Some("yarn") => gguf_yarn(file, &prefix)?,
-                _ => {
-                    return Err(unsupported(
-                        &key("rope.scaling.type"),
-                        v,
-                        "qkv runs plain, linear, YaRN and Llama 3.1 RoPE",
-                    ))
-                }
+        Ok(Sizes {
+            dim,
+            layers: self.u("block_count")?,
+            heads,
+            kv_heads: self.opt_u("attention.head_count_kv")?.unwrap_or(heads),
+            head_dim,
+            ffn_dim: match (moe, self.opt_u("feed_forward_length")?) {
+                // A mixture of experts needs no dense width; Qwen3-MoE files carry one anyway.
+                (Some(m), None) => m.expert_ffn,
+                _ => self.u("feed_forward_length")?,
             },
+            vocab: match self.opt_u("vocab_size")? {
+                Some(v) => v,
+                None => self.file.get_array("tokenizer.ggml.tokens")?.len(),
+            },
+            context: self.u("context_length")?,
+            rms_eps: self
+                .file
+                .get_f32(&self.key("attention.layer_norm_rms_epsilon"))?,
+        })
+    }
+
+    /// The global layers' RoPE: `rope.freq_base` and `rope.scaling.*`, or the per-frequency
+    /// factors of `rope_freqs.weight`.
+    fn rope(&self) -> Result<Rope> {
+        let base = self.opt_f("rope.freq_base")?.unwrap_or(10000.0);
+        let kind = self.opt("rope.scaling.type");
+        let scaling = match kind.map(|v| v.as_str()) {
+            None | Some(Some("none")) => RopeScaling::None,
+            Some(Some("linear")) => match nonzero(self.opt_f("rope.scaling.factor")?) {
+                Some(factor) if factor != 1.0 => RopeScaling::Linear { factor },
+                _ => RopeScaling::None,
+            },
+            Some(Some("yarn")) => gguf_yarn(self.file, &self.prefix)?,
+            Some(_) => {
+                return Err(self.refuse(
+                    "rope.scaling.type",
+                    "qkv runs plain, linear, YaRN and Llama 3.1 RoPE",
+                ))
+            }
         };
-        if let Some(v) = opt("rope.scaling.type").filter(|v| v.as_str() == Some("none")) {
-            if nonzero(opt_f("rope.scaling.factor")?).is_some_and(|f| f != 1.0) {
-                return Err(unsupported(
-                    &key("rope.scaling.factor"),
-                    opt("rope.scaling.factor").expect("present"),
+        if let Some(v) = kind.filter(|v| v.as_str() == Some("none")) {
+            if nonzero(self.opt_f("rope.scaling.factor")?).is_some_and(|f| f != 1.0) {
+                return Err(self.refuse(
+                    "rope.scaling.factor",
                     &format!("a factor with rope.scaling.type {v}"),
                 ));
             }
         }
-        let scaling = if file.tensor_info("rope_freqs.weight").is_some() {
-            if scaling != RopeScaling::None {
-                return Err(unsupported(
-                    &key("rope.scaling.type"),
-                    opt("rope.scaling.type").expect("present"),
-                    "rope_freqs.weight and another scaling at once",
-                ));
-            }
-            RopeScaling::FileFactors
-        } else {
-            scaling
-        };
-        let rope = Rope { base, scaling };
+        if self.file.tensor_info("rope_freqs.weight").is_none() {
+            return Ok(Rope { base, scaling });
+        }
+        if scaling != RopeScaling::None {
+            return Err(self.refuse(
+                "rope.scaling.type",
+                "rope_freqs.weight and another scaling at once",
+            ));
+        }
+        Ok(Rope {
+            base,
+            scaling: RopeScaling::FileFactors,
+        })
+    }
 
-        let window = opt_u("attention.sliding_window")?.filter(|&w| w > 0);
-        let windows = match (family, window) {
-            (_, None) if family != Family::Gemma2 => vec![None; layers.min(MAX_LAYERS)],
-            // Gemma 2 without the key: llama.cpp's default window of 4096.
-            _ => {
-                let w = window.unwrap_or(4096);
-                let pattern = match family {
-                    Family::Gemma2 => 2,
-                    Family::Gemma3 => 6,
-                    _ => 0,
-                };
-                gguf_window_layers(
-                    file,
-                    &key("attention.sliding_window_pattern"),
-                    pattern,
-                    layers,
-                )?
-                .into_iter()
-                .map(|local| local.then_some(w))
-                .collect()
-            }
-        };
-        let rope_local = match (family, opt_f("rope.freq_base_swa")?) {
-            // Gemma 3's local layers: their own base (10000 unless the file says), no scaling.
-            (Family::Gemma3, swa) => Some(Rope {
+    /// The local layers' RoPE: the family's own (base `rope.freq_base_swa`, else 10000; no
+    /// scaling), else none; a local base in another family is refused unless it equals the
+    /// global one.
+    fn rope_local(&self, traits: &FamilyTraits, base: f32) -> Result<Option<Rope>> {
+        match self.opt_f("rope.freq_base_swa")? {
+            swa if traits.local_rope => Ok(Some(Rope {
                 base: swa.unwrap_or(10000.0),
                 scaling: RopeScaling::None,
-            }),
-            (_, Some(swa)) if swa != base => {
-                return Err(unsupported(
-                    &key("rope.freq_base_swa"),
-                    opt("rope.freq_base_swa").expect("present"),
-                    &format!("a local RoPE base for {arch}"),
-                ))
-            }
-            _ => None,
+            })),
+            Some(swa) if swa != base => Err(self.refuse(
+                "rope.freq_base_swa",
+                &format!("a local RoPE base for {}", self.arch),
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    /// Per layer, its sliding window: `attention.sliding_window` (else the family's
+    /// default) on the layers `attention.sliding_window_pattern` (else the family's
+    /// period) makes local.
+    fn windows(&self, traits: &FamilyTraits, layers: usize) -> Result<Vec<Option<usize>>> {
+        let window = self.opt_u("attention.sliding_window")?.filter(|&w| w > 0);
+        let Some(w) = window.or(traits.windows.default) else {
+            return Ok(vec![None; layers.min(MAX_LAYERS)]);
         };
-        let gemma = family.is_gemma();
-        let mut config = DecoderConfig {
-            family,
-            dim,
+        let local = gguf_window_layers(
+            self.file,
+            &self.key("attention.sliding_window_pattern"),
+            traits.windows.period,
             layers,
-            heads,
-            kv_heads,
-            head_dim,
-            ffn_dim: match (&moe, opt_u("feed_forward_length")?) {
-                // A mixture of experts needs no dense width; Qwen3-MoE files carry one anyway.
-                (Some(m), None) => m.expert_ffn,
-                _ => u("feed_forward_length")?,
-            },
-            vocab,
-            context: u("context_length")?,
-            rms_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            norm_plus_one: false,
-            rope_style: if family == Family::Llama {
-                RopeStyle::AdjacentPairs
-            } else {
-                RopeStyle::SplitHalf
-            },
-            rope,
-            rope_local,
-            qkv_bias: file.tensor_info("blk.0.attn_q.bias").is_some(),
-            out_bias: file.tensor_info("blk.0.attn_output.bias").is_some(),
-            qk_norm: family.has_qk_norm(),
-            sandwich_norms: gemma,
-            activation: if gemma {
-                Activation::GeluTanh
-            } else {
-                Activation::Silu
-            },
-            embed_scale: gemma.then(|| (dim as f64).sqrt() as f32),
-            attn_scale: default_attn_scale(head_dim),
-            attn_softcap: nonzero(opt_f("attn_logit_softcapping")?),
-            final_softcap: nonzero(opt_f("final_logit_softcapping")?),
-            windows,
-            moe,
-            layout: WeightLayout::Gguf,
+        )?;
+        Ok(local.into_iter().map(|l| l.then_some(w)).collect())
+    }
+
+    /// The attention and final soft-caps; 0 turns one off, a missing attention soft-cap is
+    /// the family's default.
+    fn softcaps(&self, traits: &FamilyTraits) -> Result<(Option<f32>, Option<f32>)> {
+        let attn = match self.opt_f("attn_logit_softcapping")? {
+            None => traits.default_attn_softcap,
+            some => nonzero(some),
         };
-        // llama.cpp's one exception to 1/√head_dim: the 27B Gemmas (46 and 62 blocks) scale
-        // by 1/√(dim / heads), as Google's reference does.
-        if (family == Family::Gemma2 && layers == 46) || (family == Family::Gemma3 && layers == 62)
-        {
-            config.attn_scale = 1.0 / ((dim / heads.max(1)).max(1) as f32).sqrt();
-        }
-        if family == Family::Gemma2 {
-            // Gemma 2 soft-caps its scores unless the file turns it off with a 0.
-            config.attn_softcap = match opt_f("attn_logit_softcapping")? {
-                None => Some(50.0),
-                some => nonzero(some),
-            };
-        }
-        config.validate().map_err(|e| in_file(path, e))?;
-        Ok(config)
+        Ok((attn, nonzero(self.opt_f("final_logit_softcapping")?)))
     }
 }
 
@@ -262,124 +299,113 @@ const KNOWN_GGUF_KEYS: &[&str] = &[
 /// `LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX`).
 const GATING_SOFTMAX: u32 = 1;
 
-/// The mixture of experts a file's `{arch}.expert_*` keys describe, as llama.cpp runs the
-/// family: a softmax router, top-k, the top-k weights renormalised for `qwen3moe` and
-/// Mixtral-style `llama` files but not for `qwen2moe`, whose shared expert is gated by a
-/// sigmoid. Anything else (another router function, expert groups, scaled weights, a
-/// family without experts that declares some) is refused by key.
-fn gguf_moe(file: &GgufFile, family: Family, prefix: &str) -> Result<Option<Moe>> {
-    let path = file.path();
-    let key = |k: &str| format!("{prefix}{k}");
-    let unsupported = |k: &str, why: &str| {
-        let value = file
-            .metadata(&key(k))
+impl Keys<'_> {
+    /// [`Error::Unsupported`] naming `{arch}.k` and its value, or `(missing)`.
+    fn refuse_moe(&self, k: &str, why: &str) -> Error {
+        let value = self
+            .opt(k)
             .map_or_else(|| "(missing)".to_owned(), |v| v.to_string());
         Error::Unsupported(format!(
             "{}: `{}` = {value} ({why})",
-            path.display(),
-            key(k)
+            self.file.path().display(),
+            self.key(k)
         ))
-    };
-    let opt_u = |k: &str| -> Result<Option<usize>> {
-        file.metadata(&key(k))
-            .map(|_| file.get_u32(&key(k)).map(|v| v as usize))
-            .transpose()
-    };
-    let experts = opt_u("expert_count")?.unwrap_or(0);
-    let used = opt_u("expert_used_count")?.unwrap_or(0);
-    let moe_family = family.is_moe() || family == Family::Llama;
-    if !moe_family {
-        for k in ["expert_count", "expert_used_count"] {
-            if opt_u(k)?.unwrap_or(0) != 0 {
-                return Err(unsupported(
-                    k,
-                    &format!("a mixture of experts in {}", family.gguf_arch()),
-                ));
+    }
+
+    /// The mixture of experts the `{arch}.expert_*` keys describe, as llama.cpp runs the
+    /// family: a softmax router, top-k, the top-k weights renormalised for `qwen3moe` and
+    /// Mixtral-style `llama` files but not for `qwen2moe`, whose shared expert is gated by
+    /// a sigmoid. A family without experts that declares some, or one that needs experts
+    /// and declares none, is refused by key; so is a router qkv does not run
+    /// ([`Keys::check_router`]).
+    fn moe(&self) -> Result<Option<Moe>> {
+        let arch = self.family.gguf_arch();
+        let experts = self.opt_u("expert_count")?.unwrap_or(0);
+        let used = self.opt_u("expert_used_count")?.unwrap_or(0);
+        let traits = self.family.traits().moe;
+        if traits.experts == Experts::None {
+            for k in ["expert_count", "expert_used_count"] {
+                if self.opt_u(k)?.unwrap_or(0) != 0 {
+                    return Err(self.refuse_moe(k, &format!("a mixture of experts in {arch}")));
+                }
+            }
+            return Ok(None);
+        }
+        if experts == 0 {
+            if traits.experts == Experts::Required {
+                return Err(self.refuse_moe("expert_count", &format!("{arch} needs experts")));
+            }
+            if used != 0 {
+                return Err(self.refuse_moe("expert_used_count", "experts used without experts"));
+            }
+            return Ok(None);
+        }
+        if used == 0 {
+            return Err(self.refuse_moe("expert_used_count", "a mixture of experts must use some"));
+        }
+        self.check_router(traits.gguf_norm_topk)?;
+        let expert_ffn = match self.opt_u("expert_feed_forward_length")? {
+            Some(n) => n,
+            None => self.u("feed_forward_length")?,
+        };
+        let shared_ffn = self.opt_u("expert_shared_feed_forward_length")?;
+        if shared_ffn.is_some() != traits.shared_expert {
+            let want = if traits.shared_expert {
+                "required"
+            } else {
+                "not run"
+            };
+            return Err(self.refuse_moe(
+                "expert_shared_feed_forward_length",
+                &format!("a shared expert is {want} in {arch}"),
+            ));
+        }
+        Ok(Some(Moe {
+            experts,
+            used,
+            expert_ffn,
+            norm_topk: traits.gguf_norm_topk,
+            shared_ffn,
+        }))
+    }
+
+    /// Refuses by key another router function, expert groups, scaled expert weights, and
+    /// top-k weights normalised otherwise than llama.cpp does for the family (`norm_topk`).
+    fn check_router(&self, norm_topk: bool) -> Result<()> {
+        let gating = self.opt_u("expert_gating_func")?;
+        if let Some(g) = gating.filter(|&g| g != GATING_SOFTMAX as usize) {
+            return Err(self.refuse_moe(
+                "expert_gating_func",
+                &format!("router function {g}: qkv runs the softmax router ({GATING_SOFTMAX})"),
+            ));
+        }
+        for k in ["expert_group_count", "expert_group_used_count"] {
+            if self.opt_u(k)?.unwrap_or(0) > 1 {
+                return Err(self.refuse_moe(k, "expert groups"));
             }
         }
-        return Ok(None);
-    }
-    if experts == 0 {
-        if family.is_moe() {
-            return Err(unsupported(
-                "expert_count",
-                &format!("{} needs experts", family.gguf_arch()),
-            ));
+        if let Some(s) = self.opt_f("expert_weights_scale")? {
+            if s != 0.0 && s != 1.0 {
+                return Err(self.refuse_moe("expert_weights_scale", "scaled expert weights"));
+            }
         }
-        if used != 0 {
-            return Err(unsupported(
-                "expert_used_count",
-                "experts used without experts",
-            ));
-        }
-        return Ok(None);
-    }
-    if used == 0 {
-        return Err(unsupported(
-            "expert_used_count",
-            "a mixture of experts must use some",
-        ));
-    }
-    if let Some(g) = opt_u("expert_gating_func")?.filter(|&g| g != GATING_SOFTMAX as usize) {
-        return Err(unsupported(
-            "expert_gating_func",
-            &format!("router function {g}: qkv runs the softmax router ({GATING_SOFTMAX})"),
-        ));
-    }
-    for k in ["expert_group_count", "expert_group_used_count"] {
-        if opt_u(k)?.unwrap_or(0) > 1 {
-            return Err(unsupported(k, "expert groups"));
-        }
-    }
-    if file.metadata(&key("expert_weights_scale")).is_some() {
-        let s = file.get_f32(&key("expert_weights_scale"))?;
-        if s != 0.0 && s != 1.0 {
-            return Err(unsupported("expert_weights_scale", "scaled expert weights"));
-        }
-    }
-    let norm_topk = family != Family::Qwen2Moe;
-    if let Some(v) = file.metadata(&key("expert_weights_norm")) {
-        if v.as_bool() != Some(norm_topk) {
-            return Err(unsupported(
+        let norm = self.opt("expert_weights_norm");
+        if norm.is_some_and(|v| v.as_bool() != Some(norm_topk)) {
+            let how = if norm_topk {
+                "renormalised"
+            } else {
+                "as they are"
+            };
+            return Err(self.refuse_moe(
                 "expert_weights_norm",
                 &format!(
-                    "llama.cpp runs {} with the top-k weights {}",
-                    family.gguf_arch(),
-                    if norm_topk {
-                        "renormalised"
-                    } else {
-                        "as they are"
-                    }
+                    "llama.cpp runs {} with the top-k weights {how}",
+                    self.family.gguf_arch()
                 ),
             ));
         }
+        Ok(())
     }
-    let expert_ffn = match opt_u("expert_feed_forward_length")? {
-        Some(n) => n,
-        None => file.get_u32(&key("feed_forward_length"))? as usize,
-    };
-    let shared_ffn = opt_u("expert_shared_feed_forward_length")?;
-    if shared_ffn.is_some() != (family == Family::Qwen2Moe) {
-        return Err(unsupported(
-            "expert_shared_feed_forward_length",
-            &format!(
-                "a shared expert is {} in {}",
-                if family == Family::Qwen2Moe {
-                    "required"
-                } else {
-                    "not run"
-                },
-                family.gguf_arch()
-            ),
-        ));
-    }
-    Ok(Some(Moe {
-        experts,
-        used,
-        expert_ffn,
-        norm_topk,
-        shared_ffn,
-    }))
 }
 
 /// YaRN from `rope.scaling.factor`, `rope.scaling.original_context_length` and the optional
@@ -465,7 +491,5 @@ fn gguf_window_layers(
         }
         Some(_) => file.get_u32(key)? as usize,
     };
-    Ok((0..layers)
-        .map(|l| pattern == 0 || l % pattern < pattern - 1)
-        .collect())
+    Ok(WindowTraits::local_layers(pattern, layers))
 }

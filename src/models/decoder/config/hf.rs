@@ -1,15 +1,15 @@
 //! [`DecoderConfig::from_hf_json`]: a decoder's configuration from a Hugging Face
-//! `config.json`.
+//! `config.json`, one function per group of keys; what the family implies comes from
+//! [`super::FAMILIES`].
 
 use super::{
-    default_attn_scale, in_file, yarn_mscale, Activation, DecoderConfig, Family, Moe, Rope,
-    RopeScaling, WeightLayout, HF_MODEL_TYPES, MAX_LAYERS,
+    in_file, yarn_mscale, DecoderConfig, Experts, Family, FamilyTraits, HfQkvBias, Moe, Rope,
+    RopeScaling, Sizes, WeightLayout, WindowTraits, HF_MODEL_TYPES, MAX_LAYERS,
 };
 #[cfg(doc)]
 use crate::error::Error;
 use crate::error::Result;
 use crate::models::bert::config::JsonFile;
-use qkv_kernels::rope::RopeStyle;
 use std::path::Path;
 
 impl DecoderConfig {
@@ -28,200 +28,210 @@ impl DecoderConfig {
                 &format!("qkv's decoder runs {}", HF_MODEL_TYPES.join(", ")),
             )
         })?;
-        let gemma = family.is_gemma();
-        let act_key = if gemma {
-            "hidden_activation"
-        } else {
-            "hidden_act"
-        };
-        let activation = match (json.opt_str(act_key)?, gemma) {
-            (None | Some("gelu_pytorch_tanh"), true) => Activation::GeluTanh,
-            (None | Some("silu"), false) => Activation::Silu,
-            _ => {
-                return Err(json.unsupported(
-                    act_key,
-                    &json.value()[act_key],
-                    "qkv runs SwiGLU with silu, GeGLU with gelu_pytorch_tanh for Gemma",
-                ))
+        let traits = family.traits();
+        hf_refuse_variants(&json, traits)?;
+        let (qkv_bias, out_bias) = hf_biases(&json, traits)?;
+        let sizes = hf_sizes(&json)?;
+        let mut config = traits.config(sizes, WeightLayout::HuggingFace);
+        (config.rope, config.rope_local) = hf_ropes(&json, traits, sizes.context)?;
+        config.windows = hf_windows(&json, traits, sizes.layers)?;
+        (config.qkv_bias, config.out_bias) = (qkv_bias, out_bias);
+        if traits.softcaps {
+            config.attn_softcap =
+                hf_number(&json, "attn_logit_softcapping")?.or(traits.default_attn_softcap);
+            config.final_softcap = hf_number(&json, "final_logit_softcapping")?;
+        }
+        if traits.query_pre_attn_scalar {
+            if let Some(s) = hf_f64(&json, "query_pre_attn_scalar")? {
+                config.attn_scale = s.powf(-0.5) as f32;
             }
-        };
-        if json.bool_or("mlp_bias", false)? {
-            return Err(json.unsupported("mlp_bias", &json.value()["mlp_bias"], "MLP biases"));
         }
-        if json.bool_or("use_bidirectional_attention", false)? {
-            return Err(json.unsupported(
-                "use_bidirectional_attention",
-                &json.value()["use_bidirectional_attention"],
-                "qkv's decoder is causal",
-            ));
-        }
-        let attention_bias = json.bool_or("attention_bias", false)?;
-        if attention_bias && family != Family::Llama {
-            return Err(json.unsupported(
-                "attention_bias",
-                &json.value()["attention_bias"],
-                "attention biases outside the Llama family",
-            ));
-        }
-        let dim = json.usize("hidden_size")?;
-        let heads = json.usize("num_attention_heads")?;
-        let layers = json.usize("num_hidden_layers")?;
-        let kv_heads = json.opt_usize("num_key_value_heads")?.unwrap_or(heads);
-        let head_dim = match json.opt_usize("head_dim")? {
-            Some(h) => h,
-            None => dim.checked_div(heads).unwrap_or(0),
-        };
+        config.moe = hf_moe(&json, family, model_type)?;
+        config.validate().map_err(|e| in_file(path, e))?;
+        Ok(config)
+    }
+}
 
-        // RoPE: transformers 5 nests it in `rope_parameters` (per layer type for Gemma 3);
-        // older files have `rope_theta` and `rope_scaling` at the top.
-        let params = json
-            .get("rope_parameters")
-            .or_else(|| json.get("rope_scaling"))
-            .cloned()
-            .unwrap_or(serde_json::Value::Object(Default::default()));
-        let nested =
-            params.get("full_attention").is_some() || params.get("sliding_attention").is_some();
-        let global = if nested {
-            params.get("full_attention").cloned().unwrap_or_default()
-        } else {
-            params.clone()
-        };
-        let default_theta = json
-            .get("rope_theta")
+/// Refuses another activation than the family's, MLP biases and bidirectional attention,
+/// by key.
+fn hf_refuse_variants(json: &JsonFile, traits: &FamilyTraits) -> Result<()> {
+    let act_key = traits.hf_activation_key;
+    if json
+        .opt_str(act_key)?
+        .is_some_and(|a| a != traits.activation.hf_name())
+    {
+        return Err(json.unsupported(
+            act_key,
+            &json.value()[act_key],
+            "qkv runs SwiGLU with silu, GeGLU with gelu_pytorch_tanh for Gemma",
+        ));
+    }
+    if json.bool_or("mlp_bias", false)? {
+        return Err(json.unsupported("mlp_bias", &json.value()["mlp_bias"], "MLP biases"));
+    }
+    if json.bool_or("use_bidirectional_attention", false)? {
+        return Err(json.unsupported(
+            "use_bidirectional_attention",
+            &json.value()["use_bidirectional_attention"],
+            "qkv's decoder is causal",
+        ));
+    }
+    Ok(())
+}
+
+/// The Q/K/V and output projection biases: `attention_bias` where the family allows it,
+/// and the family's own rule for Q/K/V.
+fn hf_biases(json: &JsonFile, traits: &FamilyTraits) -> Result<(bool, bool)> {
+    let attention_bias = json.bool_or("attention_bias", false)?;
+    if attention_bias && !traits.attention_bias {
+        return Err(json.unsupported(
+            "attention_bias",
+            &json.value()["attention_bias"],
+            "attention biases outside the Llama family",
+        ));
+    }
+    let qkv_bias = match traits.hf_qkv_bias {
+        HfQkvBias::Always => true,
+        HfQkvBias::QkvBiasKey => json.bool_or("qkv_bias", true)?,
+        HfQkvBias::AttentionBias => attention_bias,
+    };
+    Ok((qkv_bias, attention_bias))
+}
+
+/// The sizes.
+fn hf_sizes(json: &JsonFile) -> Result<Sizes> {
+    let dim = json.usize("hidden_size")?;
+    let heads = json.usize("num_attention_heads")?;
+    let layers = json.usize("num_hidden_layers")?;
+    let kv_heads = json.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+    let head_dim = match json.opt_usize("head_dim")? {
+        Some(h) => h,
+        None => dim.checked_div(heads).unwrap_or(0),
+    };
+    Ok(Sizes {
+        dim,
+        layers,
+        heads,
+        kv_heads,
+        head_dim,
+        ffn_dim: json.usize("intermediate_size")?,
+        vocab: json.usize("vocab_size")?,
+        context: json.usize("max_position_embeddings")?,
+        rms_eps: json.f64_or("rms_norm_eps", 1e-6)? as f32,
+    })
+}
+
+/// A number that may be missing; [`Error::Format`] for anything else than a number.
+fn hf_f64(json: &JsonFile, k: &str) -> Result<Option<f64>> {
+    match json.get(k) {
+        None => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| json.format_error(format!("`{k}` = {v} is not a number"))),
+    }
+}
+
+/// As [`hf_f64`], rounded to f32.
+fn hf_number(json: &JsonFile, k: &str) -> Result<Option<f32>> {
+    Ok(hf_f64(json, k)?.map(|x| x as f32))
+}
+
+/// The global and local RoPE. transformers 5 nests them in `rope_parameters` (per layer
+/// type for Gemma 3); older files have `rope_theta`, `rope_scaling` and
+/// `rope_local_base_freq` at the top. A family with a local RoPE of its own gets base 10000
+/// when the file gives none. Partial rotation is refused.
+fn hf_ropes(
+    json: &JsonFile,
+    traits: &FamilyTraits,
+    context: usize,
+) -> Result<(Rope, Option<Rope>)> {
+    let params = json
+        .get("rope_parameters")
+        .or_else(|| json.get("rope_scaling"))
+        .cloned()
+        .unwrap_or(serde_json::Value::Object(Default::default()));
+    let nested =
+        params.get("full_attention").is_some() || params.get("sliding_attention").is_some();
+    let global = if nested {
+        params.get("full_attention").cloned().unwrap_or_default()
+    } else {
+        params.clone()
+    };
+    let default_theta = json
+        .get("rope_theta")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(10000.0);
+    let rope = hf_rope(json, &global, default_theta, context)?;
+    let plain = |base: f64| Rope {
+        base: base as f32,
+        scaling: RopeScaling::None,
+    };
+    let rope_local = match params.get("sliding_attention") {
+        Some(local) if nested => Some(hf_rope(json, local, 10000.0, context)?),
+        _ => json
+            .get("rope_local_base_freq")
             .and_then(|v| v.as_f64())
-            .unwrap_or(10000.0);
-        let context = json.usize("max_position_embeddings")?;
-        let rope = hf_rope(&json, &global, default_theta, context)?;
-        let rope_local = match params.get("sliding_attention") {
-            Some(local) if nested => Some(hf_rope(&json, local, 10000.0, context)?),
-            _ => json
-                .get("rope_local_base_freq")
-                .and_then(|v| v.as_f64())
-                .map(|b| Rope {
-                    base: b as f32,
-                    scaling: RopeScaling::None,
-                }),
-        };
-        let partial = json
-            .get("partial_rotary_factor")
-            .or_else(|| global.get("partial_rotary_factor"));
-        if let Some(p) = partial.filter(|p| p.as_f64() != Some(1.0)) {
-            return Err(json.unsupported(
-                "partial_rotary_factor",
-                p,
-                "partial rotary embedding: qkv rotates whole heads",
-            ));
-        }
+            .map(plain),
+    };
+    let rope_local = rope_local.or_else(|| traits.local_rope.then(|| plain(10000.0)));
+    let partial = json
+        .get("partial_rotary_factor")
+        .or_else(|| global.get("partial_rotary_factor"));
+    if let Some(p) = partial.filter(|p| p.as_f64() != Some(1.0)) {
+        return Err(json.unsupported(
+            "partial_rotary_factor",
+            p,
+            "partial rotary embedding: qkv rotates whole heads",
+        ));
+    }
+    Ok((rope, rope_local))
+}
 
-        // Sliding windows: `layer_types` when given, else every layer (Mistral, Phi-3).
-        let window = json.opt_usize("sliding_window")?;
-        let use_sw = json.bool_or("use_sliding_window", true)?;
-        let windows = match json.get("layer_types") {
-            Some(types) => {
-                let types = types.as_array().ok_or_else(|| {
-                    json.format_error(format!("`layer_types` = {types} is not a list"))
-                })?;
-                let mut out = Vec::new();
-                for t in types {
-                    out.push(match t.as_str() {
-                        Some("full_attention") => None,
-                        Some("sliding_attention") => match window {
-                            Some(w) => Some(w),
-                            None => {
-                                return Err(json.format_error(
-                                    "`layer_types` has sliding_attention layers but \
-                                     `sliding_window` is missing"
-                                        .into(),
-                                ))
-                            }
-                        },
-                        _ => {
-                            return Err(json.unsupported(
-                                "layer_types",
-                                t,
-                                "qkv runs full_attention and sliding_attention layers",
-                            ))
-                        }
-                    });
-                }
-                out
-            }
-            None => vec![window.filter(|_| use_sw); layers.min(MAX_LAYERS)],
-        };
-        if matches!(family, Family::Qwen2 | Family::Qwen2Moe)
-            && use_sw
-            && window.is_some()
-            && json.get("layer_types").is_none()
-        {
+/// Per layer, its sliding window: `sliding_window` (else the family's default) on the
+/// `sliding_attention` layers of `layer_types`; without that list, on the layers the
+/// family's period (or `sliding_window_pattern`) makes local, every layer for a family
+/// without one (Mistral, Phi-3).
+fn hf_windows(json: &JsonFile, traits: &FamilyTraits, layers: usize) -> Result<Vec<Option<usize>>> {
+    let window = json.opt_usize("sliding_window")?.or(traits.windows.default);
+    let use_sw = json.bool_or("use_sliding_window", true)?;
+    let Some(types) = json.get("layer_types") else {
+        if traits.hf_window_needs_layer_types && use_sw && window.is_some() {
             return Err(json.unsupported(
                 "use_sliding_window",
                 &json.value()["use_sliding_window"],
                 "Qwen2's per-layer window without `layer_types`",
             ));
         }
-        let softcap = |k: &str| -> Result<Option<f32>> {
-            match json.get(k) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(|x| Some(x as f32))
-                    .ok_or_else(|| json.format_error(format!("`{k}` = {v} is not a number"))),
-            }
+        let period = match json.opt_usize("sliding_window_pattern")? {
+            Some(p) if traits.windows.period != 0 => p,
+            _ => traits.windows.period,
         };
-        let attn_scale = match json.get("query_pre_attn_scalar") {
-            Some(v) if gemma => {
-                let s = v.as_f64().ok_or_else(|| {
-                    json.format_error(format!("`query_pre_attn_scalar` = {v} is not a number"))
-                })?;
-                s.powf(-0.5) as f32
-            }
-            _ => default_attn_scale(head_dim),
-        };
-        let moe = hf_moe(&json, family, model_type)?;
-        let qkv_bias = match family {
-            Family::Qwen2 => true,
-            Family::Qwen2Moe => json.bool_or("qkv_bias", true)?,
-            _ => attention_bias,
-        };
-        let config = DecoderConfig {
-            family,
-            dim,
-            layers,
-            heads,
-            kv_heads,
-            head_dim,
-            ffn_dim: json.usize("intermediate_size")?,
-            vocab: json.usize("vocab_size")?,
-            context,
-            rms_eps: json.f64_or("rms_norm_eps", 1e-6)? as f32,
-            norm_plus_one: gemma,
-            rope_style: RopeStyle::SplitHalf,
-            rope,
-            rope_local,
-            qkv_bias,
-            out_bias: attention_bias,
-            qk_norm: family.has_qk_norm(),
-            sandwich_norms: gemma,
-            activation,
-            embed_scale: gemma.then(|| (dim as f64).sqrt() as f32),
-            attn_scale,
-            attn_softcap: if gemma {
-                softcap("attn_logit_softcapping")?
-            } else {
-                None
-            },
-            final_softcap: if gemma {
-                softcap("final_logit_softcapping")?
-            } else {
-                None
-            },
-            windows,
-            moe,
-            layout: WeightLayout::HuggingFace,
-        };
-        config.validate().map_err(|e| in_file(path, e))?;
-        Ok(config)
-    }
+        let local = WindowTraits::local_layers(period, layers.min(MAX_LAYERS));
+        let window = window.filter(|_| use_sw);
+        return Ok(local.into_iter().map(|l| window.filter(|_| l)).collect());
+    };
+    let types = types
+        .as_array()
+        .ok_or_else(|| json.format_error(format!("`layer_types` = {types} is not a list")))?;
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("full_attention") => Ok(None),
+            Some("sliding_attention") => window.map(Some).ok_or_else(|| {
+                json.format_error(
+                    "`layer_types` has sliding_attention layers but `sliding_window` is \
+                     missing"
+                        .into(),
+                )
+            }),
+            _ => Err(json.unsupported(
+                "layer_types",
+                t,
+                "qkv runs full_attention and sliding_attention layers",
+            )),
+        })
+        .collect()
 }
 
 /// One rope of a Hugging Face config: `rope_type` default, linear, llama3 or yarn.
@@ -327,8 +337,10 @@ fn hf_yarn(json: &JsonFile, p: &serde_json::Value, context: usize) -> Result<Rop
 /// `shared_expert_intermediate_size`. Layers without experts (`mlp_only_layers`,
 /// `decoder_sparse_step` above 1) and other routers are refused by key.
 fn hf_moe(json: &JsonFile, family: Family, model_type: &str) -> Result<Option<Moe>> {
-    let mixtral = model_type == "mixtral";
-    if !(mixtral || family.is_moe()) {
+    let traits = family.traits().moe;
+    // Experts are optional in the Llama family: a Hugging Face config says so by its type.
+    let mixtral = traits.experts == Experts::Optional && model_type == "mixtral";
+    if !(mixtral || traits.experts == Experts::Required) {
         for k in ["num_experts", "num_local_experts"] {
             if json.opt_usize(k).ok().flatten().unwrap_or(0) > 0 {
                 return Err(json.unsupported(
@@ -375,9 +387,9 @@ fn hf_moe(json: &JsonFile, family: Family, model_type: &str) -> Result<Option<Mo
     } else {
         json.usize("moe_intermediate_size")?
     };
-    let shared_ffn = match family {
-        Family::Qwen2Moe => Some(json.usize("shared_expert_intermediate_size")?),
-        _ => None,
+    let shared_ffn = match traits.shared_expert {
+        true => Some(json.usize("shared_expert_intermediate_size")?),
+        false => None,
     };
     Ok(Some(Moe {
         experts,

@@ -464,3 +464,141 @@ fn hf_refuses_dense_layers_and_other_routers_by_key() {
     .unwrap_err();
     assert!(e.to_string().contains("num_experts"), "{e}");
 }
+
+/// A Hugging Face config of the family of `t` with the sizes of [`gguf`]'s base keys, a
+/// window of 16 where the family runs one without `layer_types`, and experts where the
+/// family needs them.
+fn hf_for(t: &FamilyTraits) -> String {
+    let mut json = format!(
+        r#"{{"model_type":"{}","hidden_size":64,"num_hidden_layers":6,
+        "num_attention_heads":4,"num_key_value_heads":2,"intermediate_size":128,
+        "vocab_size":100,"max_position_embeddings":512,"rms_norm_eps":1e-6"#,
+        t.hf_model_types[0]
+    );
+    if !t.hf_window_needs_layer_types {
+        json += r#","sliding_window":16"#;
+    }
+    if t.moe.experts == Experts::Required {
+        json += &format!(
+            r#","num_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":128,
+            "norm_topk_prob":{}"#,
+            t.moe.gguf_norm_topk
+        );
+    }
+    if t.moe.shared_expert {
+        json += r#","shared_expert_intermediate_size":48"#;
+    }
+    json + "}"
+}
+
+/// The same for a GGUF file.
+fn gguf_for(t: &FamilyTraits) -> Result<DecoderConfig> {
+    let mut keys = Vec::new();
+    if !t.hf_window_needs_layer_types {
+        keys.push(("attention.sliding_window", MetaValue::U32(16)));
+    }
+    if t.moe.experts == Experts::Required {
+        keys.push(("expert_count", MetaValue::U32(4)));
+        keys.push(("expert_used_count", MetaValue::U32(2)));
+    }
+    if t.moe.shared_expert {
+        keys.push(("expert_shared_feed_forward_length", MetaValue::U32(48)));
+    }
+    gguf(&format!("{}.gguf", t.gguf_arch), t.gguf_arch, &keys)
+}
+
+#[test]
+fn the_family_table_and_both_readers_agree() {
+    assert_eq!(
+        FAMILIES.iter().map(|t| t.gguf_arch).collect::<Vec<_>>(),
+        GGUF_ARCHITECTURES
+    );
+    let mut types: Vec<_> = FAMILIES.iter().flat_map(|t| t.hf_model_types).collect();
+    let mut listed = HF_MODEL_TYPES.to_vec();
+    types.sort_unstable();
+    listed.sort_unstable();
+    assert_eq!(types.iter().map(|t| **t).collect::<Vec<_>>(), listed);
+    for t in FAMILIES {
+        let f = t.family;
+        assert_eq!(f.traits(), t);
+        assert_eq!(Family::from_gguf_arch(t.gguf_arch), Some(f));
+        for ty in t.hf_model_types {
+            assert_eq!(Family::from_model_type(ty), Some(f));
+        }
+        let g = gguf_for(t).unwrap_or_else(|e| panic!("{f:?} from GGUF: {e}"));
+        let h = hf(&format!("{}.json", t.gguf_arch), &hf_for(t))
+            .unwrap_or_else(|e| panic!("{f:?} from HF: {e}"));
+        for c in [&g, &h] {
+            let what = format!("{f:?} {:?}", c.layout);
+            assert_eq!(c.family, f, "{what}");
+            assert_eq!(c.qk_norm, t.qk_norm, "{what}");
+            assert_eq!(c.sandwich_norms, t.sandwich_norms, "{what}");
+            assert_eq!(c.activation, t.activation, "{what}");
+            assert_eq!(
+                c.embed_scale,
+                t.embed_scale_sqrt_dim.then_some(8.0),
+                "{what}"
+            );
+            assert_eq!(c.attn_softcap, t.default_attn_softcap, "{what}");
+            assert_eq!(c.rope_local.is_some(), t.local_rope, "{what}");
+            assert_eq!(
+                c.moe.is_some(),
+                t.moe.experts == Experts::Required,
+                "{what}"
+            );
+            // A window of 16 on the family's local layers.
+            let local = WindowTraits::local_layers(t.windows.period, 6);
+            let want: Vec<_> = match t.hf_window_needs_layer_types {
+                true => vec![None; 6],
+                false => local.iter().map(|&l| l.then_some(16)).collect(),
+            };
+            assert_eq!(c.windows, want, "{what}");
+        }
+        // What differs by layout: the 1 of Gemma's norms is in the GGUF weights, and
+        // llama.cpp permutes the `llama` architecture's Q and K.
+        assert_eq!(
+            (g.norm_plus_one, h.norm_plus_one),
+            (false, t.hf_norm_plus_one)
+        );
+        assert_eq!(
+            (g.rope_style, h.rope_style),
+            (t.gguf_rope_style, RopeStyle::SplitHalf)
+        );
+        // Everything else the two files give alike is alike.
+        let layout_free = |c: &DecoderConfig| DecoderConfig {
+            layout: WeightLayout::Gguf,
+            norm_plus_one: false,
+            rope_style: RopeStyle::SplitHalf,
+            qkv_bias: false,
+            ..c.clone()
+        };
+        assert_eq!(layout_free(&g), layout_free(&h), "{f:?}");
+        assert_eq!(
+            h.qkv_bias,
+            t.hf_qkv_bias != HfQkvBias::AttentionBias,
+            "{f:?}"
+        );
+    }
+}
+
+#[test]
+fn gemma_configs_without_layer_types_take_the_family_pattern() {
+    // Older Gemma configs carry no `layer_types`: transformers derives them from the
+    // family's period (or `sliding_window_pattern`), as llama.cpp does for GGUF.
+    let g2 = hf(
+        "g2-old.json",
+        &hf_for(Family::Gemma2.traits()).replace(r#","sliding_window":16"#, ""),
+    )
+    .unwrap();
+    assert_eq!(g2.windows[..3], [Some(4096), None, Some(4096)]);
+    let g3 = hf(
+        "g3-old.json",
+        &hf_for(Family::Gemma3.traits()).replacen('}', r#","sliding_window_pattern":3}"#, 1),
+    )
+    .unwrap();
+    assert_eq!(
+        g3.windows,
+        [Some(16), Some(16), None, Some(16), Some(16), None]
+    );
+    assert_eq!(g3.rope_local.unwrap().base, 10000.0);
+}

@@ -20,7 +20,6 @@ use crate::nn::Linear;
 use crate::weights::{Tensor, TensorSource, WeightFormat};
 use qkv_kernels::activation::{softmax_inplace, swiglu};
 use qkv_kernels::{linear, linear_many, Projection, QuantFormat, Weights};
-use rayon::prelude::*;
 
 /// What the model's summary needs of one weight matrix (or of a bank of experts' matrices).
 pub(super) struct Matrix<'a> {
@@ -614,190 +613,6 @@ pub(super) fn ffn_elems(c: &DecoderConfig, rows: usize) -> Option<usize> {
     }
 }
 
-/// One expert's share of a pass: its rows' inputs (then outputs) and scratch.
-struct Task<'a> {
-    expert: usize,
-    rows: usize,
-    xo: &'a mut [f32],
-    gate: &'a mut [f32],
-    up: &'a mut [f32],
-    hidden: &'a mut [f32],
-}
-
-impl MoeBlock {
-    /// The block over `t` rows of `xn` (`[t, dim]`, normalised), into `s.acc[..t·dim]`.
-    /// `gate`, `up` and `hidden` are scratch of [`ffn_elems`] elements.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn forward(
-        &self,
-        m: &Moe,
-        xn: &[f32],
-        t: usize,
-        d: usize,
-        s: &mut MoeScratch,
-        gate: &mut [f32],
-        up: &mut [f32],
-        hidden: &mut [f32],
-    ) -> Result<()> {
-        let (ne, k, ff) = (m.experts, m.used, m.expert_ffn);
-        let pairs = t * k;
-        if xn.len() != t * d
-            || s.xo.len() < pairs * d
-            || s.acc.len() < t * d
-            || [gate.len(), up.len(), hidden.len()]
-                .iter()
-                .any(|&l| l < pairs * ff)
-        {
-            return Err(Error::Shape(format!(
-                "expert scratch too small for a pass of {t} positions"
-            )));
-        }
-        let probs = &mut s.probs[..t * ne];
-        self.router.forward_into(xn, t, probs)?;
-        let chosen = &mut s.chosen[..pairs];
-        for (p, pick) in probs.chunks_exact_mut(ne).zip(chosen.chunks_exact_mut(k)) {
-            route(p, pick, m.norm_topk);
-        }
-        // Group the rows by expert (a counting sort, rows ascending within each expert),
-        // remembering where each row's choice went.
-        let starts = &mut s.starts;
-        starts.fill(0);
-        for &(x, _) in chosen.iter() {
-            starts[x as usize + 1] += 1;
-        }
-        for x in 0..ne {
-            starts[x + 1] += starts[x];
-        }
-        let next = &mut s.cursor;
-        next.copy_from_slice(&starts[..ne]);
-        let order = &mut s.order[..pairs];
-        let slot = &mut s.slot[..pairs];
-        for (r, (pick, slots)) in chosen
-            .chunks_exact(k)
-            .zip(slot.chunks_exact_mut(k))
-            .enumerate()
-        {
-            for (&(x, w), at) in pick.iter().zip(slots) {
-                let p = next[x as usize];
-                order[p] = (r as u32, w);
-                *at = p as u32;
-                next[x as usize] += 1;
-            }
-        }
-        // Each chosen expert's rows, scratch and output, cut in expert order.
-        let mut tasks = Vec::with_capacity(ne.min(pairs));
-        let (mut xo, mut g, mut u, mut h) = (
-            &mut s.xo[..pairs * d],
-            &mut gate[..pairs * ff],
-            &mut up[..pairs * ff],
-            &mut hidden[..pairs * ff],
-        );
-        for x in 0..ne {
-            let n = starts[x + 1] - starts[x];
-            if n == 0 {
-                continue;
-            }
-            let (a, rest) = std::mem::take(&mut xo).split_at_mut(n * d);
-            xo = rest;
-            let (gx, rest) = std::mem::take(&mut g).split_at_mut(n * ff);
-            g = rest;
-            let (ux, rest) = std::mem::take(&mut u).split_at_mut(n * ff);
-            u = rest;
-            let (hx, rest) = std::mem::take(&mut h).split_at_mut(n * ff);
-            h = rest;
-            if n < t {
-                for (dst, &(r, _)) in a.chunks_exact_mut(d).zip(&order[starts[x]..starts[x + 1]]) {
-                    let r = r as usize;
-                    dst.copy_from_slice(&xn[r * d..(r + 1) * d]);
-                }
-            }
-            tasks.push(Task {
-                expert: x,
-                rows: n,
-                xo: a,
-                gate: gx,
-                up: ux,
-                hidden: hx,
-            });
-        }
-        // The experts side by side on the threads, the largest first (each product still
-        // splits across idle threads); an expert that every row chose reads `xn` itself.
-        tasks.sort_by_key(|task| std::cmp::Reverse(task.rows));
-        let experts = &self.experts;
-        let run = |task: &mut Task<'_>| -> Result<()> {
-            let Task {
-                expert,
-                rows,
-                xo,
-                gate,
-                up,
-                hidden,
-            } = task;
-            if *rows == t {
-                experts.run(*expert, xn, t, d, gate, up, hidden, xo)
-            } else {
-                // The gathered rows are read by gate and up before down overwrites them.
-                experts.gate_up(*expert, xo, *rows, d, gate, up)?;
-                swiglu(hidden, gate, up)?;
-                experts.down.forward(*expert, hidden, *rows, xo)
-            }
-        };
-        if tasks.len() == 1 {
-            run(&mut tasks[0])?;
-        } else {
-            tasks.par_iter_mut().with_max_len(1).try_for_each(run)?;
-        }
-        drop(tasks);
-        // Each row: its experts' outputs with their weights.
-        let xo = &s.xo[..pairs * d];
-        let combine = |(r, a): (usize, &mut [f32])| {
-            a.fill(0.0);
-            for (&p, &(_, w)) in slot[r * k..(r + 1) * k]
-                .iter()
-                .zip(&chosen[r * k..(r + 1) * k])
-            {
-                let p = p as usize;
-                a.iter_mut()
-                    .zip(&xo[p * d..(p + 1) * d])
-                    .for_each(|(a, v)| *a += w * v);
-            }
-        };
-        let acc = &mut s.acc[..t * d];
-        if t >= 16 {
-            acc.par_chunks_mut(d).enumerate().for_each(combine);
-        } else {
-            acc.chunks_mut(d).enumerate().for_each(combine);
-        }
-        if let Some((shared, gate_row)) = &self.shared {
-            let sf = m.shared_ffn.unwrap_or(0);
-            let (g, u, h) = (
-                &mut gate[..t * sf],
-                &mut up[..t * sf],
-                &mut hidden[..t * sf],
-            );
-            linear_many(
-                xn,
-                t,
-                d,
-                &mut [shared.gate.projection(g), shared.up.projection(u)],
-            )?;
-            swiglu(h, g, u)?;
-            let out = &mut s.out[..t * d];
-            shared.down.forward_into(h, t, out)?;
-            for ((a, o), x) in acc
-                .chunks_exact_mut(d)
-                .zip(out.chunks_exact(d))
-                .zip(xn.chunks_exact(d))
-            {
-                let logit: f32 = x.iter().zip(gate_row).map(|(a, b)| a * b).sum();
-                let g = 1.0 / (1.0 + (-logit).exp());
-                a.iter_mut().zip(o).for_each(|(a, v)| *a += g * v);
-            }
-        }
-        Ok(())
-    }
-}
-
 /// One row's routing: `p` (router logits) becomes softmax probabilities; `pick` receives
 /// the `pick.len()` most probable experts (the lower index first among equals) in ascending
 /// expert order with their probabilities, divided by their sum when `norm`.
@@ -825,5 +640,6 @@ fn route(p: &mut [f32], pick: &mut [(u32, f32)], norm: bool) {
     pick.sort_unstable_by_key(|&(x, _)| x);
 }
 
+mod forward;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,125 @@
+//! After a step's pass: each segment's prompt progress, and each sampled token with what
+//! it ends.
+
+use super::{done, top_logprobs, Event, FinishReason, Slot, TokenConstraint};
+use crate::error::{Error, Result};
+use crate::sample::Sampler;
+
+/// Samples a token from `logits`; with a constraint, checks that token, and when it is
+/// refused masks a copy of the logits (in `masked`) and samples again from it. The token
+/// kept is committed to the constraint; its log-probability is the model's own. A
+/// constraint's error is an [`Error::Config`].
+fn sample_constrained(
+    sampler: &mut Sampler,
+    constraint: &mut Option<Box<dyn TokenConstraint>>,
+    logits: &[f32],
+    recent: &[u32],
+    masked: &mut Vec<f32>,
+) -> Result<crate::sample::Sampled> {
+    let first = sampler.sample(logits, recent)?;
+    let Some(c) = constraint.as_mut() else {
+        return Ok(first);
+    };
+    let refused = |e: String| Error::Config(format!("constraint: {e}"));
+    if c.allows(first.id) {
+        c.commit(first.id).map_err(refused)?;
+        return Ok(first);
+    }
+    masked.clear();
+    masked.extend_from_slice(logits);
+    c.mask(masked).map_err(refused)?;
+    let id = sampler.sample(masked, recent)?.id;
+    c.commit(id).map_err(refused)?;
+    let lse = qkv_kernels::activation::log_sum_exp(logits);
+    Ok(crate::sample::Sampled {
+        id,
+        logprob: (logits[id as usize] - lse).min(0.0),
+    })
+}
+
+/// After a pass: a slot that read `n` prompt tokens (rather than its last sampled token)
+/// records them and reports its progress.
+pub(super) fn read_prompt_chunk(slot: &mut Slot, n: usize, events: &mut Vec<Event>) {
+    let r = slot.running.as_mut().expect("planned slots run");
+    if r.next.take().is_none() {
+        slot.tokens
+            .extend_from_slice(&r.request.prompt[r.read..r.read + n]);
+        r.read += n;
+        events.push(Event::Prompt {
+            seq: r.seq,
+            cached: r.cached,
+            read: r.read,
+            total: r.request.prompt.len(),
+        });
+    }
+}
+
+/// Samples a slot's next token from its row of `logits` and reports it; the sequence
+/// finishes (at its end of sequence, a complete constraint or its token limit) or fails
+/// alone when sampling fails.
+pub(super) fn sample_next(
+    slot: &mut Slot,
+    logits: &[f32],
+    masked: &mut Vec<f32>,
+    eos_id: Option<u32>,
+    events: &mut Vec<Event>,
+) {
+    let r = slot.running.as_mut().expect("planned slots run");
+    let recent = &slot.tokens[slot
+        .tokens
+        .len()
+        .saturating_sub(r.sampler.config().repeat_last_n)..];
+    let sampled = sample_constrained(&mut r.sampler, &mut r.constraint, logits, recent, masked);
+    let sampled = match sampled {
+        Ok(s) => s,
+        Err(e) => {
+            let seq = r.seq;
+            // The logits follow the slot's last token.
+            let e = match e {
+                Error::NonFiniteLogits { token, value, .. } => Error::NonFiniteLogits {
+                    sequence: None,
+                    position: slot.tokens.len().checked_sub(1),
+                    token,
+                    value,
+                },
+                other => other,
+            };
+            slot.running = None;
+            events.push(Event::Failed {
+                seq,
+                error: e.to_string(),
+            });
+            return;
+        }
+    };
+    r.generated += 1;
+    let top = match r.request.top_logprobs {
+        0 => Vec::new(),
+        k => top_logprobs(logits, k),
+    };
+    events.push(Event::Token {
+        seq: r.seq,
+        token: sampled.id,
+        logprob: sampled.logprob,
+        top,
+    });
+    let reason = if !r.request.ignore_eos && eos_id == Some(sampled.id) {
+        Some(FinishReason::Eos)
+    } else if r.constraint.as_ref().is_some_and(|c| c.is_complete()) {
+        Some(FinishReason::Complete)
+    } else if r.generated >= r.request.max_tokens {
+        Some(FinishReason::Length)
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => {
+            let r = slot.running.take().expect("running");
+            events.push(done(&r, reason));
+        }
+        None => {
+            slot.tokens.push(sampled.id);
+            r.next = Some(sampled.id);
+        }
+    }
+}
