@@ -77,6 +77,8 @@ fn bad_arguments_and_an_empty_prompt_are_exit_1() {
     assert_fails_with(&o, "f8");
     let o = decode(&["--prompt", ""], None);
     assert_fails_with(&o, "empty");
+    let o = decode(&["--act-bits", "12", "--prompt", "hi"], None);
+    assert_fails_with(&o, "--act-bits 12: must be 8 or 16");
     let o = decode(
         &[
             "convert",
@@ -142,6 +144,30 @@ fn json_text(stdout: &[u8]) -> String {
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .filter_map(|v| v["text"].as_str().map(str::to_owned))
         .collect()
+}
+
+/// `--act-bits 8`: the default model's 4-bit matrices meet 8-bit activations, and still
+/// know the capital of France.
+#[test]
+fn network_eight_bit_activations_still_say_paris() {
+    let Some(_) = common::default_gguf() else {
+        return;
+    };
+    let o = decode(
+        &[
+            "--prompt",
+            "The capital of France is",
+            "-n",
+            "2",
+            "--temperature",
+            "0",
+            "--act-bits",
+            "8",
+        ],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim_end(), " Paris.");
 }
 
 #[test]

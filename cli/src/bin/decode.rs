@@ -5,10 +5,11 @@
 //! decode [--model PATH] [--prompt TEXT | text on stdin] [-n N] [--chat] [--temperature T]
 //!        [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]
 //!        [--seed S] [--threads N] [--dtype f16|f32] [--ctx N] [--depth N] [--warmup]
+//!        [--act-bits 8|16]
 //!        [--ignore-eos] [--json]
 //! decode convert IN OUT --dtype f16|f32
 //! decode perplexity --file TEXT [--model PATH] [--ctx N] [--kl-base FILE] [--dtype f16|f32]
-//!        [--threads N]
+//!        [--threads N] [--act-bits 8|16]
 //! decode embed --model DIR [--batch-size N] [--threads N]
 //! decode tokenize [--model PATH] [--prompt TEXT | text on stdin] [--no-bos]
 //!        [--no-parse-special]
@@ -130,6 +131,10 @@ struct PerplexityArgs {
     /// llama.cpp's `-ctk q8_0 -ctv q8_0`); default: the weights' compute dtype.
     #[arg(long = "kv-type", value_name = "TYPE")]
     kv_type: Option<KvType>,
+    /// Activations meet interleaved 4-bit weights as 8-bit or 16-bit integers (default 16,
+    /// or `QKV_ACT_BITS`).
+    #[arg(long = "act-bits", value_name = "BITS")]
+    act_bits: Option<u8>,
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -190,6 +195,10 @@ struct RunArgs {
     /// cached positions (as `llama-bench -d N` does).
     #[arg(long, default_value_t = 0)]
     depth: usize,
+    /// Activations meet interleaved 4-bit weights (Q4_0, Q4_1, Q4_K) as 8-bit or 16-bit
+    /// integers (default 16, or `QKV_ACT_BITS`); 8 is faster on prompts, as llama.cpp does.
+    #[arg(long = "act-bits", value_name = "BITS")]
+    act_bits: Option<u8>,
     /// Benchmarking: run the prompt once, untimed, then start over, so that the figures
     /// leave out one-time costs (first touches of the mapped weights and of the buffers,
     /// the threads' start), as `llama-bench`'s warm-up run does.
@@ -250,6 +259,7 @@ fn convert(input: &std::path::Path, output: &std::path::Path, dtype: FloatType) 
 fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
     use qkv::perplexity::{evaluate_with, Scoring};
     set_threads(args.threads)?;
+    qkv_cli::act_bits::apply(args.act_bits)?;
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| format!("reading {}: {e}", args.file.display()))?;
     let path = match &args.model {
@@ -449,6 +459,7 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     // Checked before anything is loaded, so a typo costs nothing.
     let config = sampler_config(args)?;
     set_threads(args.threads)?;
+    qkv_cli::act_bits::apply(args.act_bits)?;
     let prompt = read_prompt(args)?;
     let Loaded {
         path,
