@@ -321,7 +321,7 @@ impl Engine {
         let vocab = model.vocab_size();
         let scratch =
             decoder.new_scratch(o.step_tokens.max(o.prefill_step_tokens).max(max_slots))?;
-        let logits = crate::models::zeroed_for(&[max_slots, vocab], || {
+        let logits = crate::alloc::zeroed_for(&[max_slots, vocab], || {
             format!("the logits of {max_slots} sequences")
         })?;
         Ok(Engine {

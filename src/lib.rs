@@ -22,6 +22,7 @@
 // Only `weights::mmap`, which maps files, may use `unsafe` (it says so with an `allow`).
 #![deny(unsafe_code)]
 
+mod alloc;
 pub mod engine;
 pub mod error;
 pub mod model;

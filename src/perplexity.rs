@@ -306,11 +306,11 @@ pub fn evaluate_with(
     let mut session = Session::new(model.clone(), options)?;
     let first = ctx / 2;
     let n_scored = ctx - 1 - first;
-    let mut logits = crate::models::zeroed_for(&[ctx, vocab], || {
+    let mut logits = crate::alloc::zeroed_for(&[ctx, vocab], || {
         format!("the logits of a window of {ctx} tokens")
     })?;
     let mut base_bytes = if reader.is_some() {
-        crate::models::zeroed_for(&[n_scored, vocab, 2], || {
+        crate::alloc::zeroed_for(&[n_scored, vocab, 2], || {
             format!("the base log-probabilities of a window of {ctx} tokens")
         })?
     } else {

@@ -164,7 +164,7 @@ impl Session {
             core: Core {
                 state,
                 tokens: Vec::with_capacity(capacity),
-                logits: crate::models::zeroed(vocab, || "the logits of a session".into())?,
+                logits: crate::alloc::zeroed(vocab, || "the logits of a session".into())?,
                 logits_at: None,
             },
         })

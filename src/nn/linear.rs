@@ -119,7 +119,7 @@ impl Linear {
         };
         let (n, k) = (self.out_dim, self.in_dim);
         let name = self.weight.name();
-        let mut t = crate::models::zeroed(n * k, || format!("tensor `{name}` transposed"))?;
+        let mut t = crate::alloc::zeroed(n * k, || format!("tensor `{name}` transposed"))?;
         // In 32×32 tiles: both sides stay in cache lines already fetched.
         const TILE: usize = 32;
         for j0 in (0..n).step_by(TILE) {

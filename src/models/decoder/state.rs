@@ -1,6 +1,6 @@
 //! A sequence's state on a [`Decoder`]: the KV cache and the scratch of one prefill chunk.
 
-use super::super::zeroed;
+use crate::alloc::zeroed;
 #[cfg(doc)]
 use super::Decoder;
 use crate::error::{Error, Result};
