@@ -156,7 +156,7 @@ pub fn relu_inplace_scalar(x: &mut [f32]) {
 /// `dst += src` elementwise (the residual add). Errors if the lengths differ.
 pub fn add_inplace(dst: &mut [f32], src: &[f32]) -> Result<()> {
     check_len("src", dst.len(), src.len())?;
-    match crate::par_elems(dst.len()) {
+    match crate::par::par_elems(dst.len()) {
         Some(piece) => dst
             .par_chunks_mut(piece)
             .zip(src.par_chunks(piece))
@@ -227,7 +227,7 @@ fn silu_scalar(x: f32) -> f32 {
 pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
-    match crate::par_elems(out.len()) {
+    match crate::par::par_elems(out.len()) {
         Some(piece) => out
             .par_chunks_mut(piece)
             .zip(gate.par_chunks(piece))
@@ -314,7 +314,7 @@ pub fn gelu_tanh_inplace_scalar(x: &mut [f32]) {
 pub fn geglu_tanh(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
-    match crate::par_elems(out.len()) {
+    match crate::par::par_elems(out.len()) {
         Some(piece) => out
             .par_chunks_mut(piece)
             .zip(gate.par_chunks(piece))

@@ -126,7 +126,7 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, dim: usize
             dim,
         })
     };
-    match crate::par_rows(x.len() / dim, dim) {
+    match crate::par::par_rows(x.len() / dim, dim) {
         Some(rows) => out
             .par_chunks_mut(rows * dim)
             .zip(x.par_chunks(rows * dim))
@@ -168,7 +168,7 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32, dim: usize) -> 
             dim,
         })
     };
-    match crate::par_rows(x.len() / dim, dim) {
+    match crate::par::par_rows(x.len() / dim, dim) {
         Some(rows) => x.par_chunks_mut(rows * dim).for_each(run),
         None => run(x),
     }

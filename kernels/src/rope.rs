@@ -286,7 +286,7 @@ impl RopeTable {
         pos0: usize,
         style: RopeStyle,
     ) {
-        match crate::par_rows(rows, heads * self.head_dim) {
+        match crate::par::par_rows(rows, heads * self.head_dim) {
             // Pieces of whole rows at their own positions; the last may end short of a
             // full stride, as `x` itself may.
             Some(piece) => x

@@ -121,6 +121,7 @@ pub(super) use exact::with_probs;
 mod avx2;
 mod driver;
 mod exact;
+mod mask;
 mod micro;
 mod plan;
 mod scratch;

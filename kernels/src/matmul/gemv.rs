@@ -6,8 +6,8 @@
 //! 32 (once per call, before the split) and then takes integer dot products per block.
 
 use super::Weights;
+use crate::par::SharedOut;
 use crate::quant::act::QuantizedActs;
-use crate::SharedOut;
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -225,8 +225,8 @@ unsafe fn gemv_columns(
 
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2 {
+    use crate::par::SharedOut;
     use crate::simd::avx2::{hsum, Lane};
-    use crate::SharedOut;
     use core::arch::x86_64::*;
 
     /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.

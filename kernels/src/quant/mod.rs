@@ -30,6 +30,8 @@ pub mod act;
 pub mod blocks;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;
+#[cfg(target_arch = "x86_64")]
+mod frame;
 pub mod gemm;
 pub mod gemv;
 #[doc(hidden)]

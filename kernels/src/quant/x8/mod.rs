@@ -46,7 +46,7 @@ use super::blocks::{k_scale_min, q6_k_value};
 use super::gemv::row_scalar;
 use super::QuantFormat;
 use crate::error::{KernelError, Result};
-use crate::SharedOut;
+use crate::par::SharedOut;
 
 /// Rows woven together.
 pub const ROWS: usize = 8;
