@@ -46,7 +46,7 @@ fn session(model: &Arc<Model>, context: usize) -> Session {
 }
 
 fn bench(c: &mut Criterion) {
-    let q4 = qkv_cli::fetch::default_model().expect("default model");
+    let q4 = qkv_fetch::default_model().expect("default model");
     let mut group = c.benchmark_group("e2e");
     group.sample_size(10).warm_up_time(Duration::from_secs(2));
 

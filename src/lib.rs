@@ -15,7 +15,9 @@
 //! - [`sample`], [`model`], [`session`]: sampling, a shared model, and per-conversation
 //!   sessions with their KV caches;
 //! - [`engine`]: continuous batching of many sequences over one model, one pass per step;
-//! - [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` scores.
+//! - [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` scores;
+//! - `testing` (only with the `testing` feature, for the tests of qkv and qkv-cli): the
+//!   synthetic model.
 //!
 //! Inside a layer, a child module may use its ancestors' items and a parent its children's,
 //! but the children of one module never import each other in a cycle. `tests/layering.rs`
@@ -37,6 +39,8 @@ pub mod nn;
 pub mod perplexity;
 pub mod sample;
 pub mod session;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 

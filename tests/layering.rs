@@ -34,6 +34,7 @@ const SRC_LAYERS: &[&str] = &[
     "session",
     "engine",
     "perplexity",
+    "testing",
 ];
 
 /// `qkv-kernels`' top modules, lowest layer first (lib.rs says the same in prose).

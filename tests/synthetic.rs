@@ -1,4 +1,4 @@
-//! Every model path offline, on the synthetic model of `tests/common/synthetic.rs` (written
+//! Every model path offline, on the synthetic model of `src/testing/synthetic.rs` (written
 //! by qkv's own GGUF writer in f32, f16 and each block format): loading and the tokenizer in
 //! the file, quantized paths against their own blocks widened to f32, f16 against f32, the
 //! prompt run whole, in chunks or token by token, sessions at their edges, generation and
