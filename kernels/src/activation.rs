@@ -143,6 +143,7 @@ pub fn relu_inplace(x: &mut [f32]) {
 }
 
 /// Scalar reference for [`relu_inplace`].
+#[cfg(any(test, feature = "testing"))]
 pub fn relu_inplace_scalar(x: &mut [f32]) {
     for v in x {
         *v = if *v > 0.0 { *v } else { 0.0 };
@@ -187,6 +188,7 @@ fn add_serial(dst: &mut [f32], src: &[f32]) {
 }
 
 /// Scalar reference for [`add_inplace`].
+#[cfg(any(test, feature = "testing"))]
 pub fn add_inplace_scalar(dst: &mut [f32], src: &[f32]) -> Result<()> {
     check_len("src", dst.len(), src.len())?;
     for (d, s) in dst.iter_mut().zip(src) {
@@ -211,6 +213,7 @@ pub fn silu_inplace(x: &mut [f32]) {
 }
 
 /// Scalar reference for [`silu_inplace`]: `x / (1 + exp(−x))` in f32, PyTorch's formula.
+#[cfg(any(test, feature = "testing"))]
 pub fn silu_inplace_scalar(x: &mut [f32]) {
     for v in x {
         *v = silu_scalar(*v);
@@ -259,6 +262,7 @@ fn swiglu_plain(out: &mut [f32], gate: &[f32], up: &[f32]) {
 
 /// Scalar reference for [`swiglu`]: `silu(gate)` rounded to f32, then times `up`
 /// (the order of PyTorch's `F.silu(gate) * up`).
+#[cfg(any(test, feature = "testing"))]
 pub fn swiglu_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
@@ -292,6 +296,7 @@ pub fn gelu_tanh_inplace(x: &mut [f32]) {
 }
 
 /// Scalar reference for [`gelu_tanh_inplace`]: PyTorch's formula literally, in f32.
+#[cfg(any(test, feature = "testing"))]
 pub fn gelu_tanh_inplace_scalar(x: &mut [f32]) {
     for v in x {
         let a = *v;
@@ -343,6 +348,7 @@ fn geglu_tanh_serial(out: &mut [f32], gate: &[f32], up: &[f32]) {
 
 /// Scalar reference for [`geglu_tanh`]: PyTorch's `gelu(gate, approximate="tanh")`
 /// literally, rounded to f32, then times `up`.
+#[cfg(any(test, feature = "testing"))]
 pub fn geglu_tanh_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
@@ -373,6 +379,7 @@ pub fn gelu_erf_inplace(x: &mut [f32]) {
 
 /// Scalar reference for [`gelu_erf_inplace`]: `0.5·x·erfc(−x/√2)` evaluated in f64 with
 /// [`erfc_f64`] and rounded once to f32 (at least as accurate as PyTorch's f32 path).
+#[cfg(any(test, feature = "testing"))]
 pub fn gelu_erf_inplace_scalar(x: &mut [f32]) {
     for v in x {
         let a = *v as f64;
@@ -410,6 +417,7 @@ pub fn softcap_inplace(x: &mut [f32], cap: f32) {
 
 /// Scalar reference for [`softcap_inplace`]: `cap · tanh(x / cap)` in f32, in PyTorch's order
 /// (divide, `tanh`, multiply).
+#[cfg(any(test, feature = "testing"))]
 pub fn softcap_inplace_scalar(x: &mut [f32], cap: f32) {
     for v in x {
         *v = cap * (*v / cap).tanh();
@@ -435,6 +443,7 @@ pub fn softmax_inplace(x: &mut [f32]) {
 }
 
 /// Scalar reference for [`softmax_inplace`]: f32 `exp`, the sum accumulated in f64.
+#[cfg(any(test, feature = "testing"))]
 pub fn softmax_inplace_scalar(x: &mut [f32]) {
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     if max == f32::NEG_INFINITY {
@@ -477,6 +486,7 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
 }
 
 /// Scalar reference for [`log_sum_exp`]: f32 `exp`, the sum accumulated in f64.
+#[cfg(any(test, feature = "testing"))]
 pub fn log_sum_exp_scalar(x: &[f32]) -> f32 {
     if x.iter().any(|v| v.is_nan()) {
         return f32::NAN;
@@ -506,6 +516,7 @@ pub fn argmax(x: &[f32]) -> usize {
 }
 
 /// Scalar reference for [`argmax`].
+#[cfg(any(test, feature = "testing"))]
 pub fn argmax_scalar(x: &[f32]) -> usize {
     let mut best: Option<(usize, f32)> = None;
     for (i, &v) in x.iter().enumerate() {

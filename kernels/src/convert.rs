@@ -30,6 +30,7 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) -> Result<()> {
 }
 
 /// Scalar reference for [`f16_to_f32`]. Errors as it does if the lengths differ.
+#[cfg(any(test, feature = "testing"))]
 pub fn f16_to_f32_scalar(src: &[f16], dst: &mut [f32]) -> Result<()> {
     check_len("dst", src.len(), dst.len())?;
     for (d, s) in dst.iter_mut().zip(src) {
@@ -39,6 +40,7 @@ pub fn f16_to_f32_scalar(src: &[f16], dst: &mut [f32]) -> Result<()> {
 }
 
 /// Scalar reference for [`f32_to_f16`]. Errors as it does if the lengths differ.
+#[cfg(any(test, feature = "testing"))]
 pub fn f32_to_f16_scalar(src: &[f32], dst: &mut [f16]) -> Result<()> {
     check_len("dst", src.len(), dst.len())?;
     for (d, s) in dst.iter_mut().zip(src) {

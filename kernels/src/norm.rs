@@ -80,6 +80,7 @@ pub fn layer_norm(
 }
 
 /// Scalar reference for [`layer_norm`]: two passes, sums in f64.
+#[cfg(any(test, feature = "testing"))]
 pub fn layer_norm_scalar(
     out: &mut [f32],
     x: &[f32],
@@ -138,6 +139,7 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, dim: usize
 
 /// Scalar reference for [`rms_norm`]: sum of squares in f64, then
 /// `(x · rstd) · weight` in f32.
+#[cfg(any(test, feature = "testing"))]
 pub fn rms_norm_scalar(
     out: &mut [f32],
     x: &[f32],

@@ -209,6 +209,7 @@ impl RopeTable {
 
     /// Scalar reference for [`apply`](Self::apply): same arguments, errors and (bitwise)
     /// results.
+    #[cfg(any(test, feature = "testing"))]
     pub fn apply_scalar(
         &self,
         x: &mut [f32],
@@ -224,6 +225,7 @@ impl RopeTable {
     }
 
     /// Scalar reference for [`apply_strided`](Self::apply_strided).
+    #[cfg(any(test, feature = "testing"))]
     pub fn apply_strided_scalar(
         &self,
         x: &mut [f32],

@@ -300,6 +300,7 @@ pub fn linear(
 
 /// The plain reference for [`linear`]: one dot product per output, f32 accumulation over
 /// the weights widened exactly to f32 (quantized ones by [`QuantFormat::dequantize`]).
+#[cfg(any(test, feature = "testing"))]
 pub fn linear_scalar(
     y: &mut [f32],
     x: &[f32],

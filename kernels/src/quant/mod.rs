@@ -34,7 +34,7 @@ mod dequant_avx2;
 mod frame;
 pub mod gemm;
 pub mod gemv;
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod x8;
 
@@ -170,6 +170,7 @@ impl QuantFormat {
     /// The scalar reference of [`QuantFormat::dequantize`], one block at a time with the
     /// decoders of [`blocks`]: what the SIMD paths are tested against, and what runs on
     /// every CPU (and under `QKV_FORCE_SCALAR=1`). Errors as `dequantize` does.
+    #[cfg(any(test, feature = "testing"))]
     pub fn dequantize_scalar(self, src: &[u8], dst: &mut [f32]) -> Result<()> {
         self.check_dequantize(src, dst)?;
         self.decode_scalar(src, dst);
