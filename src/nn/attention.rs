@@ -17,8 +17,8 @@
 //! projection.
 //!
 //! ```
-//! use qkv::nn::{Mask, MultiHeadAttention, Scope, Seq};
-//! use qkv::weights::{Tensor, TensorSource};
+//! use qkv::nn::{Mask, MultiHeadAttention, Seq};
+//! use qkv::weights::{Scope, Tensor, TensorSource};
 //! use std::collections::HashMap;
 //!
 //! // A tiny in-memory state_dict: identity projections of size 2, two heads.
@@ -46,8 +46,9 @@
 //! assert_eq!(&y.data()[..2], &[1.0, 2.0]); // position 0 sees only itself
 //! ```
 
-use super::{Linear, Mask, Scope, Seq, SeqBuf};
+use super::{Linear, Mask, Seq, SeqBuf};
 use crate::error::{Error, Result};
+use crate::weights::Scope;
 use qkv_kernels::{AttentionMask, KvView, QueryView};
 
 /// Sizes of an [`AttentionCore`].

@@ -19,7 +19,7 @@ pub mod hf_dir;
 #[allow(unsafe_code)]
 mod mmap;
 pub mod safetensors;
-pub mod scope;
+mod scope;
 
 pub use mmap::{map_file, MappedFile};
 pub use scope::Scope;
