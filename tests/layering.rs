@@ -39,6 +39,7 @@ const SRC_LAYERS: &[&str] = &[
 
 /// `qkv-kernels`' top modules, lowest layer first (lib.rs says the same in prose).
 const KERNEL_LAYERS: &[&str] = &[
+    "macros",
     "error",
     "simd",
     "par",

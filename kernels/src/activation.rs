@@ -142,11 +142,12 @@ pub fn relu_inplace(x: &mut [f32]) {
     pulp::Arch::new().dispatch(Op(x));
 }
 
-/// Scalar reference for [`relu_inplace`].
-#[cfg(any(test, feature = "testing"))]
-pub fn relu_inplace_scalar(x: &mut [f32]) {
-    for v in x {
-        *v = if *v > 0.0 { *v } else { 0.0 };
+scalar_reference! {
+    /// Scalar reference for [`relu_inplace`].
+    pub fn relu_inplace_scalar(x: &mut [f32]) {
+        for v in x {
+            *v = if *v > 0.0 { *v } else { 0.0 };
+        }
     }
 }
 
@@ -212,11 +213,12 @@ pub fn silu_inplace(x: &mut [f32]) {
     silu_inplace_scalar(x);
 }
 
-/// Scalar reference for [`silu_inplace`]: `x / (1 + exp(−x))` in f32, PyTorch's formula.
-#[cfg(any(test, feature = "testing"))]
-pub fn silu_inplace_scalar(x: &mut [f32]) {
-    for v in x {
-        *v = silu_scalar(*v);
+scalar_reference! {
+    /// Scalar reference for [`silu_inplace`]: `x / (1 + exp(−x))` in f32, PyTorch's formula.
+    pub fn silu_inplace_scalar(x: &mut [f32]) {
+        for v in x {
+            *v = silu_scalar(*v);
+        }
     }
 }
 
@@ -377,13 +379,14 @@ pub fn gelu_erf_inplace(x: &mut [f32]) {
     gelu_erf_inplace_scalar(x);
 }
 
-/// Scalar reference for [`gelu_erf_inplace`]: `0.5·x·erfc(−x/√2)` evaluated in f64 with
-/// [`erfc_f64`] and rounded once to f32 (at least as accurate as PyTorch's f32 path).
-#[cfg(any(test, feature = "testing"))]
-pub fn gelu_erf_inplace_scalar(x: &mut [f32]) {
-    for v in x {
-        let a = *v as f64;
-        *v = (0.5 * a * erfc_f64(-a * std::f64::consts::FRAC_1_SQRT_2)) as f32;
+scalar_reference! {
+    /// Scalar reference for [`gelu_erf_inplace`]: `0.5·x·erfc(−x/√2)` evaluated in f64 with
+    /// [`erfc_f64`] and rounded once to f32 (at least as accurate as PyTorch's f32 path).
+    pub fn gelu_erf_inplace_scalar(x: &mut [f32]) {
+        for v in x {
+            let a = *v as f64;
+            *v = (0.5 * a * erfc_f64(-a * std::f64::consts::FRAC_1_SQRT_2)) as f32;
+        }
     }
 }
 
@@ -415,12 +418,13 @@ pub fn softcap_inplace(x: &mut [f32], cap: f32) {
     softcap_inplace_scalar(x, cap);
 }
 
-/// Scalar reference for [`softcap_inplace`]: `cap · tanh(x / cap)` in f32, in PyTorch's order
-/// (divide, `tanh`, multiply).
-#[cfg(any(test, feature = "testing"))]
-pub fn softcap_inplace_scalar(x: &mut [f32], cap: f32) {
-    for v in x {
-        *v = cap * (*v / cap).tanh();
+scalar_reference! {
+    /// Scalar reference for [`softcap_inplace`]: `cap · tanh(x / cap)` in f32, in PyTorch's order
+    /// (divide, `tanh`, multiply).
+    pub fn softcap_inplace_scalar(x: &mut [f32], cap: f32) {
+        for v in x {
+            *v = cap * (*v / cap).tanh();
+        }
     }
 }
 
@@ -442,22 +446,23 @@ pub fn softmax_inplace(x: &mut [f32]) {
     softmax_inplace_scalar(x);
 }
 
-/// Scalar reference for [`softmax_inplace`]: f32 `exp`, the sum accumulated in f64.
-#[cfg(any(test, feature = "testing"))]
-pub fn softmax_inplace_scalar(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    if max == f32::NEG_INFINITY {
-        x.fill(0.0);
-        return;
-    }
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
+scalar_reference! {
+    /// Scalar reference for [`softmax_inplace`]: f32 `exp`, the sum accumulated in f64.
+    pub fn softmax_inplace_scalar(x: &mut [f32]) {
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        if max == f32::NEG_INFINITY {
+            x.fill(0.0);
+            return;
+        }
+        let mut sum = 0.0f64;
+        for v in x.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        for v in x.iter_mut() {
+            *v *= inv;
+        }
     }
 }
 
@@ -485,18 +490,19 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
     log_sum_exp_scalar(x)
 }
 
-/// Scalar reference for [`log_sum_exp`]: f32 `exp`, the sum accumulated in f64.
-#[cfg(any(test, feature = "testing"))]
-pub fn log_sum_exp_scalar(x: &[f32]) -> f32 {
-    if x.iter().any(|v| v.is_nan()) {
-        return f32::NAN;
+scalar_reference! {
+    /// Scalar reference for [`log_sum_exp`]: f32 `exp`, the sum accumulated in f64.
+    pub fn log_sum_exp_scalar(x: &[f32]) -> f32 {
+        if x.iter().any(|v| v.is_nan()) {
+            return f32::NAN;
+        }
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        if max.is_infinite() {
+            return max;
+        }
+        let sum: f64 = x.iter().map(|&v| (v - max).exp() as f64).sum();
+        max + (sum.ln() as f32)
     }
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    if max.is_infinite() {
-        return max;
-    }
-    let sum: f64 = x.iter().map(|&v| (v - max).exp() as f64).sum();
-    max + (sum.ln() as f32)
 }
 
 /// The index of the largest entry: the first one on ties, NaN never chosen; 0 for an empty
@@ -515,16 +521,17 @@ pub fn argmax(x: &[f32]) -> usize {
     argmax_scalar(x)
 }
 
-/// Scalar reference for [`argmax`].
-#[cfg(any(test, feature = "testing"))]
-pub fn argmax_scalar(x: &[f32]) -> usize {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in x.iter().enumerate() {
-        if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
-            best = Some((i, v));
+scalar_reference! {
+    /// Scalar reference for [`argmax`].
+    pub fn argmax_scalar(x: &[f32]) -> usize {
+        let mut best: Option<(usize, f32)> = None;
+        for (i, &v) in x.iter().enumerate() {
+            if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+                best = Some((i, v));
+            }
         }
+        best.map_or(0, |(i, _)| i)
     }
-    best.map_or(0, |(i, _)| i)
 }
 
 #[cfg(target_arch = "x86_64")]

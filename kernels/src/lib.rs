@@ -2,7 +2,8 @@
 //!
 //! The compute kernels of qkv: slices and shapes in, slices out. Nothing here knows what a
 //! model is. Every SIMD kernel has a plain scalar reference beside it (`*_scalar`) that the
-//! tests compare it with.
+//! tests compare it with; the references (and `quant::testing`, the tests' random blocks)
+//! are public only with the `testing` feature, which the tests and benches turn on.
 //!
 //! - [`matmul`]: `y = x·Wᵀ (+ b)` with `W` in the PyTorch `nn.Linear` layout, stored f32,
 //!   f16 or in a GGUF quantized format ([`quant`]); the gemm crate for many rows, our own
@@ -21,14 +22,15 @@
 //!
 //! ## Layers
 //!
-//! Modules import only downward, and never in a circle. From the bottom: `error`, [`simd`],
-//! `par` (splitting work across the pool), [`convert`], [`probe`], [`quant`], [`matmul`],
-//! [`norm`], [`activation`], [`rope`], [`position`], [`mod@attention`]; each uses only those
-//! before it. Inside a module, a child may use its ancestors' items and a parent its
-//! children's, but the children of one module never import each other in a cycle (the
-//! quantized kernels' shared frame is its own module, `quant::frame`, below the GEMV and the
-//! GEMM that use it). This file only declares and re-exports. `tests/layering.rs` at the
-//! workspace root checks all of this from the sources.
+//! Modules import only downward, and never in a circle. From the bottom: `macros`,
+//! `error`, [`simd`], `par` (splitting work across the pool), [`convert`], [`probe`],
+//! [`quant`], [`matmul`], [`norm`], [`activation`], [`rope`], [`position`],
+//! [`mod@attention`]; each uses only those before it. Inside a module, a child may use its
+//! ancestors' items and a parent its children's, but the children of one module never
+//! import each other in a cycle (the quantized kernels' shared frame is its own module,
+//! `quant::frame`, below the GEMV and the GEMM that use it). This file only declares and
+//! re-exports. `tests/layering.rs` at the workspace root checks all of this from the
+//! sources.
 
 #![warn(missing_docs)]
 // Every `unsafe` operation sits in its own block with a `// SAFETY:` comment saying why it is
@@ -38,6 +40,9 @@
     clippy::undocumented_unsafe_blocks,
     clippy::missing_safety_doc
 )]
+
+#[macro_use]
+mod macros;
 
 pub mod activation;
 pub mod attention;
