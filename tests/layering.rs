@@ -76,6 +76,9 @@ fn assert_layered(src: &Path, layers: &[&str]) {
     );
 }
 
+/// The module path given to names that a `use` brings in from another crate.
+const EXTERN: &str = "<another crate>";
+
 /// A module's path below the crate root (empty for the root).
 type ModPath = Vec<String>;
 
@@ -115,16 +118,20 @@ fn check(src: &Path, layers: &[&str]) -> Vec<String> {
             use_paths(&module.text)
                 .into_iter()
                 .filter_map(|(_, segs)| {
-                    let segs = absolute(&tree, &m, &segs)?;
                     let name = segs.last()?.clone();
-                    (name != "*").then_some((name, segs))
+                    let abs = absolute(&tree, &m, without_alias(&segs));
+                    (name != "*").then_some((name, abs))
                 })
                 .collect::<Vec<_>>()
         };
         let module = tree.modules.get_mut(&m).unwrap();
-        for (name, segs) in imports {
-            let (base, rest) = split_module(&tree.children, &segs);
-            module.imports.insert(name, (base, rest));
+        for (name, abs) in imports {
+            let entry = match abs {
+                Some(segs) => split_module(&tree.children, &segs),
+                // Another crate (`pub use qkv_kernels as kernels;`): nothing of this one.
+                None => (vec![EXTERN.to_string()], Vec::new()),
+            };
+            module.imports.insert(name, entry);
         }
     }
 
@@ -134,10 +141,14 @@ fn check(src: &Path, layers: &[&str]) -> Vec<String> {
         let mut refs = use_paths(&module.text);
         refs.extend(code_paths(&module.text));
         for (at, segs) in refs {
+            let segs = without_alias(&segs).to_vec();
             let Some(abs) = absolute(&tree, m, &segs) else {
                 continue;
             };
             let target = home(&tree, &abs);
+            if target.first().is_some_and(|t| t == EXTERN) {
+                continue;
+            }
             let witness = format!(
                 "{}:{}: {}",
                 module.file.display(),
@@ -582,7 +593,14 @@ fn expand(tokens: &[String]) -> Vec<Vec<String>> {
                     prefix.clear();
                     break;
                 }
-                "as" => break,
+                "as" => {
+                    // `path as alias`: the alias is kept as the path's last two segments.
+                    if let Some(alias) = part.get(k + 1) {
+                        prefix.push("as".to_string());
+                        prefix.push(alias.clone());
+                    }
+                    break;
+                }
                 seg => {
                     prefix.push(seg.to_string());
                     k += 1;
@@ -595,6 +613,14 @@ fn expand(tokens: &[String]) -> Vec<Vec<String>> {
     }
     out.retain(|p| !p.is_empty());
     out
+}
+
+/// A `use` path without its `as alias` ending.
+fn without_alias(segs: &[String]) -> &[String] {
+    match segs.len() {
+        n if n >= 2 && segs[n - 2] == "as" => &segs[..n - 2],
+        _ => segs,
+    }
 }
 
 /// Splits tokens at the commas outside braces.
@@ -809,7 +835,7 @@ fn scratch_crate(name: &str, files: &[(&str, &str)]) -> PathBuf {
     dir
 }
 
-const LIB: &str = "pub mod low;\npub mod high;\n";
+const LIB: &str = "pub mod low;\npub mod high;\npub use std::collections as other;\n";
 
 #[test]
 fn a_downward_crate_passes() {
@@ -817,7 +843,7 @@ fn a_downward_crate_passes() {
         "down",
         &[
             ("lib.rs", LIB),
-            ("low.rs", "pub fn f() {}\n"),
+            ("low.rs", "pub fn f() -> crate::other::BTreeSet<u8> { Default::default() }\n"),
             (
                 "high/mod.rs",
                 "mod a;\nmod b;\nuse crate::low::f;\npub fn g() { f(); b::h() }\n",
