@@ -18,7 +18,7 @@
 //! (`--dtype f16`, `--dtype f32`). Run: `cargo bench --bench e2e [-- FILTER]`.
 
 use criterion::{criterion_group, Criterion};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::FloatType;
 use std::io::{BufRead, BufReader, Write};

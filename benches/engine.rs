@@ -27,7 +27,7 @@
 
 use criterion::{criterion_group, Criterion, Throughput};
 use qkv::engine::{Engine, EngineOptions, GenRequest};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::SamplerConfig;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

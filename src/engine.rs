@@ -28,7 +28,7 @@
 //!
 //! ```
 //! use qkv::engine::{Engine, EngineOptions, Event, GenRequest};
-//! use qkv::model::Model;
+//! use qkv::load::Model;
 //! use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
 //! use qkv::sample::SamplerConfig;
 //! use qkv::weights::FloatType;
@@ -49,7 +49,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::load::Model;
 use crate::models::decoder::{KvCache, KvType, Scratch, Segment};
 use crate::sample::{Sampler, SamplerConfig};
 use std::collections::VecDeque;

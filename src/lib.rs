@@ -12,8 +12,8 @@
 //! - [`tokenizer`]: SentencePiece BPE, byte-level BPE and WordPiece, and chat templates;
 //! - [`models`]: one decoder for the Llama, Qwen, Mistral, Phi-3 and Gemma families
 //!   ([`models::decoder`]), BERT encoders ([`models::bert`]) and the seed-004 seq2seq Transformer;
-//! - [`sample`], [`model`], [`session`]: sampling, a shared model, and per-conversation
-//!   sessions with their KV caches;
+//! - [`sample`], [`load`], [`session`]: sampling, a model loaded from disk with its
+//!   tokenizer and shared by sessions, and per-conversation sessions with their KV caches;
 //! - [`engine`]: continuous batching of many sequences over one model, one pass per step;
 //! - [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` scores;
 //! - `testing` (only with the `testing` feature, for the tests of qkv and qkv-cli): the
@@ -33,7 +33,7 @@
 mod alloc;
 pub mod engine;
 pub mod error;
-pub mod model;
+pub mod load;
 pub mod models;
 pub mod nn;
 pub mod perplexity;

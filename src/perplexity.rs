@@ -13,7 +13,7 @@
 //! often both runs agree on the most likely token ("same top p" in llama.cpp's words).
 //!
 //! ```no_run
-//! use qkv::model::{Model, ModelOptions};
+//! use qkv::load::{Model, ModelOptions};
 //! use qkv::perplexity::{evaluate, Scoring};
 //! use std::sync::Arc;
 //!
@@ -26,7 +26,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::load::Model;
 use crate::models::decoder::KvType;
 use crate::session::{Session, SessionOptions};
 use half::f16;

@@ -10,7 +10,7 @@
 mod common;
 
 use qkv::engine::{Engine, EngineOptions, Event, FinishReason, GenRequest, SeqId};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::SamplerConfig;
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::FloatType;

@@ -30,7 +30,7 @@ const SRC_LAYERS: &[&str] = &[
     "tokenizer",
     "models",
     "sample",
-    "model",
+    "load",
     "session",
     "engine",
     "perplexity",

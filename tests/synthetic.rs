@@ -8,7 +8,7 @@
 mod common;
 
 use common::synthetic::{self, Storage};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::perplexity::{evaluate, Scoring};
 use qkv::sample::{argmax, SamplerConfig};
 use qkv::session::{Session, SessionOptions};

@@ -89,7 +89,7 @@ fn network_routes_streaming_and_stop_strings() {
     );
     // The same greedy text as a session on the same model.
     let model = std::sync::Arc::new(
-        qkv::model::Model::load(
+        qkv::load::Model::load(
             &qkv_fetch::testing::default_gguf().unwrap(),
             &Default::default(),
         )
@@ -404,7 +404,7 @@ fn sigterm_finishes_running_streams_then_exits() {
 fn a_completion_on_the_synthetic_model_is_a_sessions_greedy_text() {
     let s = Server::start_synthetic(&[]);
     let model = std::sync::Arc::new(
-        qkv::model::Model::load(&synthetic_model(), &Default::default()).unwrap(),
+        qkv::load::Model::load(&synthetic_model(), &Default::default()).unwrap(),
     );
     let prompt = "the cat sat on";
     let mut session = qkv::session::Session::new(model.clone(), Default::default()).unwrap();

@@ -499,7 +499,7 @@ fn network_strict_functions_under_auto_are_held_to_their_schema() {
         return;
     };
     let model = std::sync::Arc::new(
-        qkv::model::Model::load(&path, &qkv::model::ModelOptions::default()).unwrap(),
+        qkv::load::Model::load(&path, &qkv::load::ModelOptions::default()).unwrap(),
     );
     let grammars = qkv_cli::constraint::Grammars::new(model.clone()).unwrap();
     let tok = model.tokenizer().unwrap();

@@ -8,7 +8,7 @@
 
 mod support;
 
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::tokenizer::EncodeOptions;
 use qkv::weights::FloatType;
 use serde_json::{json, Value};

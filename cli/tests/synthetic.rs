@@ -6,7 +6,7 @@
 mod support;
 
 use qkv::kernels::QuantFormat;
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::SamplerConfig;
 use qkv::session::{Session, SessionOptions};
 use qkv::testing::synthetic::{self, Storage};
