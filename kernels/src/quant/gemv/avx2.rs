@@ -16,8 +16,8 @@
 //!    each other.
 //!
 //! The instruction-set-specific parts are the [`Isa`] (how a group meets a row of `xq`) and
-//! the [`Unpack`] implementations; [`columns_with`] is the frame, inlined into each ISA's
-//! `#[target_feature]` entry point.
+//! the [`Unpack`] implementations; [`columns_with`] is the pass over the chunks, inlined
+//! into each ISA's `#[target_feature]` entry point.
 
 use crate::par::SharedOut;
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
