@@ -255,7 +255,7 @@ fn swiglu_serial(out: &mut [f32], gate: &[f32], up: &[f32]) {
     swiglu_plain(out, gate, up);
 }
 
-/// The scalar loop of [`swiglu_scalar`], lengths already checked.
+/// The scalar loop of `swiglu_scalar`, lengths already checked.
 fn swiglu_plain(out: &mut [f32], gate: &[f32], up: &[f32]) {
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
         *o = silu_scalar(*g) * *u;

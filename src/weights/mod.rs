@@ -10,7 +10,7 @@
 //! - [`safetensors`]: PyTorch / Hugging Face `.safetensors` files.
 //! - [`hf_dir`]: a Hugging Face model directory (sharded `*.safetensors`) as one source.
 //! - [`gguf`]: llama.cpp's GGUF (v2, v3).
-//! - [`scope`]: [`Scope`], a source seen through a name prefix, which modules load through.
+//! - [`Scope`]: a source seen through a name prefix, which modules load through.
 //! - `mmap`: the one module of the crate allowed `unsafe` code: it maps files
 //!   ([`map_file`], [`MappedFile`]) and hands out typed views of mapped bytes.
 

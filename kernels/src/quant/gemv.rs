@@ -201,7 +201,7 @@ pub(crate) fn row_scalar(
 /// Columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` with the fastest kernel for this CPU.
 ///
 /// # Safety
-/// As [`columns_scalar`].
+/// As `columns_scalar`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn columns(
     y: SharedOut,

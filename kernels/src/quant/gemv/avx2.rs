@@ -58,7 +58,7 @@ pub(super) trait Isa {
 ///
 /// # Safety
 /// The CPU has `I`'s features (and AVX2, FMA, F16C); the rest as
-/// [`super::columns_scalar`].
+/// `super::columns_scalar`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn columns_with<I: Isa, F: Unpack<I::W>>(
@@ -356,7 +356,7 @@ pub(super) use dispatch;
 /// Columns `j0..j1` of `y = x·Wᵀ (+ b)` with 256-bit vectors.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; the rest as [`super::columns_scalar`].
+/// The CPU has AVX2, FMA and F16C; the rest as `super::columns_scalar`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn columns(

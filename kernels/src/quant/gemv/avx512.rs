@@ -179,7 +179,7 @@ impl Isa for Avx512 {
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW and VL, AVX2, FMA and F16C; the rest as
-/// [`super::columns_scalar`].
+/// `super::columns_scalar`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn columns(
