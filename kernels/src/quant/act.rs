@@ -320,7 +320,7 @@ pub fn quantize_scalar(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f
     Ok(())
 }
 
-/// The loop of `quantize_scalar`, lengths already checked.
+/// The loop of [`quantize_scalar`], lengths already checked.
 fn quantize_blocks(x: &[f32], q: &mut [i16], scale: &mut [f32], sum: &mut [f32]) {
     for (b, (xb, qb)) in x
         .chunks_exact(ACT_BLOCK)
@@ -370,7 +370,7 @@ mod avx2 {
     use super::{scales, ACT_BLOCK};
     use core::arch::x86_64::*;
 
-    /// `super::quantize_scalar` with 256-bit vectors; the same bits. A safe function: it
+    /// [`super::quantize_scalar`] with 256-bit vectors; the same bits. A safe function: it
     /// walks whole chunks of 32 and writes `scale` and `sum` through bounds-checked indices,
     /// so calling it is `unsafe` only for the CPU features (AVX2 and FMA).
     #[target_feature(enable = "avx2,fma")]

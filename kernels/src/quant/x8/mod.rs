@@ -414,7 +414,7 @@ pub(crate) unsafe fn columns_scalar(
 /// for this CPU.
 ///
 /// # Safety
-/// As `columns_scalar`; and `acts` has its byte split ([`QuantizedActs::has_split`]), for
+/// As [`columns_scalar`]; and `acts` has its byte split ([`QuantizedActs::has_split`]), for
 /// any number of rows, when [`reads_split`] is true of `format`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn columns(
