@@ -18,7 +18,7 @@
 //! (`--dtype f16`, `--dtype f32`). Run: `cargo bench --bench e2e [-- FILTER]`.
 
 use criterion::{criterion_group, Criterion};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::FloatType;
 use std::io::{BufRead, BufReader, Write};
@@ -46,7 +46,7 @@ fn session(model: &Arc<Model>, context: usize) -> Session {
 }
 
 fn bench(c: &mut Criterion) {
-    let q4 = qkv_cli::fetch::default_model().expect("default model");
+    let q4 = qkv_fetch::default_model().expect("default model");
     let mut group = c.benchmark_group("e2e");
     group.sample_size(10).warm_up_time(Duration::from_secs(2));
 

@@ -23,9 +23,7 @@ const BATCH: usize = 32;
 fn reference() -> Option<serde_json::Value> {
     let path = match std::env::var_os("QKV_EMBED_REFERENCE") {
         Some(p) => PathBuf::from(p),
-        None => qkv_cli::fetch::cache_dir()
-            .ok()?
-            .join("embed/reference.json"),
+        None => qkv_fetch::cache_dir().ok()?.join("embed/reference.json"),
     };
     match std::fs::read_to_string(&path) {
         Ok(text) => Some(serde_json::from_str(&text).expect("reference JSON")),

@@ -27,13 +27,13 @@
 
 use criterion::{criterion_group, Criterion, Throughput};
 use qkv::engine::{Engine, EngineOptions, GenRequest};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::SamplerConfig;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn bench(c: &mut Criterion) {
-    let path = qkv_cli::fetch::default_model().expect("the default model");
+    let path = qkv_fetch::default_model().expect("the default model");
     let model = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
     let mut g = c.benchmark_group("engine/q4_1");
     g.sample_size(10)
@@ -151,7 +151,7 @@ fn prompt(n: u32, seed: u32) -> Vec<u32> {
 fn summary() {
     let path = match std::env::var_os("QKV_ENGINE_MODEL") {
         Some(p) => std::path::PathBuf::from(p),
-        None => qkv_cli::fetch::default_model().expect("the default model"),
+        None => qkv_fetch::default_model().expect("the default model"),
     };
     let model = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
     let flop = flop_per_token(&model);

@@ -28,7 +28,7 @@
 //!
 //! ```
 //! use qkv::engine::{Engine, EngineOptions, Event, GenRequest};
-//! use qkv::model::Model;
+//! use qkv::load::Model;
 //! use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
 //! use qkv::sample::SamplerConfig;
 //! use qkv::weights::FloatType;
@@ -49,7 +49,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::load::Model;
 use crate::models::decoder::{KvCache, KvType, Scratch, Segment};
 use crate::sample::{Sampler, SamplerConfig};
 use std::collections::VecDeque;
@@ -324,7 +324,7 @@ impl Engine {
         let vocab = model.vocab_size();
         let scratch =
             decoder.new_scratch(o.step_tokens.max(o.prefill_step_tokens).max(max_slots))?;
-        let logits = crate::models::zeroed_for(&[max_slots, vocab], || {
+        let logits = crate::alloc::zeroed_for(&[max_slots, vocab], || {
             format!("the logits of {max_slots} sequences")
         })?;
         Ok(Engine {

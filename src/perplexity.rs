@@ -13,7 +13,7 @@
 //! often both runs agree on the most likely token ("same top p" in llama.cpp's words).
 //!
 //! ```no_run
-//! use qkv::model::{Model, ModelOptions};
+//! use qkv::load::{Model, ModelOptions};
 //! use qkv::perplexity::{evaluate, Scoring};
 //! use std::sync::Arc;
 //!
@@ -26,7 +26,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::load::Model;
 use crate::models::decoder::KvType;
 use crate::session::{Session, SessionOptions};
 use half::f16;
@@ -306,11 +306,11 @@ pub fn evaluate_with(
     let mut session = Session::new(model.clone(), options)?;
     let first = ctx / 2;
     let n_scored = ctx - 1 - first;
-    let mut logits = crate::models::zeroed_for(&[ctx, vocab], || {
+    let mut logits = crate::alloc::zeroed_for(&[ctx, vocab], || {
         format!("the logits of a window of {ctx} tokens")
     })?;
     let mut base_bytes = if reader.is_some() {
-        crate::models::zeroed_for(&[n_scored, vocab, 2], || {
+        crate::alloc::zeroed_for(&[n_scored, vocab, 2], || {
             format!("the base log-probabilities of a window of {ctx} tokens")
         })?
     } else {

@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
-//! use qkv::model::Model;
+//! use qkv::load::Model;
 //! use qkv::session::{Session, SessionOptions};
 //! use qkv::weights::FloatType;
 //! use std::sync::Arc;
@@ -39,7 +39,7 @@
 //! ```
 
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::load::Model;
 use crate::models::decoder::{DecoderState, KvType};
 use crate::sample::{Sampler, SamplerConfig};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -164,7 +164,7 @@ impl Session {
             core: Core {
                 state,
                 tokens: Vec::with_capacity(capacity),
-                logits: crate::models::zeroed(vocab, || "the logits of a session".into())?,
+                logits: crate::alloc::zeroed(vocab, || "the logits of a session".into())?,
                 logits_at: None,
             },
         })

@@ -24,7 +24,7 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[(
 fn references() -> Option<Value> {
     let path = match std::env::var_os("QKV_CHAT_TEMPLATE_REFS") {
         Some(p) => PathBuf::from(p),
-        None => qkv_cli::fetch::cache_dir()
+        None => qkv_fetch::cache_dir()
             .expect("a cache directory")
             .join("chat_templates/references.json"),
     };

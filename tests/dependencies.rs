@@ -49,19 +49,7 @@ fn lock_graph() -> BTreeMap<String, Vec<String>> {
 /// The `[dependencies]` of a workspace member's manifest (`dir` relative to the workspace
 /// root): the lock file lists members' dev-dependencies beside them, which are not linked.
 fn manifest_dependencies(dir: &str) -> Vec<String> {
-    let path = format!("{}/{dir}/Cargo.toml", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut section = "";
-    let mut deps = Vec::new();
-    for line in text.lines().map(str::trim) {
-        if line.starts_with('[') {
-            section = line;
-        } else if section == "[dependencies]" && !line.is_empty() && !line.starts_with('#') {
-            let name = line.split(['=', '.', ' ']).next().unwrap();
-            deps.push(name.to_owned());
-        }
-    }
-    deps
+    section_dependencies(dir, "[dependencies]")
 }
 
 /// Everything the library `qkv` links: its manifest's dependencies, then theirs, from the
@@ -102,4 +90,38 @@ fn the_library_links_no_network_runtime_or_argument_parser() {
     for c in ["axum", "clap", "tokio"] {
         assert!(cli.iter().any(|d| d == c), "{c}");
     }
+}
+
+/// The dependency names of `section` (`[dependencies]`, `[dev-dependencies]`, …) in the
+/// manifest of the workspace member in `dir`.
+fn section_dependencies(dir: &str, section: &str) -> Vec<String> {
+    let path = format!("{}/{dir}/Cargo.toml", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut current = "";
+    let mut deps = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            current = line;
+        } else if current == section && !line.is_empty() && !line.starts_with('#') {
+            deps.push(line.split(['=', '.', ' ']).next().unwrap().to_owned());
+        }
+    }
+    deps
+}
+
+#[test]
+fn no_dependency_cycle_runs_through_the_cli_or_the_fetch() {
+    // qkv reaches qkv-cli through no dependency, not even one of its tests'.
+    for section in [
+        "[dependencies]",
+        "[dev-dependencies]",
+        "[build-dependencies]",
+    ] {
+        let deps = section_dependencies(".", section);
+        assert!(!deps.iter().any(|d| d == "qkv-cli"), "{section}: {deps:?}");
+    }
+    // The default model's fetch, which qkv's tests use, depends on nothing of qkv.
+    let fetch = section_dependencies("fetch", "[dependencies]");
+    assert!(fetch.iter().all(|d| !d.starts_with("qkv")), "{fetch:?}");
+    assert!(section_dependencies(".", "[dev-dependencies]").contains(&"qkv-fetch".to_owned()));
 }

@@ -35,7 +35,7 @@ fn required() -> bool {
 fn reference() -> Option<Reference> {
     let path = match std::env::var_os("QKV_EMBED_REFERENCE") {
         Some(p) => PathBuf::from(p),
-        None => qkv_cli::fetch::cache_dir()
+        None => qkv_fetch::cache_dir()
             .map(|d| d.join("embed/reference.json"))
             .unwrap_or_default(),
     };

@@ -1,4 +1,4 @@
-//! The batch engine, on the synthetic model of tests/common/synthetic.rs (f32, offline) and on
+//! The batch engine, on the synthetic model of src/testing/synthetic.rs (f32, offline) and on
 //! the default model (SmolLM2-135M-Instruct, widened to f32; the `network_…` tests, which skip
 //! with a printed reason without it). In f32 the one-row and many-row matrix paths differ only
 //! in the order of f32 additions, so: sequences
@@ -10,7 +10,7 @@
 mod common;
 
 use qkv::engine::{Engine, EngineOptions, Event, FinishReason, GenRequest, SeqId};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::SamplerConfig;
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::FloatType;

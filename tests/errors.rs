@@ -4,7 +4,7 @@
 
 use qkv::engine::{Engine, EngineOptions, Event, GenRequest};
 use qkv::kernels::QuantFormat;
-use qkv::model::Model;
+use qkv::load::Model;
 use qkv::models::decoder::{Decoder, DecoderConfig, Segment, WeightLayout, MAX_CONTEXT};
 use qkv::perplexity::{evaluate, Scoring};
 use qkv::sample::{Sampler, SamplerConfig};

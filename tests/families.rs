@@ -14,7 +14,7 @@
 //! defaulting to `~/.cache/qkv`; made with the network). Without them the tests, named
 //! `network_…`, skip with a message, except under CI (`CI=true`), where they fail.
 
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};
 use std::path::{Path, PathBuf};

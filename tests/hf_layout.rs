@@ -7,7 +7,7 @@
 //!
 //! Run in release mode: `cargo test --release --test hf_layout`.
 
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::WeightLayout;
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};

@@ -7,7 +7,7 @@
 mod common;
 
 use qkv::engine::{Engine, EngineOptions};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::{Decoder, DecoderConfig, KvType, WeightLayout};
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};

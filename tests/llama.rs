@@ -2,13 +2,13 @@
 //! PyTorch/transformers reference in tests/fixtures/llama (written by
 //! tools/llama_reference.py from the same Q4_1 GGUF).
 //!
-//! The model is found the way the CLI finds it (`qkv_cli::fetch::default_model()`, fetched
+//! The model is found the way the CLI finds it (`qkv_fetch::default_model()`, fetched
 //! into `$QKV_CACHE` on first use); without it the tests, all named `network_…`, print why they
 //! skipped. Run in release mode: `cargo test --release --test llama`.
 
 mod common;
 
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::{FloatType, WeightFormat};

@@ -3,11 +3,10 @@
 
 use qkv::nn::{
     Attention, AttentionScratch, CrossAttention, DenseMask, KeyPadding, Mask, MultiHeadAttention,
-    MultiHeadAttentionWithProbs, MultiHeadCrossAttention, Scope, SelfAttention, Seq,
-    TransformerAttention,
+    MultiHeadAttentionWithProbs, MultiHeadCrossAttention, SelfAttention, Seq, TransformerAttention,
 };
 use qkv::weights::safetensors::SafeTensorsFile;
-use qkv::weights::{TensorSource, WeightFormat};
+use qkv::weights::{Scope, TensorSource, WeightFormat};
 use qkv::Error;
 
 mod common;

@@ -6,8 +6,9 @@
 
 use qkv::models::seq2seq::{Seq2Seq, Seq2SeqConfig};
 use qkv::nn::{
-    CrossAttention, KeyPadding, Mask, MultiHeadAttention, MultiHeadAttentionWithProbs, Scope, Seq,
+    CrossAttention, KeyPadding, Mask, MultiHeadAttention, MultiHeadAttentionWithProbs, Seq,
 };
+use qkv::weights::Scope;
 
 mod common;
 use common::Case;

@@ -15,7 +15,7 @@
 
 mod common;
 
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::{FloatType, WeightFormat};

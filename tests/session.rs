@@ -8,7 +8,7 @@
 
 mod common;
 
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::{argmax, SamplerConfig};
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::FloatType;

@@ -1,4 +1,4 @@
-//! Every model path offline, on the synthetic model of `tests/common/synthetic.rs` (written
+//! Every model path offline, on the synthetic model of `src/testing/synthetic.rs` (written
 //! by qkv's own GGUF writer in f32, f16 and each block format): loading and the tokenizer in
 //! the file, quantized paths against their own blocks widened to f32, f16 against f32, the
 //! prompt run whole, in chunks or token by token, sessions at their edges, generation and
@@ -8,7 +8,7 @@
 mod common;
 
 use common::synthetic::{self, Storage};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::perplexity::{evaluate, Scoring};
 use qkv::sample::{argmax, SamplerConfig};
 use qkv::session::{Session, SessionOptions};

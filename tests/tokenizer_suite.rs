@@ -237,7 +237,7 @@ fn network_hard_cases_match_llama_cpp() {
 fn heldout_refs() -> Option<Value> {
     let path = match std::env::var_os("QKV_TOKENIZER_REFS") {
         Some(p) => PathBuf::from(p),
-        None => qkv_cli::fetch::cache_dir()
+        None => qkv_fetch::cache_dir()
             .expect("a cache directory")
             .join("tokenizer/llamacpp_heldout.json"),
     };

@@ -12,7 +12,7 @@
 //! ```
 
 use qkv::engine::{Engine, EngineOptions, Event, GenRequest, TokenConstraint};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::SamplerConfig;
 use qkv_cli::constraint::{Grammar, Grammars};
 use qkv_cli::structured::OutputConstraint;

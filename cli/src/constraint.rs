@@ -13,7 +13,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use qkv::engine::TokenConstraint;
-use qkv::model::Model;
+use qkv::load::Model;
 use serde_json::{json, Value};
 use std::sync::Arc;
 

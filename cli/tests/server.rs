@@ -1,14 +1,12 @@
 //! `qkv-server` over loopback: on the default model (the `network_…` tests, which skip with a
 //! printed reason without it), its routes, streaming and whole answers equal to a session's,
 //! stop strings, a full queue and a client that vanishes mid-stream; on the synthetic model of
-//! tests/common/synthetic.rs (offline), a completion equal to a session's greedy text, every
+//! src/testing/synthetic.rs (offline), a completion equal to a session's greedy text, every
 //! kind of bad request, many clients with a slow reader among them, and SIGTERM.
 //! The client (cli/tests/support/) is a few lines of HTTP/1.1 over `TcpStream`, so that what
 //! is tested is the bytes on the wire. Keys, model names, metrics and embeddings are tested
 //! in cli/tests/server_api.rs.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use serde_json::{json, Value};
@@ -91,7 +89,11 @@ fn network_routes_streaming_and_stop_strings() {
     );
     // The same greedy text as a session on the same model.
     let model = std::sync::Arc::new(
-        qkv::model::Model::load(&common::default_gguf().unwrap(), &Default::default()).unwrap(),
+        qkv::load::Model::load(
+            &qkv_fetch::testing::default_gguf().unwrap(),
+            &Default::default(),
+        )
+        .unwrap(),
     );
     let prompt = "The capital of France is";
     let mut session = qkv::session::Session::new(model, Default::default()).unwrap();
@@ -402,7 +404,7 @@ fn sigterm_finishes_running_streams_then_exits() {
 fn a_completion_on_the_synthetic_model_is_a_sessions_greedy_text() {
     let s = Server::start_synthetic(&[]);
     let model = std::sync::Arc::new(
-        qkv::model::Model::load(&synthetic_model(), &Default::default()).unwrap(),
+        qkv::load::Model::load(&synthetic_model(), &Default::default()).unwrap(),
     );
     let prompt = "the cat sat on";
     let mut session = qkv::session::Session::new(model.clone(), Default::default()).unwrap();

@@ -9,8 +9,6 @@
 //! (a call cut by `max_tokens` still streams its name and arguments so far), and a `strict`
 //! function under `tool_choice: "auto"` held to its schema once a call starts.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use serde_json::{json, Value};
@@ -497,11 +495,11 @@ fn network_a_streamed_call_arrives_while_it_is_generated() {
 fn network_strict_functions_under_auto_are_held_to_their_schema() {
     use qkv::engine::TokenConstraint;
     use qkv_cli::tools::{tool_request, ToolFormat};
-    let Some(path) = common::default_gguf() else {
+    let Some(path) = qkv_fetch::testing::default_gguf() else {
         return;
     };
     let model = std::sync::Arc::new(
-        qkv::model::Model::load(&path, &qkv::model::ModelOptions::default()).unwrap(),
+        qkv::load::Model::load(&path, &qkv::load::ModelOptions::default()).unwrap(),
     );
     let grammars = qkv_cli::constraint::Grammars::new(model.clone()).unwrap();
     let tok = model.tokenizer().unwrap();

@@ -1,8 +1,6 @@
 //! `qkv-server`'s API keys, model names and gauges, over loopback, on the synthetic decoder
-//! of tests/common/synthetic.rs. `/v1/embeddings` is tested in cli/tests/server_embeddings.rs.
+//! of src/testing/synthetic.rs. `/v1/embeddings` is tested in cli/tests/server_embeddings.rs.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use serde_json::{json, Value};

@@ -1,16 +1,14 @@
 //! What qkv-server took from llama-server for its own test suite to pass, over loopback on
-//! the synthetic decoder of tests/common/synthetic.rs: response header names on the wire in
+//! the synthetic decoder of src/testing/synthetic.rs: response header names on the wire in
 //! Title-Case; embeddings from a generative model (`--embeddings`, `--pooling`) equal to the
 //! library's own hidden states pooled and normalised; `--alias` and `--tags` in
 //! `/v1/models`; content parts joined by a blank line; the `functions` variable of
 //! FireFunction's template; `--chat-template` by name; Anthropic's `stop_sequence`;
 //! `return_progress`.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod support;
 
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::tokenizer::EncodeOptions;
 use qkv::weights::FloatType;
 use serde_json::{json, Value};

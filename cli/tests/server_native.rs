@@ -1,14 +1,12 @@
 //! qkv-server's llama-server routes and behaviours (native.rs, and what the OpenAI routes
 //! took from llama-server), over loopback on the synthetic decoder of
-//! tests/common/synthetic.rs: `/completion` and `/completions` with their prompt forms,
+//! src/testing/synthetic.rs: `/completion` and `/completions` with their prompt forms,
 //! fields and stream; `logit_bias`; `/apply-template`, `/props`, `/slots`,
 //! `/chat/completions/input_tokens`; `/tokenize` with pieces; `n` > 1; `timings`; the
 //! role-only first chunk; `exceed_context_size_error`; message-order 400s; several
 //! `--host` addresses; `--no-metrics` and `--no-slots`. llama.cpp's own server suite runs
 //! against qkv-server in tools/llamacpp_server_suite.py.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use serde_json::{json, Value};

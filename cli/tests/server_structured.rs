@@ -7,8 +7,6 @@
 //! tool field is a 400 naming the field. The parsers of each family's tool-call format are
 //! tested on literal model outputs in cli/src/tools_tests.rs.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod support;
 
 use serde_json::{json, Value};

@@ -1,21 +1,20 @@
-//! `decode` offline, on the synthetic model of tests/common/synthetic.rs: generation equal to
+//! `decode` offline, on the synthetic model of src/testing/synthetic.rs: generation equal to
 //! a library session's greedy tokens (JSON and text mode, prompt from stdin, with a warm-up
 //! run, up to a full context), `tokenize` equal to the tokenizer, and `perplexity` equal to
 //! `qkv::perplexity::evaluate`.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+mod support;
 
-use common::run_decode;
-use common::synthetic::{self, Storage};
 use qkv::kernels::QuantFormat;
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::sample::SamplerConfig;
 use qkv::session::{Session, SessionOptions};
+use qkv::testing::synthetic::{self, Storage};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Output;
 use std::sync::Arc;
+use support::run_decode;
 
 const PROMPT: &str = "the cat sat on the mat";
 

@@ -32,7 +32,7 @@ mod worker;
 
 use libfuzzer_sys::fuzz_target;
 use qkv::engine::{Engine, EngineOptions};
-use qkv::model::Model;
+use qkv::load::Model;
 use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
 use qkv::tokenizer::Tokenizer;
 use qkv::weights::gguf::{write_gguf, GgufFile, MetaValue, MetaValueType};

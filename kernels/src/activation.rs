@@ -142,10 +142,12 @@ pub fn relu_inplace(x: &mut [f32]) {
     pulp::Arch::new().dispatch(Op(x));
 }
 
-/// Scalar reference for [`relu_inplace`].
-pub fn relu_inplace_scalar(x: &mut [f32]) {
-    for v in x {
-        *v = if *v > 0.0 { *v } else { 0.0 };
+scalar_reference! {
+    /// Scalar reference for [`relu_inplace`].
+    pub fn relu_inplace_scalar(x: &mut [f32]) {
+        for v in x {
+            *v = if *v > 0.0 { *v } else { 0.0 };
+        }
     }
 }
 
@@ -156,7 +158,7 @@ pub fn relu_inplace_scalar(x: &mut [f32]) {
 /// `dst += src` elementwise (the residual add). Errors if the lengths differ.
 pub fn add_inplace(dst: &mut [f32], src: &[f32]) -> Result<()> {
     check_len("src", dst.len(), src.len())?;
-    match crate::par_elems(dst.len()) {
+    match crate::par::par_elems(dst.len()) {
         Some(piece) => dst
             .par_chunks_mut(piece)
             .zip(src.par_chunks(piece))
@@ -187,6 +189,7 @@ fn add_serial(dst: &mut [f32], src: &[f32]) {
 }
 
 /// Scalar reference for [`add_inplace`].
+#[cfg(any(test, feature = "testing"))]
 pub fn add_inplace_scalar(dst: &mut [f32], src: &[f32]) -> Result<()> {
     check_len("src", dst.len(), src.len())?;
     for (d, s) in dst.iter_mut().zip(src) {
@@ -210,10 +213,12 @@ pub fn silu_inplace(x: &mut [f32]) {
     silu_inplace_scalar(x);
 }
 
-/// Scalar reference for [`silu_inplace`]: `x / (1 + exp(−x))` in f32, PyTorch's formula.
-pub fn silu_inplace_scalar(x: &mut [f32]) {
-    for v in x {
-        *v = silu_scalar(*v);
+scalar_reference! {
+    /// Scalar reference for [`silu_inplace`]: `x / (1 + exp(−x))` in f32, PyTorch's formula.
+    pub fn silu_inplace_scalar(x: &mut [f32]) {
+        for v in x {
+            *v = silu_scalar(*v);
+        }
     }
 }
 
@@ -227,7 +232,7 @@ fn silu_scalar(x: f32) -> f32 {
 pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
-    match crate::par_elems(out.len()) {
+    match crate::par::par_elems(out.len()) {
         Some(piece) => out
             .par_chunks_mut(piece)
             .zip(gate.par_chunks(piece))
@@ -250,7 +255,7 @@ fn swiglu_serial(out: &mut [f32], gate: &[f32], up: &[f32]) {
     swiglu_plain(out, gate, up);
 }
 
-/// The scalar loop of [`swiglu_scalar`], lengths already checked.
+/// The scalar loop of `swiglu_scalar`, lengths already checked.
 fn swiglu_plain(out: &mut [f32], gate: &[f32], up: &[f32]) {
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
         *o = silu_scalar(*g) * *u;
@@ -259,6 +264,7 @@ fn swiglu_plain(out: &mut [f32], gate: &[f32], up: &[f32]) {
 
 /// Scalar reference for [`swiglu`]: `silu(gate)` rounded to f32, then times `up`
 /// (the order of PyTorch's `F.silu(gate) * up`).
+#[cfg(any(test, feature = "testing"))]
 pub fn swiglu_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
@@ -292,6 +298,7 @@ pub fn gelu_tanh_inplace(x: &mut [f32]) {
 }
 
 /// Scalar reference for [`gelu_tanh_inplace`]: PyTorch's formula literally, in f32.
+#[cfg(any(test, feature = "testing"))]
 pub fn gelu_tanh_inplace_scalar(x: &mut [f32]) {
     for v in x {
         let a = *v;
@@ -314,7 +321,7 @@ pub fn gelu_tanh_inplace_scalar(x: &mut [f32]) {
 pub fn geglu_tanh(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
-    match crate::par_elems(out.len()) {
+    match crate::par::par_elems(out.len()) {
         Some(piece) => out
             .par_chunks_mut(piece)
             .zip(gate.par_chunks(piece))
@@ -343,6 +350,7 @@ fn geglu_tanh_serial(out: &mut [f32], gate: &[f32], up: &[f32]) {
 
 /// Scalar reference for [`geglu_tanh`]: PyTorch's `gelu(gate, approximate="tanh")`
 /// literally, rounded to f32, then times `up`.
+#[cfg(any(test, feature = "testing"))]
 pub fn geglu_tanh_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     check_len("gate", out.len(), gate.len())?;
     check_len("up", out.len(), up.len())?;
@@ -371,12 +379,14 @@ pub fn gelu_erf_inplace(x: &mut [f32]) {
     gelu_erf_inplace_scalar(x);
 }
 
-/// Scalar reference for [`gelu_erf_inplace`]: `0.5·x·erfc(−x/√2)` evaluated in f64 with
-/// [`erfc_f64`] and rounded once to f32 (at least as accurate as PyTorch's f32 path).
-pub fn gelu_erf_inplace_scalar(x: &mut [f32]) {
-    for v in x {
-        let a = *v as f64;
-        *v = (0.5 * a * erfc_f64(-a * std::f64::consts::FRAC_1_SQRT_2)) as f32;
+scalar_reference! {
+    /// Scalar reference for [`gelu_erf_inplace`]: `0.5·x·erfc(−x/√2)` evaluated in f64 with
+    /// [`erfc_f64`] and rounded once to f32 (at least as accurate as PyTorch's f32 path).
+    pub fn gelu_erf_inplace_scalar(x: &mut [f32]) {
+        for v in x {
+            let a = *v as f64;
+            *v = (0.5 * a * erfc_f64(-a * std::f64::consts::FRAC_1_SQRT_2)) as f32;
+        }
     }
 }
 
@@ -408,11 +418,13 @@ pub fn softcap_inplace(x: &mut [f32], cap: f32) {
     softcap_inplace_scalar(x, cap);
 }
 
-/// Scalar reference for [`softcap_inplace`]: `cap · tanh(x / cap)` in f32, in PyTorch's order
-/// (divide, `tanh`, multiply).
-pub fn softcap_inplace_scalar(x: &mut [f32], cap: f32) {
-    for v in x {
-        *v = cap * (*v / cap).tanh();
+scalar_reference! {
+    /// Scalar reference for [`softcap_inplace`]: `cap · tanh(x / cap)` in f32, in PyTorch's order
+    /// (divide, `tanh`, multiply).
+    pub fn softcap_inplace_scalar(x: &mut [f32], cap: f32) {
+        for v in x {
+            *v = cap * (*v / cap).tanh();
+        }
     }
 }
 
@@ -434,21 +446,23 @@ pub fn softmax_inplace(x: &mut [f32]) {
     softmax_inplace_scalar(x);
 }
 
-/// Scalar reference for [`softmax_inplace`]: f32 `exp`, the sum accumulated in f64.
-pub fn softmax_inplace_scalar(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    if max == f32::NEG_INFINITY {
-        x.fill(0.0);
-        return;
-    }
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
+scalar_reference! {
+    /// Scalar reference for [`softmax_inplace`]: f32 `exp`, the sum accumulated in f64.
+    pub fn softmax_inplace_scalar(x: &mut [f32]) {
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        if max == f32::NEG_INFINITY {
+            x.fill(0.0);
+            return;
+        }
+        let mut sum = 0.0f64;
+        for v in x.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        for v in x.iter_mut() {
+            *v *= inv;
+        }
     }
 }
 
@@ -476,17 +490,19 @@ pub fn log_sum_exp(x: &[f32]) -> f32 {
     log_sum_exp_scalar(x)
 }
 
-/// Scalar reference for [`log_sum_exp`]: f32 `exp`, the sum accumulated in f64.
-pub fn log_sum_exp_scalar(x: &[f32]) -> f32 {
-    if x.iter().any(|v| v.is_nan()) {
-        return f32::NAN;
+scalar_reference! {
+    /// Scalar reference for [`log_sum_exp`]: f32 `exp`, the sum accumulated in f64.
+    pub fn log_sum_exp_scalar(x: &[f32]) -> f32 {
+        if x.iter().any(|v| v.is_nan()) {
+            return f32::NAN;
+        }
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        if max.is_infinite() {
+            return max;
+        }
+        let sum: f64 = x.iter().map(|&v| (v - max).exp() as f64).sum();
+        max + (sum.ln() as f32)
     }
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    if max.is_infinite() {
-        return max;
-    }
-    let sum: f64 = x.iter().map(|&v| (v - max).exp() as f64).sum();
-    max + (sum.ln() as f32)
 }
 
 /// The index of the largest entry: the first one on ties, NaN never chosen; 0 for an empty
@@ -505,15 +521,17 @@ pub fn argmax(x: &[f32]) -> usize {
     argmax_scalar(x)
 }
 
-/// Scalar reference for [`argmax`].
-pub fn argmax_scalar(x: &[f32]) -> usize {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in x.iter().enumerate() {
-        if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
-            best = Some((i, v));
+scalar_reference! {
+    /// Scalar reference for [`argmax`].
+    pub fn argmax_scalar(x: &[f32]) -> usize {
+        let mut best: Option<(usize, f32)> = None;
+        for (i, &v) in x.iter().enumerate() {
+            if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+                best = Some((i, v));
+            }
         }
+        best.map_or(0, |(i, _)| i)
     }
-    best.map_or(0, |(i, _)| i)
 }
 
 #[cfg(target_arch = "x86_64")]

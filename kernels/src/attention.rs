@@ -529,6 +529,7 @@ pub fn attention(
 /// [`attention`] computed with the scalar micro-kernels only: the same blocking, masking and
 /// splitting, with plain loops in place of the SIMD tiles. The reference the SIMD path is
 /// tested against, and the fallback on CPUs without AVX2/FMA/F16C.
+#[cfg(any(test, feature = "testing"))]
 pub fn attention_scalar(
     q: &QueryView<'_>,
     k: &KvView<'_>,

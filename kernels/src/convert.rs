@@ -29,22 +29,26 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) -> Result<()> {
     f32_to_f16_scalar(src, dst)
 }
 
-/// Scalar reference for [`f16_to_f32`]. Errors as it does if the lengths differ.
-pub fn f16_to_f32_scalar(src: &[f16], dst: &mut [f32]) -> Result<()> {
-    check_len("dst", src.len(), dst.len())?;
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = s.to_f32();
+scalar_reference! {
+    /// Scalar reference for [`f16_to_f32`]. Errors as it does if the lengths differ.
+    pub fn f16_to_f32_scalar(src: &[f16], dst: &mut [f32]) -> Result<()> {
+        check_len("dst", src.len(), dst.len())?;
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+        Ok(())
     }
-    Ok(())
 }
 
-/// Scalar reference for [`f32_to_f16`]. Errors as it does if the lengths differ.
-pub fn f32_to_f16_scalar(src: &[f32], dst: &mut [f16]) -> Result<()> {
-    check_len("dst", src.len(), dst.len())?;
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = f16::from_f32(*s);
+scalar_reference! {
+    /// Scalar reference for [`f32_to_f16`]. Errors as it does if the lengths differ.
+    pub fn f32_to_f16_scalar(src: &[f32], dst: &mut [f16]) -> Result<()> {
+        check_len("dst", src.len(), dst.len())?;
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f16::from_f32(*s);
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]

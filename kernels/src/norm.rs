@@ -80,6 +80,7 @@ pub fn layer_norm(
 }
 
 /// Scalar reference for [`layer_norm`]: two passes, sums in f64.
+#[cfg(any(test, feature = "testing"))]
 pub fn layer_norm_scalar(
     out: &mut [f32],
     x: &[f32],
@@ -126,7 +127,7 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, dim: usize
             dim,
         })
     };
-    match crate::par_rows(x.len() / dim, dim) {
+    match crate::par::par_rows(x.len() / dim, dim) {
         Some(rows) => out
             .par_chunks_mut(rows * dim)
             .zip(x.par_chunks(rows * dim))
@@ -138,6 +139,7 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, dim: usize
 
 /// Scalar reference for [`rms_norm`]: sum of squares in f64, then
 /// `(x · rstd) · weight` in f32.
+#[cfg(any(test, feature = "testing"))]
 pub fn rms_norm_scalar(
     out: &mut [f32],
     x: &[f32],
@@ -168,7 +170,7 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32, dim: usize) -> 
             dim,
         })
     };
-    match crate::par_rows(x.len() / dim, dim) {
+    match crate::par::par_rows(x.len() / dim, dim) {
         Some(rows) => x.par_chunks_mut(rows * dim).for_each(run),
         None => run(x),
     }

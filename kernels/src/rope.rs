@@ -209,6 +209,7 @@ impl RopeTable {
 
     /// Scalar reference for [`apply`](Self::apply): same arguments, errors and (bitwise)
     /// results.
+    #[cfg(any(test, feature = "testing"))]
     pub fn apply_scalar(
         &self,
         x: &mut [f32],
@@ -224,6 +225,7 @@ impl RopeTable {
     }
 
     /// Scalar reference for [`apply_strided`](Self::apply_strided).
+    #[cfg(any(test, feature = "testing"))]
     pub fn apply_strided_scalar(
         &self,
         x: &mut [f32],
@@ -286,7 +288,7 @@ impl RopeTable {
         pos0: usize,
         style: RopeStyle,
     ) {
-        match crate::par_rows(rows, heads * self.head_dim) {
+        match crate::par::par_rows(rows, heads * self.head_dim) {
             // Pieces of whole rows at their own positions; the last may end short of a
             // full stride, as `x` itself may.
             Some(piece) => x

@@ -7,8 +7,9 @@
 //! per-head query/key size). Masks follow [`super::mask`]: `true` = visible, and a query row
 //! with no visible key gives zeros before the output projection.
 
-use super::{Linear, Mask, Scope, Seq, SeqBuf};
+use super::{Linear, Mask, Seq, SeqBuf};
 use crate::error::{Error, Result};
+use crate::weights::Scope;
 use qkv_kernels::{AttentionMask, KvView, QueryView};
 
 /// Sizes of an [`AttentionCore`].

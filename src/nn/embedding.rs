@@ -1,7 +1,8 @@
 //! Token embeddings and the sinusoidal positional encoding of seed 004.
 
-use super::{Scope, SeqBuf};
+use super::SeqBuf;
 use crate::error::{Error, Result};
+use crate::weights::Scope;
 use crate::weights::Tensor;
 
 /// `nn.Embedding`: a `[vocab, dim]` table (f32 or f16) whose row `id` is token `id`'s vector.

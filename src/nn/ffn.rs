@@ -1,7 +1,8 @@
 //! The position-wise feed-forward block of seed 004: `linear2(relu(linear1(x)))`.
 
-use super::{Linear, Scope, Seq, SeqBuf};
+use super::{Linear, Seq, SeqBuf};
 use crate::error::{Error, Result};
+use crate::weights::Scope;
 
 /// `linear2(relu(linear1(x)))` with inner size `scale · hidden` (PyTorch names `linear1`,
 /// `linear2`). Dropout is the identity at inference.

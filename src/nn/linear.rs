@@ -1,8 +1,9 @@
 //! `nn.Linear`: `y = x·Wᵀ + b`, `W` stored `[out_features, in_features]` in f32, f16 or
 //! quantized blocks; an f32 weight may be kept transposed for gemm ([`Linear::for_many_rows`]).
 
-use super::{Scope, Seq, SeqBuf};
+use super::{Seq, SeqBuf};
 use crate::error::{Error, Result};
+use crate::weights::Scope;
 use crate::weights::Tensor;
 
 /// A linear layer over the last dimension. The weight stays in the dtype it was stored in
@@ -119,7 +120,7 @@ impl Linear {
         };
         let (n, k) = (self.out_dim, self.in_dim);
         let name = self.weight.name();
-        let mut t = crate::models::zeroed(n * k, || format!("tensor `{name}` transposed"))?;
+        let mut t = crate::alloc::zeroed(n * k, || format!("tensor `{name}` transposed"))?;
         // In 32×32 tiles: both sides stay in cache lines already fetched.
         const TILE: usize = 32;
         for j0 in (0..n).step_by(TILE) {

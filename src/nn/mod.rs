@@ -1,5 +1,5 @@
 //! Neural-network modules: each holds its weight [`Tensor`](crate::weights::Tensor)s, loaded by
-//! their PyTorch names through a [`Scope`], and calls the kernels of [`qkv_kernels`].
+//! their PyTorch names through a [`Scope`](crate::weights::Scope), and calls the kernels of [`qkv_kernels`].
 //!
 //! - [`Seq`] / [`SeqBuf`]: activations `[batch, len, dim]` in f32, row-major, shapes explicit.
 //! - [`Mask`], [`KeyPadding`], [`DenseMask`]: one masking convention for the whole API,
@@ -33,7 +33,6 @@ pub mod norm;
 pub mod seeds;
 pub mod seq;
 
-pub use crate::weights::Scope;
 pub use attention::{AttentionCore, AttentionScratch};
 pub use embedding::{Embedding, PositionalEncoding};
 pub use ffn::FeedForward;

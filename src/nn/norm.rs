@@ -1,7 +1,8 @@
 //! `nn.LayerNorm` over the last dimension.
 
-use super::{Scope, Seq, SeqBuf};
+use super::{Seq, SeqBuf};
 use crate::error::{Error, Result};
+use crate::weights::Scope;
 
 /// Layer normalisation with a learned scale and shift, both kept in f32.
 #[derive(Debug, Clone)]

@@ -22,8 +22,8 @@
 //! projection.
 //!
 //! ```
-//! use qkv::nn::{Mask, MultiHeadAttention, Scope, Seq};
-//! use qkv::weights::{Tensor, TensorSource};
+//! use qkv::nn::{Mask, MultiHeadAttention, Seq};
+//! use qkv::weights::{Scope, Tensor, TensorSource};
 //! use std::collections::HashMap;
 //!
 //! // A tiny in-memory state_dict: identity projections of size 2, two heads.
@@ -52,8 +52,9 @@
 //! ```
 
 use super::attention::{AttentionCore, AttentionDims, ProjectionNames};
-use super::{Mask, Scope, Seq, SeqBuf};
+use super::{Mask, Seq, SeqBuf};
 use crate::error::Result;
+use crate::weights::Scope;
 
 /// How a seed module's constructor sizes become [`AttentionDims`]. Query and key/value
 /// inputs always have the same width in the seeds.

@@ -1,5 +1,5 @@
 //! [`SafeTensorsDir`]: the weights of a Hugging Face model directory (one or more
-//! `*.safetensors` files) as one [`TensorSource`]. [`Model::load`](crate::model::Model::load)
+//! `*.safetensors` files) as one [`TensorSource`]. [`Model::load`](crate::load::Model::load)
 //! reads a directory's `config.json` and `tokenizer.json` and its weights through this.
 
 use super::safetensors::SafeTensorsFile;

@@ -10,7 +10,7 @@
 //! - [`safetensors`]: PyTorch / Hugging Face `.safetensors` files.
 //! - [`hf_dir`]: a Hugging Face model directory (sharded `*.safetensors`) as one source.
 //! - [`gguf`]: llama.cpp's GGUF (v2, v3).
-//! - [`scope`]: [`Scope`], a source seen through a name prefix, which modules load through.
+//! - [`Scope`]: a source seen through a name prefix, which modules load through.
 //! - `mmap`: the one module of the crate allowed `unsafe` code: it maps files
 //!   ([`map_file`], [`MappedFile`]) and hands out typed views of mapped bytes.
 
@@ -19,7 +19,7 @@ pub mod hf_dir;
 #[allow(unsafe_code)]
 mod mmap;
 pub mod safetensors;
-pub mod scope;
+mod scope;
 
 pub use mmap::{map_file, MappedFile};
 pub use scope::Scope;
@@ -129,7 +129,7 @@ pub fn temp_sibling(path: &Path) -> PathBuf {
 /// bf16 values (little-endian bytes, two per value) widened exactly to f32, or
 /// [`Error::AllocationRefused`] when the memory for them cannot be had.
 pub(crate) fn widen_bf16(name: &str, bytes: &[u8]) -> Result<Vec<f32>> {
-    let mut out = crate::models::zeroed(bytes.len() / 2, || format!("tensor `{name}` in f32"))?;
+    let mut out = crate::alloc::zeroed(bytes.len() / 2, || format!("tensor `{name}` in f32"))?;
     for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
         *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
     }
@@ -356,7 +356,7 @@ impl Tensor {
     /// The data widened to an owned f32 vector (biases, norms, embeddings).
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
         let mut out =
-            crate::models::zeroed(self.numel(), || format!("tensor `{}` in f32", self.name))?;
+            crate::alloc::zeroed(self.numel(), || format!("tensor `{}` in f32", self.name))?;
         self.rows_to_f32(0, &mut out)?;
         Ok(out)
     }
@@ -373,11 +373,11 @@ impl Tensor {
         let storage = match dtype {
             FloatType::F32 => Storage::F32(self.to_f32_vec()?),
             FloatType::F16 => {
-                let mut out = crate::models::zeroed(self.numel(), what)?;
+                let mut out = crate::alloc::zeroed(self.numel(), what)?;
                 let k = self.row_len();
                 let rows_per = (1usize << 14).div_ceil(k);
                 // No longer than the tensor: a tensor of no rows may have rows of any length.
-                let mut scratch = crate::models::zeroed((rows_per * k).min(out.len()), what)?;
+                let mut scratch = crate::alloc::zeroed((rows_per * k).min(out.len()), what)?;
                 for (i, dst) in out.chunks_mut(rows_per * k).enumerate() {
                     let tmp = &mut scratch[..dst.len()];
                     self.rows_to_f32(i * rows_per, tmp)?;

@@ -46,9 +46,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// [`Scope`] lives in [`crate::weights::scope`]; this path is kept for code written before.
-pub use super::scope::Scope;
-
 /// A `.safetensors` file, mapped read-only, handing out tensors by their stored names.
 pub struct SafeTensorsFile {
     path: PathBuf,

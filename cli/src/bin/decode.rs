@@ -26,7 +26,7 @@
 #![forbid(unsafe_code)]
 
 use clap::{Args, Parser, Subcommand};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::KvType;
 use qkv::sample::SamplerConfig;
 use qkv::session::{Piece, Session, SessionOptions};

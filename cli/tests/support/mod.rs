@@ -1,15 +1,12 @@
 //! The `qkv-server` client of the server tests (cli/tests/server*.rs): a server process on a
 //! free loopback port, and a few lines of HTTP/1.1 over `TcpStream`, so that what
-//! is tested is the bytes on the wire; scratch directories, the 401 check, and a reader of
-//! `/metrics` that checks the exposition's format.
+//! is tested is the bytes on the wire; scratch directories, the 401 check, a reader of
+//! `/metrics` that checks the exposition's format, and [`run_decode`] for the `decode` binary.
 
 #![allow(dead_code)]
 
-use crate::common::{
-    self,
-    synthetic::{self, Storage},
-};
 use qkv::kernels::QuantFormat;
+use qkv::testing::synthetic::{self, Storage};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -34,7 +31,10 @@ pub fn synthetic_model() -> PathBuf {
 impl Server {
     /// A server of the default model, or `None` (a skip printed) without it.
     pub fn start(extra: &[&str]) -> Option<Server> {
-        Some(Server::start_with(&common::default_gguf()?, extra))
+        Some(Server::start_with(
+            &qkv_fetch::testing::default_gguf()?,
+            extra,
+        ))
     }
 
     /// A server of the synthetic model.
@@ -334,4 +334,22 @@ pub fn metric(text: &str, name: &str) -> f64 {
         }
     }
     found.unwrap_or_else(|| panic!("{name} is missing from /metrics:\n{text}"))
+}
+
+/// Runs qkv-cli's `decode` binary with `args`, `stdin` written to it (closed at once when
+/// `None`), and returns its exit status and output.
+pub fn run_decode(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_decode"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        pipe.write_all(text.as_bytes()).unwrap();
+    }
+    drop(pipe);
+    child.wait_with_output().unwrap()
 }

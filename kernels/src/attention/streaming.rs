@@ -111,6 +111,7 @@ pub(super) fn run(call: &Call<'_>, out: &mut [f32]) {
 }
 
 /// Runs attention with the scalar micro-kernels only (the reference path).
+#[cfg(any(test, feature = "testing"))]
 pub(super) fn run_scalar(call: &Call<'_>, out: &mut [f32]) {
     driver::run_with::<Scalar>(call, out)
 }
@@ -121,6 +122,7 @@ pub(super) use exact::with_probs;
 mod avx2;
 mod driver;
 mod exact;
+mod mask;
 mod micro;
 mod plan;
 mod scratch;

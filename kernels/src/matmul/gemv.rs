@@ -7,8 +7,8 @@
 //! [`Weights::act_precision`]); the kernels take integer dot products per block.
 
 use super::Weights;
+use crate::par::SharedOut;
 use crate::quant::act::{ActPrecision, QuantizedActs};
-use crate::SharedOut;
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -281,8 +281,8 @@ unsafe fn gemv_columns(
 
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2 {
+    use crate::par::SharedOut;
     use crate::simd::avx2::{hsum, Lane};
-    use crate::SharedOut;
     use core::arch::x86_64::*;
 
     /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.

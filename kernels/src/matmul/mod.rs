@@ -31,8 +31,8 @@
 mod gemv;
 
 use crate::error::{check_len, check_nonzero, KernelError, Result};
+use crate::par::SharedOut;
 use crate::quant::{self, act::ActPrecision, QuantFormat};
-use crate::SharedOut;
 use gemv::{gemv, gemv_parts, GemvPart};
 use half::f16;
 use rayon::prelude::*;
@@ -40,6 +40,8 @@ use std::cell::RefCell;
 
 /// Up to this many rows of `x`, [`linear`] takes the streaming GEMV instead of gemm.
 pub const GEMV_MAX_ROWS: usize = 8;
+// The quantized GEMV kernels take at most this many rows per call.
+const _: () = assert!(GEMV_MAX_ROWS <= quant::gemv::MAX_ROWS);
 
 /// Up to this many rows, quantized weights run as GEMVs of [`GEMV_MAX_ROWS`] rows each
 /// (their integer dot products; the weights read once per 8 rows) rather than as f32 panels
@@ -313,6 +315,7 @@ pub fn linear(
 
 /// The plain reference for [`linear`]: one dot product per output, f32 accumulation over
 /// the weights widened exactly to f32 (quantized ones by [`QuantFormat::dequantize`]).
+#[cfg(any(test, feature = "testing"))]
 pub fn linear_scalar(
     y: &mut [f32],
     x: &[f32],

@@ -451,6 +451,7 @@ fn scales(amax: f32, max: f32) -> (f32, f32) {
 ///
 /// Errors unless `x.len()` is a multiple of 32, `q` holds as many values as `x`, and `scale`
 /// and `sum` one per block of 32.
+#[cfg(any(test, feature = "testing"))]
 pub fn quantize_scalar(
     x: &[f32],
     q: &mut [i16],

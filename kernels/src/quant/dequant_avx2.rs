@@ -431,7 +431,7 @@ unsafe fn run<W: Widen>(format: QuantFormat, src: &[u8], dst: &mut [f32]) {
 }
 
 /// Decodes `src`, whole blocks of `format`, into `dst` with AVX2: bit for bit what
-/// [`QuantFormat::dequantize_scalar`] writes.
+/// `QuantFormat::dequantize_scalar` writes.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C ([`crate::simd::has_avx2_fma_f16c`]).

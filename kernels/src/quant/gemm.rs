@@ -85,9 +85,9 @@ fn check_shapes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::par::SharedOut;
     use crate::quant::gemv::columns_scalar;
     use crate::quant::testing::{magnitude, weight_blocks, Rng};
-    use crate::SharedOut;
 
     /// The integer GEMM against the scalar GEMV on the same integers, on awkward shapes: `m`
     /// not a multiple of the 4-row tile, `n` not a multiple of the 32-row panel (and below

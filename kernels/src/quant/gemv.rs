@@ -17,6 +17,10 @@
 //! differ from it only in the order of their f32 additions and in applying `xs·a` as one
 //! product.
 
+/// Rows of `x` a quantized GEMV kernel takes per call at most: `matmul` calls them with up
+/// to its `GEMV_MAX_ROWS` rows, and checks that at compile time.
+pub(crate) const MAX_ROWS: usize = 8;
+
 #[cfg(target_arch = "x86_64")]
 pub(in crate::quant) mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -27,7 +31,7 @@ mod row1;
 use super::act::{QuantizedActs, ACT_BLOCK};
 use super::blocks::{f16_at, k_scale_min, q6_k_value};
 use super::QuantFormat;
-use crate::SharedOut;
+use crate::par::SharedOut;
 
 /// One group of 32 weights as integers and scales: `w[e] = a[e / 16]·q[e] + c`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -143,8 +147,9 @@ pub(crate) unsafe fn columns_scalar(
 ) {
     let (m, k) = (acts.m, acts.k);
     let row_bytes = k / format.block_elems() * format.block_bytes();
-    // Rows of x in runs of up to 8 (any m: this is also the prefill product's reference).
-    const RUN: usize = crate::matmul::GEMV_MAX_ROWS;
+    // Rows of x in runs of up to MAX_ROWS (any m: this is also the prefill product's
+    // reference). Each row's sums are its own, so the run length changes no result.
+    const RUN: usize = MAX_ROWS;
     let mut acc = [0.0f32; RUN];
     for (i0, j) in (0..m)
         .step_by(RUN)
@@ -196,7 +201,7 @@ pub(crate) fn row_scalar(
 /// Columns `j0..j1` of `y[m, n] = x·Wᵀ (+ b)` with the fastest kernel for this CPU.
 ///
 /// # Safety
-/// As [`columns_scalar`].
+/// As `columns_scalar`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn columns(
     y: SharedOut,

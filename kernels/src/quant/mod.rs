@@ -20,7 +20,7 @@
 //! in its high nibble, and bit `j` of the high-bit word is element `j`'s fifth bit. The
 //! K-formats' layouts are spelled out in [`blocks`].
 //!
-//! [`QuantFormat::dequantize_scalar`] is the scalar reference: it computes exactly what
+//! `QuantFormat::dequantize_scalar` is the scalar reference: it computes exactly what
 //! gguf-py's numpy dequantizers (and ggml's `dequantize_row_*`) compute, bit for bit — scales
 //! widened from f16, each value one f32 multiply (and one add or subtract), never a fused
 //! multiply-add. [`QuantFormat::dequantize`] writes the same bits with AVX2 where the CPU has
@@ -30,9 +30,11 @@ pub mod act;
 pub mod blocks;
 #[cfg(target_arch = "x86_64")]
 mod dequant_avx2;
+#[cfg(target_arch = "x86_64")]
+mod frame;
 pub mod gemm;
 pub mod gemv;
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod x8;
 
@@ -138,7 +140,7 @@ impl QuantFormat {
     }
 
     /// Dequantizes whole blocks `src` into `dst`, exactly as gguf-py does: bit for bit what
-    /// [`QuantFormat::dequantize_scalar`] writes, with AVX2 where the CPU has it
+    /// `QuantFormat::dequantize_scalar` writes, with AVX2 where the CPU has it
     /// ([`crate::simd::has_avx2_fma_f16c`]). Errors unless `src` is exactly the blocks that
     /// hold `dst.len()` values.
     ///
@@ -168,6 +170,7 @@ impl QuantFormat {
     /// The scalar reference of [`QuantFormat::dequantize`], one block at a time with the
     /// decoders of [`blocks`]: what the SIMD paths are tested against, and what runs on
     /// every CPU (and under `QKV_FORCE_SCALAR=1`). Errors as `dequantize` does.
+    #[cfg(any(test, feature = "testing"))]
     pub fn dequantize_scalar(self, src: &[u8], dst: &mut [f32]) -> Result<()> {
         self.check_dequantize(src, dst)?;
         self.decode_scalar(src, dst);

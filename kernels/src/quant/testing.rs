@@ -124,7 +124,7 @@ pub fn magnitude(acts: &QuantizedActs, format: QuantFormat, w: &[u8], i: usize, 
 /// in either weight layout), for the tests that compare them.
 #[cfg(test)]
 pub(crate) type ColumnsKernel = unsafe fn(
-    crate::SharedOut,
+    crate::par::SharedOut,
     &QuantizedActs,
     QuantFormat,
     &[u8],
@@ -162,7 +162,7 @@ pub(crate) unsafe fn check_split_columns(
         // the caller's contract.
         unsafe {
             kernel(
-                crate::SharedOut(got.as_mut_ptr()),
+                crate::par::SharedOut(got.as_mut_ptr()),
                 acts,
                 format,
                 w,

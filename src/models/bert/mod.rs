@@ -39,10 +39,10 @@ use crate::error::{Error, Result};
 use crate::models::seq2seq::TokenBatch;
 use crate::nn::attention::{AttentionDims, ProjectionNames};
 use crate::nn::{
-    AttentionCore, AttentionScratch, Embedding, KeyPadding, LayerNorm, Linear, Mask, Scope, Seq,
+    AttentionCore, AttentionScratch, Embedding, KeyPadding, LayerNorm, Linear, Mask, Seq,
 };
 use crate::weights::safetensors::SafeTensorsFile;
-use crate::weights::TensorSource;
+use crate::weights::{Scope, TensorSource};
 use qkv_kernels::activation::{add_inplace, gelu_erf_inplace};
 use qkv_kernels::{linear_many, AttentionMask};
 use rayon::prelude::*;

@@ -648,12 +648,12 @@ impl Decoder {
             return Err(Error::Config("a pass of 0 positions".into()));
         }
         let buf = |width: usize| -> Result<Vec<f32>> {
-            super::zeroed_for(&[rows, width], || {
+            crate::alloc::zeroed_for(&[rows, width], || {
                 format!("the scratch of a pass of {rows} positions")
             })
         };
         let ffn_buf = || -> Result<Vec<f32>> {
-            super::zeroed_for(&[moe::ffn_elems(c, rows).unwrap_or(usize::MAX)], || {
+            crate::alloc::zeroed_for(&[moe::ffn_elems(c, rows).unwrap_or(usize::MAX)], || {
                 format!("the scratch of a pass of {rows} positions")
             })
         };

@@ -1,8 +1,8 @@
 //! A sequence's state on a [`Decoder`]: the KV cache and the scratch of one prefill chunk.
 
-use super::super::zeroed;
 #[cfg(doc)]
 use super::Decoder;
+use crate::alloc::zeroed;
 use crate::error::{Error, Result};
 use crate::weights::FloatType;
 use half::f16;

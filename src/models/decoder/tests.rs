@@ -2,7 +2,7 @@
 
 use super::state::kv_cache;
 use super::*;
-use crate::models::{zeroed, zeroed_for};
+use crate::alloc::{zeroed, zeroed_for};
 use half::f16;
 
 #[test]

@@ -74,10 +74,10 @@ impl Seq2Seq {
             })?;
         let caches = || {
             (0..layers)
-                .map(|_| crate::models::zeroed(cache, what))
+                .map(|_| crate::alloc::zeroed(cache, what))
                 .collect::<Result<Vec<_>>>()
         };
-        let logits = crate::models::zeroed_for(&[b, self.cfg.tgt_vocab], || {
+        let logits = crate::alloc::zeroed_for(&[b, self.cfg.tgt_vocab], || {
             format!("seq2seq: the logits of {b} sequences")
         })?;
         Ok(DecodeState {

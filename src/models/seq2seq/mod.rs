@@ -41,9 +41,9 @@
 use crate::error::{Error, Result};
 use crate::nn::{
     AttentionCore, AttentionScratch, Embedding, FeedForward, KeyPadding, LayerNorm, Linear, Mask,
-    PositionalEncoding, Scope, Seq, SeqBuf, TransformerAttention,
+    PositionalEncoding, Seq, SeqBuf, TransformerAttention,
 };
-use crate::weights::TensorSource;
+use crate::weights::{Scope, TensorSource};
 use qkv_kernels::activation::add_inplace;
 
 mod config;

@@ -51,7 +51,7 @@ use axum::{Json, Router};
 use clap::Parser;
 use openai::Kind;
 use qkv::engine::{Engine, EngineOptions};
-use qkv::model::{Model, ModelOptions};
+use qkv::load::{Model, ModelOptions};
 use qkv::tokenizer::Tokenizer;
 use qkv_cli::auth::ApiKeys;
 use qkv_cli::request::{self, ApiError, Body, Prompt};

@@ -12,7 +12,7 @@
 //!   them after.
 //!
 //! Rows of more than [`MAX_BLOCKS`] blocks (head dims past 256) take the scalar forms.
-//! [`crate::attention::attention_scalar`] is the reference these are tested against.
+//! `crate::attention::attention_scalar` is the reference these are tested against.
 //!
 //! [`KvData::Q8_0`]: crate::attention::KvData::Q8_0
 

@@ -3,7 +3,7 @@
 //! [`crate::attention::attention_with_probs`], and every row the streaming pass leaves
 //! non-finite. Masked keys take no part in it at all, whatever their K and V hold.
 
-use super::driver::mask_row;
+use super::mask::mask_row;
 use super::micro::{Block, Micro, Scalar};
 use super::{Call, Ctx, Dims, KB};
 use crate::attention::AttentionMask;

@@ -15,11 +15,11 @@
 //! sums cannot overflow: a group adds 32 products of `|q| ≤ 128` and `|xq| ≤ 32767`.
 
 use super::NR;
+use crate::par::SharedOut;
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
-use crate::quant::gemv::avx2::{Chunk, Format, Sink, Unpack, CHUNK};
-use crate::quant::gemv::avx2::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use crate::quant::frame::{Chunk, Format, Sink, Unpack, CHUNK};
+use crate::quant::frame::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
 use crate::quant::QuantFormat;
-use crate::SharedOut;
 use core::arch::x86_64::*;
 use rayon::prelude::*;
 use std::cell::RefCell;

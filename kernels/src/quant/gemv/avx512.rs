@@ -3,10 +3,11 @@
 //! blended vector. The frame (chunks, scales, passes of up to 4 rows) is the AVX2 one,
 //! [`super::avx2::columns_with`].
 
-use super::avx2::{bytes, dispatch, k_pair, q6k_half, u32_at, Isa, Sink, Unpack};
-use super::avx2::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use super::avx2::{dispatch, Isa};
+use crate::par::SharedOut;
 use crate::quant::act::QuantizedActs;
-use crate::SharedOut;
+use crate::quant::frame::{bytes, k_pair, q6k_half, u32_at, Sink, Unpack};
+use crate::quant::frame::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
 use core::arch::x86_64::*;
 
 /// The 16 bytes at `p` as 32 bytes: their low nibbles (elements 0–15), then their high
@@ -178,7 +179,7 @@ impl Isa for Avx512 {
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW and VL, AVX2, FMA and F16C; the rest as
-/// [`super::columns_scalar`].
+/// `super::columns_scalar`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn columns(

@@ -26,9 +26,9 @@
 
 mod pairs;
 
-use super::avx2::{k45_scales, q6k_scales, u16_at, u32_at, Format, Q4_K, Q5_K, Q6_K};
+use crate::par::SharedOut;
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
-use crate::SharedOut;
+use crate::quant::frame::{k45_scales, q6k_scales, u16_at, u32_at, Format, Q4_K, Q5_K, Q6_K};
 use core::arch::x86_64::*;
 use core::marker::PhantomData;
 use pairs::Pairs;

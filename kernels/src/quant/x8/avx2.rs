@@ -4,9 +4,9 @@
 
 use super::avx2_i16::{q6_k, q8_0};
 use super::ROWS;
+use crate::par::SharedOut;
 use crate::quant::act::{ActPrecision, ByteBlock, QuantizedActs, SplitBlock, TILE_ROWS};
 use crate::quant::QuantFormat;
-use crate::SharedOut;
 use core::arch::x86_64::*;
 
 /// How far ahead of the column being multiplied the group's bytes are prefetched.

@@ -49,7 +49,7 @@ use super::blocks::{k_scale_min, q6_k_value};
 use super::gemv::row_scalar;
 use super::QuantFormat;
 use crate::error::{KernelError, Result};
-use crate::SharedOut;
+use crate::par::SharedOut;
 use std::sync::OnceLock;
 
 /// Rows woven together.

@@ -567,7 +567,7 @@ impl MoeScratch {
     /// Buffers for `rows` positions of `c`'s mixture `m`.
     pub(super) fn new(c: &DecoderConfig, m: &Moe, rows: usize) -> Result<MoeScratch> {
         let what = || format!("the expert scratch of a pass of {rows} positions");
-        let z = |dims: &[usize]| super::super::zeroed_for::<f32>(dims, what);
+        let z = |dims: &[usize]| crate::alloc::zeroed_for::<f32>(dims, what);
         let n = rows.saturating_mul(m.used);
         let pairs = || -> Result<Vec<(u32, f32)>> {
             let mut v = Vec::new();

@@ -18,8 +18,8 @@
 //! [`QuantizedActs::eo`]: crate::quant::act::QuantizedActs::eo
 //! [`QuantizedActs::isum16`]: crate::quant::act::QuantizedActs::isum16
 
-use super::super::avx2::{bit_bytes, bytes, k_pair, nibble_bytes, q6k_bytes, u32_at, Format};
-use super::super::avx2::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0};
+use crate::quant::frame::{bit_bytes, bytes, k_pair, nibble_bytes, q6k_bytes, u32_at, Format};
+use crate::quant::frame::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0};
 use core::arch::x86_64::*;
 
 /// A group of 32 as its even elements and its odd ones, 16 i16 each.

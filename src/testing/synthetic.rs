@@ -1,4 +1,5 @@
-//! A tiny synthetic model, written by qkv's own GGUF writer at test time, so that every model
+//! A tiny synthetic model, written by qkv's own GGUF writer at test time (the tests of qkv
+//! and qkv-cli use it), so that every model
 //! path runs offline: a Llama-architecture decoder (2 layers, dim 256, 4 query heads of 64
 //! over 2 KV heads, FFN 512) with a byte-level BPE vocabulary of 267 tokens in its metadata
 //! (the 256 bytes, 8 merges, 3 control tokens) and a ChatML chat template.
@@ -12,13 +13,12 @@
 //! Each test process writes the files it uses into its own `$TMPDIR/qkv-synthetic-PID/`
 //! (a few MB; the next run removes the directories of processes that have exited), so a file
 //! never outlives the code that wrote it.
-#![allow(dead_code)] // each test binary uses its own subset
 
-use qkv::kernels::quant::testing::{weight_blocks, Rng};
-use qkv::kernels::{f16, QuantFormat};
-use qkv::tokenizer::gpt2_byte_chars;
-use qkv::weights::gguf::{write_gguf, MetaValue, MetaValueType};
-use qkv::weights::WeightFormat;
+use crate::kernels::quant::testing::{weight_blocks, Rng};
+use crate::kernels::{f16, QuantFormat};
+use crate::tokenizer::gpt2_byte_chars;
+use crate::weights::gguf::{write_gguf, MetaValue, MetaValueType};
+use crate::weights::WeightFormat;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -270,7 +270,7 @@ pub fn model_file(storage: Storage) -> PathBuf {
 
 /// `n` token ids of text-like input: the tokenizer's encoding of a fixed English passage,
 /// repeated as needed.
-pub fn text_tokens(tok: &qkv::tokenizer::Tokenizer, n: usize) -> Vec<u32> {
+pub fn text_tokens(tok: &crate::tokenizer::Tokenizer, n: usize) -> Vec<u32> {
     let text = "the cat sat on the mat and then there was another one in the garden. ";
     let one = tok.encode(text).unwrap();
     one.iter().copied().cycle().take(n).collect()

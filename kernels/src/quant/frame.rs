@@ -1,0 +1,268 @@
+//! The frame the quantized SIMD kernels share, GEMV ([`super::gemv`]) and GEMM
+//! ([`super::gemm`]) alike: the per-chunk scratch of scales ([`Chunk`]), each block
+//! format's layout and scale decoding ([`Format`], one type per format), and how a block is
+//! unpacked into groups of 32 16-bit integers ([`Unpack`]) handed to a [`Sink`].
+//!
+//! A row of `W` is taken in chunks of up to [`CHUNK`] groups of 32; the kernels decode a
+//! chunk's scales once, then unpack each group once and meet it with their rows of `xq`.
+
+mod unpack;
+
+pub(in crate::quant) use unpack::{
+    bit_bytes, bytes, k_pair, nibble_bytes, q6k_bytes, q6k_half, W2,
+};
+
+use core::arch::x86_64::*;
+
+/// Groups of 32 weights per chunk of scales: 2048 elements, 8 K-format super-blocks.
+pub(in crate::quant) const CHUNK: usize = 64;
+
+/// Rows of `x` that share one unpacking of a weight group.
+pub(in crate::quant) const ROWS: usize = 4;
+
+/// Per-chunk scratch: weight scales, their products with the activation scales, and the
+/// f16 bits they are widened from.
+pub(in crate::quant) struct Chunk {
+    /// Weight scale per group (per half-group of 16 for Q6_K).
+    pub(in crate::quant) a: [f32; 2 * CHUNK],
+    /// Additive constant per group.
+    pub(in crate::quant) c: [f32; CHUNK],
+    /// f16 bits of the scales and minimums of the 32-element formats.
+    pub(in crate::quant) bits_a: [u16; CHUNK],
+    pub(in crate::quant) bits_c: [u16; CHUNK],
+    /// `xs·a` per row of the pass and group (half-group for Q6_K).
+    pub(in crate::quant) s: [[f32; 2 * CHUNK]; ROWS],
+}
+
+impl Chunk {
+    pub(in crate::quant) fn new() -> Self {
+        Chunk {
+            a: [0.0; 2 * CHUNK],
+            c: [0.0; CHUNK],
+            bits_a: [0; CHUNK],
+            bits_c: [0; CHUNK],
+            s: [[0.0; 2 * CHUNK]; ROWS],
+        }
+    }
+}
+
+/// A block format's layout facts and its scale decoding.
+pub(in crate::quant) trait Format {
+    /// Elements per block.
+    const BE: usize;
+    /// Bytes per block.
+    const BB: usize;
+    /// Two scales per group (one per 16): Q6_K.
+    const HALVES: bool = false;
+    /// A nonzero additive constant per group (Q4_1, Q5_1, Q4_K, Q5_K).
+    const MIN: bool;
+
+    /// Decodes the scales of the `nb` blocks at `p` into `ch.a` and (if [`Self::MIN`])
+    /// `ch.c`, in group order.
+    ///
+    /// # Safety
+    /// `p` points to `nb` whole blocks, `nb·BE ≤ 32·CHUNK`; the CPU has AVX2 and F16C.
+    unsafe fn scales(p: *const u8, nb: usize, ch: &mut Chunk);
+}
+
+/// Receives a block's unpacked groups (a trait rather than a closure so that it is always
+/// inlined into the `#[target_feature]` kernel).
+pub(in crate::quant) trait Sink<W> {
+    /// Takes group `g` of the current block; `odd` picks one of two accumulators (a
+    /// constant at each call site, so the choice costs nothing).
+    ///
+    /// # Safety
+    /// As the kernel that calls it: the CPU has the features of `W`'s
+    /// [`Isa`](super::gemv::avx2::Isa).
+    unsafe fn group(&mut self, g: usize, odd: bool, w: W);
+}
+
+/// How a format's block is unpacked into groups of 32 16-bit integers of type `W`.
+pub(in crate::quant) trait Unpack<W>: Format {
+    /// Hands every group of the block at `p` to `sink`, in order.
+    ///
+    /// # Safety
+    /// `p` points to one whole block; the CPU has the features of `W`'s
+    /// [`Isa`](super::gemv::avx2::Isa).
+    unsafe fn block(p: *const u8, sink: &mut impl Sink<W>);
+}
+
+/// The little-endian u16 at `p`.
+///
+/// # Safety
+/// `p..p + 2` must be readable.
+#[inline(always)]
+pub(in crate::quant) unsafe fn u16_at(p: *const u8) -> u16 {
+    // SAFETY: the caller guarantees 2 readable bytes at `p`; the read is unaligned.
+    unsafe { u16::from_le((p as *const u16).read_unaligned()) }
+}
+
+/// The little-endian u32 at `p`.
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[inline(always)]
+pub(in crate::quant) unsafe fn u32_at(p: *const u8) -> u32 {
+    // SAFETY: the caller guarantees 4 readable bytes at `p`; the read is unaligned.
+    unsafe { u32::from_le((p as *const u32).read_unaligned()) }
+}
+
+/// Scales of the 32-element formats: the f16 `d` at offset 0 of each block and, with `min`,
+/// the f16 `m` at offset 2, gathered and widened 8 at a time.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK` blocks of `bb` bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales32(p: *const u8, nb: usize, bb: usize, min: bool, ch: &mut Chunk) {
+    // SAFETY: the caller guarantees `nb ≤ CHUNK` blocks of `bb` bytes at `p` and AVX2 and
+    // F16C (this function's contract). The f16 fields read are at offsets 0 and 2 of a block.
+    // The vector loop reads and writes 8 entries at `t < nb`, `t` a multiple of 8, so
+    // `t + 8 ≤ CHUNK` (CHUNK is a multiple of 8) keeps it inside the `Chunk` arrays.
+    unsafe {
+        for b in 0..nb {
+            ch.bits_a[b] = u16_at(p.add(b * bb));
+            if min {
+                ch.bits_c[b] = u16_at(p.add(b * bb + 2));
+            }
+        }
+        // Whole vectors of 8: t + 8 ≤ CHUNK, entries past nb are stale and never used.
+        let mut t = 0;
+        while t < nb {
+            let d = _mm_loadu_si128(ch.bits_a.as_ptr().add(t) as *const __m128i);
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(t), _mm256_cvtph_ps(d));
+            if min {
+                let m = _mm_loadu_si128(ch.bits_c.as_ptr().add(t) as *const __m128i);
+                _mm256_storeu_ps(ch.c.as_mut_ptr().add(t), _mm256_cvtph_ps(m));
+            }
+            t += 8;
+        }
+    }
+}
+
+/// One Q4_K or Q5_K super-block's scales: `a = d·sc` and `c = −dmin·mn` for its 8
+/// sub-blocks, the 6-bit fields unpacked 4 at a time in 32-bit words.
+///
+/// # Safety
+/// `q` points to one block (at least 16 readable bytes); AVX2 and F16C.
+#[inline(always)]
+pub(in crate::quant) unsafe fn k45_scales(q: *const u8) -> (__m256, __m256) {
+    // SAFETY: the caller guarantees AVX2, F16C and bytes 0–15 of a block at `q`, which are
+    // all that is read.
+    unsafe {
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(q) as i32));
+        let d = _mm256_broadcastss_ps(dm);
+        let neg_dmin = _mm256_broadcastss_ps(_mm_sub_ps(_mm_setzero_ps(), _mm_movehdup_ps(dm)));
+        let (w0, w1, w2) = (u32_at(q.add(4)), u32_at(q.add(8)), u32_at(q.add(12)));
+        // Bytes 0–3: low 6 bits of sub-blocks 0–3; sub-blocks 4–7 take their low 4 bits from
+        // bytes 8–11 and their top 2 from the top bits of bytes 0–3 (scales) or 4–7
+        // (minimums). Shifting whole words moves no bit across the masked fields.
+        let sc_hi = (w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030);
+        let mn_hi = ((w2 >> 4) & 0x0F0F_0F0F) | ((w1 >> 2) & 0x3030_3030);
+        let sc = u64::from(w0 & 0x3F3F_3F3F) | (u64::from(sc_hi) << 32);
+        let mn = u64::from(w1 & 0x3F3F_3F3F) | (u64::from(mn_hi) << 32);
+        let scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sc as i64)));
+        let mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mn as i64)));
+        (_mm256_mul_ps(d, scf), _mm256_mul_ps(neg_dmin, mnf))
+    }
+}
+
+/// Scales of Q4_K and Q5_K ([`k45_scales`]) for `nb` super-blocks, in group order.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK / 8` blocks of `bb` bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales_k45(p: *const u8, nb: usize, bb: usize, ch: &mut Chunk) {
+    // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of `bb ≥ 16` bytes at `p` and
+    // AVX2 and F16C; the stores write 8 entries at `8b < CHUNK` of `ch.a` (2·CHUNK entries)
+    // and `ch.c` (CHUNK entries).
+    unsafe {
+        for b in 0..nb {
+            let (a, c) = k45_scales(p.add(b * bb));
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(8 * b), a);
+            _mm256_storeu_ps(ch.c.as_mut_ptr().add(8 * b), c);
+        }
+    }
+}
+
+/// One Q6_K super-block's scales `d·sc` for its 16 half-groups, 8 per vector.
+///
+/// # Safety
+/// `q` points to one block of 210 bytes; AVX2 and F16C.
+#[inline(always)]
+pub(in crate::quant) unsafe fn q6k_scales(q: *const u8) -> [__m256; 2] {
+    // SAFETY: the caller guarantees AVX2, F16C and a whole block at `q`; the reads are bytes
+    // 192–207 and 208–209.
+    unsafe {
+        let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16_at(
+            q.add(208),
+        )))));
+        let sc0 = _mm_loadl_epi64(q.add(192) as *const __m128i);
+        let sc1 = _mm_loadl_epi64(q.add(200) as *const __m128i);
+        [
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc0))),
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc1))),
+        ]
+    }
+}
+
+/// Scales of Q6_K ([`q6k_scales`]) for `nb` super-blocks, in half-group order.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK / 8` blocks of 210 bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales_q6k(p: *const u8, nb: usize, ch: &mut Chunk) {
+    // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of 210 bytes at `p` and AVX2
+    // and F16C; the stores write 8 entries at `16b + 8h < 2·CHUNK` of `ch.a`.
+    unsafe {
+        for b in 0..nb {
+            let [a0, a1] = q6k_scales(p.add(b * 210));
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b), a0);
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b + 8), a1);
+        }
+    }
+}
+
+macro_rules! layout {
+    ($name:ident, $be:expr, $bb:expr, min = $min:expr, halves = $halves:expr, |$p:ident, $nb:ident, $ch:ident| $scales:expr) => {
+        #[doc = concat!("The ", stringify!($name), " layout.")]
+        #[allow(non_camel_case_types)]
+        pub(in crate::quant) struct $name;
+        impl Format for $name {
+            const BE: usize = $be;
+            const BB: usize = $bb;
+            const MIN: bool = $min;
+            const HALVES: bool = $halves;
+            #[inline(always)]
+            unsafe fn scales($p: *const u8, $nb: usize, $ch: &mut Chunk) {
+                // SAFETY: the trait's contract (`nb` whole blocks at `p`, AVX2 and F16C) is
+                // the contract of the scale decoder it forwards to.
+                unsafe { $scales }
+            }
+        }
+    };
+}
+
+layout!(Q8_0, 32, 34, min = false, halves = false, |p, nb, ch| {
+    scales32(p, nb, 34, false, ch)
+});
+layout!(Q4_0, 32, 18, min = false, halves = false, |p, nb, ch| {
+    scales32(p, nb, 18, false, ch)
+});
+layout!(Q4_1, 32, 20, min = true, halves = false, |p, nb, ch| {
+    scales32(p, nb, 20, true, ch)
+});
+layout!(Q5_0, 32, 22, min = false, halves = false, |p, nb, ch| {
+    scales32(p, nb, 22, false, ch)
+});
+layout!(Q5_1, 32, 24, min = true, halves = false, |p, nb, ch| {
+    scales32(p, nb, 24, true, ch)
+});
+layout!(Q4_K, 256, 144, min = true, halves = false, |p, nb, ch| {
+    scales_k45(p, nb, 144, ch)
+});
+layout!(Q5_K, 256, 176, min = true, halves = false, |p, nb, ch| {
+    scales_k45(p, nb, 176, ch)
+});
+layout!(Q6_K, 256, 210, min = false, halves = true, |p, nb, ch| {
+    scales_q6k(p, nb, ch)
+});

@@ -1,0 +1,33 @@
+//! Allocation that reports refusal as an [`Error`] instead of aborting: the bottom of the
+//! crate, beside [`error`](crate::error), which every other layer may use.
+
+use crate::error::{Error, Result};
+
+/// `len` zeros for a large buffer (a KV cache, scratch, logits, widened weights), or
+/// [`Error::AllocationRefused`] naming `what()` and the bytes asked for when the allocator
+/// refuses, instead of the abort of `vec![0; len]`. The pages come zeroed from the OS as with
+/// `vec!`, so a large cache costs memory only as positions fill.
+pub(crate) fn zeroed<T: bytemuck::Zeroable>(
+    len: usize,
+    what: impl Fn() -> String,
+) -> Result<Vec<T>> {
+    bytemuck::allocation::try_zeroed_vec(len).map_err(|()| Error::AllocationRefused {
+        what: what(),
+        bytes: len.saturating_mul(std::mem::size_of::<T>()),
+    })
+}
+
+/// As [`zeroed`], for `dims.iter().product()` elements; a product that overflows is refused
+/// as well (with `bytes` saturated to `usize::MAX`).
+pub(crate) fn zeroed_for<T: bytemuck::Zeroable>(
+    dims: &[usize],
+    what: impl Fn() -> String,
+) -> Result<Vec<T>> {
+    match dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
+        Some(len) => zeroed(len, what),
+        None => Err(Error::AllocationRefused {
+            what: what(),
+            bytes: usize::MAX,
+        }),
+    }
+}
