@@ -12,7 +12,7 @@
 //! token of the text.
 
 use super::bpe::WholePiece;
-use super::hf_config::{Config, Specials};
+use super::hf_config::{read_json, Config, Specials};
 use super::normalize::{Bert, Normalizer, Step};
 use super::parts::{byte_token, Kind, ModelSpec, Parts, UnknownSpec};
 use super::pretok::{self, Behavior, PreTokenizer, Split};
@@ -21,23 +21,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
 
-pub(super) fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|e| Error::Format {
-        path: path.to_owned(),
-        msg: format!("invalid JSON: {e}"),
-    })
-}
-
-/// A token given as `"<s>"` or `{"content": "<s>", …}` in `tokenizer_config.json`.
-pub(super) fn token_text(v: &Value) -> Option<&str> {
-    v.as_str()
-        .or_else(|| v.get("content").and_then(Value::as_str))
-}
-
+/// A section's `type`.
 fn kind_of(v: &Value) -> &str {
     v.get("type").and_then(Value::as_str).unwrap_or("?")
 }

@@ -1,8 +1,7 @@
 //! Reading the `tokenizer_config.json` beside a Hugging Face `tokenizer.json`: the special
 //! tokens it names, `add_bos_token` / `add_eos_token`, and the chat template.
 
-use super::hf::{read_json, token_text, Reader};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
@@ -32,27 +31,30 @@ impl Config {
         };
         let config = Config { path, json };
         if !(config.json.is_null() || config.json.is_object()) {
-            return Err(config.reader().format("not a JSON object".into()));
+            return Err(config.format("not a JSON object".into()));
         }
         Ok(config)
     }
 
-    fn reader(&self) -> Reader<'_> {
-        Reader { path: &self.path }
+    /// A format error naming this file.
+    fn format(&self, msg: String) -> Error {
+        Error::Format {
+            path: self.path.clone(),
+            msg,
+        }
     }
 
     /// The id of the token `key` names, if it names one.
     fn token(&self, key: &str, index: &HashMap<&str, u32>) -> Result<Option<u32>> {
-        let c = self.reader();
         match self.json.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => {
                 let text = token_text(v)
-                    .ok_or_else(|| c.format(format!("{key} is {v}, not a token's text")))?;
+                    .ok_or_else(|| self.format(format!("{key} is {v}, not a token's text")))?;
                 index
                     .get(text)
                     .map(|&i| Some(i))
-                    .ok_or_else(|| c.format(format!("{key} {text:?} is not in the vocabulary")))
+                    .ok_or_else(|| self.format(format!("{key} {text:?} is not in the vocabulary")))
             }
         }
     }
@@ -89,9 +91,7 @@ impl Config {
         match self.json.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(self
-                .reader()
-                .format(format!("{key} is {v}, not true or false"))),
+            Some(v) => Err(self.format(format!("{key} is {v}, not true or false"))),
         }
     }
 
@@ -104,10 +104,7 @@ impl Config {
         suffix: &mut Vec<u32>,
     ) -> Result<()> {
         let need = |key: &str, id: Option<u32>| {
-            id.ok_or_else(|| {
-                self.reader()
-                    .format(format!("{key} is set but there is no such token"))
-            })
+            id.ok_or_else(|| self.format(format!("{key} is set but there is no such token")))
         };
         if let Some(add) = self.flag("add_bos_token")? {
             *prefix = if add {
@@ -125,4 +122,22 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A JSON file, or an error naming it.
+pub(super) fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| Error::Format {
+        path: path.to_owned(),
+        msg: format!("invalid JSON: {e}"),
+    })
+}
+
+/// A token given as `"<s>"` or `{"content": "<s>", …}` in `tokenizer_config.json`.
+fn token_text(v: &Value) -> Option<&str> {
+    v.as_str()
+        .or_else(|| v.get("content").and_then(Value::as_str))
 }
