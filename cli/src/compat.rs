@@ -421,94 +421,8 @@ pub fn responses_to_chat(b: &Body) -> Result<Value, ApiError> {
             "responses are not stored: send the whole conversation in `input`",
         ));
     }
-    let mut messages = Vec::new();
-    if let Some(i) = b.str("instructions")? {
-        messages.push(json!({"role": "system", "content": i}));
-    }
-    match b.required("input")? {
-        Value::String(s) => messages.push(json!({"role": "user", "content": s})),
-        Value::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                let at = format!("input[{i}]");
-                let kind = item
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("message");
-                match kind {
-                    "message" => {
-                        let role = item.get("role").and_then(Value::as_str).ok_or_else(|| {
-                            ApiError::invalid(&format!("{at}.role"), "`role` must be a string")
-                        })?;
-                        let role = match role {
-                            "developer" => "system",
-                            "user" | "assistant" | "system" => role,
-                            r => {
-                                return Err(ApiError::invalid(
-                                    &format!("{at}.role"),
-                                    format!("unknown role `{r}`"),
-                                ))
-                            }
-                        };
-                        let content = responses_text(
-                            item.get("content").unwrap_or(&Value::Null),
-                            &format!("{at}.content"),
-                        )?;
-                        messages.push(json!({"role": role, "content": content}));
-                    }
-                    "function_call" => {
-                        let get = |k: &str| {
-                            item.get(k).and_then(Value::as_str).ok_or_else(|| {
-                                ApiError::invalid(&format!("{at}.{k}"), "must be a string")
-                            })
-                        };
-                        let call = json!({"id": get("call_id")?, "type": "function",
-                            "function": {"name": get("name")?, "arguments": get("arguments")?}});
-                        // Consecutive calls make one assistant turn.
-                        match messages.last_mut() {
-                            Some(m)
-                                if m["role"] == "assistant" && m.get("tool_calls").is_some() =>
-                            {
-                                if let Some(a) = m["tool_calls"].as_array_mut() {
-                                    a.push(call);
-                                }
-                            }
-                            _ => messages.push(
-                                json!({"role": "assistant", "content": "", "tool_calls": [call]}),
-                            ),
-                        }
-                    }
-                    "function_call_output" => {
-                        let id = item.get("call_id").and_then(Value::as_str).ok_or_else(|| {
-                            ApiError::invalid(&format!("{at}.call_id"), "must be a string")
-                        })?;
-                        let output = responses_text(
-                            item.get("output").unwrap_or(&Value::Null),
-                            &format!("{at}.output"),
-                        )?;
-                        messages
-                            .push(json!({"role": "tool", "tool_call_id": id, "content": output}));
-                    }
-                    k => {
-                        return Err(ApiError::invalid(
-                            &format!("{at}.type"),
-                            format!("`{k}` items are not supported"),
-                        ))
-                    }
-                }
-            }
-        }
-        v => {
-            return Err(ApiError::invalid(
-                "input",
-                format!("`input` must be a string or a list of items, got {v}"),
-            ))
-        }
-    }
-    if !messages.iter().any(|m| m["role"] != "system") {
-        return Err(ApiError::invalid("input", "`input` holds no message"));
-    }
     let mut out = Map::new();
-    out.insert("messages".into(), Value::Array(messages));
+    out.insert("messages".into(), Value::Array(responses_messages(b)?));
     copy(
         b,
         &mut out,
@@ -530,59 +444,169 @@ pub fn responses_to_chat(b: &Body) -> Result<Value, ApiError> {
         out.insert("stream_options".into(), json!({"include_usage": true}));
     }
     if let Some(tools) = b.field("tools") {
-        let tools = tools
-            .as_array()
-            .ok_or_else(|| ApiError::invalid("tools", "`tools` must be a list"))?;
-        let mut fns = Vec::with_capacity(tools.len());
-        for (i, t) in tools.iter().enumerate() {
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(ApiError::invalid(
-                    &format!("tools[{i}].type"),
-                    "only `function` tools are supported",
-                ));
-            }
-            let mut f = Map::new();
-            for k in ["name", "description", "parameters", "strict"] {
-                if let Some(v) = t.get(k) {
-                    f.insert(k.into(), v.clone());
-                }
-            }
-            fns.push(json!({"type": "function", "function": f}));
-        }
-        out.insert("tools".into(), Value::Array(fns));
+        out.insert("tools".into(), responses_tools(tools)?);
     }
     if let Some(c) = b.field("tool_choice") {
-        let choice = match c {
-            Value::String(_) => c.clone(),
-            Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
-                json!({"type": "function", "function": {"name": o.get("name")}})
-            }
-            v => {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!("`tool_choice` must be a string or a function, got {v}"),
-                ))
-            }
-        };
-        out.insert("tool_choice".into(), choice);
+        out.insert("tool_choice".into(), responses_tool_choice(c)?);
     }
     if let Some(format) = b.field("text").and_then(|t| t.get("format")) {
-        let rf = match format.get("type").and_then(Value::as_str) {
-            Some("text") => json!({"type": "text"}),
-            Some("json_object") => json!({"type": "json_object"}),
-            Some("json_schema") => json!({"type": "json_schema", "json_schema": {
-                "name": format.get("name"), "schema": format.get("schema"),
-                "strict": format.get("strict")}}),
-            _ => {
-                return Err(ApiError::invalid(
-                    "text.format.type",
-                    "`type` must be `text`, `json_object` or `json_schema`",
-                ))
-            }
-        };
-        out.insert("response_format".into(), rf);
+        out.insert("response_format".into(), responses_format(format)?);
     }
     Ok(Value::Object(out))
+}
+
+/// `instructions` and `input` as chat messages; at least one that is not the system's.
+fn responses_messages(b: &Body) -> Result<Vec<Value>, ApiError> {
+    let mut messages = Vec::new();
+    if let Some(i) = b.str("instructions")? {
+        messages.push(json!({"role": "system", "content": i}));
+    }
+    match b.required("input")? {
+        Value::String(s) => messages.push(json!({"role": "user", "content": s})),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                push_input_item(&mut messages, item, &format!("input[{i}]"))?;
+            }
+        }
+        v => {
+            return Err(ApiError::invalid(
+                "input",
+                format!("`input` must be a string or a list of items, got {v}"),
+            ))
+        }
+    }
+    if !messages.iter().any(|m| m["role"] != "system") {
+        return Err(ApiError::invalid("input", "`input` holds no message"));
+    }
+    Ok(messages)
+}
+
+/// One `input` item (at `at`) as chat messages: a message, a `function_call` (consecutive
+/// calls make one assistant turn) or a `function_call_output`.
+fn push_input_item(messages: &mut Vec<Value>, item: &Value, at: &str) -> Result<(), ApiError> {
+    let kind = item
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message");
+    match kind {
+        "message" => {
+            let role = item.get("role").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid(&format!("{at}.role"), "`role` must be a string")
+            })?;
+            let role = match role {
+                "developer" => "system",
+                "user" | "assistant" | "system" => role,
+                r => {
+                    return Err(ApiError::invalid(
+                        &format!("{at}.role"),
+                        format!("unknown role `{r}`"),
+                    ))
+                }
+            };
+            let content = responses_text(
+                item.get("content").unwrap_or(&Value::Null),
+                &format!("{at}.content"),
+            )?;
+            messages.push(json!({"role": role, "content": content}));
+        }
+        "function_call" => {
+            let get = |k: &str| {
+                item.get(k)
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| ApiError::invalid(&format!("{at}.{k}"), "must be a string"))
+            };
+            let call = json!({"id": get("call_id")?, "type": "function",
+                "function": {"name": get("name")?, "arguments": get("arguments")?}});
+            // Consecutive calls make one assistant turn.
+            match messages.last_mut() {
+                Some(m) if m["role"] == "assistant" && m.get("tool_calls").is_some() => {
+                    if let Some(a) = m["tool_calls"].as_array_mut() {
+                        a.push(call);
+                    }
+                }
+                _ => {
+                    messages.push(json!({"role": "assistant", "content": "", "tool_calls": [call]}))
+                }
+            }
+        }
+        "function_call_output" => {
+            let id = item
+                .get("call_id")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid(&format!("{at}.call_id"), "must be a string"))?;
+            let output = responses_text(
+                item.get("output").unwrap_or(&Value::Null),
+                &format!("{at}.output"),
+            )?;
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+        }
+        k => {
+            return Err(ApiError::invalid(
+                &format!("{at}.type"),
+                format!("`{k}` items are not supported"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Responses' function `tools` in the chat shape.
+fn responses_tools(tools: &Value) -> Result<Value, ApiError> {
+    let tools = tools
+        .as_array()
+        .ok_or_else(|| ApiError::invalid("tools", "`tools` must be a list"))?;
+    let mut fns = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::invalid(
+                &format!("tools[{i}].type"),
+                "only `function` tools are supported",
+            ));
+        }
+        let mut f = Map::new();
+        for k in ["name", "description", "parameters", "strict"] {
+            if let Some(v) = t.get(k) {
+                f.insert(k.into(), v.clone());
+            }
+        }
+        fns.push(json!({"type": "function", "function": f}));
+    }
+    Ok(Value::Array(fns))
+}
+
+/// Responses' `tool_choice` in the chat shape.
+fn responses_tool_choice(c: &Value) -> Result<Value, ApiError> {
+    let choice = match c {
+        Value::String(_) => c.clone(),
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            json!({"type": "function", "function": {"name": o.get("name")}})
+        }
+        v => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("`tool_choice` must be a string or a function, got {v}"),
+            ))
+        }
+    };
+    Ok(choice)
+}
+
+/// `text.format` as a chat `response_format`.
+fn responses_format(format: &Value) -> Result<Value, ApiError> {
+    let rf = match format.get("type").and_then(Value::as_str) {
+        Some("text") => json!({"type": "text"}),
+        Some("json_object") => json!({"type": "json_object"}),
+        Some("json_schema") => json!({"type": "json_schema", "json_schema": {
+            "name": format.get("name"), "schema": format.get("schema"),
+            "strict": format.get("strict")}}),
+        _ => {
+            return Err(ApiError::invalid(
+                "text.format.type",
+                "`type` must be `text`, `json_object` or `json_schema`",
+            ))
+        }
+    };
+    Ok(rf)
 }
 
 /// A chat-path error renamed into the Responses request's spelling.

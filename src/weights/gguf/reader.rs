@@ -205,6 +205,188 @@ fn check_no_overlap(
     Ok(())
 }
 
+/// A tensor info as the header gives it: name, dimensions (innermost first), type and
+/// offset from the data section.
+type RawInfo = (String, Vec<usize>, GgmlType, u64);
+
+/// The metadata entries in file order, and their index by key.
+type Metadata = (Vec<(String, MetaValue)>, HashMap<String, usize>);
+
+/// The magic, the version (2 or 3) and the tensor and metadata counts.
+fn read_preamble(c: &mut Cursor<'_>) -> Result<(u32, usize, usize)> {
+    let magic = c.array::<4>(&|| "the magic".into())?;
+    if magic != GGUF_MAGIC {
+        return Err(c.err(format!(
+            "not a GGUF file: it starts with {magic:02x?}, not \"GGUF\""
+        )));
+    }
+    let version = c.u32(&|| "the version".into())?;
+    match version {
+        2 | 3 => {}
+        1 => return Err(c.err("GGUF version 1 is not supported (only 2 and 3)")),
+        v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
+            return Err(c.err("big-endian GGUF is not supported"))
+        }
+        v => return Err(c.err(format!("unknown GGUF version {v} (only 2 and 3)"))),
+    }
+    let tensor_count = c.len(&|| "the tensor count".into())?;
+    let kv_count = c.len(&|| "the metadata count".into())?;
+    Ok((version, tensor_count, kv_count))
+}
+
+/// The `kv_count` metadata entries, in file order, and their index by key.
+fn read_metadata(c: &mut Cursor<'_>, kv_count: usize) -> Result<Metadata> {
+    // Each metadata entry takes at least 8 (key length) + 4 (type) + 1 bytes.
+    if kv_count > c.remaining() / 13 {
+        return Err(c.err(format!(
+            "{kv_count} metadata entries cannot fit in a {}-byte file",
+            c.bytes.len()
+        )));
+    }
+    if kv_count > c.values_left {
+        return Err(c.err(format!(
+            "{kv_count} metadata entries are more than the {MAX_METADATA_VALUES} metadata \
+             values a header may hold"
+        )));
+    }
+    c.values_left -= kv_count;
+    let mut metadata = Vec::with_capacity(kv_count);
+    let mut meta_index = HashMap::with_capacity(kv_count);
+    for i in 0..kv_count {
+        let key = c.string(&|| format!("key of metadata entry {i}"))?;
+        let code = c.u32(&|| format!("type of metadata key `{key}`"))?;
+        let ty = MetaValueType::from_code(code).ok_or_else(|| {
+            c.err(format!(
+                "metadata key `{key}` has unknown value type {code}"
+            ))
+        })?;
+        let value = c.value(ty, &key, 0)?;
+        if meta_index.insert(key.clone(), metadata.len()).is_some() {
+            return Err(c.err(format!("metadata key `{key}` appears twice")));
+        }
+        metadata.push((key, value));
+    }
+    Ok((metadata, meta_index))
+}
+
+/// `general.alignment`, a power of two, or the default.
+fn alignment_of(
+    c: &Cursor<'_>,
+    metadata: &[(String, MetaValue)],
+    meta_index: &HashMap<String, usize>,
+) -> Result<usize> {
+    match meta_index.get("general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some(&i) => match metadata[i].1.as_u32() {
+            Some(a) if a.is_power_of_two() => Ok(a as usize),
+            _ => Err(c.err(format!(
+                "general.alignment is {:?}; it must be a power of two",
+                metadata[i].1
+            ))),
+        },
+    }
+}
+
+/// The `tensor_count` tensor infos, in file order, and their index by name.
+fn read_tensor_infos(
+    c: &mut Cursor<'_>,
+    tensor_count: usize,
+) -> Result<(Vec<RawInfo>, HashMap<String, usize>)> {
+    // Each tensor info takes at least 8 (name length) + 4 + 8 + 4 + 8 bytes.
+    if tensor_count > c.remaining() / 32 {
+        return Err(c.err(format!(
+            "{tensor_count} tensor infos cannot fit in a {}-byte file",
+            c.bytes.len()
+        )));
+    }
+    let mut raw = Vec::with_capacity(tensor_count);
+    let mut tensor_index = HashMap::with_capacity(tensor_count);
+    for i in 0..tensor_count {
+        let name = c.string(&|| format!("name of tensor {i}"))?;
+        let n_dims = c.u32(&|| format!("dimension count of tensor `{name}`"))? as usize;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(c.err(format!(
+                "tensor `{name}` has {n_dims} dimensions (GGUF allows 1 to {MAX_DIMS})"
+            )));
+        }
+        let mut ne = Vec::with_capacity(n_dims);
+        for d in 0..n_dims {
+            let v = c.u64(&|| format!("dimension {d} of tensor `{name}`"))?;
+            let v = usize::try_from(v).ok().filter(|&v| v <= i64::MAX as usize);
+            ne.push(v.ok_or_else(|| {
+                c.err(format!("tensor `{name}`: dimension {d} is absurdly large"))
+            })?);
+        }
+        let code = c.u32(&|| format!("type of tensor `{name}`"))?;
+        let ggml_type = GgmlType::from_code(code)
+            .ok_or_else(|| c.err(format!("tensor `{name}` has unknown ggml type {code}")))?;
+        let rel = c.u64(&|| format!("data offset of tensor `{name}`"))?;
+        if tensor_index.insert(name.clone(), i).is_some() {
+            return Err(c.err(format!("tensor `{name}` appears twice")));
+        }
+        raw.push((name, ne, ggml_type, rel));
+    }
+    Ok((raw, tensor_index))
+}
+
+/// Each tensor's place in the file: its size from its shape and type, its offset past the
+/// header, both checked to lie inside the file.
+fn place_tensors(
+    c: &Cursor<'_>,
+    raw: Vec<RawInfo>,
+    data_offset: usize,
+    alignment: usize,
+) -> Result<Vec<GgufTensorInfo>> {
+    let bytes = c.bytes;
+    let mut tensors = Vec::with_capacity(raw.len());
+    for (name, ne, ggml_type, rel) in raw {
+        let (block, block_bytes) = ggml_type.block_layout();
+        let numel = ne.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let numel =
+            numel.ok_or_else(|| c.err(format!("tensor `{name}`: dimensions {ne:?} overflow")))?;
+        if ne[0] % block != 0 {
+            return Err(c.err(format!(
+                "tensor `{name}` ({ggml_type}): innermost dimension {} is not a multiple \
+                 of the block size {block}",
+                ne[0]
+            )));
+        }
+        let n_bytes = (numel / block)
+            .checked_mul(block_bytes)
+            .ok_or_else(|| c.err(format!("tensor `{name}`: byte size of {ne:?} overflows")))?;
+        if rel % alignment as u64 != 0 {
+            return Err(c.err(format!(
+                "tensor `{name}`: data offset {rel} is not a multiple of the alignment \
+                 {alignment}"
+            )));
+        }
+        let offset = usize::try_from(rel)
+            .ok()
+            .and_then(|r| r.checked_add(data_offset));
+        let end = offset.and_then(|o| o.checked_add(n_bytes));
+        let offset = match (offset, end) {
+            (Some(o), Some(e)) if e <= bytes.len() => o,
+            _ => {
+                return Err(Error::TensorPastEnd {
+                    path: c.path.to_owned(),
+                    tensor: name,
+                    offset: rel.saturating_add(data_offset as u64),
+                    length: n_bytes as u64,
+                    file_size: bytes.len() as u64,
+                })
+            }
+        };
+        tensors.push(GgufTensorInfo {
+            name,
+            shape: ne.into_iter().rev().collect(),
+            ggml_type,
+            offset,
+            n_bytes,
+        });
+    }
+    Ok(tensors)
+}
+
 impl GgufFile {
     /// Maps and parses the GGUF file at `path` (v2 or v3). Tensor data is not read until a
     /// tensor is requested.
@@ -218,6 +400,8 @@ impl GgufFile {
         Self::parse(path, map)
     }
 
+    /// Reads the header of `map` as a list of named steps; each checks what it reads and
+    /// errors naming what is wrong and where.
     fn parse(path: &Path, map: Arc<MappedFile>) -> Result<GgufFile> {
         let bytes: &[u8] = &map;
         let mut c = Cursor {
@@ -226,153 +410,14 @@ impl GgufFile {
             path,
             values_left: MAX_METADATA_VALUES,
         };
-        let magic = c.array::<4>(&|| "the magic".into())?;
-        if magic != GGUF_MAGIC {
-            return Err(c.err(format!(
-                "not a GGUF file: it starts with {magic:02x?}, not \"GGUF\""
-            )));
-        }
-        let version = c.u32(&|| "the version".into())?;
-        match version {
-            2 | 3 => {}
-            1 => return Err(c.err("GGUF version 1 is not supported (only 2 and 3)")),
-            v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
-                return Err(c.err("big-endian GGUF is not supported"))
-            }
-            v => return Err(c.err(format!("unknown GGUF version {v} (only 2 and 3)"))),
-        }
-        let tensor_count = c.len(&|| "the tensor count".into())?;
-        let kv_count = c.len(&|| "the metadata count".into())?;
-
-        // Each metadata entry takes at least 8 (key length) + 4 (type) + 1 bytes.
-        if kv_count > c.remaining() / 13 {
-            return Err(c.err(format!(
-                "{kv_count} metadata entries cannot fit in a {}-byte file",
-                bytes.len()
-            )));
-        }
-        if kv_count > c.values_left {
-            return Err(c.err(format!(
-                "{kv_count} metadata entries are more than the {MAX_METADATA_VALUES} metadata \
-                 values a header may hold"
-            )));
-        }
-        c.values_left -= kv_count;
-        let mut metadata = Vec::with_capacity(kv_count);
-        let mut meta_index = HashMap::with_capacity(kv_count);
-        for i in 0..kv_count {
-            let key = c.string(&|| format!("key of metadata entry {i}"))?;
-            let code = c.u32(&|| format!("type of metadata key `{key}`"))?;
-            let ty = MetaValueType::from_code(code).ok_or_else(|| {
-                c.err(format!(
-                    "metadata key `{key}` has unknown value type {code}"
-                ))
-            })?;
-            let value = c.value(ty, &key, 0)?;
-            if meta_index.insert(key.clone(), metadata.len()).is_some() {
-                return Err(c.err(format!("metadata key `{key}` appears twice")));
-            }
-            metadata.push((key, value));
-        }
-
-        let alignment = match meta_index.get("general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some(&i) => match metadata[i].1.as_u32() {
-                Some(a) if a.is_power_of_two() => a as usize,
-                _ => {
-                    return Err(c.err(format!(
-                        "general.alignment is {:?}; it must be a power of two",
-                        metadata[i].1
-                    )))
-                }
-            },
-        };
-
-        // Each tensor info takes at least 8 (name length) + 4 + 8 + 4 + 8 bytes.
-        if tensor_count > c.remaining() / 32 {
-            return Err(c.err(format!(
-                "{tensor_count} tensor infos cannot fit in a {}-byte file",
-                bytes.len()
-            )));
-        }
-        let mut raw = Vec::with_capacity(tensor_count);
-        let mut tensor_index = HashMap::with_capacity(tensor_count);
-        for i in 0..tensor_count {
-            let name = c.string(&|| format!("name of tensor {i}"))?;
-            let n_dims = c.u32(&|| format!("dimension count of tensor `{name}`"))? as usize;
-            if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(c.err(format!(
-                    "tensor `{name}` has {n_dims} dimensions (GGUF allows 1 to {MAX_DIMS})"
-                )));
-            }
-            let mut ne = Vec::with_capacity(n_dims);
-            for d in 0..n_dims {
-                let v = c.u64(&|| format!("dimension {d} of tensor `{name}`"))?;
-                let v = usize::try_from(v).ok().filter(|&v| v <= i64::MAX as usize);
-                ne.push(v.ok_or_else(|| {
-                    c.err(format!("tensor `{name}`: dimension {d} is absurdly large"))
-                })?);
-            }
-            let code = c.u32(&|| format!("type of tensor `{name}`"))?;
-            let ggml_type = GgmlType::from_code(code)
-                .ok_or_else(|| c.err(format!("tensor `{name}` has unknown ggml type {code}")))?;
-            let rel = c.u64(&|| format!("data offset of tensor `{name}`"))?;
-            if tensor_index.insert(name.clone(), i).is_some() {
-                return Err(c.err(format!("tensor `{name}` appears twice")));
-            }
-            raw.push((name, ne, ggml_type, rel));
-        }
-
+        let (version, tensor_count, kv_count) = read_preamble(&mut c)?;
+        let (metadata, meta_index) = read_metadata(&mut c, kv_count)?;
+        let alignment = alignment_of(&c, &metadata, &meta_index)?;
+        let (raw, tensor_index) = read_tensor_infos(&mut c, tensor_count)?;
         let data_offset =
             align_up(c.pos, alignment).ok_or_else(|| c.err("data section offset overflows"))?;
-        let mut tensors = Vec::with_capacity(raw.len());
-        for (name, ne, ggml_type, rel) in raw {
-            let (block, block_bytes) = ggml_type.block_layout();
-            let numel = ne.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-            let numel = numel
-                .ok_or_else(|| c.err(format!("tensor `{name}`: dimensions {ne:?} overflow")))?;
-            if ne[0] % block != 0 {
-                return Err(c.err(format!(
-                    "tensor `{name}` ({ggml_type}): innermost dimension {} is not a multiple \
-                     of the block size {block}",
-                    ne[0]
-                )));
-            }
-            let n_bytes = (numel / block)
-                .checked_mul(block_bytes)
-                .ok_or_else(|| c.err(format!("tensor `{name}`: byte size of {ne:?} overflows")))?;
-            if rel % alignment as u64 != 0 {
-                return Err(c.err(format!(
-                    "tensor `{name}`: data offset {rel} is not a multiple of the alignment \
-                     {alignment}"
-                )));
-            }
-            let offset = usize::try_from(rel)
-                .ok()
-                .and_then(|r| r.checked_add(data_offset));
-            let end = offset.and_then(|o| o.checked_add(n_bytes));
-            let offset = match (offset, end) {
-                (Some(o), Some(e)) if e <= bytes.len() => o,
-                _ => {
-                    return Err(Error::TensorPastEnd {
-                        path: path.to_owned(),
-                        tensor: name,
-                        offset: rel.saturating_add(data_offset as u64),
-                        length: n_bytes as u64,
-                        file_size: bytes.len() as u64,
-                    })
-                }
-            };
-            tensors.push(GgufTensorInfo {
-                name,
-                shape: ne.into_iter().rev().collect(),
-                ggml_type,
-                offset,
-                n_bytes,
-            });
-        }
+        let tensors = place_tensors(&c, raw, data_offset, alignment)?;
         check_no_overlap(&tensors, data_offset).map_err(|msg| c.err(msg))?;
-
         Ok(GgufFile {
             path: path.to_owned(),
             map,

@@ -252,55 +252,20 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    if let Some(n) = args.threads {
-        if n == 0 || n > 1024 {
-            return Err(format!("--threads {n}: give 1 to 1024").into());
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()?;
-    }
-    qkv_cli::act_bits::apply(args.act_bits)?;
+type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// What a model becomes in the server: its routes, a line saying what it serves, and the
+/// batch engine's worker (none for an encoder).
+type Served = (Router, String, Option<Worker>);
+
+fn serve(args: Args) -> AnyResult<()> {
+    set_up_process(&args)?;
     // The keys first: a bad key file stops the server before any model is fetched or loaded.
-    let mut keys = args.api_keys.clone();
-    if let Some(file) = &args.api_key_file {
-        keys.extend(qkv_cli::auth::read_key_file(file).map_err(|e| format!("--api-key-file {e}"))?);
-    }
-    let auth = Arc::new(Auth {
-        keys: ApiKeys::new(keys).map_err(|e| format!("--api-key: {e}"))?,
-        metrics_public: args.metrics_public,
-        metrics: !args.no_metrics,
-    });
-    if !["on", "off", "auto"].contains(&args.reasoning.as_str()) {
-        return Err(format!("--reasoning {}: give on, off or auto", args.reasoning).into());
-    }
-    if args.temp.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
-        return Err("--temp: give a temperature in [0, 2]".into());
-    }
+    let auth = auth(&args)?;
+    check_sampling_flags(&args)?;
     let pooling = qkv_cli::embedding::Pooling::parse(&args.pooling)?;
-    let template = match &args.chat_template_file {
-        Some(p) => Some((
-            p.display().to_string(),
-            std::fs::read_to_string(p)
-                .map_err(|e| format!("--chat-template-file {}: {e}", p.display()))?,
-        )),
-        None => args.chat_template.as_deref().map(named_templates::resolve),
-    };
-    let hosts: Vec<String> = args
-        .host
-        .split(',')
-        .map(|h| {
-            h.trim()
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned()
-        })
-        .filter(|h| !h.is_empty())
-        .collect();
-    if hosts.is_empty() {
-        return Err("--host: give at least one address".into());
-    }
+    let template = chat_template(&args)?;
+    let hosts = hosts(&args)?;
     let path = match &args.model {
         Some(p) => p.clone(),
         None => qkv_cli::fetch::default_model()?,
@@ -324,65 +289,9 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .map_or(0, |d| d.as_secs()),
     });
     let (routes, what, worker) = if is_sentence_transformers(&path) {
-        let embedder = qkv::models::bert::Embedder::load(&path)?;
-        let what = format!(
-            "an encoder of {} dimensions, inputs up to {} tokens",
-            embedder.dim(),
-            embedder.encoder().config().max_seq_length
-        );
-        let state = embed::EmbedState::spawn(shared.clone(), embedder, args.queue)?;
-        (embed::routes(Arc::new(state)), what, None)
+        serve_encoder(&args, &path, &shared)?
     } else {
-        let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
-        if model.tokenizer().is_none() {
-            return Err(format!("{}: the model has no tokenizer", path.display()).into());
-        }
-        let ctx = args.ctx.min(model.config().context);
-        let engine = Engine::new(
-            model.clone(),
-            EngineOptions {
-                max_sequences: args.max_sequences,
-                context: ctx,
-                kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
-                step_tokens: args.step_tokens,
-                prefill_step_tokens: args.prefill_step_tokens,
-                queue: args.queue,
-                kv_dtype: args.kv_type,
-            },
-        )?;
-        let what = format!("{} sequences of {ctx} positions", engine.max_running());
-        let max_sequences = engine.max_running();
-        let worker = Worker::spawn(engine, metrics);
-        let grammars = qkv_cli::constraint::Grammars::new(model.clone());
-        if let Err(e) = &grammars {
-            eprintln!("qkv-server: no constrained output: {e}");
-        }
-        let options = chat::ServeOptions {
-            template: template.clone(),
-            no_reasoning: args.reasoning == "off",
-            n_predict: args
-                .n_predict
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|&n| n > 0),
-            temperature: args.temp,
-            verbose: args.verbose,
-            seed: args.seed,
-            slots: !args.no_slots,
-            metrics: !args.no_metrics,
-            model_path: path.display().to_string(),
-            max_sequences,
-            pooling: args.embeddings.then_some(pooling),
-        };
-        let state = Arc::new(AppState {
-            options,
-            grammars,
-            model,
-            model_name: shared.model_name.clone(),
-            context: ctx,
-            worker: worker.clone(),
-            shared: shared.clone(),
-        });
-        (decoder_routes(state), what, Some(worker))
+        serve_decoder(&args, &path, &shared, metrics, template, pooling)?
     };
     let app = router(
         routes,
@@ -391,72 +300,228 @@ fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         Arc::new(cors::Cors::parse(args.cors_origins.as_deref())),
         args.body_limit.saturating_mul(1024),
     );
-
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((hosts[0].as_str(), args.port)).await?;
-        // The other addresses on the same port (the one picked for the first, with port 0).
-        let port = listener.local_addr()?.port();
-        let mut more = Vec::new();
-        for h in &hosts[1..] {
-            more.push(tokio::net::TcpListener::bind((h.as_str(), port)).await?);
+    runtime.block_on(listen_until_stopped(
+        &args, &hosts, app, &auth, &path, &shared, &what, worker,
+    ))
+}
+
+/// `--threads` and `--act-bits`: the process's pool and the activations' precision.
+fn set_up_process(args: &Args) -> AnyResult<()> {
+    if let Some(n) = args.threads {
+        if n == 0 || n > 1024 {
+            return Err(format!("--threads {n}: give 1 to 1024").into());
         }
-        let keys = match auth.keys.len() {
-            0 => "no API key".to_owned(),
-            n => format!(
-                "{n} API key{}{}",
-                if n == 1 { "" } else { "s" },
-                if auth.metrics_public {
-                    ", /metrics public"
-                } else {
-                    ""
-                }
-            ),
-        };
-        eprintln!(
-            "qkv-server: {} as `{}` ({what}; {keys}) listening on http://{}",
-            path.display(),
-            shared.model_name,
-            listener.local_addr()?
-        );
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut others = Vec::new();
-        for l in more {
-            eprintln!("qkv-server: also listening on http://{}", l.local_addr()?);
-            let mut rx = stop_rx.clone();
-            let app = app.clone();
-            others.push(tokio::spawn(async move {
-                listen::serve(l, app, async move {
-                    rx.wait_for(|stop| *stop).await.ok();
-                })
-                .await
-            }));
-        }
-        let grace = Duration::from_secs(args.grace);
-        let st = shared.clone();
-        listen::serve(listener, app, async move {
-            shutdown_signal().await;
-            stop_tx.send(true).ok();
-            eprintln!("qkv-server: shutting down: finishing the running requests");
-            st.draining.store(true, Ordering::SeqCst);
-            if let Some(worker) = worker {
-                tokio::spawn(async move {
-                    tokio::time::sleep(grace).await;
-                    eprintln!("qkv-server: grace period over: cancelling what still runs");
-                    worker.cancel_all();
-                });
-            }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()?;
+    }
+    qkv_cli::act_bits::apply(args.act_bits)?;
+    Ok(())
+}
+
+/// The API keys (`--api-key`, `--api-key-file`) and who may read `/metrics`.
+fn auth(args: &Args) -> AnyResult<Arc<Auth>> {
+    let mut keys = args.api_keys.clone();
+    if let Some(file) = &args.api_key_file {
+        keys.extend(qkv_cli::auth::read_key_file(file).map_err(|e| format!("--api-key-file {e}"))?);
+    }
+    Ok(Arc::new(Auth {
+        keys: ApiKeys::new(keys).map_err(|e| format!("--api-key: {e}"))?,
+        metrics_public: args.metrics_public,
+        metrics: !args.no_metrics,
+    }))
+}
+
+/// `--reasoning` and `--temp` within their ranges.
+fn check_sampling_flags(args: &Args) -> AnyResult<()> {
+    if !["on", "off", "auto"].contains(&args.reasoning.as_str()) {
+        return Err(format!("--reasoning {}: give on, off or auto", args.reasoning).into());
+    }
+    if args.temp.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+        return Err("--temp: give a temperature in [0, 2]".into());
+    }
+    Ok(())
+}
+
+/// `--chat-template-file` (its name and text) or a named `--chat-template`.
+fn chat_template(args: &Args) -> AnyResult<Option<(String, String)>> {
+    Ok(match &args.chat_template_file {
+        Some(p) => Some((
+            p.display().to_string(),
+            std::fs::read_to_string(p)
+                .map_err(|e| format!("--chat-template-file {}: {e}", p.display()))?,
+        )),
+        None => args.chat_template.as_deref().map(named_templates::resolve),
+    })
+}
+
+/// The addresses of `--host`, comma-separated, brackets taken off IPv6 ones.
+fn hosts(args: &Args) -> AnyResult<Vec<String>> {
+    let hosts: Vec<String> = args
+        .host
+        .split(',')
+        .map(|h| {
+            h.trim()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned()
         })
-        .await?;
-        for o in others {
-            o.await??;
+        .filter(|h| !h.is_empty())
+        .collect();
+    if hosts.is_empty() {
+        return Err("--host: give at least one address".into());
+    }
+    Ok(hosts)
+}
+
+/// A sentence-transformers directory: the embedding routes over its encoder.
+fn serve_encoder(args: &Args, path: &Path, shared: &Arc<Shared>) -> AnyResult<Served> {
+    let embedder = qkv::models::bert::Embedder::load(path)?;
+    let what = format!(
+        "an encoder of {} dimensions, inputs up to {} tokens",
+        embedder.dim(),
+        embedder.encoder().config().max_seq_length
+    );
+    let state = embed::EmbedState::spawn(shared.clone(), embedder, args.queue)?;
+    Ok((embed::routes(Arc::new(state)), what, None))
+}
+
+/// A decoder: the batch engine's worker and the chat, completion and native routes.
+fn serve_decoder(
+    args: &Args,
+    path: &Path,
+    shared: &Arc<Shared>,
+    metrics: Arc<Metrics>,
+    template: Option<(String, String)>,
+    pooling: qkv_cli::embedding::Pooling,
+) -> AnyResult<Served> {
+    let model = Arc::new(Model::load(path, &ModelOptions { dtype: args.dtype })?);
+    if model.tokenizer().is_none() {
+        return Err(format!("{}: the model has no tokenizer", path.display()).into());
+    }
+    let ctx = args.ctx.min(model.config().context);
+    let engine = Engine::new(
+        model.clone(),
+        EngineOptions {
+            max_sequences: args.max_sequences,
+            context: ctx,
+            kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
+            step_tokens: args.step_tokens,
+            prefill_step_tokens: args.prefill_step_tokens,
+            queue: args.queue,
+            kv_dtype: args.kv_type,
+        },
+    )?;
+    let what = format!("{} sequences of {ctx} positions", engine.max_running());
+    let max_sequences = engine.max_running();
+    let worker = Worker::spawn(engine, metrics);
+    let grammars = qkv_cli::constraint::Grammars::new(model.clone());
+    if let Err(e) = &grammars {
+        eprintln!("qkv-server: no constrained output: {e}");
+    }
+    let options = chat::ServeOptions {
+        template,
+        no_reasoning: args.reasoning == "off",
+        n_predict: args
+            .n_predict
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|&n| n > 0),
+        temperature: args.temp,
+        verbose: args.verbose,
+        seed: args.seed,
+        slots: !args.no_slots,
+        metrics: !args.no_metrics,
+        model_path: path.display().to_string(),
+        max_sequences,
+        pooling: args.embeddings.then_some(pooling),
+    };
+    let state = Arc::new(AppState {
+        options,
+        grammars,
+        model,
+        model_name: shared.model_name.clone(),
+        context: ctx,
+        worker: worker.clone(),
+        shared: shared.clone(),
+    });
+    Ok((decoder_routes(state), what, Some(worker)))
+}
+
+/// Binds every address, serves `app` until SIGTERM or Ctrl-C, then drains: running
+/// requests get `--grace` seconds before the worker cancels what still runs.
+#[allow(clippy::too_many_arguments)]
+async fn listen_until_stopped(
+    args: &Args,
+    hosts: &[String],
+    app: Router,
+    auth: &Auth,
+    path: &Path,
+    shared: &Arc<Shared>,
+    what: &str,
+    worker: Option<Worker>,
+) -> AnyResult<()> {
+    let listener = tokio::net::TcpListener::bind((hosts[0].as_str(), args.port)).await?;
+    // The other addresses on the same port (the one picked for the first, with port 0).
+    let port = listener.local_addr()?.port();
+    let mut more = Vec::new();
+    for h in &hosts[1..] {
+        more.push(tokio::net::TcpListener::bind((h.as_str(), port)).await?);
+    }
+    let keys = match auth.keys.len() {
+        0 => "no API key".to_owned(),
+        n => format!(
+            "{n} API key{}{}",
+            if n == 1 { "" } else { "s" },
+            if auth.metrics_public {
+                ", /metrics public"
+            } else {
+                ""
+            }
+        ),
+    };
+    eprintln!(
+        "qkv-server: {} as `{}` ({what}; {keys}) listening on http://{}",
+        path.display(),
+        shared.model_name,
+        listener.local_addr()?
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut others = Vec::new();
+    for l in more {
+        eprintln!("qkv-server: also listening on http://{}", l.local_addr()?);
+        let mut rx = stop_rx.clone();
+        let app = app.clone();
+        others.push(tokio::spawn(async move {
+            listen::serve(l, app, async move {
+                rx.wait_for(|stop| *stop).await.ok();
+            })
+            .await
+        }));
+    }
+    let grace = Duration::from_secs(args.grace);
+    let st = shared.clone();
+    listen::serve(listener, app, async move {
+        shutdown_signal().await;
+        stop_tx.send(true).ok();
+        eprintln!("qkv-server: shutting down: finishing the running requests");
+        st.draining.store(true, Ordering::SeqCst);
+        if let Some(worker) = worker {
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                eprintln!("qkv-server: grace period over: cancelling what still runs");
+                worker.cancel_all();
+            });
         }
-        eprintln!("qkv-server: stopped");
-        Ok::<(), Box<dyn std::error::Error>>(())
-    })?;
+    })
+    .await?;
+    for o in others {
+        o.await??;
+    }
+    eprintln!("qkv-server: stopped");
     Ok(())
 }
 
