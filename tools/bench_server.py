@@ -164,13 +164,22 @@ class Watch:
         return self.paused
 
 
+# The next unused slice of server_load.py's prompt text for the running server: every run,
+# and every repeat of a run, takes fresh prompts, so none is served from the prefix cache of
+# an earlier one. Reset at each server's start, so that both servers meet the same prompts.
+NEXT_PROMPT = [0]
+
+
 def load(port, streams, pid=None, retries=0, stats=None, max_other=float("inf")):
     for attempt in range(retries + 1):
+        first = NEXT_PROMPT[0]
+        NEXT_PROMPT[0] += streams
         watch = Watch(pid) if pid else None
         out = subprocess.run(
             [sys.executable, str(ROOT / "tools/server_load.py"), "--base-url",
              f"http://127.0.0.1:{port}/v1", "--streams", str(streams),
-             "--prompt-tokens", "128", "--max-tokens", "128", "--json"],
+             "--prompt-tokens", "128", "--max-tokens", "128", "--first-prompt", str(first),
+             "--json"],
             capture_output=True, text=True, timeout=1800)
         other = watch.other_cores() if watch else 0.0
         paused = watch.stop() if watch else False
@@ -222,6 +231,7 @@ def main():
         for kind in order:
             port = free_port()
             proc = start(kind, exes[kind], model, max(streams), port, qkv_args)
+            NEXT_PROMPT[0] = 0
             try:
                 load(port, 1)  # warm-up
                 for s in streams:

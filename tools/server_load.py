@@ -6,7 +6,9 @@
 
 `--streams` clients run at once, each sending `--requests` streamed completions one after the
 other (a closed loop), with prompts of about `--prompt-tokens` tokens cut from CPython's
-documentation topics (each request its own slice, so no two share a prefix) and
+documentation topics (each request its own slice, so no two share a prefix; `--first-prompt`
+skips the slices an earlier run against the same server used, so that no run finds its
+prompts in a server's prefix cache) and
 `max_tokens` = `--max-tokens` with `ignore_eos`, so every request generates the same number of
 tokens. Measured with the official `openai` client: time to first token (first content
 chunk), inter-token latency (between content chunks), and the aggregate generated tokens per
@@ -30,11 +32,16 @@ def words():
     return text.split()
 
 
-def prompts(n, prompt_tokens):
-    """`n` distinct prompts of about `prompt_tokens` tokens (~0.75 words per token)."""
+def prompts(n, prompt_tokens, first=0):
+    """`n` distinct prompts of about `prompt_tokens` tokens (~0.75 words per token), slices
+    `first..first + n` of the text; past its end, the slices wrap round."""
     w = words()
     per = max(1, int(prompt_tokens * 0.75))
-    return [" ".join(w[i * per:(i + 1) * per]) for i in range(n)]
+    slices = len(w) // per
+    if slices == 0:
+        sys.exit("the prompt text is shorter than one prompt")
+    return [" ".join(w[(i % slices) * per:(i % slices + 1) * per])
+            for i in range(first, first + n)]
 
 
 def percentile(xs, p):
@@ -74,7 +81,7 @@ async def run(args):
     model = args.model
     if model is None:
         model = (await client.models.list()).data[0].id
-    ps = prompts(args.streams * args.requests, args.prompt_tokens)
+    ps = prompts(args.streams * args.requests, args.prompt_tokens, args.first_prompt)
 
     async def worker(i):
         out = []
@@ -108,6 +115,9 @@ def main():
     ap.add_argument("--requests", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--first-prompt", type=int, default=0,
+                    help="the first slice of the text to use (a run's prompts are the next "
+                         "streams × requests slices)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
