@@ -739,7 +739,10 @@ mod tests {
                 assert_eq!(meta.scale.to_bits(), acts.scale[src].to_bits());
                 assert_eq!(meta.sum.to_bits(), acts.sum[src].to_bits());
                 assert_eq!(meta.isum, q.iter().map(|&v| i32::from(v)).sum::<i32>());
-                assert_eq!(meta.isum_lo, q[..16].iter().map(|&v| i32::from(v)).sum::<i32>());
+                assert_eq!(
+                    meta.isum_lo,
+                    q[..16].iter().map(|&v| i32::from(v)).sum::<i32>()
+                );
             }
         }
         assert!(seen.iter().all(|&s| s));

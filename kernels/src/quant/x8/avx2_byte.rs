@@ -101,7 +101,8 @@ pub(super) unsafe fn q6_k<const M: usize>(
                     _mm256_or_si256(_mm256_and_si256(t, low16), _mm256_slli_epi32::<16>(t))
                 };
                 let sc = [both(t0), both(t1)];
-                let pair = _mm256_or_si256(_mm256_and_si256(t0, low16), _mm256_slli_epi32::<16>(t1));
+                let pair =
+                    _mm256_or_si256(_mm256_and_si256(t0, low16), _mm256_slli_epi32::<16>(t1));
                 for (i, acc) in acc.iter_mut().enumerate().take(M) {
                     let at = (8 * s + g) * M + i;
                     let (x, xm) = ((*tiles.add(at)).q.as_ptr() as *const u8, &*meta.add(at));
@@ -124,7 +125,8 @@ pub(super) unsafe fn q6_k<const M: usize>(
                     }
                     // The stored values are q + 32: take 32·(sc·Σx) off per half-group, the
                     // two half-sums (each within ±2032) as the 16-bit halves of one lane.
-                    let halves = (xm.isum_lo as u32 & 0xFFFF) | ((xm.isum - xm.isum_lo) as u32) << 16;
+                    let halves =
+                        (xm.isum_lo as u32 & 0xFFFF) | ((xm.isum - xm.isum_lo) as u32) << 16;
                     let off = _mm256_madd_epi16(pair, _mm256_set1_epi32(halves as i32));
                     dot = _mm256_sub_epi32(dot, _mm256_slli_epi32::<5>(off));
                     let xs = _mm256_mul_ps(d, _mm256_set1_ps(xm.scale));

@@ -118,7 +118,10 @@ fn simd_matches_scalar_reference() {
         )
     };
     for format in FORMATS {
-        for &k in ks.iter().filter(|&&k| k.is_multiple_of(format.block_elems())) {
+        for &k in ks
+            .iter()
+            .filter(|&&k| k.is_multiple_of(format.block_elems()))
+        {
             for &(m, n) in shapes {
                 let w = weight_blocks(format, n, k, &mut rng);
                 let p = packed(format, &w, n, k);
@@ -333,8 +336,23 @@ fn eight_bit_results_stay_within_the_rounding_of_f32() {
                     let mut got = vec![f32::NAN; m * n];
                     // SAFETY: `kernels` lists only what this CPU runs; got is m·n, p holds n
                     // interleaved rows of k.
-                    unsafe { kernel(SharedOut(got.as_mut_ptr()), &acts, format, &p, None, n, 0, n) };
-                    let share = if precision == ActPrecision::Byte { 1.0 } else { 1.0 / 200.0 };
+                    unsafe {
+                        kernel(
+                            SharedOut(got.as_mut_ptr()),
+                            &acts,
+                            format,
+                            &p,
+                            None,
+                            n,
+                            0,
+                            n,
+                        )
+                    };
+                    let share = if precision == ActPrecision::Byte {
+                        1.0
+                    } else {
+                        1.0 / 200.0
+                    };
                     for i in 0..m {
                         for j in 0..n {
                             let (y, bound, mag) = exact(i, j);
@@ -355,5 +373,8 @@ fn eight_bit_results_stay_within_the_rounding_of_f32() {
         }
     }
     eprintln!("worst 8-bit error: {worst:.3} of the bound");
-    assert!(worst > 0.01, "8-bit errors of {worst} of the bound: is x rounded at all?");
+    assert!(
+        worst > 0.01,
+        "8-bit errors of {worst} of the bound: is x rounded at all?"
+    );
 }
