@@ -374,13 +374,13 @@ fn interleaved_groups_mix_formats() {
             p
         })
         .collect();
-    let weights = |f: QuantFormat, b: &[u8]| {
-        if x8::supports(f) {
+    fn weights(f: QuantFormat, b: &[u8]) -> Weights<'_> {
+        if qkv_kernels::quant::x8::supports(f) {
             Weights::QuantX8(f, b)
         } else {
             Weights::Quant(f, b)
         }
-    };
+    }
     let ms: &[usize] = if cfg!(miri) { &[1] } else { &[1, 2, 16, 33] };
     for &m in ms {
         let x = activations(m * k, &mut rng);
