@@ -18,7 +18,7 @@ const PREFETCH: usize = 1024;
 /// # Safety
 /// `p..p + 4` readable; AVX.
 #[inline(always)]
-pub(super) unsafe fn splat4(p: *const u8) -> __m256i {
+unsafe fn splat4(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 4 readable bytes at `p`.
     unsafe { _mm256_set1_epi32(core::ptr::read_unaligned(p as *const i32)) }
 }

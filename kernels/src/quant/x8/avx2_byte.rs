@@ -19,7 +19,6 @@
 //!   is negative, zero where it is zero), the same products. A pair reaches 2·128·127 =
 //!   32512, so every `maddubs` is widened at once by a `madd` with ones.
 
-use super::avx2::splat4;
 use super::avx2_i16::q6_k_values;
 use super::ROWS;
 use crate::quant::act::{ByteBlock, QuantizedActs, TileMeta};
@@ -27,6 +26,16 @@ use core::arch::x86_64::*;
 
 /// How far ahead of the column being multiplied the group's bytes are prefetched.
 const PREFETCH: usize = 1024;
+
+/// The 4 bytes at `p` in every 32-bit lane.
+///
+/// # Safety
+/// `p..p + 4` readable; AVX.
+#[inline(always)]
+unsafe fn splat4(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 4 readable bytes at `p`.
+    unsafe { _mm256_set1_epi32(core::ptr::read_unaligned(p as *const i32)) }
+}
 
 /// The `pshufb` control that moves a vector of [`super::pair_byte`]'s layout (per 128-bit
 /// half: rows' first two elements, row by row, then their next two) to 4 consecutive
