@@ -18,6 +18,12 @@
 //!   with the activations given the weights' signs (`sign_epi8`: negated where the weight
 //!   is negative, zero where it is zero), the same products. A pair reaches 2·128·127 =
 //!   32512, so every `maddubs` is widened at once by a `madd` with ones.
+//!
+//! Rates (`gemm_rows`, the 1B shapes, 2 threads on a Zen 4 host without AVX-512, 16 → 8
+//! bits): Q6_K 37–38 → 59–62 GMAC/s from 16 to 512 rows of `x`, Q8_0 39–41 → 46–48. Q8_0
+//! gains less: its `madd` per `maddubs` leaves as many multiplies per product as the 16-bit
+//! kernel's. Widening Q8_0's sums with shifts instead (each lane's low half offset by 2¹⁵,
+//! the high halves summed apart) measured 37 GMAC/s: slower.
 
 use super::avx2_i16::q6_k_values;
 use super::ROWS;
