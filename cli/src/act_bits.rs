@@ -1,5 +1,5 @@
-//! `--act-bits`: the precision at which activations meet interleaved 4-bit weights (Q4_0,
-//! Q4_1, Q4_K), for the whole process: 16 bits by default, 8 as llama.cpp's CPU kernels
+//! `--act-bits`: the precision at which activations meet interleaved weights (Q4_0, Q4_1,
+//! Q4_K, Q6_K, Q8_0), for the whole process: 16 bits by default, 8 as llama.cpp's CPU kernels
 //! (faster prompts and batched steps; see
 //! [`qkv::kernels::quant::x8::set_act_precision`]).
 

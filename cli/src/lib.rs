@@ -19,7 +19,7 @@
 //! - [`compat`]: Anthropic Messages and OpenAI Responses requests rewritten as chat
 //!   bodies;
 //! - [`auth`]: the server's API keys, from the command line or a key file, checked in
-//!   constant time; [`act_bits`]: `--act-bits`, the activations' precision for 4-bit weights.
+//!   constant time; [`act_bits`]: `--act-bits`, the activations' precision for interleaved weights.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,7 +1,7 @@
 //! `linear` with quantized weights (the decode GEMV, m ≤ 8) against `linear_scalar`, which
 //! dequantizes exactly to f32: every format, awkward shapes, pools of 1–3 threads.
 //!
-//! The GEMV quantizes `x` to integers per block of 32 (16 bits; for interleaved 4-bit weights,
+//! The GEMV quantizes `x` to integers per block of 32 (16 bits; for interleaved weights,
 //! 8 when `QKV_ACT_BITS=8`), so each element of `x` may be off by half a step of its block
 //! (`0.5·amax/32767`, or `/127`); the tolerance is that error carried through the weights,
 //! `Σ|w|·0.5·step`, plus f32 rounding. Runs whichever kernel and precision the CPU and the
@@ -220,8 +220,9 @@ fn non_finite_activations_are_never_hidden() {
 /// blocks give in GGUF's layout, through every path of `linear`: the decode GEMV (1 row),
 /// one pass in tiles of 8 rows for any number of rows (2–40), on 1–3 threads; `linear_many`
 /// beside GGUF-layout parts and as a group of interleaved parts only; and `rows_to_f32`
-/// row for row. Every format with the layout: the 4-bit ones read 8-bit activations (so
-/// the bound is theirs), Q6_K and Q8_0 16-bit ones.
+/// row for row. Every format with the layout, at the precision the process chose for it
+/// ([`qkv_kernels::quant::x8::act_precision`]: 8 bits under `QKV_ACT_BITS=8`, so the bound
+/// is theirs).
 #[test]
 fn interleaved_weights_match_their_file_layout() {
     use qkv_kernels::quant::x8;
@@ -346,34 +347,50 @@ fn interleaved_weights_match_their_file_layout() {
     .is_err());
 }
 
-/// A group of interleaved parts of which some read 8-bit activations (Q4_K) and some 16-bit
-/// ones (Q6_K, Q8_0), as a Q4_K_M file's layers mix them: each part equals its own
-/// `linear`, for the row counts of decode, a batched step and a prompt.
+/// A group of interleaved parts (Q6_K, Q4_K, Q8_0, as a Q4_K_M file's layers mix them)
+/// beside a part in GGUF's layout (Q5_K, always at 16 bits, so that under
+/// `QKV_ACT_BITS=8` the group needs both precisions): each part equals its own `linear`,
+/// for the row counts of decode, a batched step and a prompt.
 #[test]
 fn interleaved_groups_mix_formats() {
     use qkv_kernels::quant::x8;
     let mut rng = Rng(0x6_6666);
     let (n, k) = (16, 512);
-    let formats = [QuantFormat::Q6_K, QuantFormat::Q4_K, QuantFormat::Q8_0];
-    let packed: Vec<Vec<u8>> = formats
+    let formats = [
+        QuantFormat::Q6_K,
+        QuantFormat::Q4_K,
+        QuantFormat::Q8_0,
+        QuantFormat::Q5_K,
+    ];
+    let blocks: Vec<Vec<u8>> = formats
         .iter()
         .map(|&f| {
             let w = random_blocks(f, n, k, &mut rng);
+            if !x8::supports(f) {
+                return w;
+            }
             let mut p = vec![0u8; w.len()];
             x8::pack(f, &w, n, k, &mut p).unwrap();
             p
         })
         .collect();
+    fn weights(f: QuantFormat, b: &[u8]) -> Weights<'_> {
+        if qkv_kernels::quant::x8::supports(f) {
+            Weights::QuantX8(f, b)
+        } else {
+            Weights::Quant(f, b)
+        }
+    }
     let ms: &[usize] = if cfg!(miri) { &[1] } else { &[1, 2, 16, 33] };
     for &m in ms {
         let x = activations(m * k, &mut rng);
         let mut ys = vec![vec![0.0f32; m * n]; formats.len()];
         let mut parts: Vec<Projection<'_, '_>> = formats
             .iter()
-            .zip(&packed)
+            .zip(&blocks)
             .zip(ys.iter_mut())
-            .map(|((&f, p), y)| Projection {
-                w: Weights::QuantX8(f, p),
+            .map(|((&f, b), y)| Projection {
+                w: weights(f, b),
                 bias: None,
                 n,
                 y,
@@ -382,9 +399,9 @@ fn interleaved_groups_mix_formats() {
         pool(2)
             .install(|| linear_many(&x, m, k, &mut parts))
             .unwrap();
-        for ((&f, p), y) in formats.iter().zip(&packed).zip(&ys) {
+        for ((&f, b), y) in formats.iter().zip(&blocks).zip(&ys) {
             let mut one = vec![0.0f32; m * n];
-            linear(&mut one, &x, Weights::QuantX8(f, p), None, m, k, n).unwrap();
+            linear(&mut one, &x, weights(f, b), None, m, k, n).unwrap();
             assert_eq!(*y, one, "{f} m={m}");
         }
     }

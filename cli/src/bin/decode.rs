@@ -131,7 +131,7 @@ struct PerplexityArgs {
     /// llama.cpp's `-ctk q8_0 -ctv q8_0`); default: the weights' compute dtype.
     #[arg(long = "kv-type", value_name = "TYPE")]
     kv_type: Option<KvType>,
-    /// Activations meet interleaved 4-bit weights as 8-bit or 16-bit integers (default 16,
+    /// Activations meet interleaved weights as 8-bit or 16-bit integers (default 16,
     /// or `QKV_ACT_BITS`).
     #[arg(long = "act-bits", value_name = "BITS")]
     act_bits: Option<u8>,
@@ -195,7 +195,7 @@ struct RunArgs {
     /// cached positions (as `llama-bench -d N` does).
     #[arg(long, default_value_t = 0)]
     depth: usize,
-    /// Activations meet interleaved 4-bit weights (Q4_0, Q4_1, Q4_K) as 8-bit or 16-bit
+    /// Activations meet interleaved weights (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) as 8-bit or 16-bit
     /// integers (default 16, or `QKV_ACT_BITS`); 8 is faster on prompts, as llama.cpp does.
     #[arg(long = "act-bits", value_name = "BITS")]
     act_bits: Option<u8>,

@@ -3,15 +3,17 @@
 //! The quantized kernels multiply the weights' small integers by integer activations and
 //! apply both scales once per block. Two precisions ([`ActPrecision`]):
 //!
-//! - **16 bits** (`|q| ≤ 32767`), for every kernel of weights in GGUF's layout and for the
-//!   interleaved Q6_K and Q8_0: the error (at most 1/65534 of the block's largest value per
-//!   element) stays far below the weights' own, and the products still fit `madd`'s 32-bit
-//!   sums.
+//! - **16 bits** (`|q| ≤ 32767`), for every kernel of weights in GGUF's layout, and the
+//!   default of the interleaved ones: the error (at most 1/65534 of the block's largest
+//!   value per element) stays far below the weights' own, and the products still fit
+//!   `madd`'s 32-bit sums.
 //! - **8 bits** (`|q| ≤ 127`), as ggml's Q8 activations: an error of up to 1/254 of the
-//!   block's largest value, and each byte of 4-bit weights meets a byte of activations in
-//!   one `maddubs` (32 products per instruction) where 16 bits take two, one per byte of
-//!   the integer ([`QuantizedActs::split`]). The interleaved 4-bit formats (Q4_0, Q4_1,
-//!   Q4_K) take it when the process asks for it ([`crate::quant::x8::set_act_precision`]).
+//!   block's largest value, and each byte of weights meets a byte of activations in one
+//!   `maddubs` (32 products per instruction): 4-bit weights where 16 bits take two, one per
+//!   byte of the integer ([`QuantizedActs::split`]), and Q6_K's and Q8_0's where 16 bits
+//!   take two `madd` of 16 products. Every interleaved format (Q4_0, Q4_1, Q4_K, Q6_K,
+//!   Q8_0) takes it when the process asks for it
+//!   ([`crate::quant::x8::set_act_precision`]).
 //!
 //! The precision follows the weights and the process's choice, never the number of rows, so
 //! a sequence gets the same numbers alone or in a batch.
@@ -82,6 +84,9 @@ pub struct TileMeta {
     pub sum: f32,
     /// The integer sum of its 32 `q`.
     pub isum: i32,
+    /// The integer sum of its first 16 `q` (the second 16 sum to `isum − isum_lo`): the
+    /// interleaved Q6_K kernel at 8 bits takes its offset of 32 off per 16 elements.
+    pub isum_lo: i32,
 }
 
 /// `x[m, k]` quantized per block of [`ACT_BLOCK`]: reused across calls, so a decode step
@@ -311,6 +316,7 @@ impl QuantizedActs {
                     scale: self.scale[src],
                     sum: self.sum[src],
                     isum: q.iter().map(|&v| i32::from(v)).sum(),
+                    isum_lo: q[..16].iter().map(|&v| i32::from(v)).sum(),
                 };
             }
         }
@@ -733,6 +739,10 @@ mod tests {
                 assert_eq!(meta.scale.to_bits(), acts.scale[src].to_bits());
                 assert_eq!(meta.sum.to_bits(), acts.sum[src].to_bits());
                 assert_eq!(meta.isum, q.iter().map(|&v| i32::from(v)).sum::<i32>());
+                assert_eq!(
+                    meta.isum_lo,
+                    q[..16].iter().map(|&v| i32::from(v)).sum::<i32>()
+                );
             }
         }
         assert!(seen.iter().all(|&s| s));

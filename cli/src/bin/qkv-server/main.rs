@@ -85,7 +85,7 @@ struct Args {
     /// Worker threads for the model (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// Activations meet interleaved 4-bit weights (Q4_0, Q4_1, Q4_K) as 8-bit or 16-bit
+    /// Activations meet interleaved weights (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) as 8-bit or 16-bit
     /// integers (default 16, or `QKV_ACT_BITS`); 8 is faster on prompts and batched steps,
     /// as llama.cpp does.
     #[arg(long = "act-bits", value_name = "BITS")]

@@ -2,6 +2,7 @@
 //! 8, up to 8 rows of `x` per pass over a column of blocks (the pass reads the column from
 //! memory for the first row of `x` and from L1 for the others).
 
+use super::avx2_byte::{q6_k as q6_k_bytes, q8_0 as q8_0_bytes};
 use super::avx2_i16::{q6_k, q8_0};
 use super::ROWS;
 use crate::par::SharedOut;
@@ -352,8 +353,8 @@ pub(super) unsafe fn columns(
     let cols = k / format.block_elems();
     let group_bytes = ROWS * cols * format.block_bytes();
     debug_assert!(w.len() == n / ROWS * group_bytes && j1 <= n);
-    debug_assert!(acts.has_tiles() || !super::reads_tiles(format));
     let bytes = acts.precision == ActPrecision::Byte;
+    debug_assert!(acts.has_tiles() || !(bytes || super::reads_tiles(format)));
     // Q6_K's sums take the offset of 32 off per half-group, not per weight, where the
     // weights meet one or two rows: one row's step needs 2 instructions, the weights' 16.
     let raw = !acts.isum16.is_empty();
@@ -387,8 +388,10 @@ pub(super) unsafe fn columns(
                     QuantFormat::Q4_0 => run!(q4_0, Split; false),
                     QuantFormat::Q4_1 if bytes => run!(q4_0, Bytes; true),
                     QuantFormat::Q4_1 => run!(q4_0, Split; true),
+                    QuantFormat::Q6_K if bytes => run!(q6_k_bytes),
                     QuantFormat::Q6_K if raw && mr <= 2 => run!(q6_k; true),
                     QuantFormat::Q6_K => run!(q6_k; false),
+                    QuantFormat::Q8_0 if bytes => run!(q8_0_bytes),
                     QuantFormat::Q8_0 => run!(q8_0),
                     _ if bytes => run!(q4_k, Bytes),
                     _ => run!(q4_k, Split),

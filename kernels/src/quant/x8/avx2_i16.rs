@@ -4,7 +4,8 @@
 //! one `madd`: 16 exact products summed in pairs into 32-bit lanes, which cannot overflow
 //! (at most 2·32767·128 per `madd`, and 16 of them per lane before the sums are scaled).
 //! Six- and eight-bit weights would overflow the 16-bit sums of the 4-bit kernels'
-//! `maddubs`.
+//! `maddubs` against the byte split of 16-bit activations; against 8-bit ones they take
+//! `avx2_byte.rs`'s kernels.
 
 use super::ROWS;
 use crate::quant::act::QuantizedActs;
@@ -42,13 +43,13 @@ unsafe fn dot16(w: &[__m256i; 8], x: *const i16) -> __m256i {
     }
 }
 
-/// The 8 rows' values `u` (0..=63) of Q6_K half-group at `hg` (96 bytes), as element pairs
-/// in 16-bit lanes: `u − 32` unless `RAW` (the caller then takes `32·Σx` off the sums).
+/// The 8 rows' values `u` (0..=63) of Q6_K half-group at `hg` (96 bytes) as 4 vectors of
+/// bytes, vector `v` holding elements `4v..4v + 4` at [`super::pair_byte`].
 ///
 /// # Safety
 /// `hg..hg + 96` readable; AVX2.
 #[inline(always)]
-unsafe fn q6_k_pairs<const RAW: bool>(hg: *const u8) -> [__m256i; 8] {
+pub(super) unsafe fn q6_k_values(hg: *const u8) -> [__m256i; 4] {
     // SAFETY: the caller's contract.
     unsafe {
         let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
@@ -56,7 +57,7 @@ unsafe fn q6_k_pairs<const RAW: bool>(hg: *const u8) -> [__m256i; 8] {
         let n1 = _mm256_loadu_si256(hg.add(32) as *const __m256i);
         let top = _mm256_loadu_si256(hg.add(64) as *const __m256i);
         // Vector v: a nibble of n0 / n1, and bits 2v, 2v + 1 of `top` moved to bits 4–5.
-        let v = [
+        [
             _mm256_or_si256(
                 _mm256_and_si256(n0, m4),
                 _mm256_and_si256(_mm256_slli_epi16::<4>(top), m3),
@@ -70,7 +71,20 @@ unsafe fn q6_k_pairs<const RAW: bool>(hg: *const u8) -> [__m256i; 8] {
                 _mm256_and_si256(_mm256_srli_epi16::<4>(n1), m4),
                 _mm256_and_si256(_mm256_srli_epi16::<2>(top), m3),
             ),
-        ];
+        ]
+    }
+}
+
+/// The 8 rows' values `u` (0..=63) of Q6_K half-group at `hg` (96 bytes), as element pairs
+/// in 16-bit lanes: `u − 32` unless `RAW` (the caller then takes `32·Σx` off the sums).
+///
+/// # Safety
+/// `hg..hg + 96` readable; AVX2.
+#[inline(always)]
+unsafe fn q6_k_pairs<const RAW: bool>(hg: *const u8) -> [__m256i; 8] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let v = q6_k_values(hg);
         let (zero, c32) = (_mm256_setzero_si256(), _mm256_set1_epi16(32));
         let mut w = [zero; 8];
         for (q, v) in v.into_iter().enumerate() {

@@ -17,9 +17,15 @@
 //! `256·Σ(q·hi) + Σ(q·lo)`: the same exact integer dot product as the other kernels. At 8
 //! bits ([`ActPrecision::Byte`], when the process asks for it: [`set_act_precision`]) the
 //! bytes are the integers themselves, and one `maddubs` does what took two. Six- and
-//! eight-bit weights would overflow those 16-bit sums; Q6_K and Q8_0 are widened to 16 bits
-//! instead, two elements of each row per 32-bit lane, and meet pairs of the 16-bit
-//! activations in one `madd` each (`avx2_i16.rs`).
+//! eight-bit weights would overflow those 16-bit sums of the split; against 16-bit
+//! activations Q6_K and Q8_0 are widened to 16 bits instead, two elements of each row per
+//! 32-bit lane, and meet pairs of the activations in one `madd` each (`avx2_i16.rs`).
+//! Against 8-bit activations they meet the bytes in `maddubs` too (`avx2_byte.rs`): Q6_K's
+//! stored values `q + 32` (0..=63) as they are, two products summed per 16-bit lane, two
+//! such sums added before they are widened (at most 4·63·127 = 32004), the offset taken off
+//! per 16 elements; Q8_0's signed weights as their magnitudes against the activations
+//! given the weights' signs, each sum of two products (at most 2·128·127 = 32512) widened
+//! at once.
 //!
 //! Layouts, for rows `8t..8t + 8` (a row group; groups follow each other, and within a group
 //! the columns of blocks follow in order):
@@ -41,6 +47,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_byte;
 #[cfg(target_arch = "x86_64")]
 mod avx2_i16;
 
@@ -67,9 +75,11 @@ pub fn supports(format: QuantFormat) -> bool {
     )
 }
 
-/// True when the kernel of `format` reads the activations' tiles of bytes
-/// ([`QuantizedActs::split`] at 16 bits, [`QuantizedActs::bytes`] at 8): the 4-bit formats
-/// do, Q6_K and Q8_0 read the 16-bit integers themselves.
+/// True when the kernel of `format` reads the activations' byte split at 16 bits
+/// ([`QuantizedActs::split`], which [`QuantizedActs::add_split`] makes): the 4-bit formats
+/// do, Q6_K and Q8_0 read the 16-bit integers themselves. At 8 bits every interleaved
+/// kernel reads the bytes ([`QuantizedActs::bytes`]), which
+/// [`QuantizedActs::quantize_at`] always lays out.
 pub fn reads_tiles(format: QuantFormat) -> bool {
     matches!(
         format,
@@ -77,15 +87,15 @@ pub fn reads_tiles(format: QuantFormat) -> bool {
     )
 }
 
-/// The process's precision for interleaved 4-bit weights, fixed at its first use.
-static FOUR_BIT: OnceLock<ActPrecision> = OnceLock::new();
+/// The process's precision for interleaved weights, fixed at its first use.
+static CHOICE: OnceLock<ActPrecision> = OnceLock::new();
 
-/// Chooses, for this process, the precision at which activations meet interleaved 4-bit
-/// weights (Q4_0, Q4_1, Q4_K): [`ActPrecision::Wide`], the default (16 bits: next to no
-/// error of its own), or [`ActPrecision::Byte`] (8 bits, as llama.cpp's CPU kernels: about
-/// 1.5 times the integer rate where a matrix meets many rows, a prompt's or a large
-/// batch's, for an error of up to 1/254 of each block's largest activation). Without a
-/// call, `QKV_ACT_BITS=8` in the environment asks for 8 bits.
+/// Chooses, for this process, the precision at which activations meet interleaved weights
+/// (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0): [`ActPrecision::Wide`], the default (16 bits: next to no
+/// error of its own), or [`ActPrecision::Byte`] (8 bits, as llama.cpp's CPU kernels: a
+/// higher integer rate where a matrix meets many rows, a prompt's or a large batch's, for
+/// an error of up to 1/254 of each block's largest activation). Without a call,
+/// `QKV_ACT_BITS=8` in the environment asks for 8 bits.
 ///
 /// The choice is fixed by the first call, or by the first product that needs it, so that
 /// every matrix of a model, alone or batched, sees the same precision for the life of the
@@ -95,30 +105,32 @@ static FOUR_BIT: OnceLock<ActPrecision> = OnceLock::new();
 /// use qkv_kernels::quant::{act::ActPrecision, x8, QuantFormat};
 /// x8::set_act_precision(ActPrecision::Byte).unwrap();
 /// assert_eq!(x8::act_precision(QuantFormat::Q4_K), ActPrecision::Byte);
-/// assert_eq!(x8::act_precision(QuantFormat::Q6_K), ActPrecision::Wide);
+/// assert_eq!(x8::act_precision(QuantFormat::Q6_K), ActPrecision::Byte);
+/// assert_eq!(x8::act_precision(QuantFormat::Q8_0), ActPrecision::Byte);
 /// assert!(x8::set_act_precision(ActPrecision::Wide).is_err());
 /// ```
 pub fn set_act_precision(precision: ActPrecision) -> Result<()> {
-    let fixed = *FOUR_BIT.get_or_init(|| precision);
+    let fixed = *CHOICE.get_or_init(|| precision);
     if fixed == precision {
         Ok(())
     } else {
         Err(KernelError::Invalid(format!(
-            "activations of 4-bit weights are already fixed at {fixed:?} for this process"
+            "activations of interleaved weights are already fixed at {fixed:?} for this process"
         )))
     }
 }
 
 /// The precision at which activations meet interleaved weights of `format`: the process's
-/// choice ([`set_act_precision`]) for the 4-bit formats, 16 bits for Q6_K and Q8_0. Every
-/// path that multiplies such a matrix (the interleaved kernels for any number of rows, the
-/// integer GEMM where AVX-512 VNNI runs it) quantizes at this precision, so the results do
-/// not depend on the path or on the number of rows.
+/// choice ([`set_act_precision`]) for every format with the layout ([`supports`]), 16 bits
+/// for the others. It depends on the format and the process only: every path that
+/// multiplies such a matrix (the interleaved kernels for any number of rows, the integer
+/// GEMM where AVX-512 VNNI runs it) quantizes at this precision, so the results do not
+/// depend on the path or on the number of rows.
 pub fn act_precision(format: QuantFormat) -> ActPrecision {
-    if !reads_tiles(format) {
+    if !supports(format) {
         return ActPrecision::Wide;
     }
-    *FOUR_BIT.get_or_init(|| match std::env::var("QKV_ACT_BITS").as_deref() {
+    *CHOICE.get_or_init(|| match std::env::var("QKV_ACT_BITS").as_deref() {
         Ok("8") => ActPrecision::Byte,
         _ => ActPrecision::Wide,
     })
@@ -466,7 +478,7 @@ pub(crate) unsafe fn columns_scalar(
 ///
 /// # Safety
 /// As [`columns_scalar`]; and `acts` has its tiles ([`QuantizedActs::has_tiles`]), for any
-/// number of rows, when [`reads_tiles`] is true of `format`.
+/// number of rows, at [`ActPrecision::Byte`] or when [`reads_tiles`] is true of `format`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn columns(
     y: SharedOut,

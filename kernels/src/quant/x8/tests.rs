@@ -54,19 +54,18 @@ fn bad_shapes_are_refused() {
     assert!(unpack_rows(QuantFormat::Q4_0, &p[..100], 32, 0, 1, &mut [0; 18]).is_err());
 }
 
-/// `x[m, k]` quantized at each precision the kernels of `format` take (8 and 16 bits for the
-/// 4-bit formats, 16 for the others), with the tiles the interleaved kernels read.
+/// `x[m, k]` quantized at each precision the interleaved kernels take (8 and 16 bits, for
+/// every format), with the tiles they read: the byte split at 16 bits only where `format`
+/// reads it ([`reads_tiles`]), so that a kernel reading tiles it was not given would fail.
 fn each_precision(x: &[f32], m: usize, k: usize, format: QuantFormat) -> Vec<QuantizedActs> {
-    let mut precisions = vec![ActPrecision::Wide];
-    if reads_tiles(format) {
-        precisions.push(ActPrecision::Byte);
-    }
-    precisions
+    [ActPrecision::Wide, ActPrecision::Byte]
         .into_iter()
         .map(|p| {
             let mut acts = QuantizedActs::default();
             acts.quantize_at(x, m, k, p).unwrap();
-            acts.add_split();
+            if reads_tiles(format) {
+                acts.add_split();
+            }
             acts
         })
         .collect()
@@ -86,8 +85,10 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
 }
 
 /// The interleaved reference equals the GGUF-layout reference bit for bit, and every SIMD
-/// kernel equals it up to the order of f32 additions, on rows of x from 1 to 33, column
-/// ranges that cut groups of 8, and x with outliers and an all-zero block.
+/// kernel equals it up to the order of f32 additions, at both precisions, on rows of x from
+/// 1 to 72 (one tile, several, a short last one), k of 1 to 8 super-blocks (Q4_0's and
+/// Q8_0's also a single block of 32), n of one group of 8 to 8 groups, column ranges that
+/// cut groups of 8, and x with outliers and an all-zero block.
 #[test]
 fn simd_matches_scalar_reference() {
     let mut rng = Rng(0x51DE_5EED);
@@ -96,9 +97,10 @@ fn simd_matches_scalar_reference() {
         (&[256], &[(1, 8), (3, 16)])
     } else {
         (
-            &[256, 512, 768, 2048],
+            &[32, 256, 512, 768, 2048],
             &[
                 (1, 8),
+                (1, 64),
                 (1, 40),
                 (2, 16),
                 (3, 24),
@@ -107,13 +109,19 @@ fn simd_matches_scalar_reference() {
                 (7, 8),
                 (8, 32),
                 (11, 8),
+                (16, 8),
                 (17, 16),
                 (33, 8),
+                (64, 16),
+                (72, 8),
             ],
         )
     };
     for format in FORMATS {
-        for &k in ks {
+        for &k in ks
+            .iter()
+            .filter(|&&k| k.is_multiple_of(format.block_elems()))
+        {
             for &(m, n) in shapes {
                 let w = weight_blocks(format, n, k, &mut rng);
                 let p = packed(format, &w, n, k);
@@ -280,4 +288,93 @@ fn non_finite_x_stays_visible() {
             }
         }
     }
+}
+
+/// At 8 bits every SIMD kernel stays as close to the f32 product of the exact weights and
+/// the unrounded activations as the rounding allows: each activation moves by at most half
+/// a step of its block, `amax/254`, so `y[i, j]` by at most `Σ |w|·amax/254` over the row,
+/// plus f32 roundings (1e-5 of `Σ |w·x|`). The bound is no blanket: the same products at
+/// 16 bits land within 1/200 of it, and at 8 bits the worst error reaches a few percent of
+/// it (a sum of independent roundings grows as the square root of `k`, the bound as `k`).
+#[test]
+fn eight_bit_results_stay_within_the_rounding_of_f32() {
+    let mut rng = Rng(0xB17E);
+    let mut worst = 0.0f64;
+    let shapes: &[(usize, usize, usize)] = if cfg!(miri) {
+        &[(2, 8, 256)]
+    } else {
+        &[(1, 8, 256), (3, 16, 512), (9, 24, 768), (20, 8, 2048)]
+    };
+    for format in FORMATS {
+        for &(m, n, k) in shapes {
+            let w = weight_blocks(format, n, k, &mut rng);
+            let p = packed(format, &w, n, k);
+            let mut wf = vec![0.0f32; n * k];
+            format.dequantize(&w, &mut wf).unwrap();
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| rng.uniform() * if i % 61 == 0 { 20.0 } else { 1.0 })
+                .collect();
+            // Per row of x and row of W: the f64 product, the bound and the magnitude.
+            let exact = |i: usize, j: usize| {
+                let (xr, wr) = (&x[i * k..(i + 1) * k], &wf[j * k..(j + 1) * k]);
+                let (mut y, mut bound, mut mag) = (0.0f64, 0.0f64, 0.0f64);
+                for (xb, wb) in xr.chunks_exact(32).zip(wr.chunks_exact(32)) {
+                    let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                    for (&xv, &wv) in xb.iter().zip(wb) {
+                        y += f64::from(xv) * f64::from(wv);
+                        bound += f64::from(wv.abs()) * f64::from(amax) / 254.0;
+                        mag += f64::from((xv * wv).abs());
+                    }
+                }
+                (y, bound, mag)
+            };
+            for (name, kernel) in kernels() {
+                for precision in [ActPrecision::Byte, ActPrecision::Wide] {
+                    let mut acts = QuantizedActs::default();
+                    acts.quantize_at(&x, m, k, precision).unwrap();
+                    acts.add_split();
+                    let mut got = vec![f32::NAN; m * n];
+                    // SAFETY: `kernels` lists only what this CPU runs; got is m·n, p holds n
+                    // interleaved rows of k.
+                    unsafe {
+                        kernel(
+                            SharedOut(got.as_mut_ptr()),
+                            &acts,
+                            format,
+                            &p,
+                            None,
+                            n,
+                            0,
+                            n,
+                        )
+                    };
+                    let share = if precision == ActPrecision::Byte {
+                        1.0
+                    } else {
+                        1.0 / 200.0
+                    };
+                    for i in 0..m {
+                        for j in 0..n {
+                            let (y, bound, mag) = exact(i, j);
+                            let err = (f64::from(got[i * n + j]) - y).abs();
+                            if precision == ActPrecision::Byte {
+                                worst = worst.max(err / bound);
+                            }
+                            assert!(
+                                err <= share * bound + 1e-5 * mag,
+                                "{name} {format} {precision:?} m={m} k={k} ({i},{j}): {} vs \
+                                 {y} (bound {bound})",
+                                got[i * n + j]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("worst 8-bit error: {worst:.3} of the bound");
+    assert!(
+        worst > 0.01,
+        "8-bit errors of {worst} of the bound: is x rounded at all?"
+    );
 }

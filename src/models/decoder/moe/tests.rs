@@ -154,7 +154,8 @@ fn grouped_and_single_row_passes_equal_a_dense_reference() {
 /// expert's blocks in the file's layout multiplied on their own: 5 experts, 3 chosen per
 /// row, matrices of 32 and 64 rows (whole groups of 8), passes of 1, 2 and 13 rows (an
 /// expert may meet no row, some of them, or every one).
-/// Q6_K and Q8_0 banks (their kernels read 16-bit activations, not the byte split) too.
+/// Q6_K and Q8_0 banks too (at 16 bits, the default, their kernels read the integers, not
+/// the byte split the 4-bit ones read).
 #[test]
 fn banked_quantized_experts_equal_each_expert_alone() {
     quantized_experts(QuantFormat::Q4_0, 5, 3, 32, 64, &[1, 2, 13], true);

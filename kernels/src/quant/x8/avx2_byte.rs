@@ -1,0 +1,205 @@
+//! Interleaved Q6_K and Q8_0 with 256-bit vectors, against 8-bit activations
+//! ([`QuantizedActs::bytes`]): the weights stay bytes and meet 4 activations broadcast to
+//! every 32-bit lane in one `maddubs` (32 byte products, summed in pairs into 16-bit lanes).
+//!
+//! The layout keeps two elements of each of two rows per 32-bit lane ([`super::pair_byte`],
+//! what the 16-bit kernels widen); here one `pshufb` per vector of weights, once per column
+//! for all the rows of `x` that meet it, moves each row's 4 elements into its own 32-bit
+//! lane (row `r` in lane `r`), so that a lane's two 16-bit sums belong to one row.
+//!
+//! Bounds, per 16-bit lane of a `maddubs` (two products, activations within ±127):
+//! - Q6_K's values `u = q + 32` are 0..=63, unsigned as `maddubs` takes its first operand:
+//!   at most 2·63·127 = 16002 in magnitude, so two such sums added in 16 bits stay within
+//!   32004 < 32767. Each pair of sums is widened by one `madd` against the 16 elements'
+//!   scale (a signed byte: at most 2·32004·128 = 8193024 per 32-bit lane, 4 of them per
+//!   block of 32), and the offset `32·Σx` comes off per 16 elements, times the scale, from
+//!   the activations' half-block sums ([`TileMeta::isum_lo`], `|Σ| ≤ 16·127 = 2032`).
+//! - Q8_0's weights are signed: `maddubs` meets their magnitudes (at most 128, unsigned)
+//!   with the activations given the weights' signs (`sign_epi8`: negated where the weight
+//!   is negative, zero where it is zero), the same products. A pair reaches 2·128·127 =
+//!   32512, so every `maddubs` is widened at once by a `madd` with ones.
+//!
+//! Rates (`gemm_rows`, the 1B shapes, 2 threads on a Zen 4 host without AVX-512, 16 → 8
+//! bits): Q6_K 37–38 → 59–62 GMAC/s from 16 to 512 rows of `x`, Q8_0 39–41 → 46–48. Q8_0
+//! gains less: its `madd` per `maddubs` leaves as many multiplies per product as the 16-bit
+//! kernel's. Widening Q8_0's sums with shifts instead (each lane's low half offset by 2¹⁵,
+//! the high halves summed apart) measured 37 GMAC/s: slower.
+
+use super::avx2_i16::q6_k_values;
+use super::ROWS;
+use crate::quant::act::{ByteBlock, QuantizedActs, TileMeta};
+use core::arch::x86_64::*;
+
+/// How far ahead of the column being multiplied the group's bytes are prefetched.
+const PREFETCH: usize = 1024;
+
+/// The 4 bytes at `p` in every 32-bit lane.
+///
+/// # Safety
+/// `p..p + 4` readable; AVX.
+#[inline(always)]
+unsafe fn splat4(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 4 readable bytes at `p`.
+    unsafe { _mm256_set1_epi32(core::ptr::read_unaligned(p as *const i32)) }
+}
+
+/// The `pshufb` control that moves a vector of [`super::pair_byte`]'s layout (per 128-bit
+/// half: rows' first two elements, row by row, then their next two) to 4 consecutive
+/// elements per row: byte `4r + e` of a half takes byte `8·(e / 2) + 2r + e % 2`.
+///
+/// # Safety
+/// AVX.
+#[inline(always)]
+unsafe fn rows4() -> __m256i {
+    // SAFETY: registers only.
+    unsafe {
+        _mm256_setr_epi8(
+            0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3, 10, 11, 4, 5,
+            12, 13, 6, 7, 14, 15,
+        )
+    }
+}
+
+/// The tile of activations (bytes and meta) of the `M` rows starting at `i0`.
+fn tile(acts: &QuantizedActs, i0: usize) -> (*const ByteBlock, *const TileMeta) {
+    let at = acts.tile_at(i0, 0);
+    (
+        acts.bytes.as_ptr().wrapping_add(at),
+        acts.tile_meta.as_ptr().wrapping_add(at),
+    )
+}
+
+/// Q6_K: adds `x[i0 + i]·W[r]` (without bias) to lane `r` of `acc[i]` for `i < M`, over the
+/// `ns` super-block columns (1680 bytes each) of the group at `col`; `i0` starts a tile of
+/// `M` rows of [`QuantizedActs::bytes`].
+///
+/// # Safety
+/// AVX2, FMA, F16C; `col` holds `ns` columns; `acts` is at 8 bits with its tiles, rows of
+/// `256·ns` elements, and a tile of `M` rows at `i0`.
+#[inline(always)]
+pub(super) unsafe fn q6_k<const M: usize>(
+    col: *const u8,
+    ns: usize,
+    acts: &QuantizedActs,
+    i0: usize,
+    acc: &mut [__m256; ROWS],
+) {
+    debug_assert!(acts.m >= i0 + M && acts.k == 256 * ns && acts.has_tiles());
+    let (tiles, meta) = tile(acts, i0);
+    // SAFETY: column s < ns lies inside `col` (the contract), half-group h < 16 inside its
+    // column; the tile's entries (8s + g)·M + i < 8·ns·M lie inside the tiles; prefetches
+    // never fault.
+    unsafe {
+        let order = rows4();
+        let low16 = _mm256_set1_epi32(0xFFFF);
+        for s in 0..ns {
+            let base = col.add(s * 1680);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            for g in 0..8 {
+                // Block g of the activations: half-groups 2g and 2g + 1, 4 vectors each.
+                let mut u = [_mm256_setzero_si256(); 8];
+                for hh in 0..2 {
+                    let hg = base.add(super::q6_k_half(2 * g + hh));
+                    _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH + 64) as *const i8);
+                    for (q, v) in q6_k_values(hg).into_iter().enumerate() {
+                        u[4 * hh + q] = _mm256_shuffle_epi8(v, order);
+                    }
+                }
+                // The 8 rows' scales of the two half-groups, sign-extended: `sc[hh]` holds
+                // the scale in both 16-bit halves of lane r, `pair` scale 2g low, 2g + 1 high.
+                let scale = |h: usize| {
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(base.add(16 + 8 * h) as *const __m128i))
+                };
+                let (t0, t1) = (scale(2 * g), scale(2 * g + 1));
+                let both = |t: __m256i| {
+                    _mm256_or_si256(_mm256_and_si256(t, low16), _mm256_slli_epi32::<16>(t))
+                };
+                let sc = [both(t0), both(t1)];
+                let pair =
+                    _mm256_or_si256(_mm256_and_si256(t0, low16), _mm256_slli_epi32::<16>(t1));
+                for (i, acc) in acc.iter_mut().enumerate().take(M) {
+                    let at = (8 * s + g) * M + i;
+                    let (x, xm) = ((*tiles.add(at)).q.as_ptr() as *const u8, &*meta.add(at));
+                    let mut dot = _mm256_setzero_si256();
+                    for (hh, &sc) in sc.iter().enumerate() {
+                        let (x, u) = (x.add(16 * hh), &u[4 * hh..4 * hh + 4]);
+                        // Two sums of 2·16002 at most in each 16-bit lane (see the module).
+                        let a = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(u[0], splat4(x)),
+                            _mm256_maddubs_epi16(u[1], splat4(x.add(4))),
+                        );
+                        let b = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(u[2], splat4(x.add(8))),
+                            _mm256_maddubs_epi16(u[3], splat4(x.add(12))),
+                        );
+                        dot = _mm256_add_epi32(
+                            dot,
+                            _mm256_add_epi32(_mm256_madd_epi16(a, sc), _mm256_madd_epi16(b, sc)),
+                        );
+                    }
+                    // The stored values are q + 32: take 32·(sc·Σx) off per half-group, the
+                    // two half-sums (each within ±2032) as the 16-bit halves of one lane.
+                    let halves =
+                        (xm.isum_lo as u32 & 0xFFFF) | ((xm.isum - xm.isum_lo) as u32) << 16;
+                    let off = _mm256_madd_epi16(pair, _mm256_set1_epi32(halves as i32));
+                    dot = _mm256_sub_epi32(dot, _mm256_slli_epi32::<5>(off));
+                    let xs = _mm256_mul_ps(d, _mm256_set1_ps(xm.scale));
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), xs, *acc);
+                }
+            }
+        }
+    }
+}
+
+/// Q8_0: as [`q6_k`] over the `nb` block columns (272 bytes each) of the group at `col`.
+///
+/// # Safety
+/// AVX2, FMA, F16C; `col` holds `nb` columns; `acts` is at 8 bits with its tiles, rows of
+/// `32·nb` elements, and a tile of `M` rows at `i0`.
+#[inline(always)]
+pub(super) unsafe fn q8_0<const M: usize>(
+    col: *const u8,
+    nb: usize,
+    acts: &QuantizedActs,
+    i0: usize,
+    acc: &mut [__m256; ROWS],
+) {
+    debug_assert!(acts.m >= i0 + M && acts.k == 32 * nb && acts.has_tiles());
+    let (tiles, meta) = tile(acts, i0);
+    // SAFETY: column b < nb lies inside `col` (the contract); the tile's entries b·M + i <
+    // nb·M lie inside the tiles; prefetches never fault.
+    unsafe {
+        let (order, ones) = (rows4(), _mm256_set1_epi16(1));
+        for b in 0..nb {
+            let base = col.add(b * 272);
+            for c in 0..5 {
+                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(PREFETCH + 64 * c) as *const i8);
+            }
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            // Vector v: elements 4v..4v + 4 of row r in lane r, and their magnitudes.
+            let mut w = [_mm256_setzero_si256(); 8];
+            let mut mag = [_mm256_setzero_si256(); 8];
+            for v in 0..8 {
+                let bytes = _mm256_loadu_si256(base.add(16 + 32 * v) as *const __m256i);
+                w[v] = _mm256_shuffle_epi8(bytes, order);
+                mag[v] = _mm256_abs_epi8(w[v]);
+            }
+            for (i, acc) in acc.iter_mut().enumerate().take(M) {
+                let at = b * M + i;
+                let (x, xm) = ((*tiles.add(at)).q.as_ptr() as *const u8, &*meta.add(at));
+                let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for v in (0..8).step_by(2) {
+                    let x0 = _mm256_sign_epi8(splat4(x.add(4 * v)), w[v]);
+                    let x1 = _mm256_sign_epi8(splat4(x.add(4 * v + 4)), w[v + 1]);
+                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(mag[v], x0), ones);
+                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(mag[v + 1], x1), ones);
+                    s0 = _mm256_add_epi32(s0, p0);
+                    s1 = _mm256_add_epi32(s1, p1);
+                }
+                let xs = _mm256_mul_ps(d, _mm256_set1_ps(xm.scale));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), xs, *acc);
+            }
+        }
+    }
+}
