@@ -197,6 +197,9 @@ fn f16_gemm_awkward_shapes() {
     if !cfg!(miri) {
         // Several blocks of 256 rows per thread, a ragged last block, two k-slices.
         check(130, 600, 1100, true, true, &mut rng);
+        // Taller than one packed chunk of x (2^22 values: 1020 rows at k = 4096): two
+        // chunks, the second ragged.
+        check(1031, 4096, 17, true, true, &mut rng);
     }
 }
 

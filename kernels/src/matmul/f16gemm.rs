@@ -39,6 +39,10 @@ const KC: usize = 256;
 /// the tiles of `y` it updates.
 const NC: usize = 256;
 
+/// Most values of packed `x` per call (16 MiB of f32: 512 rows at k = 8192); taller `x` is
+/// taken in chunks of rows, each widening `W` again (a small cost next to the chunk's FMAs).
+const X_PACK_MAX_ELEMS: usize = 1 << 22;
+
 thread_local! {
     /// The calling thread's packed `x`, reused across calls (taken out while in use, as
     /// `gemm_panels` does with its panel).
@@ -64,6 +68,16 @@ pub(super) fn gemm(
     assert!(available(), "f16 gemm needs AVX2, FMA and F16C");
     assert!(y.len() == m * n && x.len() == m * k && w.len() == n * k);
     assert!(bias.is_none_or(|b| b.len() == n));
+    // Tall x runs in chunks of rows, so that its packed copy stays bounded (and in L3).
+    let chunk = (X_PACK_MAX_ELEMS / k).max(16 * MR) / MR * MR;
+    if m > chunk {
+        for i0 in (0..m).step_by(chunk) {
+            let rows = chunk.min(m - i0);
+            let (ys, xs) = (&mut y[i0 * n..(i0 + rows) * n], &x[i0 * k..(i0 + rows) * k]);
+            gemm(ys, xs, w, bias, rows, k, n);
+        }
+        return;
+    }
     let panels = m.div_ceil(MR);
     let m_pad = panels * MR;
     let mut xp = PACKED_X.with(|p| std::mem::take(&mut *p.borrow_mut()));
