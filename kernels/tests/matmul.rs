@@ -166,6 +166,43 @@ fn gemm_shapes() {
     check(512, 64, 300, true, false, &mut rng);
 }
 
+/// f16 weights past the one-pass rows go to the blocked f16 GEMM (with AVX2, FMA and F16C):
+/// rows of `x` around its tile height of 6, `k` around the 8-value transposes and the slices
+/// of 256, `n` around the micro-panels of 16 and the blocks of up to 256, on pools of 1 to 3
+/// threads (the blocks are sized by the thread count), with and without bias.
+#[test]
+fn f16_gemm_awkward_shapes() {
+    let mut rng = Rng(7);
+    let first = FLOAT_ONE_PASS_MAX_ROWS + 1;
+    let (ms, ks, ns): (&[usize], &[usize], &[usize]) = if cfg!(miri) {
+        (&[first], &[9], &[17])
+    } else {
+        (
+            &[first, first + 5, 96, 127],
+            &[1, 7, 8, 9, 255, 256, 257, 520],
+            &[1, 15, 16, 17, 33, 300],
+        )
+    };
+    for threads in 1..=3 {
+        pool(threads).install(|| {
+            for &m in ms {
+                for &k in ks {
+                    for &n in ns {
+                        check(m, k, n, true, (m + k + n) % 2 == 0, &mut rng);
+                    }
+                }
+            }
+        });
+    }
+    if !cfg!(miri) {
+        // Several blocks of 256 rows per thread, a ragged last block, two k-slices.
+        check(130, 600, 1100, true, true, &mut rng);
+        // Taller than one packed chunk of x (2^22 values: 1020 rows at k = 4096): two
+        // chunks, the second ragged.
+        check(1031, 4096, 17, true, true, &mut rng);
+    }
+}
+
 /// f32 stored transposed goes to gemm for every row count, one row included, and splits by
 /// columns on pools of 1 to 5 threads (column blocks start at an offset into each row).
 #[test]

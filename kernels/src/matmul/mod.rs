@@ -12,6 +12,9 @@
 //!   memory once per call, for a decode step, a batched step or a prompt alike.
 //! - f32 and f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`] rows (a batched step): the same
 //!   split, every row of `x` in one pass, in register tiles of 4 rows of `x` by 3 of `W`.
+//! - Many rows (prefill) of f16 weights, where the CPU has AVX2, FMA and F16C: our own
+//!   blocked GEMM, widening each block of `W` once into the micro-kernel's layout
+//!   (`f16gemm`).
 //! - Many rows (prefill) of other formats: the gemm crate in f32, parallel with rayon; the
 //!   crate picks its AVX-512 micro-kernels at run time where the CPU has them (its `x86-v4`
 //!   feature), else AVX2/FMA. f16 and quantized weights are widened to f32 one cache-sized
@@ -28,6 +31,8 @@
 //! assert_eq!(y, [1.5, 2.5, 3.5]);
 //! ```
 
+#[cfg(target_arch = "x86_64")]
+mod f16gemm;
 mod gemv;
 
 use crate::error::{check_len, check_nonzero, KernelError, Result};
@@ -283,6 +288,8 @@ pub fn linear(
         match w {
             Weights::F32(w) => gemm_f32(y, x, Rhs::Rows(w), bias, m, k, n),
             Weights::F32T(w) => gemm_f32(y, x, Rhs::Cols(w), bias, m, k, n),
+            #[cfg(target_arch = "x86_64")]
+            Weights::F16(w) if f16gemm::available() => f16gemm::gemm(y, x, w, bias, m, k, n),
             Weights::Quant(format, blocks) if quant::gemm::available() => {
                 gemv::with_quantized(x, m, k, ActPrecision::Wide, false, |acts| {
                     quant::gemm::gemm(y, acts, format, blocks, bias, n)
@@ -604,7 +611,8 @@ fn widen_panel(w: Weights<'_>, j0: usize, rows: usize, k: usize, dst: &mut [f32]
         .for_each(|(c, d)| widen(c * per, d));
 }
 
-/// gemm over `W` widened to f32 one panel of rows at a time (f16 and quantized weights).
+/// gemm over `W` widened to f32 one panel of rows at a time (quantized weights, and f16
+/// where the CPU lacks what `f16gemm` needs).
 #[allow(clippy::too_many_arguments)]
 fn gemm_panels(
     y: &mut [f32],

@@ -1,0 +1,378 @@
+//! The prefill product for f16 weights (more rows than
+//! [`FLOAT_ONE_PASS_MAX_ROWS`](super::FLOAT_ONE_PASS_MAX_ROWS)): our own blocked GEMM with
+//! AVX2/FMA, reading `W` in f16 and widening it (F16C) once per call, straight into the
+//! layout the micro-kernel reads.
+//!
+//! - `x` is packed once per call into panels of [`MR`] rows, [`KC`] values of `k` at a time
+//!   (`k`-major inside a panel): one read of `x` serves every block of `W`.
+//! - Each thread claims blocks of up to [`NC`] rows of `W` from a shared counter; for each
+//!   [`KC`]-slice of `k` it widens the block into micro-panels of [`NR`] rows, transposed so
+//!   that one step of `k` is 16 consecutive f32 (256 KiB at most: it stays in L2).
+//! - The micro-kernel keeps a tile of `y` (6 rows of `x` × 16 rows of `W`) in 12 registers:
+//!   per step of `k`, 2 loads of `W` and 6 broadcasts of `x` feed 12 FMAs.
+//!
+//! Each output is one FMA chain over `k` in order, starting from the bias (or zero): the
+//! sum of the scalar reference in the same order, with the bias added first.
+//!
+//! Replaced widening panels of 4 MiB and calling the gemm crate on them, which packed `x`
+//! again for every panel on every thread (16 times per call at k = 8192). At the 1B shapes
+//! (`gemm_rows f16 -- 512`, one thread, FMA probe 88–90 GFLOP/s, i.e. 44–45 GMAC/s): 40–42
+//! GMAC/s, 92% of the peak, against 37–39 (85%) before. In a 512-token F16 prefill the
+//! profile went from gemm's micro-kernel 84%, its packing 7% and our widening 2% to this
+//! micro-kernel 92% and packing `x` 1.5%; attention is 2%.
+
+use crate::par::SharedOut;
+use core::arch::x86_64::*;
+use half::f16;
+use rayon::prelude::*;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Rows of `x` per micro-tile.
+const MR: usize = 6;
+/// Rows of `W` (columns of `y`) per micro-tile: two 8-lane vectors.
+const NR: usize = 16;
+/// Values of `k` per slice: a packed panel of `x` (6 KiB) stays in L1 while the tile walks
+/// the block of `W`.
+const KC: usize = 256;
+/// Most rows of `W` per block: the widened block, NC·KC f32 (256 KiB), stays in L2 next to
+/// the tiles of `y` it updates.
+const NC: usize = 256;
+
+/// Most values of packed `x` per call (16 MiB of f32: 512 rows at k = 8192); taller `x` is
+/// taken in chunks of rows, each widening `W` again (a small cost next to the chunk's FMAs).
+const X_PACK_MAX_ELEMS: usize = 1 << 22;
+
+thread_local! {
+    /// The calling thread's packed `x`, reused across calls (taken out while in use, as
+    /// `gemm_panels` does with its panel).
+    static PACKED_X: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// True when this CPU runs [`gemm`]: AVX2, FMA and F16C (and not `QKV_FORCE_SCALAR`).
+pub(super) fn available() -> bool {
+    crate::simd::has_avx2_fma_f16c()
+}
+
+/// `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)` for f16 `W`, on the pool's threads. The shapes are
+/// validated by the caller; [`available`] must be true.
+pub(super) fn gemm(
+    y: &mut [f32],
+    x: &[f32],
+    w: &[f16],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    assert!(available(), "f16 gemm needs AVX2, FMA and F16C");
+    assert!(y.len() == m * n && x.len() == m * k && w.len() == n * k);
+    assert!(bias.is_none_or(|b| b.len() == n));
+    // Tall x runs in chunks of rows, so that its packed copy stays bounded (and in L3).
+    let chunk = (X_PACK_MAX_ELEMS / k).max(16 * MR) / MR * MR;
+    if m > chunk {
+        for i0 in (0..m).step_by(chunk) {
+            let rows = chunk.min(m - i0);
+            let (ys, xs) = (&mut y[i0 * n..(i0 + rows) * n], &x[i0 * k..(i0 + rows) * k]);
+            gemm(ys, xs, w, bias, rows, k, n);
+        }
+        return;
+    }
+    let panels = m.div_ceil(MR);
+    let m_pad = panels * MR;
+    let mut xp = PACKED_X.with(|p| std::mem::take(&mut *p.borrow_mut()));
+    if xp.len() < m_pad * k {
+        xp.resize(m_pad * k, 0.0);
+    }
+    pack_x(&mut xp[..m_pad * k], x, m, k);
+
+    let threads = rayon::current_num_threads();
+    let nc = NC.min(n.div_ceil(threads).next_multiple_of(NR));
+    let blocks = n.div_ceil(nc);
+    let next = AtomicUsize::new(0);
+    let out = SharedOut(y.as_mut_ptr());
+    let xp_ref = &xp[..m_pad * k];
+    let work = || {
+        let mut wb = vec![0.0f32; nc.next_multiple_of(NR) * KC];
+        loop {
+            let b = next.fetch_add(1, Ordering::Relaxed);
+            if b >= blocks {
+                break;
+            }
+            let j0 = b * nc;
+            let j1 = (j0 + nc).min(n);
+            // SAFETY: AVX2/FMA/F16C are available (asserted); this task alone writes columns
+            // j0..j1 of y (blocks are claimed once each); the shapes were asserted above.
+            unsafe { block(out, xp_ref, w, bias, m, k, n, j0, j1, &mut wb) };
+        }
+    };
+    if threads <= 1 || blocks <= 1 {
+        work();
+    } else {
+        (0..threads.min(blocks))
+            .into_par_iter()
+            .for_each(|_| work());
+    }
+    PACKED_X.with(|p| {
+        let mut kept = p.borrow_mut();
+        if kept.len() < xp.len() {
+            *kept = xp;
+        }
+    });
+}
+
+/// Packs `x[m, k]` into `xp` (`m_pad·k` values, `m_pad` = `m` rounded up to [`MR`]): for each
+/// slice of [`KC`] values of `k` starting at `p0`, at offset `p0·m_pad`, the panels of [`MR`]
+/// rows one after the other, each `kc × MR` (`k`-major), rows past `m` zero.
+fn pack_x(xp: &mut [f32], x: &[f32], m: usize, k: usize) {
+    let panels = m.div_ceil(MR);
+    let m_pad = panels * MR;
+    debug_assert_eq!(xp.len(), m_pad * k);
+    let out = SharedOut(xp.as_mut_ptr());
+    let pack = |ip: usize| {
+        let mut p0 = 0;
+        while p0 < k {
+            let kc = KC.min(k - p0);
+            let base = p0 * m_pad + ip * MR * kc;
+            for r in 0..MR {
+                let i = ip * MR + r;
+                for p in 0..kc {
+                    let v = if i < m { x[i * k + p0 + p] } else { 0.0 };
+                    // SAFETY: base + p·MR + r < (p0 + kc)·m_pad ≤ m_pad·k = xp.len(); each
+                    // panel ip writes only its own MR·kc values of each slice.
+                    unsafe { *out.get().add(base + p * MR + r) = v };
+                }
+            }
+            p0 += kc;
+        }
+    };
+    if rayon::current_num_threads() > 1 && m * k >= 1 << 16 {
+        (0..panels).into_par_iter().for_each(pack);
+    } else {
+        (0..panels).for_each(pack);
+    }
+}
+
+/// Columns `j0..j1` of `y`: for each slice of `k`, rows `j0..j1` of `W` widened into `wb`,
+/// then every tile of `x`'s panels against them.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `y` points to `m·n` floats whose columns `j0..j1` only this call
+/// touches; `xp` is `x` packed by [`pack_x`]; `w` is `n·k`; `wb` holds at least
+/// `(j1 − j0)` rounded up to [`NR`] times [`KC`] values.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block(
+    y: SharedOut,
+    xp: &[f32],
+    w: &[f16],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+    j0: usize,
+    j1: usize,
+    wb: &mut [f32],
+) {
+    let panels = m.div_ceil(MR);
+    let m_pad = panels * MR;
+    let micro = (j1 - j0).div_ceil(NR);
+    debug_assert!(wb.len() >= micro * NR * KC);
+    let mut p0 = 0;
+    while p0 < k {
+        let kc = KC.min(k - p0);
+        for jp in 0..micro {
+            let jr = j0 + jp * NR;
+            // SAFETY: the micro-panel jp of wb holds kc·NR values (wb's size, above); rows
+            // jr.. of W lie in w (only those below j1 ≤ n are read).
+            unsafe {
+                pack_w(
+                    &mut wb[jp * NR * kc..(jp + 1) * NR * kc],
+                    w,
+                    k,
+                    jr,
+                    j1,
+                    p0,
+                    kc,
+                )
+            };
+        }
+        let first = p0 == 0;
+        for ip in 0..panels {
+            let a = &xp[p0 * m_pad + ip * MR * kc..][..MR * kc];
+            let i0 = ip * MR;
+            let rows = MR.min(m - i0);
+            for jp in 0..micro {
+                let jr = j0 + jp * NR;
+                let cols = NR.min(j1 - jr);
+                let bp = &wb[jp * NR * kc..][..NR * kc];
+                let mut init = [0.0f32; NR];
+                if let (true, Some(b)) = (first, bias) {
+                    init[..cols].copy_from_slice(&b[jr..jr + cols]);
+                }
+                // SAFETY: rows i0..i0 + rows < m and columns jr..jr + cols ≤ j1 of y are
+                // inside y and this call's own (the contract).
+                unsafe {
+                    let c = y.get().add(i0 * n + jr);
+                    if rows == MR && cols == NR {
+                        tile(kc, a, bp, c, n, !first, &init);
+                    } else {
+                        // A ragged tile runs on a full-size copy, then writes back its part.
+                        let mut t = [0.0f32; MR * NR];
+                        if !first {
+                            for r in 0..rows {
+                                for q in 0..cols {
+                                    t[r * NR + q] = *c.add(r * n + q);
+                                }
+                            }
+                        }
+                        tile(kc, a, bp, t.as_mut_ptr(), NR, !first, &init);
+                        for r in 0..rows {
+                            for q in 0..cols {
+                                *c.add(r * n + q) = t[r * NR + q];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        p0 += kc;
+    }
+}
+
+/// Widens rows `jr..jr + NR` (those below `j_end`; the rest zero) and values `p0..p0 + kc` of
+/// `W[n, k]` into `dst` (`kc·NR`), `k`-major: `dst[p·NR + c] = W[jr + c, p0 + p]`.
+///
+/// # Safety
+/// AVX2 and F16C; rows `jr..min(jr + NR, j_end)` of `w` exist, `p0 + kc ≤ k`.
+#[inline(always)]
+unsafe fn pack_w(
+    dst: &mut [f32],
+    w: &[f16],
+    k: usize,
+    jr: usize,
+    j_end: usize,
+    p0: usize,
+    kc: usize,
+) {
+    debug_assert_eq!(dst.len(), kc * NR);
+    let full = jr + NR <= j_end;
+    let mut p = 0;
+    if full {
+        // Eight rows by eight values at a time: widened, then transposed in registers.
+        while p + 8 <= kc {
+            for half in 0..2 {
+                // SAFETY: rows jr + 8·half + r < j_end ≤ n and values p0 + p..p0 + p + 8 ≤ k
+                // lie inside w; the stores write dst[(p + q)·NR + 8·half..+8] < kc·NR.
+                unsafe {
+                    let mut rows = [_mm256_setzero_ps(); 8];
+                    for (r, v) in rows.iter_mut().enumerate() {
+                        let src = w.as_ptr().add((jr + 8 * half + r) * k + p0 + p);
+                        *v = _mm256_cvtph_ps(_mm_loadu_si128(src as *const __m128i));
+                    }
+                    let t = transpose8(rows);
+                    for (q, v) in t.iter().enumerate() {
+                        _mm256_storeu_ps(dst.as_mut_ptr().add((p + q) * NR + 8 * half), *v);
+                    }
+                }
+            }
+            p += 8;
+        }
+    }
+    for p in p..kc {
+        for c in 0..NR {
+            let j = jr + c;
+            dst[p * NR + c] = if j < j_end {
+                w[j * k + p0 + p].to_f32()
+            } else {
+                0.0
+            };
+        }
+    }
+}
+
+/// The 8×8 transpose of `r` (row `i` lane `q` to row `q` lane `i`).
+#[inline(always)]
+unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+    // SAFETY: register-only intrinsics; the caller has AVX (inlined into AVX2 functions).
+    unsafe {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(s0, s4),
+            _mm256_permute2f128_ps::<0x20>(s1, s5),
+            _mm256_permute2f128_ps::<0x20>(s2, s6),
+            _mm256_permute2f128_ps::<0x20>(s3, s7),
+            _mm256_permute2f128_ps::<0x31>(s0, s4),
+            _mm256_permute2f128_ps::<0x31>(s1, s5),
+            _mm256_permute2f128_ps::<0x31>(s2, s6),
+            _mm256_permute2f128_ps::<0x31>(s3, s7),
+        ]
+    }
+}
+
+/// The micro-kernel: `c[r, q] = init + Σ_p a[p·MR + r] · b[p·NR + q]` over `p < kc` for the
+/// 6 × 16 tile at `c` (row stride `ldc`), where `init` is `c` itself when `load`, else `bias`.
+///
+/// # Safety
+/// AVX2 and FMA; `a` holds `kc·MR` values, `b` `kc·NR`, and `c` 6 rows of 16 writable floats
+/// at stride `ldc`.
+#[inline(always)]
+unsafe fn tile(
+    kc: usize,
+    a: &[f32],
+    b: &[f32],
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+    bias: &[f32; NR],
+) {
+    debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR);
+    // SAFETY: the loads read a[p·MR + r] and b[p·NR..+16] for p < kc (inside the slices);
+    // c's rows are the contract.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        if load {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = _mm256_loadu_ps(c.add(r * ldc));
+                acc[1] = _mm256_loadu_ps(c.add(r * ldc + 8));
+            }
+        } else {
+            let b0 = _mm256_loadu_ps(bias.as_ptr());
+            let b1 = _mm256_loadu_ps(bias.as_ptr().add(8));
+            for acc in acc.iter_mut() {
+                *acc = [b0, b1];
+            }
+        }
+        let (mut ap, mut bp) = (a.as_ptr(), b.as_ptr());
+        for _ in 0..kc {
+            let b0 = _mm256_loadu_ps(bp);
+            let b1 = _mm256_loadu_ps(bp.add(8));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*ap.add(r));
+                acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
+            }
+            ap = ap.add(MR);
+            bp = bp.add(NR);
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(c.add(r * ldc), acc[0]);
+            _mm256_storeu_ps(c.add(r * ldc + 8), acc[1]);
+        }
+    }
+}
