@@ -8,6 +8,7 @@ use super::micro::{commit, step, Block, Micro, Step};
 use super::scratch::Scratch;
 use super::{Ctx, Item, KB};
 use crate::attention::{KvData, KvView};
+use crate::simd::avx2::transpose8;
 use crate::simd::avx2::{exp_nonpositive, hmax, hsum, Lane};
 use core::arch::x86_64::*;
 
@@ -48,43 +49,6 @@ unsafe fn process_avx2(ctx: &Ctx<'_>, it: Item, sc: &mut Scratch) {
 unsafe fn pack_block_avx2(b: &Block<'_>, kt: &mut [f32], vb: &mut [f32]) {
     Avx2::pack_kt(b, kt);
     Avx2::pack_v(b, vb);
-}
-
-/// 8×8 transpose of f32 lanes.
-///
-/// # Safety
-/// The CPU must have AVX (the caller's AVX2 features).
-#[inline(always)]
-unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
-    // SAFETY: register-only intrinsics; the caller has the features.
-    unsafe {
-        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-        [
-            _mm256_permute2f128_ps::<0x20>(u0, u4),
-            _mm256_permute2f128_ps::<0x20>(u1, u5),
-            _mm256_permute2f128_ps::<0x20>(u2, u6),
-            _mm256_permute2f128_ps::<0x20>(u3, u7),
-            _mm256_permute2f128_ps::<0x31>(u0, u4),
-            _mm256_permute2f128_ps::<0x31>(u1, u5),
-            _mm256_permute2f128_ps::<0x31>(u2, u6),
-            _mm256_permute2f128_ps::<0x31>(u3, u7),
-        ]
-    }
 }
 
 /// [`Micro::pack_kt`] for one element type (`data` is `b.k`'s slice).
