@@ -2,6 +2,7 @@
 //! crate, beside [`error`](crate::error), which every other layer may use.
 
 use crate::error::{Error, Result};
+pub(crate) use qkv_kernels::pages::Pages;
 
 /// `len` zeros for a large buffer (a KV cache, scratch, logits, widened weights), or
 /// [`Error::AllocationRefused`] naming `what()` and the bytes asked for when the allocator
@@ -30,4 +31,14 @@ pub(crate) fn zeroed_for<T: bytemuck::Zeroable>(
             bytes: usize::MAX,
         }),
     }
+}
+
+/// `len` zero bytes on pages of their own, huge where the kernel grants them
+/// ([`qkv_kernels::pages::Pages`]): for weights a decode step streams every token. Or
+/// [`Error::AllocationRefused`] naming `what()`.
+pub(crate) fn pages(len: usize, what: impl Fn() -> String) -> Result<Pages> {
+    Pages::zeroed(len).ok_or_else(|| Error::AllocationRefused {
+        what: what(),
+        bytes: len,
+    })
 }

@@ -41,6 +41,7 @@ const SRC_LAYERS: &[&str] = &[
 const KERNEL_LAYERS: &[&str] = &[
     "macros",
     "error",
+    "pages",
     "simd",
     "par",
     "convert",

@@ -1,7 +1,7 @@
 //! How close the decode GEMV comes to the read bandwidth on matrices far larger than the
 //! caches: a decode step's products at the layer shapes of Llama 3.2 1B or Llama 3.1 8B,
 //! for each weight format, against a plain parallel read of the same bytes in the same
-//! round.
+//! round, both on huge pages as qkv holds its weights ([`qkv_kernels::pages`]).
 //!
 //! `cargo run --release -p qkv-kernels --example gemv_stream [1b|8b] [FORMATS] [REPS]`
 //!
@@ -15,6 +15,7 @@
 //! weight bytes and their ratio. Run with `RAYON_NUM_THREADS=1` for the one-thread figure;
 //! [`gemv_cached`](gemv_cached.rs) gives the kernels' rate with the weights in cache.
 
+use qkv_kernels::pages::Pages;
 use qkv_kernels::probe::read_sum;
 use qkv_kernels::quant::testing::{weight_blocks, Rng};
 use qkv_kernels::{f16, linear, linear_many, Projection, QuantFormat, Weights};
@@ -38,11 +39,19 @@ fn layer(shape: &str) -> [(usize, usize); 7] {
     [(d, d), (kv, d), (kv, d), (d, d), (ff, d), (ff, d), (d, ff)]
 }
 
-/// A layer's matrices stored in one format: f16 values or quantized blocks.
+/// A layer's matrices stored in one format, each on huge pages as qkv holds the weights
+/// it streams ([`Pages`]): f16 values or quantized blocks.
 enum Stored {
-    F16(Vec<Vec<f16>>),
-    Quant(QuantFormat, Vec<Vec<u8>>),
-    QuantX8(QuantFormat, Vec<Vec<u8>>),
+    F16(Vec<Pages>),
+    Quant(QuantFormat, Vec<Pages>),
+    QuantX8(QuantFormat, Vec<Pages>),
+}
+
+/// `bytes` copied onto huge pages.
+fn on_pages(bytes: &[u8]) -> Pages {
+    let mut p = Pages::zeroed(bytes.len()).expect("memory for the weights");
+    p.copy_from_slice(bytes);
+    p
 }
 
 impl Stored {
@@ -51,7 +60,12 @@ impl Stored {
             return Stored::F16(
                 shapes
                     .iter()
-                    .map(|&(n, k)| (0..n * k).map(|_| f16::from_f32(rng.uniform())).collect())
+                    .map(|&(n, k)| {
+                        let bytes: Vec<u8> = (0..n * k)
+                            .flat_map(|_| f16::from_f32(rng.uniform()).to_le_bytes())
+                            .collect();
+                        on_pages(&bytes)
+                    })
                     .collect(),
             );
         }
@@ -69,9 +83,9 @@ impl Stored {
         let blocks = shapes.iter().map(|&(n, k)| {
             let w = weight_blocks(q, n, k, rng);
             if !x8 {
-                return w;
+                return on_pages(&w);
             }
-            let mut p = vec![0u8; w.len()];
+            let mut p = Pages::zeroed(w.len()).expect("memory for the weights");
             qkv_kernels::quant::x8::pack(q, &w, n, k, &mut p).unwrap_or_else(|e| {
                 eprintln!("{e}");
                 std::process::exit(2)
@@ -84,16 +98,34 @@ impl Stored {
         }
     }
 
-    fn bytes(&self) -> usize {
+    fn matrices(&self) -> &[Pages] {
         match self {
-            Stored::F16(m) => m.iter().map(|w| 2 * w.len()).sum(),
-            Stored::Quant(_, m) | Stored::QuantX8(_, m) => m.iter().map(Vec::len).sum(),
+            Stored::F16(m) | Stored::Quant(_, m) | Stored::QuantX8(_, m) => m,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.matrices().iter().map(|m| m.len()).sum()
+    }
+
+    fn copy(&self) -> Stored {
+        let m = self.matrices().iter().map(|m| on_pages(m)).collect();
+        match self {
+            Stored::F16(_) => Stored::F16(m),
+            Stored::Quant(f, _) => Stored::Quant(*f, m),
+            Stored::QuantX8(f, _) => Stored::QuantX8(*f, m),
         }
     }
 
     fn weights(&self, i: usize) -> Weights<'_> {
         match self {
-            Stored::F16(m) => Weights::F16(&m[i]),
+            Stored::F16(m) => {
+                // SAFETY: the pages start on a 2 MiB boundary (aligned for f16) and hold
+                // whole f16 values (two plain bytes, any pattern valid), only read here.
+                Weights::F16(unsafe {
+                    std::slice::from_raw_parts(m[i].as_ptr().cast::<f16>(), m[i].len() / 2)
+                })
+            }
             Stored::Quant(f, m) => Weights::Quant(*f, &m[i]),
             Stored::QuantX8(f, m) => Weights::QuantX8(*f, &m[i]),
         }
@@ -127,15 +159,14 @@ fn main() {
         let one = Stored::make(format, &shapes, &mut rng);
         let copies = (768usize << 20).div_ceil(one.bytes());
         // Distinct copies, so that every step streams all of them from memory.
-        let layers: Vec<Stored> = (0..copies)
-            .map(|_| match &one {
-                Stored::F16(m) => Stored::F16(m.clone()),
-                Stored::Quant(f, m) => Stored::Quant(*f, m.clone()),
-                Stored::QuantX8(f, m) => Stored::QuantX8(*f, m.clone()),
-            })
-            .collect();
+        let layers: Vec<Stored> = (0..copies).map(|_| one.copy()).collect();
         let bytes = copies * one.bytes();
-        let words = vec![1u64; bytes / 8];
+        let mut read = Pages::zeroed(bytes / 8 * 8).expect("memory for the read");
+        read.fill(1);
+        // SAFETY: the pages start on a 2 MiB boundary (aligned for u64) and hold exactly
+        // `bytes / 8` words, any bit pattern valid, only read from here on.
+        let words: &[u64] =
+            unsafe { std::slice::from_raw_parts(read.as_ptr().cast::<u64>(), bytes / 8) };
         let step = |out: &mut [Vec<f32>; 5]| {
             for l in &layers {
                 let [q, k, v, g, u] = out;
@@ -162,7 +193,7 @@ fn main() {
             step(&mut out);
             let s = t.elapsed().as_secs_f64();
             let t = Instant::now();
-            std::hint::black_box(read_sum(&words, 1 << 13));
+            std::hint::black_box(read_sum(words, 1 << 13));
             let r = t.elapsed().as_secs_f64();
             if round > 0 {
                 ts.push(bytes as f64 / s / 1e9);

@@ -4,8 +4,8 @@
 //! tokens per second:
 //!
 //! - `read_gbs`: one parallel read of the f16 weights a decode step streams (per layer the
-//!   Q/K/V, output, gate/up and down matrices, then the 49152-row LM head: 269 MB), the
-//!   fastest any engine can read them;
+//!   Q/K/V, output, gate/up and down matrices, then the 49152-row LM head: 269 MB, on huge
+//!   pages as qkv holds its weights), the fastest any engine can read them;
 //! - `regions_gbs`: the same bytes read in the step's 121 groups, one parallel region each
 //!   (what splitting the step into hand-offs costs by itself);
 //! - `step_gbs`: the step's GEMVs themselves (`linear_many`/`linear` on those matrices, back
@@ -22,6 +22,7 @@
 //!
 //! `cargo run --release -p qkv-kernels --example roofline [REPS]`
 
+use qkv_kernels::pages::Pages;
 use qkv_kernels::probe::{fma_spin_with, read_sum, FmaIsa};
 use qkv_kernels::{f16, linear, linear_many, Projection, Weights};
 use std::time::Instant;
@@ -58,8 +59,13 @@ fn main() {
     .max(1);
     let per_layer: usize = LAYER.iter().map(|(n, k)| n * k).sum();
     let total = LAYERS * per_layer + VOCAB * D;
-    // Held as u64 words (8-byte aligned, a plain vector sum to read); viewed as f16 below.
-    let mut words = vec![0u64; total.div_ceil(4)];
+    // Held as u64 words (8-byte aligned, a plain vector sum to read) on huge pages, as qkv
+    // holds the weights it streams (`qkv_kernels::pages`); viewed as f16 below.
+    let mut pages = Pages::zeroed(total.div_ceil(4) * 8).expect("memory for the probe");
+    // SAFETY: the pages start on a 2 MiB boundary (aligned for u64), hold exactly that many
+    // words, any bit pattern is a u64, and they are reached only through this slice.
+    let words: &mut [u64] =
+        unsafe { std::slice::from_raw_parts_mut(pages.as_mut_ptr().cast(), total.div_ceil(4)) };
     for (i, w) in words.iter_mut().enumerate() {
         // Four small f16 values per word (bits of 0.001..0.004), so the GEMVs see numbers.
         let h =
@@ -139,7 +145,7 @@ fn main() {
                 }
             };
             time(0, &mut || {
-                std::hint::black_box(read_sum(&words, 1 << 13));
+                std::hint::black_box(read_sum(words, 1 << 13));
             });
             time(1, &mut || {
                 std::hint::black_box(regions());

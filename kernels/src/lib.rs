@@ -50,6 +50,7 @@ pub mod convert;
 pub mod error;
 pub mod matmul;
 pub mod norm;
+pub mod pages;
 mod par;
 pub mod position;
 pub mod probe;

@@ -21,7 +21,8 @@ pub struct Linear {
 impl Linear {
     /// Loads `name.weight` `[out_dim, in_dim]` and, when the file has it, `name.bias`
     /// `[out_dim]` (PyTorch's `bias=False` simply has none). Q4_0, Q4_1, Q4_K, Q6_K and Q8_0
-    /// weights are kept with their rows interleaved for the matrix products ([`Tensor::interleaved`]).
+    /// weights are kept with their rows interleaved for the matrix products, and mapped f16
+    /// weights copied onto huge pages ([`Tensor::interleaved`]).
     ///
     /// Errors: [`Error::MissingTensor`] without the weight, [`Error::TensorShape`] when a
     /// shape disagrees with `in_dim`/`out_dim`.

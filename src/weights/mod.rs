@@ -144,7 +144,10 @@ enum Storage {
     /// Quantized blocks borrowed from a mapped file.
     Quant(MappedSlice<u8>, QuantFormat),
     /// Quantized blocks with every 8 rows interleaved ([`Tensor::interleaved`]), owned.
-    QuantX8(Vec<u8>, QuantFormat),
+    QuantX8(crate::alloc::Pages, QuantFormat),
+    /// f16 elements copied out of a mapped file onto pages of their own
+    /// ([`Tensor::interleaved`]), owned.
+    PagesF16(crate::alloc::Pages),
     F32(Vec<f32>),
     F16(Vec<f16>),
 }
@@ -302,7 +305,7 @@ impl Tensor {
             Storage::MappedF16(_) => WeightFormat::F16,
             Storage::Quant(_, format) | Storage::QuantX8(_, format) => WeightFormat::Quant(*format),
             Storage::F32(_) => WeightFormat::F32,
-            Storage::F16(_) => WeightFormat::F16,
+            Storage::F16(_) | Storage::PagesF16(_) => WeightFormat::F16,
         }
     }
 
@@ -328,6 +331,8 @@ impl Tensor {
             Storage::QuantX8(blocks, format) => Weights::QuantX8(*format, blocks),
             Storage::F32(v) => Weights::F32(v),
             Storage::F16(v) => Weights::F16(v),
+            // The pages start on a 2 MiB boundary and hold whole f16s.
+            Storage::PagesF16(p) => Weights::F16(bytemuck::cast_slice(p)),
         }
     }
 
@@ -393,17 +398,32 @@ impl Tensor {
         })
     }
 
-    /// The same matrix with its rows interleaved 8 by 8 for the matrix products
-    /// ([`qkv_kernels::quant::x8`]), when it is 2-D, of a format that has that layout (Q4_0,
-    /// Q4_1, Q4_K, Q6_K, Q8_0) and has a multiple of 8 rows; anything else comes back unchanged. The new
-    /// layout is an owned buffer of the same size, and the mapped pages it was copied from
-    /// are let go, so the process holds one copy of the weights, not two.
+    /// The same matrix as the matrix products read it fastest, copied out of the mapped file
+    /// onto pages of its own, huge where the kernel grants them ([`qkv_kernels::pages`]):
+    /// with its rows interleaved 8 by 8 ([`qkv_kernels::quant::x8`]) when it is 2-D, of a
+    /// format that has that layout (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) and has a multiple of 8
+    /// rows; as it is when it is a mapped 2-D f16 matrix. Anything else comes back
+    /// unchanged. The copy takes as many bytes as the file's, and the mapped pages it was
+    /// made from are let go, so the process holds one copy of the weights, not two.
     ///
     /// `QKV_NO_INTERLEAVE=1` in the environment keeps every matrix as the file stores it.
     /// Errors with [`Error::AllocationRefused`] when the buffer cannot be had.
     pub fn interleaved(self) -> Result<Tensor> {
         let (blocks, format) = match &self.storage {
             Storage::Quant(blocks, format) => (blocks, *format),
+            Storage::MappedF16(v) if self.shape.len() == 2 && interleave_enabled() => {
+                let src: &[u8] = bytemuck::cast_slice(v.get());
+                let mut out = crate::alloc::pages(src.len(), || {
+                    format!("tensor `{}` on its own pages", self.name)
+                })?;
+                out.copy_from_slice(src);
+                v.release();
+                return Ok(Tensor {
+                    name: self.name,
+                    shape: self.shape,
+                    storage: Storage::PagesF16(out),
+                });
+            }
             _ => return Ok(self),
         };
         let [n, k] = *self.shape.as_slice() else {
@@ -413,13 +433,8 @@ impl Tensor {
             return Ok(self);
         }
         let src = blocks.get();
-        let mut out = Vec::new();
-        out.try_reserve_exact(src.len())
-            .map_err(|_| Error::AllocationRefused {
-                what: format!("tensor `{}` interleaved", self.name),
-                bytes: src.len(),
-            })?;
-        out.resize(src.len(), 0);
+        let mut out =
+            crate::alloc::pages(src.len(), || format!("tensor `{}` interleaved", self.name))?;
         qkv_kernels::quant::x8::pack(format, src, n, k, &mut out)
             .map_err(|e| Error::Shape(format!("tensor `{}`: {e}", self.name)))?;
         blocks.release();
@@ -474,13 +489,17 @@ impl Tensor {
                             r0 + r
                         )));
                     }
-                    Storage::QuantX8(
-                        blocks[r0 * row_bytes..(r0 + r) * row_bytes].to_vec(),
-                        *format,
-                    )
+                    let bytes = &blocks[r0 * row_bytes..(r0 + r) * row_bytes];
+                    let mut part = crate::alloc::pages(bytes.len(), || name.clone())?;
+                    part.copy_from_slice(bytes);
+                    Storage::QuantX8(part, *format)
                 }
                 Storage::F32(v) => Storage::F32(v[r0 * k..(r0 + r) * k].to_vec()),
                 Storage::F16(v) => Storage::F16(v[r0 * k..(r0 + r) * k].to_vec()),
+                Storage::PagesF16(p) => {
+                    let v: &[f16] = bytemuck::cast_slice(p);
+                    Storage::F16(v[r0 * k..(r0 + r) * k].to_vec())
+                }
             };
             parts.push(Tensor {
                 name,

@@ -15,6 +15,7 @@
 //! which are then summed with their weights.
 
 use super::config::{DecoderConfig, Family, Moe, WeightLayout};
+use crate::alloc::Pages;
 use crate::error::{Error, Result};
 use crate::nn::Linear;
 use crate::weights::{Tensor, TensorSource, WeightFormat};
@@ -58,7 +59,7 @@ pub(super) enum ExpertMatrices {
     /// A layer per expert: formats without an interleaved layout, and floats.
     Each(Vec<Linear>),
     /// Every expert's matrix interleaved ([`Tensor::interleaved`]), end to end in one
-    /// anonymous map that the kernel is asked to back with huge pages: a decode step streams
+    /// buffer that the kernel is asked to back with huge pages ([`Pages`]): a decode step streams
     /// `k` scattered experts, and with 4 KiB pages each of their pages costs a TLB miss and
     /// stops the hardware prefetcher (8 Q4_K gate and up matrices of 768 × 2048 streamed in
     /// a median 2.05 ms from huge pages against 2.66 ms from 4 KiB pages, 2 threads).
@@ -69,7 +70,7 @@ pub(super) enum ExpertMatrices {
 pub(super) struct Bank {
     /// The name of expert 0's matrix.
     name: String,
-    map: memmap2::MmapMut,
+    map: Pages,
     format: QuantFormat,
     experts: usize,
     rows: usize,
@@ -117,13 +118,7 @@ impl ExpertMatrices {
                 what: what(),
                 bytes: usize::MAX,
             })?;
-        let mut map = memmap2::MmapMut::map_anon(total).map_err(|_| Error::AllocationRefused {
-            what: what(),
-            bytes: total,
-        })?;
-        // Advice only: without it (or without transparent huge pages) the bytes are the same.
-        #[cfg(target_os = "linux")]
-        let _ = map.advise(memmap2::Advice::HugePage);
+        let mut map = crate::alloc::pages(total, what)?;
         let mut put = |i: usize, t: &Tensor| -> Result<()> {
             match t.weights() {
                 Weights::QuantX8(f, b)
