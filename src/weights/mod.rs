@@ -412,12 +412,19 @@ impl Tensor {
         let (blocks, format) = match &self.storage {
             Storage::Quant(blocks, format) => (blocks, *format),
             Storage::MappedF16(v) if self.shape.len() == 2 && interleave_enabled() => {
-                let src: &[u8] = bytemuck::cast_slice(v.get());
-                let mut out = crate::alloc::pages(src.len(), || {
+                let mut out = crate::alloc::pages(2 * v.get().len(), || {
                     format!("tensor `{}` on its own pages", self.name)
                 })?;
-                out.copy_from_slice(src);
-                v.release();
+                // 8 MiB at a time, each piece's mapped pages let go once copied, so that the
+                // process never holds two copies of more than a piece.
+                const PIECE: usize = 4 << 20;
+                for (i, dst) in out.chunks_mut(2 * PIECE).enumerate() {
+                    let src = v.sub(i * PIECE, dst.len() / 2).ok_or_else(|| {
+                        Error::Shape(format!("tensor `{}`: a piece past its end", self.name))
+                    })?;
+                    dst.copy_from_slice(bytemuck::cast_slice(src.get()));
+                    src.release();
+                }
                 return Ok(Tensor {
                     name: self.name,
                     shape: self.shape,
