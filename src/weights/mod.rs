@@ -412,19 +412,7 @@ impl Tensor {
         let (blocks, format) = match &self.storage {
             Storage::Quant(blocks, format) => (blocks, *format),
             Storage::MappedF16(v) if self.shape.len() == 2 && interleave_enabled() => {
-                let mut out = crate::alloc::pages(2 * v.get().len(), || {
-                    format!("tensor `{}` on its own pages", self.name)
-                })?;
-                // 8 MiB at a time, each piece's mapped pages let go once copied, so that the
-                // process never holds two copies of more than a piece.
-                const PIECE: usize = 4 << 20;
-                for (i, dst) in out.chunks_mut(2 * PIECE).enumerate() {
-                    let src = v.sub(i * PIECE, dst.len() / 2).ok_or_else(|| {
-                        Error::Shape(format!("tensor `{}`: a piece past its end", self.name))
-                    })?;
-                    dst.copy_from_slice(bytemuck::cast_slice(src.get()));
-                    src.release();
-                }
+                let out = copy_onto_pages(v, &self.name, 4 << 20)?;
                 return Ok(Tensor {
                     name: self.name,
                     shape: self.shape,
@@ -568,6 +556,23 @@ impl Tensor {
 
 /// False when `QKV_NO_INTERLEAVE` is set (to anything but `0`): matrices then stay in the
 /// file's layout ([`Tensor::interleaved`]).
+/// The elements of `v` copied onto pages of their own ([`crate::alloc::pages`]), `piece`
+/// elements at a time, each piece's mapped pages let go once copied, so that the process
+/// never holds two copies of more than a piece (4 Mi elements, 8 MiB, for the models).
+fn copy_onto_pages(v: &MappedSlice<f16>, name: &str, piece: usize) -> Result<crate::alloc::Pages> {
+    let mut out = crate::alloc::pages(2 * v.get().len(), || {
+        format!("tensor `{name}` on its own pages")
+    })?;
+    for (i, dst) in out.chunks_mut(2 * piece.max(1)).enumerate() {
+        let src = v
+            .sub(i * piece.max(1), dst.len() / 2)
+            .ok_or_else(|| Error::Shape(format!("tensor `{name}`: a piece past its end")))?;
+        dst.copy_from_slice(bytemuck::cast_slice(src.get()));
+        src.release();
+    }
+    Ok(out)
+}
+
 fn interleave_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("QKV_NO_INTERLEAVE").map_or(true, |v| v == "0"))
@@ -583,4 +588,26 @@ pub trait TensorSource: Send + Sync {
     fn contains(&self, name: &str) -> bool;
     /// All tensor names, in file order.
     fn names(&self) -> Vec<String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_copied_onto_pages_piece_by_piece_keeps_every_value() {
+        let dir = std::env::temp_dir().join(format!("qkv-pages-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f16.bin");
+        let values: Vec<f16> = (0..1001).map(|i| f16::from_f32(i as f32 - 500.0)).collect();
+        std::fs::write(&path, bytemuck::cast_slice::<f16, u8>(&values)).unwrap();
+        let file = mmap::map_file(&path).unwrap();
+        // From element 1 on (an offset inside the file), in pieces that do not divide it.
+        let v = MappedSlice::<f16>::new(file, "w", 2, 1000).unwrap();
+        for piece in [1, 7, 1000, 4096] {
+            let pages = copy_onto_pages(&v, "w", piece).unwrap();
+            assert_eq!(bytemuck::cast_slice::<u8, f16>(&pages), &values[1..]);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
