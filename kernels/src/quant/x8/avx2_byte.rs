@@ -24,6 +24,15 @@
 //! gains less: its `madd` per `maddubs` leaves as many multiplies per product as the 16-bit
 //! kernel's. Widening Q8_0's sums with shifts instead (each lane's low half offset by 2¹⁵,
 //! the high halves summed apart) measured 37 GMAC/s: slower.
+//!
+//! One row of `x` (decode; `gemv_cached`, one thread, weights in L2, ns per 32 weights at 8
+//! bits): Q6_K 1.23 → 1.19 with its one-row kernel ([`q6_k_one`]), Q8_0 1.04. Both are
+//! bound by the count of vector instructions per weight vector, not by memory: Q6_K spends
+//! about 0.44 ns of its 1.19 taking the 6-bit values apart (with plain loads instead it ran
+//! 0.75) and 0.12 on the offset of 32; Q8_0 needs 6 per vector (shuffle, `abs`, `sign`,
+//! `maddubs`, `madd`, add). Tried for one row and not kept: Q8_0 two block columns per step
+//! with independent sums (1.04 → 1.03), Q6_K's offset from [`QuantizedActs::isum16`] in
+//! one vector per super-block instead of per block from the tile's sums (no change).
 
 use super::avx2_i16::q6_k_values;
 use super::ROWS;
