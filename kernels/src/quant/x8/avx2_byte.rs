@@ -24,6 +24,15 @@
 //! gains less: its `madd` per `maddubs` leaves as many multiplies per product as the 16-bit
 //! kernel's. Widening Q8_0's sums with shifts instead (each lane's low half offset by 2¹⁵,
 //! the high halves summed apart) measured 37 GMAC/s: slower.
+//!
+//! One row of `x` (decode; `gemv_cached`, one thread, weights in L2, ns per 32 weights at 8
+//! bits): Q6_K 1.23 → 1.19 with its one-row kernel ([`q6_k_one`]), Q8_0 1.04. Both are
+//! bound by the count of vector instructions per weight vector, not by memory: Q6_K spends
+//! about 0.44 ns of its 1.19 taking the 6-bit values apart (with plain loads instead it ran
+//! 0.75) and 0.12 on the offset of 32; Q8_0 needs 6 per vector (shuffle, `abs`, `sign`,
+//! `maddubs`, `madd`, add). Tried for one row and not kept: Q8_0 two block columns per step
+//! with independent sums (1.04 → 1.03), Q6_K's offset from [`QuantizedActs::isum16`] in
+//! one vector per super-block instead of per block from the tile's sums (no change).
 
 use super::avx2_i16::q6_k_values;
 use super::ROWS;
@@ -85,6 +94,11 @@ pub(super) unsafe fn q6_k<const M: usize>(
     acc: &mut [__m256; ROWS],
 ) {
     debug_assert!(acts.m >= i0 + M && acts.k == 256 * ns && acts.has_tiles());
+    if M == 1 {
+        // SAFETY: the same contract.
+        unsafe { q6_k_one(col, ns, acts, i0, &mut acc[0]) };
+        return;
+    }
     let (tiles, meta) = tile(acts, i0);
     // SAFETY: column s < ns lies inside `col` (the contract), half-group h < 16 inside its
     // column; the tile's entries (8s + g)·M + i < 8·ns·M lie inside the tiles; prefetches
@@ -149,6 +163,126 @@ pub(super) unsafe fn q6_k<const M: usize>(
                 }
             }
         }
+    }
+}
+
+/// Q6_K's values `u` of half-group `hg` (as [`q6_k_values`]) with each row's 4 elements in
+/// its own 32-bit lane: the three source vectors are reordered (`order`, [`rows4`]) before
+/// they are taken apart, as every byte's bits stay in that byte.
+///
+/// # Safety
+/// `hg..hg + 96` readable; AVX2.
+#[inline(always)]
+unsafe fn q6_k_rows(hg: *const u8, order: __m256i) -> [__m256i; 4] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let load = |at: usize| {
+            _mm256_shuffle_epi8(_mm256_loadu_si256(hg.add(at) as *const __m256i), order)
+        };
+        let (n0, n1, top) = (load(0), load(32), load(64));
+        [
+            _mm256_or_si256(
+                _mm256_and_si256(n0, m4),
+                _mm256_and_si256(_mm256_slli_epi16::<4>(top), m3),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(n0), m4),
+                _mm256_and_si256(_mm256_slli_epi16::<2>(top), m3),
+            ),
+            _mm256_or_si256(_mm256_and_si256(n1, m4), _mm256_and_si256(top, m3)),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(n1), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(top), m3),
+            ),
+        ]
+    }
+}
+
+/// A `pshufb` control for the 16 scale bytes of half-groups 2g and 2g + 1 (scale 2g of row
+/// `r` at byte `r`, scale 2g + 1 at `8 + r`, broadcast to both 128-bit halves): lane `r`'s
+/// low 16 bits take byte `lo + r` into their high byte, its high 16 bits byte `hi + r`; the
+/// low bytes are zeroed (−128).
+const fn scale_ctl(lo: usize, hi: usize) -> [i8; 32] {
+    let mut c = [-128i8; 32];
+    let mut r = 0;
+    while r < 8 {
+        let at = 16 * (r / 4) + 4 * (r % 4);
+        c[at + 1] = (lo + r) as i8;
+        c[at + 3] = (hi + r) as i8;
+        r += 1;
+    }
+    c
+}
+
+/// Scale 2g of row `r` in both 16-bit halves of lane `r` (high bytes).
+const SCALE0: [i8; 32] = scale_ctl(0, 0);
+/// Scale 2g + 1 of row `r` in both 16-bit halves of lane `r` (high bytes).
+const SCALE1: [i8; 32] = scale_ctl(8, 8);
+/// Scale 2g of row `r` in the low 16 bits of lane `r`, 2g + 1 in the high ones (high bytes).
+const SCALE_PAIR: [i8; 32] = scale_ctl(0, 8);
+
+/// Q6_K against one row of `x` (decode): as [`q6_k`] with `M = 1`, adding to `acc`. The
+/// scales of a block's two half-groups come out of one broadcast load by three `pshufb`
+/// (each scale byte into the high byte of its 16-bit lanes, then an arithmetic shift: by 8
+/// for the scale itself, by 3 for 32 times it, the offset's factor); the source vectors are
+/// reordered before they are taken apart ([`q6_k_rows`], 3 shuffles for 4 vectors); blocks
+/// alternate between two sums so that their multiply-adds do not wait on each other.
+///
+/// # Safety
+/// As [`q6_k`] with `M = 1`.
+#[inline(always)]
+unsafe fn q6_k_one(col: *const u8, ns: usize, acts: &QuantizedActs, i0: usize, acc: &mut __m256) {
+    let (tiles, meta) = tile(acts, i0);
+    // SAFETY: column s < ns lies inside `col` (the contract), half-group h < 16 inside its
+    // column; the row's blocks 8s + g < 8·ns lie inside the tiles; prefetches never fault.
+    unsafe {
+        let order = rows4();
+        let ctl = |c: &[i8; 32]| _mm256_loadu_si256(c.as_ptr() as *const __m256i);
+        let (c_sc0, c_sc1, c_pair) = (ctl(&SCALE0), ctl(&SCALE1), ctl(&SCALE_PAIR));
+        let mut acc2 = [*acc, _mm256_setzero_ps()];
+        for s in 0..ns {
+            let base = col.add(s * 1680);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            for g in 0..8 {
+                let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    base.add(16 + 16 * g) as *const __m128i
+                ));
+                let sc = [
+                    _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(b, c_sc0)),
+                    _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(b, c_sc1)),
+                ];
+                let pair32 = _mm256_srai_epi16::<3>(_mm256_shuffle_epi8(b, c_pair));
+                let (x, xm) = (
+                    (*tiles.add(8 * s + g)).q.as_ptr() as *const u8,
+                    &*meta.add(8 * s + g),
+                );
+                let mut dot = [_mm256_setzero_si256(); 2];
+                for (hh, &sc) in sc.iter().enumerate() {
+                    let hg = base.add(super::q6_k_half(2 * g + hh));
+                    _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH + 64) as *const i8);
+                    let u = q6_k_rows(hg, order);
+                    let x = x.add(16 * hh);
+                    // Two sums of 2·16002 at most in each 16-bit lane (see the module).
+                    let a = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(u[0], splat4(x)),
+                        _mm256_maddubs_epi16(u[1], splat4(x.add(4))),
+                    );
+                    let b = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(u[2], splat4(x.add(8))),
+                        _mm256_maddubs_epi16(u[3], splat4(x.add(12))),
+                    );
+                    dot[hh] = _mm256_add_epi32(_mm256_madd_epi16(a, sc), _mm256_madd_epi16(b, sc));
+                }
+                let halves = (xm.isum_lo as u32 & 0xFFFF) | ((xm.isum - xm.isum_lo) as u32) << 16;
+                let off = _mm256_madd_epi16(pair32, _mm256_set1_epi32(halves as i32));
+                let dot = _mm256_sub_epi32(_mm256_add_epi32(dot[0], dot[1]), off);
+                let xs = _mm256_mul_ps(d, _mm256_set1_ps(xm.scale));
+                acc2[g % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), xs, acc2[g % 2]);
+            }
+        }
+        *acc = _mm256_add_ps(acc2[0], acc2[1]);
     }
 }
 

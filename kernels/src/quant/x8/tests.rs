@@ -200,12 +200,16 @@ fn simd_matches_scalar_reference() {
 /// overflowing.
 #[test]
 fn extreme_activations_are_exact() {
-    for format in FORMATS {
-        let (m, n, k) = (2, 8, 256);
+    // One row (the decode kernels) and two; every weight at one end of its format's range,
+    // then at the other: nibbles of 15 and 0, Q6_K's −32 (all bits 0) and 31 (all bits 1),
+    // Q8_0's −128 and 127.
+    for (format, m, top) in FORMATS
+        .into_iter()
+        .flat_map(|f| [(f, 1, false), (f, 1, true), (f, 2, false), (f, 2, true)])
+    {
+        let (n, k) = (8, 256);
         let mut rng = Rng(3);
         let mut w = weight_blocks(format, n, k, &mut rng);
-        // Every weight at its format's largest magnitude: nibbles of 15, Q6_K's −32 (all
-        // bits 0) and Q8_0's −128.
         for block in w.chunks_exact_mut(format.block_bytes()) {
             let (qs, byte) = match format {
                 QuantFormat::Q4_0 => (2..18, 0xFF),
@@ -213,6 +217,11 @@ fn extreme_activations_are_exact() {
                 QuantFormat::Q6_K => (0..192, 0),
                 QuantFormat::Q8_0 => (2..34, 0x80),
                 _ => (16..144, 0xFF),
+            };
+            let byte = match (top, format) {
+                (false, _) => byte,
+                (true, QuantFormat::Q8_0) => 0x7F,
+                (true, _) => !byte,
             };
             block[qs].fill(byte);
         }
@@ -253,7 +262,7 @@ fn extreme_activations_are_exact() {
                     for (g, e) in got.iter().zip(&want) {
                         assert!(
                             (g - e).abs() <= 1e-5 * e.abs().max(1.0),
-                            "{name} {format}: {g} vs {e}"
+                            "{name} {format} m={m} top={top}: {g} vs {e}"
                         );
                     }
                 }
