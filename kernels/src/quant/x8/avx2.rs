@@ -49,6 +49,13 @@ trait Tiles {
     /// # Safety
     /// AVX2.
     unsafe fn finish(s: Self::Sums) -> __m256i;
+    /// The 8 rows' dot products times their 6-bit scales (`sc`: row `r`'s scale in both
+    /// 16-bit halves of lane `r`), exactly: at most 2·30720·63 (8 bits) or 32·15·32767·63
+    /// (16 bits) in magnitude, inside an i32.
+    ///
+    /// # Safety
+    /// AVX2.
+    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i;
 }
 
 /// 16-bit activations as their byte split `q = 256·hi + lo`: the nibbles times `hi` (signed)
@@ -88,6 +95,15 @@ impl Tiles for Split {
             _mm256_add_epi32(a, _mm256_add_epi32(b_even, _mm256_srli_epi32::<16>(b)))
         }
     }
+    #[inline(always)]
+    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i {
+        // SAFETY: registers only; the caller has AVX2. The scale is the low half of each
+        // lane (both halves hold it).
+        unsafe {
+            let sc = _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
+            _mm256_mullo_epi32(Self::finish(s), sc)
+        }
+    }
 }
 
 /// 8-bit activations: the nibbles times the bytes in one `maddubs` (at most
@@ -118,6 +134,12 @@ impl Tiles for Bytes {
     unsafe fn finish(s: __m256i) -> __m256i {
         // SAFETY: registers only; the caller has AVX2.
         unsafe { _mm256_madd_epi16(s, _mm256_set1_epi16(1)) }
+    }
+    #[inline(always)]
+    unsafe fn finish_scaled(s: __m256i, sc: __m256i) -> __m256i {
+        // SAFETY: registers only; the caller has AVX2. Both 16-bit sums of lane r are row
+        // r's, and so is the scale in both halves: one `madd` widens and scales them.
+        unsafe { _mm256_madd_epi16(s, sc) }
     }
 }
 
@@ -258,18 +280,19 @@ unsafe fn q4_k<T: Tiles, const M: usize>(
                     tab.as_ptr().add(at) as *const __m128i
                 )))
             };
-            // Per group: the 8 rows' scales `d·sc` and minimums `mn` (times `dmin` later).
-            let mut sc = [_mm256_setzero_ps(); 8];
+            // Per group: the 8 rows' minimums `mn` (times `dmin` later).
             let mut mn = [_mm256_setzero_ps(); 8];
-            for g in 0..8 {
-                sc[g] = _mm256_mul_ps(d, byte8(8 * g));
-                mn[g] = byte8(64 + 8 * g);
+            for (g, mn) in mn.iter_mut().enumerate() {
+                *mn = byte8(64 + 8 * g);
             }
             if M == 1 {
                 // One row: both groups of each run of 8 chunks in one pass over its bytes
-                // (in L2, 1.00 ns per 32 weights against 1.15 group by group).
+                // (in L2, 1.00 ns per 32 weights against 1.15 group by group). Each group's
+                // integer sums are scaled by its 6-bit scales as integers, and `d` comes in
+                // once per super-block, not once per group: 0.72 → 0.70 ns per 32 weights at
+                // 8 bits, 1.06 → 1.03 at 16 (`gemv_cached`, one thread, 3 alternations).
                 let acc = &mut acc[0];
-                let mut mins = _mm256_setzero_ps();
+                let (mut sums, mut mins) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 for j in 0..4 {
                     let q = base.add(128 + 256 * j);
                     for c in 0..4 {
@@ -285,14 +308,22 @@ unsafe fn q4_k<T: Tiles, const M: usize>(
                     }
                     for (g, a) in [(2 * j, a0), (2 * j + 1, a1)] {
                         let xm = &*meta.add(8 * s + g);
-                        let dot = _mm256_cvtepi32_ps(T::finish(a));
-                        let xs = _mm256_set1_ps(xm.scale);
-                        *acc = _mm256_fmadd_ps(dot, _mm256_mul_ps(sc[g], xs), *acc);
+                        // Row r's scale in both 16-bit halves of lane r.
+                        let b = _mm_loadl_epi64(tab.as_ptr().add(8 * g) as *const __m128i);
+                        let sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b));
+                        let dot = _mm256_cvtepi32_ps(T::finish_scaled(a, sc));
+                        sums = _mm256_fmadd_ps(dot, _mm256_set1_ps(xm.scale), sums);
                         mins = _mm256_fmadd_ps(mn[g], _mm256_set1_ps(xm.sum), mins);
                     }
                 }
+                *acc = _mm256_fmadd_ps(d, sums, *acc);
                 *acc = _mm256_fnmadd_ps(dmin, mins, *acc);
                 continue;
+            }
+            // Per group: the 8 rows' scales `d·sc`.
+            let mut sc = [_mm256_setzero_ps(); 8];
+            for (g, sc) in sc.iter_mut().enumerate() {
+                *sc = _mm256_mul_ps(d, byte8(8 * g));
             }
             // Several rows: group by group, its 8 chunks of nibbles taken apart once and met
             // by every row of the tile while they sit in registers (2.2× the rate of the
