@@ -554,8 +554,6 @@ impl Tensor {
     }
 }
 
-/// False when `QKV_NO_INTERLEAVE` is set (to anything but `0`): matrices then stay in the
-/// file's layout ([`Tensor::interleaved`]).
 /// The elements of `v` copied onto pages of their own ([`crate::alloc::pages`]), `piece`
 /// elements at a time, each piece's mapped pages let go once copied, so that the process
 /// never holds two copies of more than a piece (4 Mi elements, 8 MiB, for the models).
@@ -573,6 +571,8 @@ fn copy_onto_pages(v: &MappedSlice<f16>, name: &str, piece: usize) -> Result<cra
     Ok(out)
 }
 
+/// False when `QKV_NO_INTERLEAVE` is set (to anything but `0`): matrices then stay in the
+/// file's layout ([`Tensor::interleaved`]).
 fn interleave_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("QKV_NO_INTERLEAVE").map_or(true, |v| v == "0"))
