@@ -34,7 +34,7 @@
 //! with independent sums (1.04 → 1.03), Q6_K's offset from [`QuantizedActs::isum16`] in
 //! one vector per super-block instead of per block from the tile's sums (no change).
 
-use super::avx2_i16::q6_k_values;
+use super::avx2_i16::{q6_k_join, q6_k_values};
 use super::ROWS;
 use crate::quant::act::{ByteBlock, QuantizedActs, TileMeta};
 use core::arch::x86_64::*;
@@ -137,20 +137,8 @@ pub(super) unsafe fn q6_k<const M: usize>(
                     let (x, xm) = ((*tiles.add(at)).q.as_ptr() as *const u8, &*meta.add(at));
                     let mut dot = _mm256_setzero_si256();
                     for (hh, &sc) in sc.iter().enumerate() {
-                        let (x, u) = (x.add(16 * hh), &u[4 * hh..4 * hh + 4]);
-                        // Two sums of 2·16002 at most in each 16-bit lane (see the module).
-                        let a = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(u[0], splat4(x)),
-                            _mm256_maddubs_epi16(u[1], splat4(x.add(4))),
-                        );
-                        let b = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(u[2], splat4(x.add(8))),
-                            _mm256_maddubs_epi16(u[3], splat4(x.add(12))),
-                        );
-                        dot = _mm256_add_epi32(
-                            dot,
-                            _mm256_add_epi32(_mm256_madd_epi16(a, sc), _mm256_madd_epi16(b, sc)),
-                        );
+                        let half = q6_k_half_dot(&u[4 * hh..4 * hh + 4], x.add(16 * hh), sc);
+                        dot = _mm256_add_epi32(dot, half);
                     }
                     // The stored values are q + 32: take 32·(sc·Σx) off per half-group, the
                     // two half-sums (each within ±2032) as the 16-bit halves of one lane.
@@ -176,26 +164,33 @@ pub(super) unsafe fn q6_k<const M: usize>(
 unsafe fn q6_k_rows(hg: *const u8, order: __m256i) -> [__m256i; 4] {
     // SAFETY: the caller's contract.
     unsafe {
-        let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
         let load = |at: usize| {
             _mm256_shuffle_epi8(_mm256_loadu_si256(hg.add(at) as *const __m256i), order)
         };
-        let (n0, n1, top) = (load(0), load(32), load(64));
-        [
-            _mm256_or_si256(
-                _mm256_and_si256(n0, m4),
-                _mm256_and_si256(_mm256_slli_epi16::<4>(top), m3),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(n0), m4),
-                _mm256_and_si256(_mm256_slli_epi16::<2>(top), m3),
-            ),
-            _mm256_or_si256(_mm256_and_si256(n1, m4), _mm256_and_si256(top, m3)),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(n1), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(top), m3),
-            ),
-        ]
+        q6_k_join(load(0), load(32), load(64))
+    }
+}
+
+/// Q6_K: the dot products of one half-group's values `u` (each row's 4 elements per vector
+/// in its own lane) with the 16 activations at `x`, times the half-group's scales `sc`
+/// (row `r`'s in both 16-bit halves of lane `r`), as i32 lanes. Two sums of 2·16002 at most
+/// share each 16-bit lane before the `madd` widens them (see the module).
+///
+/// # Safety
+/// `x..x + 16` readable; AVX2.
+#[inline(always)]
+unsafe fn q6_k_half_dot(u: &[__m256i], x: *const u8, sc: __m256i) -> __m256i {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let a = _mm256_add_epi16(
+            _mm256_maddubs_epi16(u[0], splat4(x)),
+            _mm256_maddubs_epi16(u[1], splat4(x.add(4))),
+        );
+        let b = _mm256_add_epi16(
+            _mm256_maddubs_epi16(u[2], splat4(x.add(8))),
+            _mm256_maddubs_epi16(u[3], splat4(x.add(12))),
+        );
+        _mm256_add_epi32(_mm256_madd_epi16(a, sc), _mm256_madd_epi16(b, sc))
     }
 }
 
@@ -262,18 +257,7 @@ unsafe fn q6_k_one(col: *const u8, ns: usize, acts: &QuantizedActs, i0: usize, a
                     let hg = base.add(super::q6_k_half(2 * g + hh));
                     _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH) as *const i8);
                     _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH + 64) as *const i8);
-                    let u = q6_k_rows(hg, order);
-                    let x = x.add(16 * hh);
-                    // Two sums of 2·16002 at most in each 16-bit lane (see the module).
-                    let a = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(u[0], splat4(x)),
-                        _mm256_maddubs_epi16(u[1], splat4(x.add(4))),
-                    );
-                    let b = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(u[2], splat4(x.add(8))),
-                        _mm256_maddubs_epi16(u[3], splat4(x.add(12))),
-                    );
-                    dot[hh] = _mm256_add_epi32(_mm256_madd_epi16(a, sc), _mm256_madd_epi16(b, sc));
+                    dot[hh] = q6_k_half_dot(&q6_k_rows(hg, order), x.add(16 * hh), sc);
                 }
                 let halves = (xm.isum_lo as u32 & 0xFFFF) | ((xm.isum - xm.isum_lo) as u32) << 16;
                 let off = _mm256_madd_epi16(pair32, _mm256_set1_epi32(halves as i32));

@@ -52,10 +52,23 @@ unsafe fn dot16(w: &[__m256i; 8], x: *const i16) -> __m256i {
 pub(super) unsafe fn q6_k_values(hg: *const u8) -> [__m256i; 4] {
     // SAFETY: the caller's contract.
     unsafe {
+        let load = |at: usize| _mm256_loadu_si256(hg.add(at) as *const __m256i);
+        q6_k_join(load(0), load(32), load(64))
+    }
+}
+
+/// The 4 vectors of 6-bit values from a half-group's three source vectors: `n0` and `n1`
+/// (two vectors' low 4 bits each, in their low and high nibbles) and `top` (bits `2v`,
+/// `2v + 1` of each byte: vector `v`'s top 2 bits). Every value's bits stay in their byte,
+/// so the sources may first be reordered by any byte shuffle, the same for all three.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+pub(super) unsafe fn q6_k_join(n0: __m256i, n1: __m256i, top: __m256i) -> [__m256i; 4] {
+    // SAFETY: registers only; the caller has AVX2.
+    unsafe {
         let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-        let n0 = _mm256_loadu_si256(hg as *const __m256i);
-        let n1 = _mm256_loadu_si256(hg.add(32) as *const __m256i);
-        let top = _mm256_loadu_si256(hg.add(64) as *const __m256i);
         // Vector v: a nibble of n0 / n1, and bits 2v, 2v + 1 of `top` moved to bits 4–5.
         [
             _mm256_or_si256(
