@@ -41,14 +41,11 @@ impl Pages {
         let map = memmap2::MmapMut::map_anon(len.checked_add(HUGE)?).ok()?;
         let at = map.as_ptr() as usize;
         let start = at.next_multiple_of(HUGE) - at;
-        let whole = len / HUGE * HUGE;
+        // Advice only, over the whole huge pages: without it the bytes are the same.
         #[cfg(target_os = "linux")]
-        if whole > 0 {
-            // Advice only: without it the bytes are the same.
-            let _ = map.advise_range(memmap2::Advice::HugePage, start, whole);
+        if len >= HUGE {
+            let _ = map.advise_range(memmap2::Advice::HugePage, start, len / HUGE * HUGE);
         }
-        #[cfg(not(target_os = "linux"))]
-        let _ = whole;
         Some(Pages { map, start, len })
     }
 }

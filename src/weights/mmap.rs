@@ -179,18 +179,26 @@ impl<T: Pod> MappedSlice<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// `bytes` written to a file of their own in a fresh temporary directory named after
+    /// `tag`, and mapped: the directory (for the caller to remove) and the map.
+    pub(in crate::weights) fn mapped_bytes(tag: &str, bytes: &[u8]) -> (PathBuf, Arc<MappedFile>) {
+        let dir = std::env::temp_dir().join(format!("qkv-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f.bin");
+        std::fs::write(&path, bytes).unwrap();
+        let file = map_file(&path).unwrap();
+        (dir, file)
+    }
 
     #[test]
     fn views_are_checked_for_bounds_and_alignment() {
-        let dir = std::env::temp_dir().join(format!("qkv-mmap-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("f.bin");
         let values = [1.0f32, 2.0, 3.0, 4.0];
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let file = map_file(&path).unwrap();
+        let (dir, file) = mapped_bytes("mmap", &bytes);
+        let path = dir.join("f.bin");
         assert_eq!(file.path(), path);
         assert_eq!(file.bytes(), &bytes[..]);
 

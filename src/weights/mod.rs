@@ -596,12 +596,8 @@ mod tests {
 
     #[test]
     fn f16_copied_onto_pages_piece_by_piece_keeps_every_value() {
-        let dir = std::env::temp_dir().join(format!("qkv-pages-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("f16.bin");
         let values: Vec<f16> = (0..1001).map(|i| f16::from_f32(i as f32 - 500.0)).collect();
-        std::fs::write(&path, bytemuck::cast_slice::<f16, u8>(&values)).unwrap();
-        let file = mmap::map_file(&path).unwrap();
+        let (dir, file) = mmap::tests::mapped_bytes("pages", bytemuck::cast_slice(&values));
         // From element 1 on (an offset inside the file), in pieces that do not divide it.
         let v = MappedSlice::<f16>::new(file, "w", 2, 1000).unwrap();
         for piece in [1, 7, 1000, 4096] {
