@@ -282,14 +282,15 @@ unsafe fn gemv_columns(
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2 {
     use crate::par::SharedOut;
-    use crate::simd::avx2::{hsum, Lane};
+    use crate::simd::avx2::{hsum, prefetch_far, Lane, FAR_AHEAD};
     use core::arch::x86_64::*;
 
     /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.
     ///
     /// One row of `x` (decode) reads W one row at a time, front to back: a single
     /// sequential stream is what the hardware prefetcher follows best (interleaving four
-    /// rows measured 2.5× slower here). More rows go to [`tiles`].
+    /// rows measured 2.5× slower here), and [`prefetch_far`] keeps it 16 KiB ahead. More rows
+    /// go to [`tiles`].
     ///
     /// # Safety
     /// AVX2, FMA and F16C must be available; `y` points to m·n floats whose columns
@@ -456,7 +457,11 @@ mod gemv_avx2 {
             let mut acc = [_mm256_setzero_ps(); U];
             let step = 8 * U;
             let mut p = 0;
+            let ahead = (wp as *const u8).wrapping_add(FAR_AHEAD);
             while p + step <= k {
+                for line in (0..step * size_of::<T>()).step_by(64) {
+                    prefetch_far(ahead.wrapping_add(size_of::<T>() * p + line));
+                }
                 for (u, a) in acc.iter_mut().enumerate() {
                     let wv = T::load8(wp.add(p + 8 * u));
                     *a = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(p + 8 * u)), wv, *a);
