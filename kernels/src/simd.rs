@@ -160,10 +160,10 @@ pub(crate) mod avx2 {
     ///
     /// On the Zen 4 hosts the f16 row kernel, left to the hardware prefetcher, waits on
     /// memory for part of every row: its time per byte from memory was the sum of its time
-    /// in L2 and the read bandwidth's, not the larger of the two. Asked for 16 KiB ahead into L2
-    /// (`prefetcht1`), 1B-shaped f16 matrices from memory went 19 → 27 GB/s on one thread
-    /// and 19.5–29 → 27–31 on two (`gemv_stream 1b f16`, alternated). Nearer (4–8 KiB) gained
-    /// less and farther (32 KiB) no more; into L1 (`prefetcht0`, which holds one of the
+    /// in L2 and the read bandwidth's, not the larger of the two. Asked for 16 KiB ahead into
+    /// L2 (`prefetcht1`), 1B-shaped f16 matrices from memory went 19 → 27 GB/s on one
+    /// thread and 19.5–29 → 27–31 on two (`gemv_stream 1b f16`, alternated). Nearer (4–8
+    /// KiB) gained less and farther (32 KiB) no more; into L1 (`prefetcht0`, which holds one of the
     /// core's few L1 miss buffers for a whole trip to memory) it gained nothing. The
     /// quantized kernels keep their near `prefetcht0`: this one gained nothing on Q4_0, Q8_0
     /// or the experts' Q8_0 matrices in whole decode steps, and halved the Q4_K and Q6_K
