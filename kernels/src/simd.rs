@@ -33,8 +33,10 @@ pub fn has_avx512() -> bool {
     })
 }
 
-/// True when [`has_avx512`] holds and the CPU also has AVX-512 VNNI (`vpdpwssd`), which the
-/// quantized prefill product runs on. Off under the same variables as [`has_avx512`].
+/// True when [`has_avx512`] holds and the CPU also has AVX-512 VNNI: the quantized prefill
+/// product runs on its `vpdpwssd`, and the interleaved kernels at 8 bits on its `vpdpbusd`
+/// (with 256-bit vectors, so also on CPUs that split 512-bit operations). Off under the
+/// same variables as [`has_avx512`].
 pub fn has_avx512_vnni() -> bool {
     static CACHE: OnceLock<bool> = OnceLock::new();
     *CACHE.get_or_init(|| has_avx512() && detect_vnni())

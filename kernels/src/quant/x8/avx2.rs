@@ -49,13 +49,29 @@ trait Tiles {
     /// # Safety
     /// AVX2.
     unsafe fn finish(s: Self::Sums) -> __m256i;
-    /// The 8 rows' dot products times their 6-bit scales (`sc`: row `r`'s scale in both
-    /// 16-bit halves of lane `r`), exactly: at most 2·30720·63 (8 bits) or 32·15·32767·63
-    /// (16 bits) in magnitude, inside an i32.
+    /// The 8 rows' 6-bit scales at `p..p + 8` (row `r`'s at `p + r`) in the form
+    /// [`Tiles::finish_scaled`] takes.
+    ///
+    /// # Safety
+    /// `p..p + 8` readable; AVX2.
+    unsafe fn scales(p: *const u8) -> __m256i;
+    /// The 8 rows' dot products times their 6-bit scales (`sc`, from [`Tiles::scales`]),
+    /// exactly: at most 2·30720·63 (8 bits) or 32·15·32767·63 (16 bits) in magnitude,
+    /// inside an i32.
     ///
     /// # Safety
     /// AVX2.
     unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i;
+}
+
+/// The 8 bytes at `p` widened to the 8 i32 lanes.
+///
+/// # Safety
+/// `p..p + 8` readable; AVX2.
+#[inline(always)]
+unsafe fn bytes_to_lanes(p: *const u8) -> __m256i {
+    // SAFETY: the caller's contract.
+    unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
 }
 
 /// 16-bit activations as their byte split `q = 256·hi + lo`: the nibbles times `hi` (signed)
@@ -96,13 +112,14 @@ impl Tiles for Split {
         }
     }
     #[inline(always)]
+    unsafe fn scales(p: *const u8) -> __m256i {
+        // SAFETY: the caller's contract.
+        unsafe { bytes_to_lanes(p) }
+    }
+    #[inline(always)]
     unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i {
-        // SAFETY: registers only; the caller has AVX2. The scale is the low half of each
-        // lane (both halves hold it).
-        unsafe {
-            let sc = _mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF));
-            _mm256_mullo_epi32(Self::finish(s), sc)
-        }
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe { _mm256_mullo_epi32(Self::finish(s), sc) }
     }
 }
 
@@ -136,10 +153,67 @@ impl Tiles for Bytes {
         unsafe { _mm256_madd_epi16(s, _mm256_set1_epi16(1)) }
     }
     #[inline(always)]
+    unsafe fn scales(p: *const u8) -> __m256i {
+        // SAFETY: the caller's contract. Row r's scale in both 16-bit halves of lane r.
+        unsafe {
+            let b = _mm_loadl_epi64(p as *const __m128i);
+            _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b))
+        }
+    }
+    #[inline(always)]
     unsafe fn finish_scaled(s: __m256i, sc: __m256i) -> __m256i {
         // SAFETY: registers only; the caller has AVX2. Both 16-bit sums of lane r are row
         // r's, and so is the scale in both halves: one `madd` widens and scales them.
         unsafe { _mm256_madd_epi16(s, sc) }
+    }
+}
+
+/// 8-bit activations where the CPU has AVX-512 VNNI with 256-bit vectors (VL): one
+/// `vpdpbusd` multiplies the nibbles (unsigned) by the activations (signed) and adds each
+/// lane's 4 products straight into its 32-bit sum, the work of a `maddubs` and an add in
+/// [`Bytes`], with nothing left to widen. Chunks alternate between two sums, so that each
+/// `vpdpbusd` does not wait on the one before. The integers are the same as [`Bytes`]'s.
+/// Only [`columns_vnni`] runs it, which enables the features.
+struct Vnni;
+
+impl Tiles for Vnni {
+    type Block = ByteBlock;
+    type Sums = (__m256i, __m256i);
+    fn blocks(acts: &QuantizedActs) -> *const ByteBlock {
+        acts.bytes.as_ptr()
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self::Sums {
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe { (_mm256_setzero_si256(), _mm256_setzero_si256()) }
+    }
+    #[inline(always)]
+    unsafe fn step(w: __m256i, x: *const ByteBlock, e: usize, s: &mut Self::Sums) {
+        // SAFETY: the caller's contract, and (inlined only into `columns_vnni`) AVX-512
+        // VNNI and VL.
+        unsafe {
+            let x = splat4((*x).q.as_ptr().add(e) as *const u8);
+            if (e / 4).is_multiple_of(2) {
+                s.0 = _mm256_dpbusd_epi32(s.0, w, x);
+            } else {
+                s.1 = _mm256_dpbusd_epi32(s.1, w, x);
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn finish(s: Self::Sums) -> __m256i {
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe { _mm256_add_epi32(s.0, s.1) }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> __m256i {
+        // SAFETY: the caller's contract.
+        unsafe { bytes_to_lanes(p) }
+    }
+    #[inline(always)]
+    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i {
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe { _mm256_mullo_epi32(Self::finish(s), sc) }
     }
 }
 
@@ -308,9 +382,7 @@ unsafe fn q4_k<T: Tiles, const M: usize>(
                     }
                     for (g, a) in [(2 * j, a0), (2 * j + 1, a1)] {
                         let xm = &*meta.add(8 * s + g);
-                        // Row r's scale in both 16-bit halves of lane r.
-                        let b = _mm_loadl_epi64(tab.as_ptr().add(8 * g) as *const __m128i);
-                        let sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b));
+                        let sc = T::scales(tab.as_ptr().add(8 * g));
                         let dot = _mm256_cvtepi32_ps(T::finish_scaled(a, sc));
                         sums = _mm256_fmadd_ps(dot, _mm256_set1_ps(xm.scale), sums);
                         mins = _mm256_fmadd_ps(mn[g], _mm256_set1_ps(xm.sum), mins);
@@ -380,6 +452,48 @@ pub(super) unsafe fn columns(
     j0: usize,
     j1: usize,
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { columns_with::<false>(y, acts, format, w, bias, n, j0, j1) }
+}
+
+/// As [`columns`], with the products at 8 bits taken by `vpdpbusd` ([`Vnni`] for the
+/// 4-bit formats, the `VNNI` variants of Q6_K's and Q8_0's): the same integers, so the
+/// same results.
+///
+/// # Safety
+/// AVX2, FMA, F16C, and AVX-512 F, BW, VL and VNNI; the contract of [`super::columns`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn columns_vnni(
+    y: SharedOut,
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+    j0: usize,
+    j1: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { columns_with::<true>(y, acts, format, w, bias, n, j0, j1) }
+}
+
+/// The body of [`columns`] (`VNNI` false) and [`columns_vnni`], inlined into each.
+///
+/// # Safety
+/// As [`columns`], and as [`columns_vnni`] when `VNNI` is true.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn columns_with<const VNNI: bool>(
+    y: SharedOut,
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    w: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+    j0: usize,
+    j1: usize,
+) {
     let (m, k) = (acts.m, acts.k);
     let cols = k / format.block_elems();
     let group_bytes = ROWS * cols * format.block_bytes();
@@ -401,7 +515,7 @@ pub(super) unsafe fn columns(
                 let mr = (m - i0).min(TILE_ROWS);
                 let mut acc = [_mm256_setzero_ps(); ROWS];
                 macro_rules! run {
-                    ($kernel:ident $(, $t:ty)? $(; $flag:literal)?) => {
+                    ($kernel:ident $(, $t:ty)? $(; $flag:tt)?) => {
                         match mr {
                             1 => $kernel::<$($t,)? 1 $(, $flag)?>(col, cols, acts, i0, &mut acc),
                             2 => $kernel::<$($t,)? 2 $(, $flag)?>(col, cols, acts, i0, &mut acc),
@@ -415,15 +529,18 @@ pub(super) unsafe fn columns(
                     };
                 }
                 match format {
+                    QuantFormat::Q4_0 if bytes && VNNI => run!(q4_0, Vnni; false),
                     QuantFormat::Q4_0 if bytes => run!(q4_0, Bytes; false),
                     QuantFormat::Q4_0 => run!(q4_0, Split; false),
+                    QuantFormat::Q4_1 if bytes && VNNI => run!(q4_0, Vnni; true),
                     QuantFormat::Q4_1 if bytes => run!(q4_0, Bytes; true),
                     QuantFormat::Q4_1 => run!(q4_0, Split; true),
-                    QuantFormat::Q6_K if bytes => run!(q6_k_bytes),
+                    QuantFormat::Q6_K if bytes => run!(q6_k_bytes; VNNI),
                     QuantFormat::Q6_K if raw && mr <= 2 => run!(q6_k; true),
                     QuantFormat::Q6_K => run!(q6_k; false),
-                    QuantFormat::Q8_0 if bytes => run!(q8_0_bytes),
+                    QuantFormat::Q8_0 if bytes => run!(q8_0_bytes; VNNI),
                     QuantFormat::Q8_0 => run!(q8_0),
+                    _ if bytes && VNNI => run!(q4_k, Vnni),
                     _ if bytes => run!(q4_k, Bytes),
                     _ => run!(q4_k, Split),
                 }

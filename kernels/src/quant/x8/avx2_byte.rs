@@ -86,7 +86,7 @@ fn tile(acts: &QuantizedActs, i0: usize) -> (*const ByteBlock, *const TileMeta) 
 /// AVX2, FMA, F16C; `col` holds `ns` columns; `acts` is at 8 bits with its tiles, rows of
 /// `256·ns` elements, and a tile of `M` rows at `i0`.
 #[inline(always)]
-pub(super) unsafe fn q6_k<const M: usize>(
+pub(super) unsafe fn q6_k<const M: usize, const VNNI: bool>(
     col: *const u8,
     ns: usize,
     acts: &QuantizedActs,
@@ -96,7 +96,7 @@ pub(super) unsafe fn q6_k<const M: usize>(
     debug_assert!(acts.m >= i0 + M && acts.k == 256 * ns && acts.has_tiles());
     if M == 1 {
         // SAFETY: the same contract.
-        unsafe { q6_k_one(col, ns, acts, i0, &mut acc[0]) };
+        unsafe { q6_k_one::<VNNI>(col, ns, acts, i0, &mut acc[0]) };
         return;
     }
     let (tiles, meta) = tile(acts, i0);
@@ -129,7 +129,7 @@ pub(super) unsafe fn q6_k<const M: usize>(
                 let both = |t: __m256i| {
                     _mm256_or_si256(_mm256_and_si256(t, low16), _mm256_slli_epi32::<16>(t))
                 };
-                let sc = [both(t0), both(t1)];
+                let sc = if VNNI { [t0, t1] } else { [both(t0), both(t1)] };
                 let pair =
                     _mm256_or_si256(_mm256_and_si256(t0, low16), _mm256_slli_epi32::<16>(t1));
                 for (i, acc) in acc.iter_mut().enumerate().take(M) {
@@ -137,7 +137,8 @@ pub(super) unsafe fn q6_k<const M: usize>(
                     let (x, xm) = ((*tiles.add(at)).q.as_ptr() as *const u8, &*meta.add(at));
                     let mut dot = _mm256_setzero_si256();
                     for (hh, &sc) in sc.iter().enumerate() {
-                        let half = q6_k_half_dot(&u[4 * hh..4 * hh + 4], x.add(16 * hh), sc);
+                        let half =
+                            q6_k_half_dot::<VNNI>(&u[4 * hh..4 * hh + 4], x.add(16 * hh), sc);
                         dot = _mm256_add_epi32(dot, half);
                     }
                     // The stored values are q + 32: take 32·(sc·Σx) off per half-group, the
@@ -173,15 +174,31 @@ unsafe fn q6_k_rows(hg: *const u8, order: __m256i) -> [__m256i; 4] {
 
 /// Q6_K: the dot products of one half-group's values `u` (each row's 4 elements per vector
 /// in its own lane) with the 16 activations at `x`, times the half-group's scales `sc`
-/// (row `r`'s in both 16-bit halves of lane `r`), as i32 lanes. Two sums of 2·16002 at most
-/// share each 16-bit lane before the `madd` widens them (see the module).
+/// (row `r`'s in both 16-bit halves of lane `r`; with `VNNI`, sign-extended to lane `r`),
+/// as i32 lanes. Two sums of 2·16002 at most share each 16-bit lane before the `madd`
+/// widens them (see the module). With `VNNI`, `vpdpbusd` sums each lane's 4 products
+/// straight into 32 bits, and one 32-bit multiply scales them.
 ///
 /// # Safety
-/// `x..x + 16` readable; AVX2.
+/// `x..x + 16` readable; AVX2, and AVX-512 VNNI and VL with `VNNI`.
 #[inline(always)]
-unsafe fn q6_k_half_dot(u: &[__m256i], x: *const u8, sc: __m256i) -> __m256i {
+unsafe fn q6_k_half_dot<const VNNI: bool>(u: &[__m256i], x: *const u8, sc: __m256i) -> __m256i {
     // SAFETY: the caller's contract.
     unsafe {
+        if VNNI {
+            let z = _mm256_setzero_si256();
+            let a = _mm256_dpbusd_epi32(
+                _mm256_dpbusd_epi32(z, u[0], splat4(x)),
+                u[1],
+                splat4(x.add(4)),
+            );
+            let b = _mm256_dpbusd_epi32(
+                _mm256_dpbusd_epi32(z, u[2], splat4(x.add(8))),
+                u[3],
+                splat4(x.add(12)),
+            );
+            return _mm256_mullo_epi32(_mm256_add_epi32(a, b), sc);
+        }
         let a = _mm256_add_epi16(
             _mm256_maddubs_epi16(u[0], splat4(x)),
             _mm256_maddubs_epi16(u[1], splat4(x.add(4))),
@@ -227,7 +244,13 @@ const SCALE_PAIR: [i8; 32] = scale_ctl(0, 8);
 /// # Safety
 /// As [`q6_k`] with `M = 1`.
 #[inline(always)]
-unsafe fn q6_k_one(col: *const u8, ns: usize, acts: &QuantizedActs, i0: usize, acc: &mut __m256) {
+unsafe fn q6_k_one<const VNNI: bool>(
+    col: *const u8,
+    ns: usize,
+    acts: &QuantizedActs,
+    i0: usize,
+    acc: &mut __m256,
+) {
     let (tiles, meta) = tile(acts, i0);
     // SAFETY: column s < ns lies inside `col` (the contract), half-group h < 16 inside its
     // column; the row's blocks 8s + g < 8·ns lie inside the tiles; prefetches never fault.
@@ -243,10 +266,18 @@ unsafe fn q6_k_one(col: *const u8, ns: usize, acts: &QuantizedActs, i0: usize, a
                 let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(
                     base.add(16 + 16 * g) as *const __m128i
                 ));
-                let sc = [
-                    _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(b, c_sc0)),
-                    _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(b, c_sc1)),
-                ];
+                // With VNNI, the scale in the lane's top byte, sign-extended to 32 bits.
+                let sc = if VNNI {
+                    [
+                        _mm256_srai_epi32::<24>(_mm256_shuffle_epi8(b, c_sc0)),
+                        _mm256_srai_epi32::<24>(_mm256_shuffle_epi8(b, c_sc1)),
+                    ]
+                } else {
+                    [
+                        _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(b, c_sc0)),
+                        _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(b, c_sc1)),
+                    ]
+                };
                 let pair32 = _mm256_srai_epi16::<3>(_mm256_shuffle_epi8(b, c_pair));
                 let (x, xm) = (
                     (*tiles.add(8 * s + g)).q.as_ptr() as *const u8,
@@ -257,7 +288,7 @@ unsafe fn q6_k_one(col: *const u8, ns: usize, acts: &QuantizedActs, i0: usize, a
                     let hg = base.add(super::q6_k_half(2 * g + hh));
                     _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH) as *const i8);
                     _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH + 64) as *const i8);
-                    dot[hh] = q6_k_half_dot(&q6_k_rows(hg, order), x.add(16 * hh), sc);
+                    dot[hh] = q6_k_half_dot::<VNNI>(&q6_k_rows(hg, order), x.add(16 * hh), sc);
                 }
                 let halves = (xm.isum_lo as u32 & 0xFFFF) | ((xm.isum - xm.isum_lo) as u32) << 16;
                 let off = _mm256_madd_epi16(pair32, _mm256_set1_epi32(halves as i32));
@@ -276,7 +307,7 @@ unsafe fn q6_k_one(col: *const u8, ns: usize, acts: &QuantizedActs, i0: usize, a
 /// AVX2, FMA, F16C; `col` holds `nb` columns; `acts` is at 8 bits with its tiles, rows of
 /// `32·nb` elements, and a tile of `M` rows at `i0`.
 #[inline(always)]
-pub(super) unsafe fn q8_0<const M: usize>(
+pub(super) unsafe fn q8_0<const M: usize, const VNNI: bool>(
     col: *const u8,
     nb: usize,
     acts: &QuantizedActs,
@@ -310,10 +341,15 @@ pub(super) unsafe fn q8_0<const M: usize>(
                 for v in (0..8).step_by(2) {
                     let x0 = _mm256_sign_epi8(splat4(x.add(4 * v)), w[v]);
                     let x1 = _mm256_sign_epi8(splat4(x.add(4 * v + 4)), w[v + 1]);
-                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(mag[v], x0), ones);
-                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(mag[v + 1], x1), ones);
-                    s0 = _mm256_add_epi32(s0, p0);
-                    s1 = _mm256_add_epi32(s1, p1);
+                    if VNNI {
+                        s0 = _mm256_dpbusd_epi32(s0, mag[v], x0);
+                        s1 = _mm256_dpbusd_epi32(s1, mag[v + 1], x1);
+                    } else {
+                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(mag[v], x0), ones);
+                        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(mag[v + 1], x1), ones);
+                        s0 = _mm256_add_epi32(s0, p0);
+                        s1 = _mm256_add_epi32(s1, p1);
+                    }
                 }
                 let xs = _mm256_mul_ps(d, _mm256_set1_ps(xm.scale));
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), xs, *acc);

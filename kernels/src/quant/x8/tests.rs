@@ -79,6 +79,13 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
         && std::is_x86_feature_detected!("f16c")
     {
         out.push(("avx2", avx2::columns));
+        if std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni")
+        {
+            out.push(("vnni", avx2::columns_vnni));
+        }
     }
     out.push(("dispatch", columns));
     out
