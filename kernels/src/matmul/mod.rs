@@ -52,7 +52,8 @@ const _: () = assert!(GEMV_MAX_ROWS <= quant::gemv::MAX_ROWS);
 /// (their integer dot products; the weights read once per 8 rows) rather than as f32 panels
 /// widened for gemm, whose widening of every weight costs more than the extra reads until
 /// about 24 rows (a batch engine's decode step at 16 sequences: 104 ms widened, ~85 ms in
-/// two GEMVs, SmolLM2-135M Q4_1). Not where AVX-512 VNNI runs the integer GEMM.
+/// two GEMVs, SmolLM2-135M Q4_1). Not where AVX-512 VNNI runs the integer GEMM. Interleaved
+/// weights take all their rows in one pass instead, up to [`x8_one_pass_max_rows`].
 pub const QUANT_GEMV_MAX_ROWS: usize = 16;
 
 /// Up to this many rows, f32 and f16 weights (`[n, k]`) meet all rows of `x` in one pass of
@@ -72,13 +73,35 @@ fn gemv_rows(w: Weights<'_>, m: usize) -> bool {
 
 /// True when the GEMV takes all `m` rows of `x` in one pass over `w`, so that `W` is read
 /// from memory once per call: interleaved weights, whose kernel takes the rows in tiles of
-/// 8 against each group of `W` while it sits in cache (not where AVX-512 VNNI runs the
-/// integer GEMM); and f32/f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`].
+/// 8 against each group of `W` while it sits in cache (up to [`x8_one_pass_max_rows`]);
+/// and f32/f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`].
 fn one_pass(w: Weights<'_>, m: usize) -> bool {
     match w {
-        Weights::QuantX8(..) => !quant::gemm::available(),
+        Weights::QuantX8(format, _) => m <= x8_one_pass_max_rows(format),
         Weights::F32(_) | Weights::F16(_) => m <= FLOAT_ONE_PASS_MAX_ROWS,
         _ => false,
+    }
+}
+
+/// Up to how many rows interleaved weights of `format` take the one-pass GEMV rather than
+/// the integer GEMM: all rows where the GEMM does not run (without AVX-512 VNNI). Where it
+/// does, the GEMM reads GGUF's layout, so each call first takes the whole matrix apart
+/// again; at 8 bits the interleaved kernels (on `vpdpbusd` there) are faster at every
+/// count of rows measured, and at 16 bits until the GEMM's integer rate pays for that.
+/// Crossovers measured with `gemm_rows` (the 1B shapes, 2 threads, Zen 4 with AVX-512, 16
+/// bits, GMAC/s interleaved against the GEMM): Q4_0 and Q4_K 52–57 against 51–57 at 64
+/// rows, 55–57 against 65–82 at 128; Q8_0 51–53 against 33–45 at 128, 48–50 against
+/// 56–62 at 256; Q6_K 45–47 against 35–36 at 256, 43–90 against 64–72 at 512. At 8 bits,
+/// 512 rows: Q4_0 122–131 against 82–86, Q4_K 108–120 against 78–82, Q6_K 77–94 against
+/// 46–48, Q8_0 82–84 against 72–76.
+fn x8_one_pass_max_rows(format: QuantFormat) -> usize {
+    if !quant::gemm::available() || quant::x8::act_precision(format) == ActPrecision::Byte {
+        return usize::MAX;
+    }
+    match format {
+        QuantFormat::Q6_K => 256,
+        QuantFormat::Q8_0 => 128,
+        _ => 64,
     }
 }
 
@@ -263,9 +286,10 @@ fn validate(
 
 /// `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)`, overwriting `y`.
 ///
-/// Picks the GEMV for `m ≤ GEMV_MAX_ROWS` (and, for quantized weights without AVX-512 VNNI,
-/// GEMVs of that many rows up to [`QUANT_GEMV_MAX_ROWS`]) and gemm otherwise; both use
-/// rayon's current pool.
+/// Picks the GEMV for `m ≤ GEMV_MAX_ROWS` (for quantized weights without AVX-512 VNNI, GEMVs
+/// of that many rows up to [`QUANT_GEMV_MAX_ROWS`]; for interleaved weights, one pass over
+/// all rows up to `x8_one_pass_max_rows`) and gemm otherwise; both use rayon's current
+/// pool.
 /// Errors if a slice length disagrees with `m`, `k`, `n`, a dimension is zero, or a product
 /// of them (`m·k`, `n·k`, `m·n`) overflows `usize`.
 pub fn linear(
