@@ -239,7 +239,8 @@ fn gauges_report_requests_and_kv_use_in_range() {
         let waiting = metric(&m, "qkv_requests_waiting");
         let kv = metric(&m, "qkv_kv_cache_usage_ratio");
         assert!((0.0..=1.0).contains(&running), "{running}");
-        assert!((0.0..=2.0).contains(&waiting), "{waiting}");
+        // All three wait until the first takes the slot.
+        assert!((0.0..=3.0).contains(&waiting), "{waiting}");
         assert!((0.0..=1.0).contains(&kv), "{kv}");
         assert_eq!(metric(&m, "vllm:num_requests_running"), running);
         assert_eq!(metric(&m, "vllm:num_requests_waiting"), waiting);
