@@ -88,19 +88,20 @@ fn one_pass(w: Weights<'_>, m: usize) -> bool {
 /// does, the GEMM reads GGUF's layout, so each call first takes the whole matrix apart
 /// again; at 8 bits the interleaved kernels (on `vpdpbusd` there) are faster at every
 /// count of rows measured, and at 16 bits until the GEMM's integer rate pays for that.
-/// Crossovers measured with `gemm_rows` (the 1B shapes, 2 threads, Zen 4 with AVX-512, 16
-/// bits, GMAC/s interleaved against the GEMM): Q4_0 and Q4_K 52–57 against 51–57 at 64
-/// rows, 55–57 against 65–82 at 128; Q8_0 51–53 against 33–45 at 128, 48–50 against
-/// 56–62 at 256; Q6_K 45–47 against 35–36 at 256, 43–90 against 64–72 at 512. At 8 bits,
-/// 512 rows: Q4_0 122–131 against 82–86, Q4_K 108–120 against 78–82, Q6_K 77–94 against
-/// 46–48, Q8_0 82–84 against 72–76.
+/// `gemm_rows`, the 1B shapes, 2 threads, Zen 4 with AVX-512, GMAC/s interleaved against
+/// the GEMM. At 16 bits: Q4_0 86–109 against 85–95 at 64 rows, 94–111 against 116–133 at
+/// 128; Q4_K 85–97 against 54–92 at 64, 86–100 against 74–109 at 128; Q8_0 91–99 against
+/// 87–92 at 256, 90–98 against 117–125 at 512; Q6_K 67–87 against 61–71 at 512. At 8 bits,
+/// 16 rows: Q4_0 200–251 against 33–36, Q4_K 176–231 against 35–38, Q6_K 144–161 against
+/// 5, Q8_0 121–140 against 10–11; 512 rows: Q4_0 213–256 against 144–176, Q4_K 164–214
+/// against 154–165, Q6_K 153–165 against 71–76, Q8_0 128–157 against 117–127.
 fn x8_one_pass_max_rows(format: QuantFormat) -> usize {
     if !quant::gemm::available() || quant::x8::act_precision(format) == ActPrecision::Byte {
         return usize::MAX;
     }
     match format {
-        QuantFormat::Q6_K => 256,
-        QuantFormat::Q8_0 => 128,
+        QuantFormat::Q6_K => usize::MAX,
+        QuantFormat::Q8_0 => 256,
         _ => 64,
     }
 }

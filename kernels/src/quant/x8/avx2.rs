@@ -173,7 +173,9 @@ impl Tiles for Bytes {
 /// lane's 4 products straight into its 32-bit sum, the work of a `maddubs` and an add in
 /// [`Bytes`], with nothing left to widen. Chunks alternate between two sums, so that each
 /// `vpdpbusd` does not wait on the one before. The integers are the same as [`Bytes`]'s.
-/// Only [`columns_vnni`] runs it, which enables the features.
+/// Only [`columns_vnni`] runs it, which enables the features. One row, weights in L2
+/// (`gemv_cached`, one thread, Zen 4 with AVX-512, 3 alternations), ns per 32 weights:
+/// Q4_0 0.52 → 0.44, Q4_1 0.56 → 0.47, Q4_K 0.56 → 0.50.
 struct Vnni;
 
 impl Tiles for Vnni {

@@ -33,6 +33,12 @@
 //! `maddubs`, `madd`, add). Tried for one row and not kept: Q8_0 two block columns per step
 //! with independent sums (1.04 → 1.03), Q6_K's offset from [`QuantizedActs::isum16`] in
 //! one vector per super-block instead of per block from the tile's sums (no change).
+//!
+//! Where the CPU has AVX-512 VNNI, the `VNNI` variants take `vpdpbusd`, which sums each
+//! lane's 4 byte products straight into 32 bits: Q6_K's half-group then needs 4 of them
+//! and one 32-bit multiply by the scales (against 4 `maddubs`, 3 adds and 2 `madd`), Q8_0
+//! one per vector in place of `maddubs`, `madd` and add. `gemv_cached` as above, on a Zen 4
+//! host that shows AVX-512 (3 alternations): Q6_K 0.96 → 0.78 ns, Q8_0 0.80 → 0.67.
 
 use super::avx2_i16::{q6_k_join, q6_k_values};
 use super::ROWS;
