@@ -53,7 +53,7 @@ const _: () = assert!(GEMV_MAX_ROWS <= quant::gemv::MAX_ROWS);
 /// widened for gemm, whose widening of every weight costs more than the extra reads until
 /// about 24 rows (a batch engine's decode step at 16 sequences: 104 ms widened, ~85 ms in
 /// two GEMVs, SmolLM2-135M Q4_1). Not where AVX-512 VNNI runs the integer GEMM. Interleaved
-/// weights take all their rows in one pass instead, up to [`x8_one_pass_max_rows`].
+/// weights take all their rows in one pass instead, up to `x8_one_pass_max_rows`.
 pub const QUANT_GEMV_MAX_ROWS: usize = 16;
 
 /// Up to this many rows, f32 and f16 weights (`[n, k]`) meet all rows of `x` in one pass of
