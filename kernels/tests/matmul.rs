@@ -128,6 +128,9 @@ fn gemv_large_parallel() {
             (3, 576, 2049),
             (8, 1536, 577),
             (1, 1000, 4099),
+            // Several blocks of W's rows in the multi-row GEMV (24 rows of f16 at k = 1000,
+            // 12 of f32), ragged at both ends of each thread's range.
+            (16, 1000, 203),
         ]
     };
     for &(m, k, n) in shapes {

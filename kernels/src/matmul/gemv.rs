@@ -326,8 +326,15 @@ mod gemv_avx2 {
     /// Columns `j0..j1` for two or more rows of `x`: 3 rows of `W` at a time against 4 rows
     /// of `x`, 12 accumulators in registers, so each 8 weights loaded (and widened, for f16)
     /// serve 4 rows of `x` and each 8 activations 3 rows of `W`: 7 loads for 12 FMAs, where
-    /// one row of `W` at a time needs 5 for 4. The 3 rows of `W` are re-read from L1 for the
-    /// next 4 rows of `x`, so `W` comes from memory once per call, for any `m`.
+    /// one row of `W` at a time needs 5 for 4.
+    ///
+    /// `W` goes in blocks of [`w_block_rows`] rows (about 48 KiB): every 4 rows of `x` meet
+    /// the whole block before the next 4 do, so the block is read from memory once per call
+    /// and from cache for the other rows of `x`, and each 4 rows of `x` stay in L1 across the
+    /// block rather than being streamed again for every 3 rows of `W`. With the far prefetch
+    /// in [`tile`], f16 at 2 threads (`gemm_rows`, GMAC/s, before → after, two alternations):
+    /// SmolLM2's output matrix (49152 × 576, from memory) 34–36 → 57–66 at 4 rows, 64–68 →
+    /// 84–88 at 16; 1B's 8192 × 2048 33–36 → 60–65 at 4 rows, 61–64 → 72–83 at 16.
     ///
     /// # Safety
     /// As [`columns`].
@@ -344,34 +351,46 @@ mod gemv_avx2 {
         j0: usize,
         j1: usize,
     ) {
-        let mut j = j0;
-        while j < j1 {
-            let nc = (j1 - j).min(3);
+        let block = w_block_rows(k, size_of::<T>());
+        let mut jb = j0;
+        while jb < j1 {
+            let je = (jb + block).min(j1);
             let mut i = 0;
             while i < m {
                 let mr = (m - i).min(4);
-                macro_rules! go {
-                    ($($r:literal, $c:literal);*) => {
-                        match (mr, nc) {
-                            $(($r, $c) => tile::<T, $r, $c>(y, x, w, bias, k, n, i, j),)*
-                            _ => unreachable!("1 ≤ mr ≤ 4 and 1 ≤ nc ≤ 3"),
-                        }
+                let mut j = jb;
+                while j < je {
+                    let nc = (je - j).min(3);
+                    macro_rules! go {
+                        ($($r:literal, $c:literal);*) => {
+                            match (mr, nc) {
+                                $(($r, $c) => tile::<T, $r, $c>(y, x, w, bias, k, n, i, j),)*
+                                _ => unreachable!("1 ≤ mr ≤ 4 and 1 ≤ nc ≤ 3"),
+                            }
+                        };
+                    }
+                    // SAFETY: i + mr ≤ m and j + nc ≤ je ≤ j1 ≤ n; the rest is the contract.
+                    unsafe {
+                        go!(1, 1; 1, 2; 1, 3; 2, 1; 2, 2; 2, 3; 3, 1; 3, 2; 3, 3; 4, 1; 4, 2; 4, 3)
                     };
+                    j += nc;
                 }
-                // SAFETY: i + mr ≤ m and j + nc ≤ j1 ≤ n; the rest is the contract.
-                unsafe {
-                    go!(1, 1; 1, 2; 1, 3; 2, 1; 2, 2; 2, 3; 3, 1; 3, 2; 3, 3; 4, 1; 4, 2; 4, 3)
-                };
                 i += mr;
             }
-            j += nc;
+            jb = je;
         }
     }
 
-    /// Elements of each row of `W` that [`tile`] prefetches ahead of the ones it loads: on
-    /// SmolLM2's f16 output matrix (49152 × 576, from memory) at 4 rows of `x`, 27–32 GMAC/s
-    /// against 17–21 without and 24–27 at 256, 2 threads.
-    const TILE_PREFETCH: usize = 1024;
+    /// Rows of `W` per block of [`tiles`]: a multiple of 3 (the tile's width), as many as
+    /// fit in [`W_BLOCK_BYTES`] for rows of `k` elements of `size` bytes, and at least 3.
+    fn w_block_rows(k: usize, size: usize) -> usize {
+        (W_BLOCK_BYTES / (k * size).max(1)).max(3) / 3 * 3
+    }
+
+    /// The bytes of `W` in a block of [`tiles`]: with 4 rows of `x` (9 KiB at k = 576) it
+    /// stays within L1 and L2's nearest reach. 24 and 96 KiB measured the same, within the
+    /// host's noise.
+    const W_BLOCK_BYTES: usize = 48 << 10;
 
     /// `y[i0 + r, j0 + c] = x[i0 + r, :]·W[j0 + c, :] + b[j0 + c]` for `r < R`, `c < C`.
     ///
@@ -398,15 +417,19 @@ mod gemv_avx2 {
             let wp = w.as_ptr().add(j0 * k);
             let xp = x.as_ptr().add(i0 * k);
             let mut acc = [[_mm256_setzero_ps(); C]; R];
+            let ahead = (wp as *const u8).wrapping_add(FAR_AHEAD);
             let mut p = 0;
             while p + 8 <= k {
                 let mut wv = [_mm256_setzero_ps(); C];
+                // Rows j0..j0 + C of W lie back to back, and the tiles of a block follow
+                // each other through them: one stream, asked for FAR_AHEAD bytes ahead into
+                // L2 at the rate it is read (C·8 weights per step: one line for f16, two for
+                // f32). This replaced a prefetch of each row 1024 elements ahead into L1,
+                // which left the tile waiting on memory.
+                for line in (0..C * 8 * size_of::<T>()).step_by(64) {
+                    prefetch_far(ahead.wrapping_add(C * size_of::<T>() * p + line));
+                }
                 for (c, v) in wv.iter_mut().enumerate() {
-                    // C streams of W at once defeat the hardware prefetcher from memory (the
-                    // m = 1 path keeps one): ask for each row's bytes a few lines ahead.
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        wp.wrapping_add(c * k + p + TILE_PREFETCH) as *const i8
-                    );
                     *v = T::load8(wp.add(c * k + p));
                 }
                 for (r, a) in acc.iter_mut().enumerate() {
