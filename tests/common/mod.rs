@@ -21,6 +21,14 @@ pub const F32_TOL: f32 = 1e-5;
 /// arithmetic differs, as with f32 weights (the cases pass at F32_TOL; this leaves 2×).
 pub const F16_TOL: f32 = 2e-5;
 
+/// A fresh directory for test `tag`'s files under the system's temporary directory, unique
+/// to this process.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("qkv-test-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 /// A file under `tests/fixtures/seq2seq/`.
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
