@@ -332,9 +332,9 @@ mod gemv_avx2 {
     /// the whole block before the next 4 do, so the block is read from memory once per call
     /// and from cache for the other rows of `x`, and each 4 rows of `x` stay in L1 across the
     /// block rather than being streamed again for every 3 rows of `W`. With the far prefetch
-    /// in [`tile`], f16 at 2 threads (`gemm_rows`, GMAC/s, before → after, two alternations):
-    /// SmolLM2's output matrix (49152 × 576, from memory) 34–36 → 57–66 at 4 rows, 64–68 →
-    /// 84–88 at 16; 1B's 8192 × 2048 33–36 → 60–65 at 4 rows, 61–64 → 72–83 at 16.
+    /// in [`tile`], f16 at 2 threads (`gemm_rows`, GMAC/s, before → after, alternated):
+    /// SmolLM2's output matrix (49152 × 576, from memory) 36–40 → 71–81 at 4 rows, 58–72 →
+    /// 85–90 at 16; 1B's 8192 × 2048 33–36 → 60–65 at 4 rows, 61–64 → 72–83 at 16.
     ///
     /// # Safety
     /// As [`columns`].
