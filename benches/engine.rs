@@ -20,7 +20,8 @@
 //! sitting) and as a fraction of the same file's prefill tokens/s (one 512-token prompt read
 //! in one step, the fastest of 5). Fastest, not median: on a shared host other jobs (and
 //! benchmarks that stop niced processes) only ever slow a sample down. Attention, norms and sampling are not counted as FLOP, so the share
-//! is of useful matrix work only. `QKV_ENGINE_MODEL=FILE` runs the summary on another GGUF
+//! is of useful matrix work only. A step's tokens each go through the output head; a
+//! prompt's only once, for its last token, and prefill's share counts it so. `QKV_ENGINE_MODEL=FILE` runs the summary on another GGUF
 //! (criterion's groups stay on the default model).
 //!
 //! Run: `cargo bench --bench engine [-- FILTER]`.
@@ -155,6 +156,9 @@ fn summary() {
     };
     let model = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
     let flop = flop_per_token(&model);
+    // A prompt's positions skip the output head but for the last one.
+    let head = 2.0 * (model.config().vocab * model.config().dim) as f64;
+    let prefill_flop = flop - head + head / 512.0;
     let isa = qkv_kernels::probe::FmaIsa::widest();
     let peak = |rounds| {
         max((0..5)
@@ -191,7 +195,7 @@ fn summary() {
         path.display(),
         flop / 1e9,
         isa.map_or("none", |i| i.name()),
-        100.0 * prefill * flop / (gflops * 1e9)
+        100.0 * prefill * prefill_flop / (gflops * 1e9)
     );
     println!("| B | step ms | tok/s | share of FMA peak | tok/s / prefill tok/s |");
     println!("|---|---|---|---|---|");
