@@ -6,10 +6,13 @@
 //! - `x` is packed once per call into panels of [`MR`] rows, [`KC`] values of `k` at a time
 //!   (`k`-major inside a panel): one read of `x` serves every block of `W`.
 //! - Each thread claims blocks of up to [`NC`] rows of `W` from a shared counter; for each
-//!   [`KC`]-slice of `k` it widens the block into micro-panels of [`NR`] rows, transposed so
-//!   that one step of `k` is 16 consecutive f32 (256 KiB at most: it stays in L2).
+//!   [`KC`]-slice of `k` it widens the block into micro-panels of [`NR`] rows (or [`NR512`]),
+//!   transposed so that one step of `k` is one micro-panel row of f32 (256 KiB at most: it
+//!   stays in L2).
 //! - The micro-kernel keeps a tile of `y` (6 rows of `x` × 16 rows of `W`) in 12 registers:
-//!   per step of `k`, 2 loads of `W` and 6 broadcasts of `x` feed 12 FMAs.
+//!   per step of `k`, 2 loads of `W` and 6 broadcasts of `x` feed 12 FMAs. Where the CPU has
+//!   AVX-512 the tile is 6 × [`NR512`] in 512-bit registers, the same 12 FMAs doing twice
+//!   the work.
 //!
 //! Each output is one FMA chain over `k` in order, starting from the bias (or zero): the
 //! sum of the scalar reference in the same order, with the bias added first.
@@ -20,6 +23,14 @@
 //! GMAC/s, 92% of the peak, against 37–39 (85%) before. In a 512-token F16 prefill the
 //! profile went from gemm's micro-kernel 84%, its packing 7% and our widening 2% to this
 //! micro-kernel 92% and packing `x` 1.5%; attention is 2%.
+//!
+//! The 512-bit tile and packing `x` in the order it is stored (sequential writes, 6 rows
+//! read at once), Zen 4, prefill of 512 tokens on 2 threads, alternated three times against
+//! the 256-bit tile with the old packing: SmolLM2 F16 685–756 → 776–784 tokens/s, 1B-shaped
+//! F16 91–96 → 92–101 (the 512-bit tile alone). Packing fell from 5.9% to 2.3% of
+//! SmolLM2's prefill. Tried and not kept: no packing at all (the
+//! tile broadcasting straight from 6 rows of `x`: 1B 94–98 → 89–90 tokens/s), 12-row tiles
+//! and `KC` of 128 or 512 (no better, one thread).
 
 use crate::par::SharedOut;
 use crate::simd::avx2::transpose8;
@@ -33,6 +44,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 const MR: usize = 6;
 /// Rows of `W` (columns of `y`) per micro-tile: two 8-lane vectors.
 const NR: usize = 16;
+/// Rows of `W` per micro-tile of the 512-bit kernel: two 16-lane vectors.
+const NR512: usize = 32;
 /// Values of `k` per slice: a packed panel of `x` (6 KiB) stays in L1 while the tile walks
 /// the block of `W`.
 const KC: usize = 256;
@@ -87,14 +100,43 @@ pub(super) fn gemm(
     }
     pack_x(&mut xp[..m_pad * k], x, m, k);
 
+    if crate::simd::has_avx512() {
+        // SAFETY: AVX-512 F and VL are present (has_avx512), besides AVX2/FMA/F16C.
+        unsafe { run_blocks::<NR512>(y, &xp[..m_pad * k], w, bias, m, k, n) };
+    } else {
+        // SAFETY: AVX2/FMA/F16C are present (asserted above).
+        unsafe { run_blocks::<NR>(y, &xp[..m_pad * k], w, bias, m, k, n) };
+    }
+    PACKED_X.with(|p| {
+        let mut kept = p.borrow_mut();
+        if kept.len() < xp.len() {
+            *kept = xp;
+        }
+    });
+}
+
+/// The blocks of `W`, claimed from a shared counter by the pool's threads, each multiplied by
+/// [`block_avx512`] when `R` is [`NR512`], else by [`block_avx2`] (`R` is [`NR`]).
+///
+/// # Safety
+/// The CPU has the features of the block kernel taken; `xp` is `x` packed by [`pack_x`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_blocks<const R: usize>(
+    y: &mut [f32],
+    xp_ref: &[f32],
+    w: &[f16],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+) {
     let threads = rayon::current_num_threads();
-    let nc = NC.min(n.div_ceil(threads).next_multiple_of(NR));
+    let nc = NC.min(n.div_ceil(threads).next_multiple_of(R));
     let blocks = n.div_ceil(nc);
     let next = AtomicUsize::new(0);
     let out = SharedOut(y.as_mut_ptr());
-    let xp_ref = &xp[..m_pad * k];
     let work = || {
-        let mut wb = vec![0.0f32; nc.next_multiple_of(NR) * KC];
+        let mut wb = vec![0.0f32; nc.next_multiple_of(R) * KC];
         loop {
             let b = next.fetch_add(1, Ordering::Relaxed);
             if b >= blocks {
@@ -102,9 +144,16 @@ pub(super) fn gemm(
             }
             let j0 = b * nc;
             let j1 = (j0 + nc).min(n);
-            // SAFETY: AVX2/FMA/F16C are available (asserted); this task alone writes columns
-            // j0..j1 of y (blocks are claimed once each); the shapes were asserted above.
-            unsafe { block(out, xp_ref, w, bias, m, k, n, j0, j1, &mut wb) };
+            // SAFETY: the kernel's features are present (the contract); this task alone
+            // writes columns j0..j1 of y (blocks are claimed once each); the shapes were
+            // asserted by the caller.
+            unsafe {
+                if R == NR512 {
+                    block_avx512(out, xp_ref, w, bias, m, k, n, j0, j1, &mut wb)
+                } else {
+                    block_avx2(out, xp_ref, w, bias, m, k, n, j0, j1, &mut wb)
+                }
+            };
         }
     };
     if threads <= 1 || blocks <= 1 {
@@ -114,12 +163,6 @@ pub(super) fn gemm(
             .into_par_iter()
             .for_each(|_| work());
     }
-    PACKED_X.with(|p| {
-        let mut kept = p.borrow_mut();
-        if kept.len() < xp.len() {
-            *kept = xp;
-        }
-    });
 }
 
 /// Packs `x[m, k]` into `xp` (`m_pad·k` values, `m_pad` = `m` rounded up to [`MR`]): for each
@@ -135,13 +178,29 @@ fn pack_x(xp: &mut [f32], x: &[f32], m: usize, k: usize) {
         while p0 < k {
             let kc = KC.min(k - p0);
             let base = p0 * m_pad + ip * MR * kc;
-            for r in 0..MR {
+            // SAFETY: base + MR·kc ≤ (p0 + kc)·m_pad ≤ m_pad·k = xp.len(); each panel ip
+            // writes only its own MR·kc values of each slice.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(base), MR * kc) };
+            let rows: [&[f32]; MR] = core::array::from_fn(|r| {
                 let i = ip * MR + r;
-                for p in 0..kc {
-                    let v = if i < m { x[i * k + p0 + p] } else { 0.0 };
-                    // SAFETY: base + p·MR + r < (p0 + kc)·m_pad ≤ m_pad·k = xp.len(); each
-                    // panel ip writes only its own MR·kc values of each slice.
-                    unsafe { *out.get().add(base + p * MR + r) = v };
+                if i < m {
+                    &x[i * k + p0..][..kc]
+                } else {
+                    &[]
+                }
+            });
+            // In the order of the packed panel, so the writes run sequentially.
+            if ip * MR + MR <= m {
+                for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
+                    for (d, row) in d.iter_mut().zip(&rows) {
+                        *d = row[p];
+                    }
+                }
+            } else {
+                for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
+                    for (d, row) in d.iter_mut().zip(&rows) {
+                        *d = row.get(p).copied().unwrap_or(0.0);
+                    }
                 }
             }
             p0 += kc;
@@ -163,7 +222,53 @@ fn pack_x(xp: &mut [f32], x: &[f32], m: usize, k: usize) {
 /// `(j1 − j0)` rounded up to [`NR`] times [`KC`] values.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block(
+unsafe fn block_avx2(
+    y: SharedOut,
+    xp: &[f32],
+    w: &[f16],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+    j0: usize,
+    j1: usize,
+    wb: &mut [f32],
+) {
+    // SAFETY: the contract, with this function's features.
+    unsafe { block::<NR>(y, xp, w, bias, m, k, n, j0, j1, wb) }
+}
+
+/// [`block_avx2`] with micro-tiles of [`NR512`] rows of `W` in 512-bit vectors: half the
+/// instructions per multiply-add, which CPUs that split 512-bit operations (Zen 4) also
+/// turn into a higher rate (its FMA probe: 117 against 110 GFLOP/s on one core).
+///
+/// # Safety
+/// As [`block_avx2`], and AVX-512 F and VL.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn block_avx512(
+    y: SharedOut,
+    xp: &[f32],
+    w: &[f16],
+    bias: Option<&[f32]>,
+    m: usize,
+    k: usize,
+    n: usize,
+    j0: usize,
+    j1: usize,
+    wb: &mut [f32],
+) {
+    // SAFETY: the contract, with this function's features.
+    unsafe { block::<NR512>(y, xp, w, bias, m, k, n, j0, j1, wb) }
+}
+
+/// The body of [`block_avx2`] and [`block_avx512`], for micro-tiles of `R` rows of `W`.
+///
+/// # Safety
+/// As theirs; inlined into them, it runs with their features.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn block<const R: usize>(
     y: SharedOut,
     xp: &[f32],
     w: &[f16],
@@ -177,18 +282,18 @@ unsafe fn block(
 ) {
     let panels = m.div_ceil(MR);
     let m_pad = panels * MR;
-    let micro = (j1 - j0).div_ceil(NR);
-    debug_assert!(wb.len() >= micro * NR * KC);
+    let micro = (j1 - j0).div_ceil(R);
+    debug_assert!(wb.len() >= micro * R * KC);
     let mut p0 = 0;
     while p0 < k {
         let kc = KC.min(k - p0);
         for jp in 0..micro {
-            let jr = j0 + jp * NR;
-            // SAFETY: the micro-panel jp of wb holds kc·NR values (wb's size, above); rows
+            let jr = j0 + jp * R;
+            // SAFETY: the micro-panel jp of wb holds kc·R values (wb's size, above); rows
             // jr.. of W lie in w (only those below j1 ≤ n are read).
             unsafe {
-                pack_w(
-                    &mut wb[jp * NR * kc..(jp + 1) * NR * kc],
+                pack_w::<R>(
+                    &mut wb[jp * R * kc..(jp + 1) * R * kc],
                     w,
                     k,
                     jr,
@@ -204,10 +309,10 @@ unsafe fn block(
             let i0 = ip * MR;
             let rows = MR.min(m - i0);
             for jp in 0..micro {
-                let jr = j0 + jp * NR;
-                let cols = NR.min(j1 - jr);
-                let bp = &wb[jp * NR * kc..][..NR * kc];
-                let mut init = [0.0f32; NR];
+                let jr = j0 + jp * R;
+                let cols = R.min(j1 - jr);
+                let bp = &wb[jp * R * kc..][..R * kc];
+                let mut init = [0.0f32; R];
                 if let (true, Some(b)) = (first, bias) {
                     init[..cols].copy_from_slice(&b[jr..jr + cols]);
                 }
@@ -215,22 +320,22 @@ unsafe fn block(
                 // inside y and this call's own (the contract).
                 unsafe {
                     let c = y.get().add(i0 * n + jr);
-                    if rows == MR && cols == NR {
-                        tile(kc, a, bp, c, n, !first, &init);
+                    if rows == MR && cols == R {
+                        tile::<R>(kc, a, bp, c, n, !first, &init);
                     } else {
                         // A ragged tile runs on a full-size copy, then writes back its part.
-                        let mut t = [0.0f32; MR * NR];
+                        let mut t = [0.0f32; MR * NR512];
                         if !first {
                             for r in 0..rows {
                                 for q in 0..cols {
-                                    t[r * NR + q] = *c.add(r * n + q);
+                                    t[r * R + q] = *c.add(r * n + q);
                                 }
                             }
                         }
-                        tile(kc, a, bp, t.as_mut_ptr(), NR, !first, &init);
+                        tile::<R>(kc, a, bp, t.as_mut_ptr(), R, !first, &init);
                         for r in 0..rows {
                             for q in 0..cols {
-                                *c.add(r * n + q) = t[r * NR + q];
+                                *c.add(r * n + q) = t[r * R + q];
                             }
                         }
                     }
@@ -241,13 +346,13 @@ unsafe fn block(
     }
 }
 
-/// Widens rows `jr..jr + NR` (those below `j_end`; the rest zero) and values `p0..p0 + kc` of
-/// `W[n, k]` into `dst` (`kc·NR`), `k`-major: `dst[p·NR + c] = W[jr + c, p0 + p]`.
+/// Widens rows `jr..jr + R` (those below `j_end`; the rest zero) and values `p0..p0 + kc` of
+/// `W[n, k]` into `dst` (`kc·R`), `k`-major: `dst[p·R + c] = W[jr + c, p0 + p]`.
 ///
 /// # Safety
-/// AVX2 and F16C; rows `jr..min(jr + NR, j_end)` of `w` exist, `p0 + kc ≤ k`.
+/// AVX2 and F16C; rows `jr..min(jr + R, j_end)` of `w` exist, `p0 + kc ≤ k`.
 #[inline(always)]
-unsafe fn pack_w(
+unsafe fn pack_w<const R: usize>(
     dst: &mut [f32],
     w: &[f16],
     k: usize,
@@ -256,24 +361,24 @@ unsafe fn pack_w(
     p0: usize,
     kc: usize,
 ) {
-    debug_assert_eq!(dst.len(), kc * NR);
-    let full = jr + NR <= j_end;
+    debug_assert_eq!(dst.len(), kc * R);
+    let full = jr + R <= j_end;
     let mut p = 0;
     if full {
         // Eight rows by eight values at a time: widened, then transposed in registers.
         while p + 8 <= kc {
-            for half in 0..2 {
+            for part in 0..R / 8 {
                 // SAFETY: rows jr + 8·half + r < j_end ≤ n and values p0 + p..p0 + p + 8 ≤ k
-                // lie inside w; the stores write dst[(p + q)·NR + 8·half..+8] < kc·NR.
+                // lie inside w; the stores write dst[(p + q)·R + 8·half..+8] < kc·R.
                 unsafe {
                     let mut rows = [_mm256_setzero_ps(); 8];
                     for (r, v) in rows.iter_mut().enumerate() {
-                        let src = w.as_ptr().add((jr + 8 * half + r) * k + p0 + p);
+                        let src = w.as_ptr().add((jr + 8 * part + r) * k + p0 + p);
                         *v = _mm256_cvtph_ps(_mm_loadu_si128(src as *const __m128i));
                     }
                     let t = transpose8(rows);
                     for (q, v) in t.iter().enumerate() {
-                        _mm256_storeu_ps(dst.as_mut_ptr().add((p + q) * NR + 8 * half), *v);
+                        _mm256_storeu_ps(dst.as_mut_ptr().add((p + q) * R + 8 * part), *v);
                     }
                 }
             }
@@ -281,9 +386,9 @@ unsafe fn pack_w(
         }
     }
     for p in p..kc {
-        for c in 0..NR {
+        for c in 0..R {
             let j = jr + c;
-            dst[p * NR + c] = if j < j_end {
+            dst[p * R + c] = if j < j_end {
                 w[j * k + p0 + p].to_f32()
             } else {
                 0.0
@@ -292,26 +397,60 @@ unsafe fn pack_w(
     }
 }
 
-/// The micro-kernel: `c[r, q] = init + Σ_p a[p·MR + r] · b[p·NR + q]` over `p < kc` for the
-/// 6 × 16 tile at `c` (row stride `ldc`), where `init` is `c` itself when `load`, else `bias`.
+/// The micro-kernel: `c[r, q] = init + Σ_p a[p·MR + r] · b[p·R + q]` over `p < kc` for the
+/// 6 × `R` tile at `c` (row stride `ldc`), where `init` is `c` itself when `load`, else
+/// `bias`. `R` is [`NR`] (256-bit vectors) or [`NR512`] (512-bit).
 ///
 /// # Safety
-/// AVX2 and FMA; `a` holds `kc·MR` values, `b` `kc·NR`, and `c` 6 rows of 16 writable floats
-/// at stride `ldc`.
+/// AVX2 and FMA (and AVX-512 F when `R` is [`NR512`]); `a` holds `kc·MR` values, `b` `kc·R`,
+/// and `c` 6 rows of `R` writable floats at stride `ldc`.
 #[inline(always)]
-unsafe fn tile(
+unsafe fn tile<const R: usize>(
     kc: usize,
     a: &[f32],
     b: &[f32],
     c: *mut f32,
     ldc: usize,
     load: bool,
-    bias: &[f32; NR],
+    bias: &[f32; R],
 ) {
-    debug_assert!(a.len() >= kc * MR && b.len() >= kc * NR);
-    // SAFETY: the loads read a[p·MR + r] and b[p·NR..+16] for p < kc (inside the slices);
+    debug_assert!(a.len() >= kc * MR && b.len() >= kc * R);
+    // SAFETY: the loads read a[p·MR + r] and b[p·R..+R] for p < kc (inside the slices);
     // c's rows are the contract.
     unsafe {
+        if R == NR512 {
+            let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+            if load {
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    acc[0] = _mm512_loadu_ps(c.add(r * ldc));
+                    acc[1] = _mm512_loadu_ps(c.add(r * ldc + 16));
+                }
+            } else {
+                let b0 = _mm512_loadu_ps(bias.as_ptr());
+                let b1 = _mm512_loadu_ps(bias.as_ptr().add(16));
+                for acc in acc.iter_mut() {
+                    *acc = [b0, b1];
+                }
+            }
+            let (mut ap, mut bp) = (a.as_ptr(), b.as_ptr());
+            for _ in 0..kc {
+                let b0 = _mm512_loadu_ps(bp);
+                let b1 = _mm512_loadu_ps(bp.add(16));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let av = _mm512_set1_ps(*ap.add(r));
+                    acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+                }
+                ap = ap.add(MR);
+                bp = bp.add(R);
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(c.add(r * ldc), acc[0]);
+                _mm512_storeu_ps(c.add(r * ldc + 16), acc[1]);
+            }
+            return;
+        }
+        debug_assert_eq!(R, NR);
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         if load {
             for (r, acc) in acc.iter_mut().enumerate() {
@@ -335,7 +474,7 @@ unsafe fn tile(
                 acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
             }
             ap = ap.add(MR);
-            bp = bp.add(NR);
+            bp = bp.add(R);
         }
         for (r, acc) in acc.iter().enumerate() {
             _mm256_storeu_ps(c.add(r * ldc), acc[0]);
