@@ -22,7 +22,8 @@
 //! benchmarks that stop niced processes) only ever slow a sample down. Attention, norms and sampling are not counted as FLOP, so the share
 //! is of useful matrix work only. A step's tokens each go through the output head; a
 //! prompt's only once, for its last token, and prefill's share counts it so. `QKV_ENGINE_MODEL=FILE` runs the summary on another GGUF
-//! (criterion's groups stay on the default model).
+//! (criterion's groups stay on the default model); `QKV_ENGINE_BATCHES=16,64` takes other
+//! values of B, and `QKV_ENGINE_STEPS=N` times N steps instead of 15 (to profile the steps).
 //!
 //! Run: `cargo bench --bench engine [-- FILTER]`.
 
@@ -148,6 +149,21 @@ fn prompt(n: u32, seed: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The comma-separated numbers in the variable `name`, or `default` when it is unset.
+fn env_list(name: &str, default: &[u32]) -> Vec<u32> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .split(',')
+            .map(|t| {
+                t.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{name}: not a number: {t}"))
+            })
+            .collect(),
+        Err(_) => default.to_vec(),
+    }
+}
+
 /// `engine/summary`: decode steps at B = 1, 4, 16, 64 against the FMA peak and prefill.
 fn summary() {
     let path = match std::env::var_os("QKV_ENGINE_MODEL") {
@@ -199,7 +215,7 @@ fn summary() {
     );
     println!("| B | step ms | tok/s | share of FMA peak | tok/s / prefill tok/s |");
     println!("|---|---|---|---|---|");
-    for b in [1u32, 4, 16, 64] {
+    for b in env_list("QKV_ENGINE_BATCHES", &[1, 4, 16, 64]) {
         let mut engine = Engine::new(
             model.clone(),
             EngineOptions {
@@ -222,7 +238,8 @@ fn summary() {
             engine.step(&mut events).unwrap();
         }
         assert_eq!(engine.running(), b as usize);
-        let secs = min((0..15)
+        let steps = env_list("QKV_ENGINE_STEPS", &[15])[0].max(1);
+        let secs = min((0..steps)
             .map(|_| {
                 events.clear();
                 let t = Instant::now();

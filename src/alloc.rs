@@ -4,6 +4,15 @@
 use crate::error::{Error, Result};
 pub(crate) use qkv_kernels::pages::Pages;
 
+/// An empty vector of `U` that keeps `v`'s buffer when the two layouts agree, as for one
+/// type at two lifetimes (a vector of borrowing items kept between steps, empty, so that a
+/// step does not allocate): collecting an emptied `Vec` into one of the same layout reuses
+/// its allocation.
+pub(crate) fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("emptied")).collect()
+}
+
 /// `len` zeros for a large buffer (a KV cache, scratch, logits, widened weights), or
 /// [`Error::AllocationRefused`] naming `what()` and the bytes asked for when the allocator
 /// refuses, instead of the abort of `vec![0; len]`. The pages come zeroed from the OS as with

@@ -278,13 +278,6 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// An empty vector of segments of any lifetime, reusing `v`'s allocation (collecting an
-/// emptied `Vec` into one of the same layout keeps its buffer).
-fn reuse<'a, 'b>(mut v: Vec<Segment<'a>>) -> Vec<Segment<'b>> {
-    v.clear();
-    v.into_iter().map(|_| unreachable!("emptied")).collect()
-}
-
 impl Engine {
     /// An engine over `model` (with or without a tokenizer: ids in, ids out; the tokenizer's
     /// end-of-sequence token, when there is one, ends a sequence). [`Error::Config`] when a
@@ -526,7 +519,7 @@ impl Engine {
         let vocab = self.model.vocab_size();
         let decoder = self.model.decoder();
         let wanted = self.plan.iter().filter(|p| p.2).count();
-        let mut segments = reuse(std::mem::take(&mut self.segments));
+        let mut segments = crate::alloc::recycle(std::mem::take(&mut self.segments));
         let mut plan = self.plan.iter().peekable();
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(&(_, n, wants)) = plan.next_if(|p| p.0 == i) else {
@@ -550,7 +543,7 @@ impl Engine {
         // of injecting every one into the pool from outside.
         let (scratch, logits) = (&mut self.scratch, &mut self.logits[..wanted * vocab]);
         let result = rayon::scope(|_| decoder.forward_batch(&mut segments, scratch, logits));
-        self.segments = reuse(segments);
+        self.segments = crate::alloc::recycle(segments);
         result
     }
 

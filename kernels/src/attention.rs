@@ -526,6 +526,68 @@ pub fn attention(
     Ok(())
 }
 
+/// One call of [`attention_many`]: the arguments of [`attention`].
+pub struct AttentionCall<'a> {
+    /// The queries.
+    pub q: QueryView<'a>,
+    /// The keys.
+    pub k: KvView<'a>,
+    /// The values.
+    pub v: KvView<'a>,
+    /// The mask.
+    pub mask: AttentionMask<'a>,
+    /// The scale of the scores (`None`: `1/√d_qk`).
+    pub scale: Option<f32>,
+    /// The output `[tq, heads, d_v]`, overwritten.
+    pub out: &'a mut [f32],
+}
+
+/// Several independent attention calls at once, such as every sequence's attention in a
+/// batched decode step: each output equals what [`attention`] gives for its call alone, bit
+/// for bit, but the work items of all the calls run in one pass over rayon's pool, so a
+/// step hands off to the threads once instead of once per sequence and short calls balance
+/// each other. Errors as [`attention`] would on any call, before anything runs.
+///
+/// ```
+/// use qkv_kernels::{attention, attention_many, AttentionCall, AttentionMask, KvView, QueryView};
+/// // Two sequences decoding one token each (2 heads of 4, one KV head), at 3 and 5 keys.
+/// let q = [0.5f32; 8];
+/// let (k3, v3) = (vec![0.25f32; 3 * 4], vec![1.0f32; 3 * 4]);
+/// let (k5, v5) = (vec![-0.5f32; 5 * 4], vec![2.0f32; 5 * 4]);
+/// let (mut a, mut b) = (vec![0.0; 8], vec![0.0; 8]);
+/// let mut calls = [
+///     AttentionCall {
+///         q: QueryView::contiguous(&q, 1, 2, 4),
+///         k: KvView::contiguous_f32(&k3, 3, 1, 4),
+///         v: KvView::contiguous_f32(&v3, 3, 1, 4),
+///         mask: AttentionMask::causal(2),
+///         scale: None,
+///         out: &mut a,
+///     },
+///     AttentionCall {
+///         q: QueryView::contiguous(&q, 1, 2, 4),
+///         k: KvView::contiguous_f32(&k5, 5, 1, 4),
+///         v: KvView::contiguous_f32(&v5, 5, 1, 4),
+///         mask: AttentionMask::causal(4),
+///         scale: None,
+///         out: &mut b,
+///     },
+/// ];
+/// attention_many(&mut calls)?;
+/// let mut alone = vec![0.0; 8];
+/// let (k, v) = (KvView::contiguous_f32(&k5, 5, 1, 4), KvView::contiguous_f32(&v5, 5, 1, 4));
+/// let q = QueryView::contiguous(&q, 1, 2, 4);
+/// attention(&q, &k, &v, &AttentionMask::causal(4), None, &mut alone)?;
+/// assert_eq!(b, alone);
+/// # Ok::<(), qkv_kernels::KernelError>(())
+/// ```
+pub fn attention_many(calls: &mut [AttentionCall<'_>]) -> Result<()> {
+    for c in calls.iter() {
+        validate(&c.q, &c.k, &c.v, &c.mask, c.scale, c.out.len())?;
+    }
+    streaming::run_many(calls)
+}
+
 /// [`attention`] computed with the scalar micro-kernels only: the same blocking, masking and
 /// splitting, with plain loops in place of the SIMD tiles. The reference the SIMD path is
 /// tested against, and the fallback on CPUs without AVX2/FMA/F16C.

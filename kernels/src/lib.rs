@@ -58,7 +58,10 @@ pub mod quant;
 pub mod rope;
 pub mod simd;
 
-pub use attention::{attention, attention_with_probs, AttentionMask, KvData, KvView, QueryView};
+pub use attention::{
+    attention, attention_many, attention_with_probs, AttentionCall, AttentionMask, KvData, KvView,
+    QueryView,
+};
 pub use error::{KernelError, Result};
 pub use half::f16;
 pub use matmul::{linear, linear_many, Projection, Weights};

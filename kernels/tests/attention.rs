@@ -806,3 +806,6 @@ fn decode_on_a_wide_pool_matches_the_reference() {
 
 #[path = "attention/nonfinite.rs"]
 mod nonfinite;
+
+#[path = "attention/many.rs"]
+mod many;

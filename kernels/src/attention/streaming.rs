@@ -22,7 +22,7 @@
 //! cache). With the keys split across items (decode), the partial states are merged at the
 //! end.
 
-use super::{AttentionMask, Dims, KvView, QueryView};
+use super::{AttentionCall, AttentionMask, Dims, KvView, QueryView};
 use micro::Scalar;
 pub(super) use scratch::{reserve, ScratchSizes};
 
@@ -108,6 +108,16 @@ pub(super) fn run(call: &Call<'_>, out: &mut [f32]) {
         return driver::run_with::<avx2::Avx2>(call, out);
     }
     driver::run_with::<Scalar>(call, out)
+}
+
+/// Runs several calls at once with the fastest micro-kernels this CPU has, each output
+/// equal to its call run by [`run`] alone. The calls must have passed [`super::validate`].
+pub(super) fn run_many(calls: &mut [AttentionCall<'_>]) -> super::Result<()> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma_f16c() {
+        return driver::run_many_with::<avx2::Avx2>(calls);
+    }
+    driver::run_many_with::<Scalar>(calls)
 }
 
 /// Runs attention with the scalar micro-kernels only (the reference path).

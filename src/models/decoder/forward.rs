@@ -6,7 +6,7 @@ use super::moe::Ffn;
 use super::{Activation, Decoder, DecoderState, KvCache, Scratch};
 use crate::error::{Error, Result};
 use qkv_kernels::activation::{add_inplace, geglu_tanh, softcap_inplace, swiglu};
-use qkv_kernels::{attention, linear_many, AttentionMask, QueryView};
+use qkv_kernels::{attention_many, linear_many, AttentionCall, AttentionMask, QueryView};
 
 /// One sequence's share of a [`Decoder::forward_batch`] pass: `tokens` at absolute
 /// positions `pos0..pos0 + tokens.len()`, appended to `cache` (positions before `pos0` must
@@ -287,6 +287,7 @@ impl Decoder {
         let att = &mut s.att[..t * qd];
         let (gate_buf, up_buf, hidden_buf) = (&mut s.gate, &mut s.up, &mut s.hidden);
         let mut moe_scratch = s.moe.as_mut();
+        let mut kept_calls = std::mem::take(&mut s.calls);
 
         for (l, b) in self.blocks.iter().enumerate() {
             // Attention.
@@ -319,28 +320,37 @@ impl Decoder {
                 let q = &mut q[rows.start * qd..rows.end * qd];
                 let k = &mut k[rows.start * kvd..rows.end * kvd];
                 let v = &v[rows.start * kvd..rows.end * kvd];
-                let att = &mut att[rows.start * qd..rows.end * qd];
                 rope.apply(q, n, c.heads, pos0, c.rope_style)?;
                 rope.apply(k, n, c.kv_heads, pos0, c.rope_style)?;
-                let cache = &mut *seg.cache;
-                cache.keys.write(l, pos0, k)?;
-                cache.values.write(l, pos0, v)?;
+                seg.cache.keys.write(l, pos0, k)?;
+                seg.cache.values.write(l, pos0, v)?;
+            }
+            // Every segment's attention over its own cache, in one pass over the threads
+            // (each output as the segment's call alone would give it).
+            let mut calls = crate::alloc::recycle(kept_calls);
+            let (mut q_rest, mut att_rest) = (&q[..], &mut att[..]);
+            for seg in segments.iter() {
+                let (n, pos0) = (seg.tokens.len(), seg.pos0);
+                let (q_seg, q_next) = q_rest.split_at(n * qd);
+                let (att_seg, att_next) = std::mem::take(&mut att_rest).split_at_mut(n * qd);
+                (q_rest, att_rest) = (q_next, att_next);
                 let seen = pos0 + n;
-                let (keys, values) = (cache.keys.view(l, seen), cache.values.view(l, seen));
                 let mut mask = match window {
                     Some(w) => AttentionMask::sliding(pos0, w),
                     None => AttentionMask::causal(pos0),
                 };
                 mask.softcap = c.attn_softcap;
-                attention(
-                    &QueryView::contiguous(q, n, c.heads, c.head_dim),
-                    &keys,
-                    &values,
-                    &mask,
-                    Some(attn_scale),
-                    att,
-                )?;
+                calls.push(AttentionCall {
+                    q: QueryView::contiguous(q_seg, n, c.heads, c.head_dim),
+                    k: seg.cache.keys.view(l, seen),
+                    v: seg.cache.values.view(l, seen),
+                    mask,
+                    scale: Some(attn_scale),
+                    out: att_seg,
+                });
             }
+            attention_many(&mut calls)?;
+            kept_calls = crate::alloc::recycle(calls);
             b.wo.forward_into(att, t, xn)?;
             if let Some(n) = &b.attn_post_norm {
                 n.forward_inplace(xn)?;
@@ -381,6 +391,7 @@ impl Decoder {
             }
             add_inplace(x, xn)?;
         }
+        s.calls = kept_calls;
         for seg in segments.iter_mut() {
             seg.cache.filled = seg.pos0 + seg.tokens.len();
         }

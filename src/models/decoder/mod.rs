@@ -673,6 +673,7 @@ impl Decoder {
                 .as_ref()
                 .map(|m| MoeScratch::new(c, m, rows))
                 .transpose()?,
+            calls: Vec::new(),
         })
     }
 }

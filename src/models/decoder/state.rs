@@ -289,6 +289,9 @@ pub struct Scratch {
     pub(super) hidden: Vec<f32>,
     /// The mixture of experts' buffers, for a model that has one.
     pub(super) moe: Option<super::MoeScratch>,
+    /// The attention calls of a pass's segments, kept empty between passes (see
+    /// [`recycle`](crate::alloc::recycle)).
+    pub(super) calls: Vec<qkv_kernels::AttentionCall<'static>>,
 }
 
 impl std::fmt::Debug for Scratch {

@@ -8,7 +8,9 @@ use super::micro::{Block, Micro, Scalar};
 use super::plan::Plan;
 use super::scratch::{try_grow, Scratch, PACKED, PARTIALS, SCRATCH};
 use super::{Call, Ctx, Dims, Item, Packed, IN_PLACE_MAX_ROWS, KB};
+use crate::attention::{validate, AttentionCall};
 use crate::par::SharedOut;
+use crate::Result;
 use rayon::prelude::*;
 
 /// Runs the call with the micro-kernels `M`.
@@ -101,16 +103,123 @@ pub(super) fn run_with<M: Micro + ProcessItem>(call: &Call<'_>, out: &mut [f32])
     merge_splits::<M>(&ctx, &plan, out);
 }
 
+/// Most calls [`run_many_with`] takes in one pass: its bookkeeping lives on the stack (a
+/// decode step allocates nothing), and a batch of more calls goes in passes of this many.
+const MANY_MAX: usize = 32;
+
+/// One call of [`run_many_with`] whose items join the shared pass.
+struct Joined<'a> {
+    ctx: Ctx<'a>,
+    plan: Plan,
+    out: &'a mut [f32],
+    /// Its first item in the pass's numbering.
+    first: usize,
+    /// Where its items' partial states start in the pass's partials (split plans only).
+    partials: usize,
+}
+
+/// Runs several calls with the micro-kernels `M`, each cut into items by its own plan on
+/// the current pool exactly as [`run_with`] cuts it alone, and the items of all of them in
+/// one pass over the pool: one hand-off to the threads instead of one per call, and the
+/// short calls of a batched decode step balance each other. Every item computes what it
+/// computes alone, and split keys merge in the same order, so each output equals its call
+/// run alone, bit for bit. Calls that pack key blocks up front (long prompts) run alone.
+/// The calls must have passed [`validate`] (which is run again here to build them).
+pub(super) fn run_many_with<M: Micro + ProcessItem>(calls: &mut [AttentionCall<'_>]) -> Result<()> {
+    let threads = rayon::current_num_threads();
+    for chunk in calls.chunks_mut(MANY_MAX) {
+        let mut joined: [Option<Joined<'_>>; MANY_MAX] = [const { None }; MANY_MAX];
+        let (mut n, mut items, mut partial_total) = (0, 0, 0);
+        for c in chunk.iter_mut() {
+            let AttentionCall {
+                q,
+                k,
+                v,
+                mask,
+                scale,
+                out,
+            } = c;
+            let call = validate(q, k, v, mask, *scale, out.len())?;
+            let plan = Plan::new(&call.dims, call.mask, threads);
+            if plan.pack_up_front {
+                run_with::<M>(&call, out);
+                continue;
+            }
+            let ctx = Ctx::new(&call);
+            let split_len = if plan.splits > 1 {
+                plan.items() * partial_len(&ctx, &plan)
+            } else {
+                0
+            };
+            joined[n] = Some(Joined {
+                ctx,
+                plan,
+                out,
+                first: items,
+                partials: partial_total,
+            });
+            n += 1;
+            items += plan.items();
+            partial_total += split_len;
+        }
+        let joined = &mut joined[..n];
+        let mut partials = PARTIALS.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        if partials.len() < partial_total {
+            partials.resize(partial_total, 0.0);
+        }
+        let pp = SharedOut(partials.as_mut_ptr());
+        let mut optrs = [SharedOut(std::ptr::null_mut()); MANY_MAX];
+        for (o, j) in optrs.iter_mut().zip(joined.iter_mut()) {
+            *o = SharedOut(j.as_mut().expect("filled up to n").out.as_mut_ptr());
+        }
+        let shared: &[Option<Joined<'_>>] = joined;
+        let body = |flat: usize| {
+            let at = shared.partition_point(|j| j.as_ref().is_some_and(|j| j.first <= flat)) - 1;
+            let Some(j) = &shared[at] else {
+                unreachable!("filled up to n")
+            };
+            let idx = flat - j.first;
+            SCRATCH.with(|sc| {
+                let mut sc = sc.borrow_mut();
+                if j.plan.splits == 1 {
+                    let it = j.plan.item(idx, &j.ctx.dims);
+                    M::process(&j.ctx, it, &mut sc);
+                    // SAFETY: the call's `out` was validated to hold its tq·heads·d_v floats
+                    // and is borrowed for this function; the item writes only its own rows,
+                    // which no other item (of this call, or of another, whose `out` is
+                    // another slice) shares.
+                    unsafe { finalize_item(&j.ctx, it, &sc, optrs[at]) };
+                } else {
+                    let len = partial_len(&j.ctx, &j.plan);
+                    // SAFETY: item idx of this call owns floats j.partials + idx·len.. (+len)
+                    // of `partials`, which holds partial_total ≥ that end; no other item
+                    // touches them.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(pp.get().add(j.partials + idx * len), len)
+                    };
+                    process_partial::<M>(&j.ctx, &j.plan, idx, &mut sc, dst);
+                }
+            })
+        };
+        if threads > 1 && items > 1 {
+            (0..items).into_par_iter().for_each(body);
+        } else {
+            (0..items).for_each(body);
+        }
+        for j in joined.iter_mut().flatten().filter(|j| j.plan.splits > 1) {
+            merge_rows(&j.ctx, &j.plan, &partials[j.partials..], j.out);
+        }
+        PARTIALS.with(|p| *p.borrow_mut() = partials);
+    }
+    Ok(())
+}
+
 /// Runs the items of a plan that splits the keys, each leaving `(m, l, o[d_v])` per row in
 /// this thread's `PARTIALS`, then merges the splits of every (KV head, query block) row by
 /// row into `out`.
 fn merge_splits<M: Micro + ProcessItem>(ctx: &Ctx<'_>, plan: &Plan, out: &mut [f32]) {
-    let dims = &ctx.dims;
-    let (group, splits) = (ctx.group, plan.splits);
+    let item_len = partial_len(ctx, plan);
     let n_items = plan.items();
-    let rows_per_item = group * plan.qb;
-    let stride = dims.d_v + 2;
-    let item_len = rows_per_item * stride;
     let mut partials = PARTIALS.with(|p| std::mem::take(&mut *p.borrow_mut()));
     if partials.len() < n_items * item_len {
         partials.resize(n_items * item_len, 0.0);
@@ -119,19 +228,44 @@ fn merge_splits<M: Micro + ProcessItem>(ctx: &Ctx<'_>, plan: &Plan, out: &mut [f
         .par_chunks_mut(item_len)
         .enumerate()
         .for_each(|(idx, dst)| {
-            SCRATCH.with(|sc| {
-                let mut sc = sc.borrow_mut();
-                let it = plan.item(idx, dims);
-                M::process(ctx, it, &mut sc);
-                let rows = group * it.nq;
-                for r in 0..rows {
-                    let d = &mut dst[r * stride..(r + 1) * stride];
-                    d[0] = sc.m[r];
-                    d[1] = sc.l[r];
-                    d[2..].copy_from_slice(&sc.o[r * ctx.dvp..r * ctx.dvp + dims.d_v]);
-                }
-            })
+            SCRATCH.with(|sc| process_partial::<M>(ctx, plan, idx, &mut sc.borrow_mut(), dst))
         });
+    merge_rows(ctx, plan, &partials, out);
+    PARTIALS.with(|p| *p.borrow_mut() = partials);
+}
+
+/// Floats one item of a split plan leaves in the partials: `(m, l, o[d_v])` per row.
+fn partial_len(ctx: &Ctx<'_>, plan: &Plan) -> usize {
+    ctx.group * plan.qb * (ctx.dims.d_v + 2)
+}
+
+/// Runs item `idx` of a split plan and writes its rows' `(m, l, o[d_v])` to `dst`.
+fn process_partial<M: Micro + ProcessItem>(
+    ctx: &Ctx<'_>,
+    plan: &Plan,
+    idx: usize,
+    sc: &mut Scratch,
+    dst: &mut [f32],
+) {
+    let dims = &ctx.dims;
+    let stride = dims.d_v + 2;
+    let it = plan.item(idx, dims);
+    M::process(ctx, it, sc);
+    for r in 0..ctx.group * it.nq {
+        let d = &mut dst[r * stride..(r + 1) * stride];
+        d[0] = sc.m[r];
+        d[1] = sc.l[r];
+        d[2..].copy_from_slice(&sc.o[r * ctx.dvp..r * ctx.dvp + dims.d_v]);
+    }
+}
+
+/// Merges the splits of every (KV head, query block) of a split plan, row by row, from the
+/// items' `partials` (each [`partial_len`] floats, in item order) into `out`.
+fn merge_rows(ctx: &Ctx<'_>, plan: &Plan, partials: &[f32], out: &mut [f32]) {
+    let dims = &ctx.dims;
+    let (group, splits) = (ctx.group, plan.splits);
+    let stride = dims.d_v + 2;
+    let item_len = partial_len(ctx, plan);
     for base in 0..plan.base_items {
         let it = plan.item(base * splits, dims);
         let rows = group * it.nq;
@@ -177,7 +311,6 @@ fn merge_splits<M: Micro + ProcessItem>(ctx: &Ctx<'_>, plan: &Plan, out: &mut [f
             }
         }
     }
-    PARTIALS.with(|p| *p.borrow_mut() = partials);
 }
 
 /// How a row's finished state becomes output.
