@@ -219,7 +219,8 @@ fn pack_x(xp: &mut [f32], x: &[f32], m: usize, k: usize) {
 /// # Safety
 /// AVX2, FMA and F16C; `y` points to `m·n` floats whose columns `j0..j1` only this call
 /// touches; `xp` is `x` packed by [`pack_x`]; `w` is `n·k`; `wb` holds at least
-/// `(j1 − j0)` rounded up to [`NR`] times [`KC`] values.
+/// `(j1 − j0)` rounded up to the micro-tile's rows of `W` ([`NR`] here, [`NR512`] for
+/// [`block_avx512`]) times [`KC`] values.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block_avx2(
