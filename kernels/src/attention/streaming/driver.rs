@@ -5,7 +5,7 @@
 use super::exact::{exact_row, has_visible_key};
 use super::mask::mask_row;
 use super::micro::{Block, Micro, Scalar};
-use super::plan::Plan;
+use super::plan::{worth_parallel, Plan};
 use super::scratch::{try_grow, Scratch, PACKED, PARTIALS, SCRATCH};
 use super::{Call, Ctx, Dims, Item, Packed, IN_PLACE_MAX_ROWS, KB};
 use crate::attention::{validate, AttentionCall};
@@ -129,7 +129,7 @@ pub(super) fn run_many_with<M: Micro + ProcessItem>(calls: &mut [AttentionCall<'
     let threads = rayon::current_num_threads();
     for chunk in calls.chunks_mut(MANY_MAX) {
         let mut joined: [Option<Joined<'_>>; MANY_MAX] = [const { None }; MANY_MAX];
-        let (mut n, mut items, mut partial_total) = (0, 0, 0);
+        let (mut n, mut items, mut partial_total, mut work) = (0, 0, 0, 0usize);
         for c in chunk.iter_mut() {
             let AttentionCall {
                 q,
@@ -160,6 +160,7 @@ pub(super) fn run_many_with<M: Micro + ProcessItem>(calls: &mut [AttentionCall<'
             });
             n += 1;
             items += plan.items();
+            work = work.saturating_add(plan.work);
             partial_total += split_len;
         }
         let joined = &mut joined[..n];
@@ -201,7 +202,8 @@ pub(super) fn run_many_with<M: Micro + ProcessItem>(calls: &mut [AttentionCall<'
                 }
             })
         };
-        if threads > 1 && items > 1 {
+        // As a call alone decides (one call goes to the pool exactly when it would alone).
+        if items > 1 && worth_parallel(work, threads) {
             (0..items).into_par_iter().for_each(body);
         } else {
             (0..items).for_each(body);

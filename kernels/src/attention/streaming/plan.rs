@@ -31,6 +31,8 @@ pub(super) struct Plan {
     pub(super) k_lo: usize,
     /// Whether the items run on rayon's pool.
     pub(super) parallel: bool,
+    /// The call's multiply-adds, roughly (saturating): what `parallel` was decided on.
+    pub(super) work: usize,
     /// Whether every key block is worth packing once up front (three or more query blocks
     /// would each pack it again), memory allowing.
     pub(super) pack_up_front: bool,
@@ -50,7 +52,7 @@ impl Plan {
             .saturating_mul(dims.tk)
             .saturating_mul(dims.heads)
             .saturating_mul(dims.d_qk.saturating_add(dims.d_v));
-        let parallel = threads > 1 && work >= PARALLEL_MIN_WORK;
+        let parallel = worth_parallel(work, threads);
         // Too few items to keep every thread busy (decode): split the keys as well.
         let splits = if parallel && base_items < SPLIT_ITEMS_PER_THREAD * threads {
             key_splits(base_items, dims.tk - k_lo, threads)
@@ -63,6 +65,7 @@ impl Plan {
             splits,
             k_lo,
             parallel,
+            work,
             pack_up_front: splits == 1 && q_blocks >= 3,
         }
     }
@@ -89,6 +92,11 @@ impl Plan {
         }
     }
 }
+/// Whether `work` multiply-adds are worth handing to a pool of `threads`.
+pub(super) fn worth_parallel(work: usize, threads: usize) -> bool {
+    threads > 1 && work >= PARALLEL_MIN_WORK
+}
+
 /// How many ranges a decode call splits its keys into, given `base` (KV head, query block)
 /// items: about [`SPLIT_ITEMS_PER_THREAD`] items per thread, and a multiple of the thread
 /// count when the key count allows it, never more than twice the first guess.
