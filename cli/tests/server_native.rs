@@ -341,16 +341,26 @@ fn apply_template_props_slots_and_input_tokens() {
         again["content"], r["content"],
         "the same --seed, the same text"
     );
-    // /slots: one per sequence, idle now.
-    let (status, text) = s.get("/slots");
-    assert_eq!(status, 200);
-    let slots: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(slots.as_array().unwrap().len(), 3);
-    assert!(slots
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|s| s["is_processing"] == false && s["n_ctx"] == 256));
+    // /slots: one per sequence, idle now. The worker lets the last request go a moment after
+    // the client has read its reply (as the metrics gauge below): give it up to two seconds.
+    let idle = |slots: &Value| {
+        let list = slots.as_array().unwrap();
+        list.len() == 3
+            && list
+                .iter()
+                .all(|s| s["is_processing"] == false && s["n_ctx"] == 256)
+    };
+    let mut slots = Value::Null;
+    for _ in 0..200 {
+        let (status, text) = s.get("/slots");
+        assert_eq!(status, 200);
+        slots = serde_json::from_str(&text).unwrap();
+        if idle(&slots) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(idle(&slots), "{slots}");
 }
 
 #[test]
