@@ -169,6 +169,7 @@ unsafe fn run_blocks<const R: usize>(
 /// slice of [`KC`] values of `k` starting at `p0`, at offset `p0·m_pad`, the panels of [`MR`]
 /// rows one after the other, each `kc × MR` (`k`-major), rows past `m` zero.
 fn pack_x(xp: &mut [f32], x: &[f32], m: usize, k: usize) {
+    const ZEROS: [f32; KC] = [0.0; KC];
     let panels = m.div_ceil(MR);
     let m_pad = panels * MR;
     debug_assert_eq!(xp.len(), m_pad * k);
@@ -181,26 +182,19 @@ fn pack_x(xp: &mut [f32], x: &[f32], m: usize, k: usize) {
             // SAFETY: base + MR·kc ≤ (p0 + kc)·m_pad ≤ m_pad·k = xp.len(); each panel ip
             // writes only its own MR·kc values of each slice.
             let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(base), MR * kc) };
+            // Rows past m read as zeros.
             let rows: [&[f32]; MR] = core::array::from_fn(|r| {
                 let i = ip * MR + r;
                 if i < m {
                     &x[i * k + p0..][..kc]
                 } else {
-                    &[]
+                    &ZEROS[..kc]
                 }
             });
             // In the order of the packed panel, so the writes run sequentially.
-            if ip * MR + MR <= m {
-                for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
-                    for (d, row) in d.iter_mut().zip(&rows) {
-                        *d = row[p];
-                    }
-                }
-            } else {
-                for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
-                    for (d, row) in d.iter_mut().zip(&rows) {
-                        *d = row.get(p).copied().unwrap_or(0.0);
-                    }
+            for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
+                for (d, row) in d.iter_mut().zip(&rows) {
+                    *d = row[p];
                 }
             }
             p0 += kc;

@@ -112,6 +112,8 @@ struct Joined<'a> {
     ctx: Ctx<'a>,
     plan: Plan,
     out: &'a mut [f32],
+    /// `out` for the items, which write their own rows of it during the pass.
+    optr: SharedOut,
     /// Its first item in the pass's numbering.
     first: usize,
     /// Where its items' partial states start in the pass's partials (split plans only).
@@ -154,6 +156,7 @@ pub(super) fn run_many_with<M: Micro + ProcessItem>(calls: &mut [AttentionCall<'
             joined[n] = Some(Joined {
                 ctx,
                 plan,
+                optr: SharedOut(out.as_mut_ptr()),
                 out,
                 first: items,
                 partials: partial_total,
@@ -169,10 +172,6 @@ pub(super) fn run_many_with<M: Micro + ProcessItem>(calls: &mut [AttentionCall<'
             partials.resize(partial_total, 0.0);
         }
         let pp = SharedOut(partials.as_mut_ptr());
-        let mut optrs = [SharedOut(std::ptr::null_mut()); MANY_MAX];
-        for (o, j) in optrs.iter_mut().zip(joined.iter_mut()) {
-            *o = SharedOut(j.as_mut().expect("filled up to n").out.as_mut_ptr());
-        }
         let shared: &[Option<Joined<'_>>] = joined;
         let body = |flat: usize| {
             let at = shared.partition_point(|j| j.as_ref().is_some_and(|j| j.first <= flat)) - 1;
@@ -189,7 +188,7 @@ pub(super) fn run_many_with<M: Micro + ProcessItem>(calls: &mut [AttentionCall<'
                     // and is borrowed for this function; the item writes only its own rows,
                     // which no other item (of this call, or of another, whose `out` is
                     // another slice) shares.
-                    unsafe { finalize_item(&j.ctx, it, &sc, optrs[at]) };
+                    unsafe { finalize_item(&j.ctx, it, &sc, j.optr) };
                 } else {
                     let len = partial_len(&j.ctx, &j.plan);
                     // SAFETY: item idx of this call owns floats j.partials + idx·len.. (+len)
