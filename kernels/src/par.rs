@@ -1,6 +1,7 @@
 //! Splitting work across rayon's pool: when a row-wise or elementwise job is worth
-//! splitting and into what pieces ([`par_rows`], [`par_elems`]), and the shared output
-//! pointer ([`SharedOut`]) the parallel kernels write their disjoint parts through.
+//! splitting and into what pieces ([`par_rows`], [`par_elems`]), how a weight stream is cut
+//! into one contiguous run per thread ([`runs`]), and the shared output pointer
+//! ([`SharedOut`]) the parallel kernels write their disjoint parts through.
 
 /// A raw pointer to an output that tasks on several threads write at once, each its own
 /// disjoint elements (every user says which, where it writes).
@@ -39,4 +40,94 @@ pub(crate) fn par_rows(units: usize, unit_len: usize) -> Option<usize> {
 /// result is bitwise the one pass's.
 pub(crate) fn par_elems(len: usize) -> Option<usize> {
     par_rows(len.div_ceil(64), 64).map(|runs| runs * 64)
+}
+
+/// Most runs [`runs`] keeps track of (on the stack); more workers than this share them.
+const MAX_RUNS: usize = 256;
+
+/// Calls `f(piece)` exactly once for every piece `0..pieces`, on up to `workers` of the pool's
+/// threads, so that each thread walks one contiguous range: the pieces are cut into one run
+/// per worker, each worker takes its own run's pieces in order from the front, and a worker
+/// whose run is done takes the others' remaining pieces one at a time from their backs, so
+/// the threads still finish together.
+///
+/// This is the split for streaming weights from memory: a thread that moves on to the next
+/// piece of its own range keeps the hardware prefetcher's stream going, where handing out
+/// pieces in turn from one counter made every thread restart its stream at every piece. On
+/// the Zen 4 hosts, one 288 MB Q4_0 matrix on 2 threads went from 29–36 to 46–51 GB/s when
+/// the memory allowed 60 (`RAYON_NUM_THREADS=2`, alternated).
+pub(crate) fn runs(pieces: usize, workers: usize, f: impl Fn(usize) + Sync) {
+    use rayon::prelude::*;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let workers = workers.min(pieces).min(MAX_RUNS);
+    let Ok(total) = u32::try_from(pieces) else {
+        // Never for real matrices (a piece is at least 8 rows); correct, if slow.
+        (0..pieces).for_each(f);
+        return;
+    };
+    if workers <= 1 {
+        (0..pieces).for_each(f);
+        return;
+    }
+    // Run r holds its pieces front..back as `front | back << 32`.
+    let pack = |front: u32, back: u32| u64::from(front) | u64::from(back) << 32;
+    let bounds: [AtomicU64; MAX_RUNS] = [const { AtomicU64::new(0) }; MAX_RUNS];
+    let cut = |r: usize| (u64::from(total) * r as u64 / workers as u64) as u32;
+    for (r, b) in bounds[..workers].iter().enumerate() {
+        b.store(pack(cut(r), cut(r + 1)), Relaxed);
+    }
+    // One piece from the front (`own`) or the back of run `b`, while it has any.
+    let take = |b: &AtomicU64, own: bool| {
+        let mut v = b.load(Relaxed);
+        loop {
+            let (front, back) = (v as u32, (v >> 32) as u32);
+            if front >= back {
+                return None;
+            }
+            let (next, piece) = match own {
+                true => (pack(front + 1, back), front),
+                false => (pack(front, back - 1), back - 1),
+            };
+            match b.compare_exchange_weak(v, next, Relaxed, Relaxed) {
+                Ok(_) => return Some(piece as usize),
+                Err(now) => v = now,
+            }
+        }
+    };
+    (0..workers).into_par_iter().for_each(|r| {
+        while let Some(p) = take(&bounds[r], true) {
+            f(p);
+        }
+        for other in (1..workers).map(|i| (r + i) % workers) {
+            while let Some(p) = take(&bounds[other], false) {
+                f(p);
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+    #[test]
+    fn runs_call_every_piece_once() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("a pool");
+        for (pieces, workers) in [(0, 3), (1, 3), (2, 3), (7, 3), (100, 3), (1000, 2), (5, 1)] {
+            let seen: Vec<AtomicUsize> = (0..pieces).map(|_| AtomicUsize::new(0)).collect();
+            pool.install(|| {
+                runs(pieces, workers, |p| {
+                    seen[p].fetch_add(1, Relaxed);
+                })
+            });
+            assert!(
+                seen.iter().all(|s| s.load(Relaxed) == 1),
+                "{pieces} pieces on {workers} workers"
+            );
+        }
+    }
 }

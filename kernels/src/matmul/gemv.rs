@@ -9,9 +9,7 @@
 use super::Weights;
 use crate::par::SharedOut;
 use crate::quant::act::{ActPrecision, QuantizedActs};
-use rayon::prelude::*;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Weights per piece of the parallel GEMV: 128 Ki elements (64 rows of 2048), 72 KiB of
 /// Q4_0, 256 KiB of f16: small enough that the last pieces balance the threads, large enough
@@ -192,24 +190,18 @@ fn gemv_parts_with(parts: &[GemvPart<'_>], x: &[f32], acts: Acts<'_>, m: usize, 
         run(0, total);
         return;
     }
-    // Pieces of about GEMV_PIECE_ELEMS weights (whole groups of 8 rows), claimed in order
-    // from a shared counter: the threads stream neighbouring pieces of W at the same time,
-    // and a thread the OS delays simply claims fewer. (A few contiguous ranges per thread,
-    // as before, measured 6–12% slower on 1B-shaped Q4_0 decode with 2 threads.) Small
-    // matrices still get at least 4 pieces per thread, so the last ones balance. Every
-    // output is computed whole by one thread, so the split never changes a result.
+    // Pieces of about GEMV_PIECE_ELEMS weights (whole groups of 8 rows), each thread taking
+    // its own contiguous run of them in order and then what is left of the others' from
+    // their ends ([`crate::par::runs`]): each thread streams one range of W, and a thread the
+    // OS delays simply takes fewer. Small matrices still get at least 4 pieces per thread,
+    // so the last ones balance. Every output is computed whole by one thread, so the split
+    // never changes a result.
     let per = (GEMV_PIECE_ELEMS / k.max(1))
         .min(total.div_ceil(4 * threads))
         .max(8)
         .next_multiple_of(8);
-    let pieces = total.div_ceil(per);
-    let next = AtomicUsize::new(0);
-    (0..threads.min(pieces)).into_par_iter().for_each(|_| loop {
-        let t = next.fetch_add(1, Ordering::Relaxed);
-        if t >= pieces {
-            break;
-        }
-        run(t * per, ((t + 1) * per).min(total));
+    crate::par::runs(total.div_ceil(per), threads, |t| {
+        run(t * per, ((t + 1) * per).min(total))
     });
 }
 
