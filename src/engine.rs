@@ -539,10 +539,11 @@ impl Engine {
                 logits: wants,
             });
         }
-        // On a rayon worker, so that the kernels' parallel calls queue work locally instead
-        // of injecting every one into the pool from outside.
+        // On a rayon worker, the others kept awake (`on_pool`), so that the kernels'
+        // parallel calls queue work locally instead of injecting every one into the pool
+        // from outside and waiting for sleeping threads.
         let (scratch, logits) = (&mut self.scratch, &mut self.logits[..wanted * vocab]);
-        let result = rayon::scope(|_| decoder.forward_batch(&mut segments, scratch, logits));
+        let result = qkv_kernels::on_pool(|| decoder.forward_batch(&mut segments, scratch, logits));
         self.segments = crate::alloc::recycle(segments);
         result
     }

@@ -100,11 +100,11 @@ impl Core {
     fn prefill(&mut self, model: &Model, tokens: &[u32]) -> Result<()> {
         let pos = self.tokens.len();
         let (state, logits) = (&mut self.state, &mut self.logits);
-        // The whole pass runs on one of rayon's workers: the kernels' parallel loops then
-        // queue their jobs locally instead of injecting ~200 jobs per token into the global
-        // queue from outside the pool (which costs wake-ups and, every 63 jobs, an
-        // allocation of the injector's next block).
-        rayon::scope(|_| model.decoder().forward(state, tokens, pos, Some(logits)))?;
+        // The whole pass runs on one of rayon's workers, the others kept awake
+        // (`on_pool`): the kernels' parallel loops then queue their jobs locally instead of
+        // injecting ~200 jobs per token into the global queue from outside the pool (which
+        // costs wake-ups and, every 63 jobs, an allocation of the injector's next block).
+        qkv_kernels::on_pool(|| model.decoder().forward(state, tokens, pos, Some(logits)))?;
         self.tokens.extend_from_slice(tokens);
         self.logits_at = Some(self.tokens.len());
         Ok(())
@@ -223,7 +223,7 @@ impl Session {
         let core = &mut self.core;
         let pos = core.tokens.len();
         let model = &self.model;
-        rayon::scope(|_| {
+        qkv_kernels::on_pool(|| {
             model
                 .decoder()
                 .forward_all(&mut core.state, tokens, pos, logits)

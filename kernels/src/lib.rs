@@ -66,6 +66,7 @@ pub use error::{KernelError, Result};
 pub use half::f16;
 pub use matmul::{linear, linear_many, Projection, Weights};
 pub use norm::{layer_norm, rms_norm};
+pub use par::on_pool;
 pub use quant::QuantFormat;
 pub use rope::{RopeStyle, RopeTable};
 

@@ -263,7 +263,7 @@ impl Bert {
         }
         let padding = tokens.padding()?;
         let rows = b * t;
-        rayon::scope(|_| self.run(tokens.ids(), b, t, &padding, ws))?;
+        qkv_kernels::on_pool(|| self.run(tokens.ids(), b, t, &padding, ws))?;
         Seq::new(&ws.x[..rows * d], b, t, d)
     }
 
@@ -296,7 +296,7 @@ impl Bert {
                 ids.len()
             )));
         }
-        rayon::scope(|_| self.run_packed(ids, lengths, ws))?;
+        qkv_kernels::on_pool(|| self.run_packed(ids, lengths, ws))?;
         Ok(&ws.x[..ids.len() * self.cfg.hidden_size])
     }
 

@@ -109,7 +109,7 @@ impl Seq2Seq {
         // On one of rayon's workers, the kernels' parallel loops queue their jobs locally
         // instead of injecting them into the pool from outside, once per call (as `Session`
         // does for the Llama).
-        rayon::scope(|_| self.step_on_worker(state, tokens))?;
+        qkv_kernels::on_pool(|| self.step_on_worker(state, tokens))?;
         Ok(&state.logits)
     }
 

@@ -321,7 +321,7 @@ impl Seq2Seq {
         let inner = self.encoder.first().map_or(0, |l| l.ffn.inner_dim());
         let act = &mut ws.act;
         act.fit(b * t, d, inner);
-        let mut layers = || -> Result<()> {
+        let layers = || -> Result<()> {
             self.src_pe.forward(&mut x)?;
             for layer in &self.encoder {
                 act.attention(&mut x, &layer.norm1, layer.attn.core(), None, &mask)?;
@@ -330,7 +330,7 @@ impl Seq2Seq {
             Ok(())
         };
         // On a rayon worker, as `step` runs.
-        let result = rayon::scope(|_| layers());
+        let result = qkv_kernels::on_pool(layers);
         ws.x = x.into_vec();
         result?;
         Seq::new(&ws.x, b, t, d)
@@ -359,7 +359,7 @@ impl Seq2Seq {
         let cross_mask = Mask::none().with_padding(src_padding);
         let inner = self.decoder.first().map_or(0, |l| l.ffn.inner_dim());
         let mut act = Activations::new(b * t, d, inner);
-        let mut layers = || -> Result<()> {
+        let layers = || -> Result<()> {
             for l in &self.decoder {
                 act.attention(&mut x, &l.norm1, l.self_attn.core(), None, &self_mask)?;
                 act.attention(
@@ -373,7 +373,7 @@ impl Seq2Seq {
             }
             Ok(())
         };
-        rayon::scope(|_| layers())?;
+        qkv_kernels::on_pool(layers)?;
         Ok(x)
     }
 
