@@ -168,6 +168,58 @@ impl Tiles for Bytes {
     }
 }
 
+/// 16-bit activations where the CPU has AVX-512 VNNI with 256-bit vectors (VL): each of
+/// [`Split`]'s two byte products is one `vpdpbusd` into 32-bit sums (the nibbles, unsigned,
+/// times `hi`, signed; `lo`, unsigned, times the nibbles as signed bytes, which they fit),
+/// in place of two `maddubs` and two adds, and nothing is left to widen: `finish` is
+/// `256·Σ(q·hi) + Σ(q·lo)`, the same integers as [`Split`]'s (a group's sums stay below
+/// 32·15·255 in magnitude). Only [`columns_vnni`] runs it, which enables the features.
+struct SplitVnni;
+
+impl Tiles for SplitVnni {
+    type Block = SplitBlock;
+    /// Σ(q·hi) and Σ(q·lo), each in two sums that alternate by chunk (as [`Vnni`]'s), so
+    /// that each `vpdpbusd` does not wait on the one before.
+    type Sums = [__m256i; 4];
+    fn blocks(acts: &QuantizedActs) -> *const SplitBlock {
+        acts.split.as_ptr()
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self::Sums {
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe { [_mm256_setzero_si256(); 4] }
+    }
+    #[inline(always)]
+    unsafe fn step(w: __m256i, x: *const SplitBlock, e: usize, s: &mut Self::Sums) {
+        // SAFETY: the caller's contract, and (inlined only into `columns_vnni`) AVX-512
+        // VNNI and VL.
+        unsafe {
+            let (hi, lo) = ((*x).hi.as_ptr().add(e), (*x).lo.as_ptr().add(e));
+            let odd = (e / 4) % 2;
+            s[odd] = _mm256_dpbusd_epi32(s[odd], w, splat4(hi as *const u8));
+            s[2 + odd] = _mm256_dpbusd_epi32(s[2 + odd], splat4(lo), w);
+        }
+    }
+    #[inline(always)]
+    unsafe fn finish(s: Self::Sums) -> __m256i {
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe {
+            let hi = _mm256_add_epi32(s[0], s[1]);
+            _mm256_add_epi32(_mm256_slli_epi32::<8>(hi), _mm256_add_epi32(s[2], s[3]))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> __m256i {
+        // SAFETY: the caller's contract.
+        unsafe { bytes_to_lanes(p) }
+    }
+    #[inline(always)]
+    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i {
+        // SAFETY: registers only; the caller has AVX2 (the products fit, as in `Split`).
+        unsafe { _mm256_mullo_epi32(Self::finish(s), sc) }
+    }
+}
+
 /// 8-bit activations where the CPU has AVX-512 VNNI with 256-bit vectors (VL): one
 /// `vpdpbusd` multiplies the nibbles (unsigned) by the activations (signed) and adds each
 /// lane's 4 products straight into its 32-bit sum, the work of a `maddubs` and an add in
@@ -459,8 +511,8 @@ pub(super) unsafe fn columns(
 }
 
 /// As [`columns`], with the products at 8 bits taken by `vpdpbusd` ([`Vnni`] for the
-/// 4-bit formats, the `VNNI` variants of Q6_K's and Q8_0's): the same integers, so the
-/// same results.
+/// 4-bit formats, the `VNNI` variants of Q6_K's and Q8_0's), and the 4-bit formats' byte
+/// split at 16 bits too ([`SplitVnni`]): the same integers, so the same results.
 ///
 /// # Safety
 /// AVX2, FMA, F16C, and AVX-512 F, BW, VL and VNNI; the contract of [`super::columns`].
@@ -533,9 +585,11 @@ unsafe fn columns_with<const VNNI: bool>(
                 match format {
                     QuantFormat::Q4_0 if bytes && VNNI => run!(q4_0, Vnni; false),
                     QuantFormat::Q4_0 if bytes => run!(q4_0, Bytes; false),
+                    QuantFormat::Q4_0 if VNNI => run!(q4_0, SplitVnni; false),
                     QuantFormat::Q4_0 => run!(q4_0, Split; false),
                     QuantFormat::Q4_1 if bytes && VNNI => run!(q4_0, Vnni; true),
                     QuantFormat::Q4_1 if bytes => run!(q4_0, Bytes; true),
+                    QuantFormat::Q4_1 if VNNI => run!(q4_0, SplitVnni; true),
                     QuantFormat::Q4_1 => run!(q4_0, Split; true),
                     QuantFormat::Q6_K if bytes => run!(q6_k_bytes; VNNI),
                     QuantFormat::Q6_K if raw && mr <= 2 => run!(q6_k; true),
@@ -544,6 +598,7 @@ unsafe fn columns_with<const VNNI: bool>(
                     QuantFormat::Q8_0 => run!(q8_0),
                     _ if bytes && VNNI => run!(q4_k, Vnni),
                     _ if bytes => run!(q4_k, Bytes),
+                    _ if VNNI => run!(q4_k, SplitVnni),
                     _ => run!(q4_k, Split),
                 }
                 let (a, b) = (j0.max(r0), j1.min(r0 + ROWS));

@@ -27,7 +27,8 @@
 //! given the weights' signs, each sum of two products (at most 2·128·127 = 32512) widened
 //! at once. Where the CPU has AVX-512 VNNI, every 8-bit kernel takes `vpdpbusd` instead,
 //! which adds each lane's 4 byte products straight into its 32-bit sum: the same integers
-//! in fewer instructions (`avx2::columns_vnni`).
+//! in fewer instructions (`avx2::columns_vnni`); so do the 4-bit kernels' two byte products
+//! of the split at 16 bits (`SplitVnni`).
 //!
 //! Layouts, for rows `8t..8t + 8` (a row group; groups follow each other, and within a group
 //! the columns of blocks follow in order):
