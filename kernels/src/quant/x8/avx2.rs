@@ -25,12 +25,13 @@ unsafe fn splat4(p: *const u8) -> __m256i {
 
 /// How a row's tile entry of activations meets 8 rows × 4 weights (`w`, one unsigned value of
 /// at most 15 per byte, row `r` in bytes `4r..4r + 4`): [`Split`] for 16-bit activations,
-/// [`Bytes`] for 8-bit ones. A group of 32 takes 8 steps into 16-bit sums that cannot
-/// overflow, and [`Tiles::finish`] gives its exact integer dot products, one per row.
+/// [`Bytes`] for 8-bit ones, [`SplitVnni`] and [`Vnni`] the same with `vpdpbusd`. A group of
+/// 32 takes 8 steps into sums that cannot overflow, and [`Tiles::finish`] gives its exact
+/// integer dot products, one per row.
 trait Tiles {
     /// A block of one row.
     type Block;
-    /// The running 16-bit sums of a group.
+    /// The running sums of a group.
     type Sums: Copy;
     /// The first tile entry of `acts`.
     fn blocks(acts: &QuantizedActs) -> *const Self::Block;
@@ -50,18 +51,26 @@ trait Tiles {
     /// AVX2.
     unsafe fn finish(s: Self::Sums) -> __m256i;
     /// The 8 rows' 6-bit scales at `p..p + 8` (row `r`'s at `p + r`) in the form
-    /// [`Tiles::finish_scaled`] takes.
+    /// [`Tiles::finish_scaled`] takes: by default one per 32-bit lane.
     ///
     /// # Safety
     /// `p..p + 8` readable; AVX2.
-    unsafe fn scales(p: *const u8) -> __m256i;
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> __m256i {
+        // SAFETY: the caller's contract.
+        unsafe { bytes_to_lanes(p) }
+    }
     /// The 8 rows' dot products times their 6-bit scales (`sc`, from [`Tiles::scales`]),
     /// exactly: at most 2·30720·63 (8 bits) or 32·15·32767·63 (16 bits) in magnitude,
-    /// inside an i32.
+    /// inside an i32. By default one 32-bit multiply of [`Tiles::finish`]'s lanes.
     ///
     /// # Safety
     /// AVX2.
-    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i;
+    #[inline(always)]
+    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i {
+        // SAFETY: registers only; the caller has AVX2.
+        unsafe { _mm256_mullo_epi32(Self::finish(s), sc) }
+    }
 }
 
 /// The 8 bytes at `p` widened to the 8 i32 lanes.
@@ -110,16 +119,6 @@ impl Tiles for Split {
             let b_even = _mm256_blend_epi16::<0b1010_1010>(b, _mm256_setzero_si256());
             _mm256_add_epi32(a, _mm256_add_epi32(b_even, _mm256_srli_epi32::<16>(b)))
         }
-    }
-    #[inline(always)]
-    unsafe fn scales(p: *const u8) -> __m256i {
-        // SAFETY: the caller's contract.
-        unsafe { bytes_to_lanes(p) }
-    }
-    #[inline(always)]
-    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i {
-        // SAFETY: registers only; the caller has AVX2.
-        unsafe { _mm256_mullo_epi32(Self::finish(s), sc) }
     }
 }
 
@@ -208,16 +207,6 @@ impl Tiles for SplitVnni {
             _mm256_add_epi32(_mm256_slli_epi32::<8>(hi), _mm256_add_epi32(s[2], s[3]))
         }
     }
-    #[inline(always)]
-    unsafe fn scales(p: *const u8) -> __m256i {
-        // SAFETY: the caller's contract.
-        unsafe { bytes_to_lanes(p) }
-    }
-    #[inline(always)]
-    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i {
-        // SAFETY: registers only; the caller has AVX2 (the products fit, as in `Split`).
-        unsafe { _mm256_mullo_epi32(Self::finish(s), sc) }
-    }
 }
 
 /// 8-bit activations where the CPU has AVX-512 VNNI with 256-bit vectors (VL): one
@@ -258,16 +247,6 @@ impl Tiles for Vnni {
     unsafe fn finish(s: Self::Sums) -> __m256i {
         // SAFETY: registers only; the caller has AVX2.
         unsafe { _mm256_add_epi32(s.0, s.1) }
-    }
-    #[inline(always)]
-    unsafe fn scales(p: *const u8) -> __m256i {
-        // SAFETY: the caller's contract.
-        unsafe { bytes_to_lanes(p) }
-    }
-    #[inline(always)]
-    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i {
-        // SAFETY: registers only; the caller has AVX2.
-        unsafe { _mm256_mullo_epi32(Self::finish(s), sc) }
     }
 }
 
