@@ -59,7 +59,9 @@ pub(crate) fn par_elems(len: usize) -> Option<usize> {
 /// On the 2-thread guests this took 1B-shaped Q4_0 decode from 1.93 to 1.99 busy cores and
 /// made it ~5% faster (median of 10 alternated pairs).
 ///
-/// Inside the pool already, `f` simply runs. A panic in `f` is passed on once the spinning
+/// Inside the pool already, `f` simply runs. A spinning thread may take up work that another
+/// caller handed the pool (another session's step on another thread); `f`'s return then
+/// waits until that piece of work is done. A panic in `f` is passed on once the spinning
 /// threads have stopped. Allocates nothing beyond the one job it hands the pool from
 /// outside (the spinners are `join` halves, on the stack).
 ///
@@ -125,8 +127,8 @@ const MAX_RUNS: usize = 256;
 /// This is the split for streaming weights from memory: a thread that moves on to the next
 /// piece of its own range keeps the hardware prefetcher's stream going, where handing out
 /// pieces in turn from one counter made every thread restart its stream at every piece. On
-/// the Zen 4 hosts, one 288 MB Q4_0 matrix on 2 threads went from 29–36 to 46–51 GB/s when
-/// the memory allowed 60 (`RAYON_NUM_THREADS=2`, alternated).
+/// the Zen 4 hosts, one 288 MB Q4_0 matrix on 2 threads went from 29–36 to 45–51 GB/s when
+/// the memory allowed 55–63 (`RAYON_NUM_THREADS=2`, alternated).
 pub(crate) fn runs(pieces: usize, workers: usize, f: impl Fn(usize) + Sync) {
     use rayon::prelude::*;
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
