@@ -115,7 +115,7 @@ fn with_spinners<R: Send>(
     rayon::join(|| with_spinners(n - 1, caller, done, f), spin).0
 }
 
-/// Most runs [`runs`] keeps track of (on the stack); more workers than this share them.
+/// Most runs [`runs`] keeps track of (on the stack): it uses at most this many threads.
 const MAX_RUNS: usize = 256;
 
 /// Calls `f(piece)` exactly once for every piece `0..pieces`, on up to `workers` of the pool's

@@ -92,6 +92,7 @@ impl Plan {
         }
     }
 }
+
 /// Whether `work` multiply-adds are worth handing to a pool of `threads`.
 pub(super) fn worth_parallel(work: usize, threads: usize) -> bool {
     threads > 1 && work >= PARALLEL_MIN_WORK
