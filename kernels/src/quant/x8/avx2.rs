@@ -2,7 +2,7 @@
 //! 8, up to 8 rows of `x` per pass over a column of blocks (the pass reads the column from
 //! memory for the first row of `x` and from L1 for the others).
 
-use super::avx2_byte::{q6_k as q6_k_bytes, q8_0 as q8_0_bytes};
+use super::avx2_byte::{q6_k as q6_k_bytes, q6_k_split, q8_0 as q8_0_bytes};
 use super::avx2_i16::{q6_k, q8_0};
 use super::ROWS;
 use crate::par::SharedOut;
@@ -490,8 +490,9 @@ pub(super) unsafe fn columns(
 }
 
 /// As [`columns`], with the products at 8 bits taken by `vpdpbusd` ([`Vnni`] for the
-/// 4-bit formats, the `VNNI` variants of Q6_K's and Q8_0's), and the 4-bit formats' byte
-/// split at 16 bits too ([`SplitVnni`]): the same integers, so the same results.
+/// 4-bit formats, the `VNNI` variants of Q6_K's and Q8_0's), and the byte split at 16 bits
+/// too ([`SplitVnni`] for the 4-bit formats, [`q6_k_split`] for Q6_K): the same integers,
+/// so the same results.
 ///
 /// # Safety
 /// AVX2, FMA, F16C, and AVX-512 F, BW, VL and VNNI; the contract of [`super::columns`].
@@ -571,6 +572,7 @@ unsafe fn columns_with<const VNNI: bool>(
                     QuantFormat::Q4_1 if VNNI => run!(q4_0, SplitVnni; true),
                     QuantFormat::Q4_1 => run!(q4_0, Split; true),
                     QuantFormat::Q6_K if bytes => run!(q6_k_bytes; VNNI),
+                    QuantFormat::Q6_K if VNNI => run!(q6_k_split),
                     QuantFormat::Q6_K if raw && mr <= 2 => run!(q6_k; true),
                     QuantFormat::Q6_K => run!(q6_k; false),
                     QuantFormat::Q8_0 if bytes => run!(q8_0_bytes; VNNI),

@@ -1,6 +1,8 @@
 //! Interleaved Q6_K and Q8_0 with 256-bit vectors, against 8-bit activations
 //! ([`QuantizedActs::bytes`]): the weights stay bytes and meet 4 activations broadcast to
 //! every 32-bit lane in one `maddubs` (32 byte products, summed in pairs into 16-bit lanes).
+//! Where the CPU has AVX-512 VNNI, Q6_K also meets 16-bit activations here, as their byte
+//! split ([`q6_k_split`]).
 //!
 //! The layout keeps two elements of each of two rows per 32-bit lane ([`super::pair_byte`],
 //! what the 16-bit kernels widen); here one `pshufb` per vector of weights, once per column
@@ -42,7 +44,7 @@
 
 use super::avx2_i16::{q6_k_join, q6_k_values};
 use super::ROWS;
-use crate::quant::act::{ByteBlock, QuantizedActs, TileMeta};
+use crate::quant::act::{ByteBlock, QuantizedActs, SplitBlock, TileMeta};
 use core::arch::x86_64::*;
 
 /// How far ahead of the column being multiplied the group's bytes are prefetched.
@@ -304,6 +306,86 @@ unsafe fn q6_k_one<const VNNI: bool>(
             }
         }
         *acc = _mm256_add_ps(acc2[0], acc2[1]);
+    }
+}
+
+/// Q6_K against 16-bit activations where the CPU has AVX-512 VNNI: as [`q6_k`], reading the
+/// tile's byte split ([`QuantizedActs::split`], `q = 256·hi + lo`) instead of its bytes.
+/// Per half-group and row, four `vpdpbusd` take `Σu·hi` (the values unsigned, `hi` signed)
+/// and four `Σlo·u` (`lo` unsigned, the values as signed bytes, which 0..=63 fit); the
+/// second sum starts from `−32·Σq` of the half-group, the values' offset. The half-group's
+/// dot product `256·Σu·hi + Σlo·u − 32·Σq` is exact in i32 and in f32: at most
+/// 16·32·32767 < 2²⁴ in magnitude (its parts at most 16·63·128·256 and 16·63·255 + 32·16·32767).
+/// The scales then apply in f32 (times a signed byte, the product could reach 2³¹), the
+/// half-group's `d·sc` once per column for all rows. The widened 16-bit kernel
+/// ([`super::avx2_i16`]'s `q6_k`) spends a `madd` and an add per 16 products and widens the
+/// weights first; this one a `vpdpbusd` per 32.
+///
+/// # Safety
+/// AVX2, FMA, F16C, AVX-512 VNNI and VL; `col` holds `ns` columns; `acts` is at 16 bits
+/// with its byte split, rows of `256·ns` elements, and a tile of `M` rows at `i0`.
+#[inline(always)]
+pub(super) unsafe fn q6_k_split<const M: usize>(
+    col: *const u8,
+    ns: usize,
+    acts: &QuantizedActs,
+    i0: usize,
+    acc: &mut [__m256; ROWS],
+) {
+    debug_assert!(acts.m >= i0 + M && acts.k == 256 * ns && acts.has_tiles());
+    let at0 = acts.tile_at(i0, 0);
+    let (tiles, meta) = (
+        acts.split.as_ptr().wrapping_add(at0),
+        acts.tile_meta.as_ptr().wrapping_add(at0),
+    );
+    // SAFETY: column s < ns lies inside `col` (the contract), half-group h < 16 inside its
+    // column; the tile's entries (8s + g)·M + i < 8·ns·M lie inside the tiles; prefetches
+    // never fault; the features are the contract's.
+    unsafe {
+        let order = rows4();
+        for s in 0..ns {
+            let base = col.add(s * 1680);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            for g in 0..8 {
+                // Block g of the activations: half-groups 2g and 2g + 1, 4 vectors each, and
+                // their 8 rows' scales times d.
+                let mut u = [_mm256_setzero_si256(); 8];
+                let mut sc = [_mm256_setzero_ps(); 2];
+                for hh in 0..2 {
+                    let h = 2 * g + hh;
+                    let hg = base.add(super::q6_k_half(h));
+                    _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(hg.wrapping_add(PREFETCH + 64) as *const i8);
+                    u[4 * hh..4 * hh + 4].copy_from_slice(&q6_k_rows(hg, order));
+                    let s8 = _mm_loadl_epi64(base.add(16 + 8 * h) as *const __m128i);
+                    sc[hh] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)));
+                }
+                for (i, acc) in acc.iter_mut().enumerate().take(M) {
+                    let at = (8 * s + g) * M + i;
+                    let (x, xm): (&SplitBlock, &TileMeta) = (&*tiles.add(at), &*meta.add(at));
+                    let (hi, lo) = (x.hi.as_ptr() as *const u8, x.lo.as_ptr());
+                    let mut dot = [_mm256_setzero_ps(); 2];
+                    for (hh, dot) in dot.iter_mut().enumerate() {
+                        let isum = if hh == 0 {
+                            xm.isum_lo
+                        } else {
+                            xm.isum - xm.isum_lo
+                        };
+                        let mut a = _mm256_setzero_si256();
+                        let mut b = _mm256_set1_epi32(-32 * isum);
+                        for v in 0..4 {
+                            let (w, e) = (u[4 * hh + v], 16 * hh + 4 * v);
+                            a = _mm256_dpbusd_epi32(a, w, splat4(hi.add(e)));
+                            b = _mm256_dpbusd_epi32(b, splat4(lo.add(e)), w);
+                        }
+                        let q = _mm256_add_epi32(_mm256_slli_epi32::<8>(a), b);
+                        *dot = _mm256_cvtepi32_ps(q);
+                    }
+                    let t = _mm256_fmadd_ps(dot[1], sc[1], _mm256_mul_ps(dot[0], sc[0]));
+                    *acc = _mm256_fmadd_ps(t, _mm256_set1_ps(xm.scale), *acc);
+                }
+            }
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! (at most 2·32767·128 per `madd`, and 16 of them per lane before the sums are scaled).
 //! Six- and eight-bit weights would overflow the 16-bit sums of the 4-bit kernels'
 //! `maddubs` against the byte split of 16-bit activations; against 8-bit ones they take
-//! `avx2_byte.rs`'s kernels.
+//! `avx2_byte.rs`'s kernels, and so does Q6_K against the byte split where `vpdpbusd`
+//! sums into 32 bits (AVX-512 VNNI).
 
 use super::ROWS;
 use crate::quant::act::QuantizedActs;

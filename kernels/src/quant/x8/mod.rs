@@ -80,14 +80,15 @@ pub fn supports(format: QuantFormat) -> bool {
 
 /// True when the kernel of `format` reads the activations' byte split at 16 bits
 /// ([`QuantizedActs::split`], which [`QuantizedActs::add_split`] makes): the 4-bit formats
-/// do, Q6_K and Q8_0 read the 16-bit integers themselves. At 8 bits every interleaved
-/// kernel reads the bytes ([`QuantizedActs::bytes`]), which
-/// [`QuantizedActs::quantize_at`] always lays out.
+/// do, and Q6_K where the CPU has AVX-512 VNNI; Q8_0, and Q6_K elsewhere, read the 16-bit
+/// integers themselves. At 8 bits every interleaved kernel reads the bytes
+/// ([`QuantizedActs::bytes`]), which [`QuantizedActs::quantize_at`] always lays out.
 pub fn reads_tiles(format: QuantFormat) -> bool {
-    matches!(
-        format,
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4_K
-    )
+    match format {
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4_K => true,
+        QuantFormat::Q6_K => crate::simd::has_avx512_vnni(),
+        _ => false,
+    }
 }
 
 /// The process's precision for interleaved weights, fixed at its first use.

@@ -79,11 +79,9 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
         && std::is_x86_feature_detected!("f16c")
     {
         out.push(("avx2", avx2::columns));
-        if std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512vnni")
-        {
+        // As the dispatch decides (`QKV_NO_AVX512` turns it off): where it runs, Q6_K's
+        // activations carry the byte split this kernel reads ([`reads_tiles`]).
+        if crate::simd::has_avx512_vnni() {
             out.push(("vnni", avx2::columns_vnni));
         }
     }
