@@ -85,13 +85,14 @@ fn one_pass(w: Weights<'_>, m: usize) -> bool {
 
 /// Up to how many rows interleaved weights of `format` take the one-pass GEMV rather than
 /// the integer GEMM: all rows where the GEMM does not run (without AVX-512 VNNI). Where it
-/// does, the GEMM reads GGUF's layout, so each call first takes the whole matrix apart
+/// does, the GEMM reads GGUF's layout, so each of its panels first takes its rows apart
 /// again; at 8 bits the interleaved kernels (on `vpdpbusd` there) are faster at every
 /// count of rows measured, and at 16 bits until the GEMM's integer rate pays for that.
 /// `gemm_rows`, the 1B shapes, 2 threads, Zen 4 with AVX-512, GMAC/s interleaved against
-/// the GEMM. At 16 bits: Q4_0 86–109 against 85–95 at 64 rows, 94–111 against 116–133 at
-/// 128; Q4_K 85–97 against 54–92 at 64, 86–100 against 74–109 at 128; Q8_0 91–99 against
-/// 87–92 at 256, 90–98 against 117–125 at 512; Q6_K 67–87 against 61–71 at 512. At 8 bits,
+/// the GEMM. At 16 bits, with the panels taken apart on their own threads: Q4_0 142–157
+/// against 112–115 at 64 rows; Q4_K 129–148 against 107–109 at 64, 130–138 either way at
+/// 128; Q8_0 100–105 against 100–103 at 64, 102–105 against 126–138 at 128, 100–103
+/// against 150–161 at 256; Q6_K 67–87 against 61–71 at 512 (before its byte split). At 8 bits,
 /// 16 rows: Q4_0 200–251 against 33–36, Q4_K 176–231 against 35–38, Q6_K 144–161 against
 /// 5, Q8_0 121–140 against 10–11; 512 rows: Q4_0 213–256 against 144–176, Q4_K 164–214
 /// against 154–165, Q6_K 153–165 against 71–76, Q8_0 128–157 against 117–127.
@@ -101,7 +102,6 @@ fn x8_one_pass_max_rows(format: QuantFormat) -> usize {
     }
     match format {
         QuantFormat::Q6_K => usize::MAX,
-        QuantFormat::Q8_0 => 256,
         _ => 64,
     }
 }
@@ -321,23 +321,12 @@ pub fn linear(
                 })?;
             }
             Weights::QuantX8(format, packed) if quant::gemm::available() => {
-                // The integer GEMM reads GGUF's layout: the rows taken apart once per call, into
-                // the thread's reused buffer (taken out, as `gemm_panels` does with its panel).
-                let mut blocks = UNPACKED.with(|u| std::mem::take(&mut *u.borrow_mut()));
-                blocks.resize(packed.len(), 0);
-                quant::x8::unpack_rows(format, packed, k, 0, n, &mut blocks)?;
                 // At the precision the interleaved kernels use, so that a row's result does
                 // not depend on how many rows came with it.
                 let precision = quant::x8::act_precision(format);
                 gemv::with_quantized(x, m, k, precision, false, |acts| {
-                    quant::gemm::gemm(y, acts, format, &blocks, bias, n)
+                    quant::gemm::gemm_interleaved(y, acts, format, packed, bias, n)
                 })?;
-                UNPACKED.with(|u| {
-                    let mut kept = u.borrow_mut();
-                    if kept.len() < blocks.len() {
-                        *kept = blocks;
-                    }
-                });
             }
             _ => gemm_panels(y, x, w, bias, m, k, n),
         }

@@ -53,10 +53,34 @@ pub fn gemm(
     #[cfg(target_arch = "x86_64")]
     if available() {
         check_shapes(y, acts, format, w, bias, n)?;
-        vnni::gemm(y, acts, format, w, bias, n);
+        vnni::gemm(y, acts, format, w, false, bias, n);
         return Ok(true);
     }
     let _ = (y, acts, format, w, bias, n);
+    Ok(false)
+}
+
+/// As [`gemm()`], with `W` in the interleaved layout ([`x8`](super::x8), `packed` as
+/// [`x8::pack`](super::x8::pack) leaves it): each panel's rows are taken back to GGUF's
+/// layout as the panel is packed, on the thread that packs it, so no copy of the whole
+/// matrix is made and none of the work is serial. Errors, touching nothing, as [`gemm()`]
+/// does, or when the format has no interleaved layout or `n` is not whole groups of 8.
+pub fn gemm_interleaved(
+    y: &mut [f32],
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    packed: &[u8],
+    bias: Option<&[f32]>,
+    n: usize,
+) -> Result<bool> {
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        super::x8::check(format, n, acts.k)?;
+        check_shapes(y, acts, format, packed, bias, n)?;
+        vnni::gemm(y, acts, format, packed, true, bias, n);
+        return Ok(true);
+    }
+    let _ = (y, acts, format, packed, bias, n);
     Ok(false)
 }
 
@@ -88,6 +112,58 @@ mod tests {
     use crate::par::SharedOut;
     use crate::quant::gemv::columns_scalar;
     use crate::quant::testing::{magnitude, weight_blocks, Rng};
+
+    /// `W` interleaved gives the same bits as `W` in GGUF's layout: each panel is taken back
+    /// to the same rows before it is packed. `n` of one group of 8, of one panel and a group
+    /// (40), and past two panels (72); `m` not a multiple of the tile.
+    #[test]
+    fn interleaved_weights_give_the_same_bits() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI (or it is turned off)");
+            return;
+        }
+        let mut rng = Rng(0x1A7E_41EA_5EED_0002);
+        for format in QuantFormat::ALL
+            .into_iter()
+            .filter(|&f| crate::quant::x8::supports(f))
+        {
+            for (m, n, k) in [(9usize, 8usize, 256usize), (13, 40, 512), (70, 72, 256)] {
+                let w = weight_blocks(format, n, k, &mut rng);
+                let mut packed = vec![0u8; w.len()];
+                crate::quant::x8::pack(format, &w, n, k, &mut packed).unwrap();
+                let x: Vec<f32> = (0..m * k).map(|_| rng.uniform()).collect();
+                let mut acts = QuantizedActs::default();
+                acts.quantize(&x, m, k).unwrap();
+                let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                assert!(gemm(&mut a, &acts, format, &w, None, n).unwrap());
+                assert!(gemm_interleaved(&mut b, &acts, format, &packed, None, n).unwrap());
+                assert_eq!(
+                    a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{format} m={m} n={n} k={k}"
+                );
+            }
+        }
+        // Shapes the layout cannot hold are refused, touching nothing.
+        let mut acts = QuantizedActs::default();
+        acts.quantize(&[0.5; 256], 1, 256).unwrap();
+        let mut y = vec![7.0f32; 12];
+        let bytes = 12 * QuantFormat::Q4_0.row_bytes(256).unwrap();
+        assert!(
+            gemm_interleaved(&mut y, &acts, QuantFormat::Q4_0, &vec![0; bytes], None, 12).is_err()
+        );
+        let bytes = 8 * QuantFormat::Q5_0.row_bytes(256).unwrap();
+        assert!(gemm_interleaved(
+            &mut y[..8],
+            &acts,
+            QuantFormat::Q5_0,
+            &vec![0; bytes],
+            None,
+            8
+        )
+        .is_err());
+        assert!(y.iter().all(|&v| v == 7.0));
+    }
 
     /// The integer GEMM against the scalar GEMV on the same integers, on awkward shapes: `m`
     /// not a multiple of the 4-row tile, `n` not a multiple of the 32-row panel (and below

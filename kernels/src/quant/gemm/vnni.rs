@@ -36,31 +36,48 @@ struct Panel {
     a: Vec<f32>,
     /// `[group][NR]` additive constants.
     c: Vec<f32>,
+    /// The panel's rows of `W` in GGUF's layout, where `W` comes interleaved.
+    rows: Vec<u8>,
 }
 
 thread_local! {
     static PANEL: RefCell<Panel> = RefCell::new(Panel::default());
 }
 
-/// See [`super::gemm`]; shapes already checked, and the CPU has AVX-512 F, BW, VL, VNNI.
+/// See [`super::gemm`] and [`super::gemm_interleaved`] (`interleaved`: `w` in
+/// [`x8`](crate::quant::x8)'s layout, each panel's rows taken back to GGUF's layout as the
+/// panel is packed); shapes already checked, and the CPU has AVX-512 F, BW, VL, VNNI.
 pub(super) fn gemm(
     y: &mut [f32],
     acts: &QuantizedActs,
     format: QuantFormat,
     w: &[u8],
+    interleaved: bool,
     bias: Option<&[f32]>,
     n: usize,
 ) {
     let out = SharedOut(y.as_mut_ptr());
     let panels = n.div_ceil(NR);
+    let row_bytes = acts.k / format.block_elems() * format.block_bytes();
     let run = |panel: usize| {
         PANEL.with(|buf| {
             let mut buf = buf.borrow_mut();
             let (j0, j1) = (panel * NR, ((panel + 1) * NR).min(n));
+            let mut unpacked = std::mem::take(&mut buf.rows);
+            let rows = if interleaved {
+                unpacked.resize((j1 - j0) * row_bytes, 0);
+                // Panels are whole groups of 8 rows (NR is a multiple of 8, and so is n).
+                crate::quant::x8::unpack_rows(format, w, acts.k, j0, j1 - j0, &mut unpacked)
+                    .expect("the panel's rows lie inside the checked matrix");
+                &unpacked[..]
+            } else {
+                &w[j0 * row_bytes..j1 * row_bytes]
+            };
             // SAFETY: the CPU has the features (the caller's contract, checked by
-            // `super::gemm`); `w` holds n rows of acts.k elements, y is m·n, and panel
-            // `panel` writes only its own columns j0..j1.
-            unsafe { panel_product(out, acts, format, w, bias, n, j0, j1, &mut buf) };
+            // `super::gemm`); `rows` holds rows j0..j1 of acts.k elements, y is m·n, and
+            // panel `panel` writes only its own columns j0..j1.
+            unsafe { panel_product(out, acts, format, rows, bias, n, j0, j1, &mut buf) };
+            buf.rows = unpacked;
         })
     };
     if rayon::current_num_threads() > 1 && panels > 1 {
@@ -70,11 +87,12 @@ pub(super) fn gemm(
     }
 }
 
-/// Packs rows `j0..j1` of `W` and writes columns `j0..j1` of `y`.
+/// Packs rows `j0..j1` of `W` (`w`, in GGUF's layout, holds those rows only) and writes
+/// columns `j0..j1` of `y`.
 ///
 /// # Safety
-/// AVX-512 F, BW, VL, VNNI, AVX2, FMA, F16C; `w` holds `n` rows of `acts.k` elements of
-/// `format`; `y` points to `acts.m·n` floats whose columns `j0..j1` no one else touches;
+/// AVX-512 F, BW, VL, VNNI, AVX2, FMA, F16C; `w` holds `j1 - j0` rows of `acts.k` elements
+/// of `format`; `y` points to `acts.m·n` floats whose columns `j0..j1` no one else touches;
 /// `j1 - j0 ≤ NR`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -124,7 +142,7 @@ unsafe fn product<F: Unpack<__m512i>>(
     panel: &mut Panel,
 ) {
     // SAFETY: the caller's contract.
-    unsafe { pack::<F>(acts.k, w, j0, j1, panel) };
+    unsafe { pack::<F>(acts.k, w, j1 - j0, panel) };
     let m = acts.m;
     let mut i0 = 0;
     while i0 < m {
@@ -166,12 +184,13 @@ impl Sink<__m512i> for Store {
     }
 }
 
-/// Unpacks rows `j0..j1` of `W` into `panel`, zeros for the rest of its `NR` columns.
+/// Unpacks the `cols` rows of `W` in `w` into `panel`, zeros for the rest of its `NR`
+/// columns.
 ///
 /// # Safety
-/// AVX-512 F and BW, AVX2, F16C; `w` holds rows `j0..j1` of `k` elements of `F`.
+/// AVX-512 F and BW, AVX2, F16C; `w` holds `cols ≤ NR` rows of `k` elements of `F`.
 #[inline(always)]
-unsafe fn pack<F: Unpack<__m512i>>(k: usize, w: &[u8], j0: usize, j1: usize, panel: &mut Panel) {
+unsafe fn pack<F: Unpack<__m512i>>(k: usize, w: &[u8], cols: usize, panel: &mut Panel) {
     let groups = k / ACT_BLOCK;
     let halves = if F::HALVES { 2 } else { 1 };
     let nblocks = k / F::BE;
@@ -187,9 +206,9 @@ unsafe fn pack<F: Unpack<__m512i>>(k: usize, w: &[u8], j0: usize, j1: usize, pan
     }
     let mut ch = Chunk::new();
     let per_chunk = CHUNK / gpb;
-    for (col, j) in (j0..j1).enumerate() {
-        // SAFETY: row j < n lies inside w (the caller's contract).
-        let row = unsafe { w.as_ptr().add(j * row_bytes) };
+    for col in 0..cols {
+        // SAFETY: row col < cols lies inside w (the caller's contract).
+        let row = unsafe { w.as_ptr().add(col * row_bytes) };
         let mut sink = Store {
             // SAFETY: column col < NR of the panel.
             q: unsafe { panel.q.as_mut_ptr().add(col) },
