@@ -50,14 +50,7 @@ pub fn gemm(
     bias: Option<&[f32]>,
     n: usize,
 ) -> Result<bool> {
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        check_shapes(y, acts, format, w, bias, n)?;
-        vnni::gemm(y, acts, format, w, false, bias, n);
-        return Ok(true);
-    }
-    let _ = (y, acts, format, w, bias, n);
-    Ok(false)
+    product(y, acts, format, w, false, bias, n)
 }
 
 /// As [`gemm()`], with `W` in the interleaved layout ([`x8`](super::x8), `packed` as
@@ -73,14 +66,27 @@ pub fn gemm_interleaved(
     bias: Option<&[f32]>,
     n: usize,
 ) -> Result<bool> {
+    super::x8::check(format, n, acts.k)?;
+    product(y, acts, format, packed, true, bias, n)
+}
+
+/// [`gemm()`] (`interleaved` false) and [`gemm_interleaved`] after their own checks.
+fn product(
+    y: &mut [f32],
+    acts: &QuantizedActs,
+    format: QuantFormat,
+    w: &[u8],
+    interleaved: bool,
+    bias: Option<&[f32]>,
+    n: usize,
+) -> Result<bool> {
     #[cfg(target_arch = "x86_64")]
     if available() {
-        super::x8::check(format, n, acts.k)?;
-        check_shapes(y, acts, format, packed, bias, n)?;
-        vnni::gemm(y, acts, format, packed, true, bias, n);
+        check_shapes(y, acts, format, w, bias, n)?;
+        vnni::gemm(y, acts, format, w, interleaved, bias, n);
         return Ok(true);
     }
-    let _ = (y, acts, format, packed, bias, n);
+    let _ = (y, acts, format, w, interleaved, bias, n);
     Ok(false)
 }
 

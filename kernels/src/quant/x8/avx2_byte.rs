@@ -44,7 +44,7 @@
 
 use super::avx2_i16::{q6_k_join, q6_k_values};
 use super::ROWS;
-use crate::quant::act::{ByteBlock, QuantizedActs, SplitBlock, TileMeta};
+use crate::quant::act::{QuantizedActs, SplitBlock, TileMeta};
 use core::arch::x86_64::*;
 
 /// How far ahead of the column being multiplied the group's bytes are prefetched.
@@ -77,11 +77,12 @@ unsafe fn rows4() -> __m256i {
     }
 }
 
-/// The tile of activations (bytes and meta) of the `M` rows starting at `i0`.
-fn tile(acts: &QuantizedActs, i0: usize) -> (*const ByteBlock, *const TileMeta) {
+/// The tile of activations of the `M` rows starting at `i0`: its blocks in `blocks` (the
+/// bytes, or the byte split) and its meta.
+fn tile<B>(blocks: &[B], acts: &QuantizedActs, i0: usize) -> (*const B, *const TileMeta) {
     let at = acts.tile_at(i0, 0);
     (
-        acts.bytes.as_ptr().wrapping_add(at),
+        blocks.as_ptr().wrapping_add(at),
         acts.tile_meta.as_ptr().wrapping_add(at),
     )
 }
@@ -107,7 +108,7 @@ pub(super) unsafe fn q6_k<const M: usize, const VNNI: bool>(
         unsafe { q6_k_one::<VNNI>(col, ns, acts, i0, &mut acc[0]) };
         return;
     }
-    let (tiles, meta) = tile(acts, i0);
+    let (tiles, meta) = tile(&acts.bytes, acts, i0);
     // SAFETY: column s < ns lies inside `col` (the contract), half-group h < 16 inside its
     // column; the tile's entries (8s + g)·M + i < 8·ns·M lie inside the tiles; prefetches
     // never fault.
@@ -259,7 +260,7 @@ unsafe fn q6_k_one<const VNNI: bool>(
     i0: usize,
     acc: &mut __m256,
 ) {
-    let (tiles, meta) = tile(acts, i0);
+    let (tiles, meta) = tile(&acts.bytes, acts, i0);
     // SAFETY: column s < ns lies inside `col` (the contract), half-group h < 16 inside its
     // column; the row's blocks 8s + g < 8·ns lie inside the tiles; prefetches never fault.
     unsafe {
@@ -333,11 +334,7 @@ pub(super) unsafe fn q6_k_split<const M: usize>(
     acc: &mut [__m256; ROWS],
 ) {
     debug_assert!(acts.m >= i0 + M && acts.k == 256 * ns && acts.has_tiles());
-    let at0 = acts.tile_at(i0, 0);
-    let (tiles, meta) = (
-        acts.split.as_ptr().wrapping_add(at0),
-        acts.tile_meta.as_ptr().wrapping_add(at0),
-    );
+    let (tiles, meta) = tile(&acts.split, acts, i0);
     // SAFETY: column s < ns lies inside `col` (the contract), half-group h < 16 inside its
     // column; the tile's entries (8s + g)·M + i < 8·ns·M lie inside the tiles; prefetches
     // never fault; the features are the contract's.
@@ -403,7 +400,7 @@ pub(super) unsafe fn q8_0<const M: usize, const VNNI: bool>(
     acc: &mut [__m256; ROWS],
 ) {
     debug_assert!(acts.m >= i0 + M && acts.k == 32 * nb && acts.has_tiles());
-    let (tiles, meta) = tile(acts, i0);
+    let (tiles, meta) = tile(&acts.bytes, acts, i0);
     // SAFETY: column b < nb lies inside `col` (the contract); the tile's entries b·M + i <
     // nb·M lie inside the tiles; prefetches never fault.
     unsafe {
