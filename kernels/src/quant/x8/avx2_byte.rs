@@ -320,7 +320,8 @@ unsafe fn q6_k_one<const VNNI: bool>(
 /// The scales then apply in f32 (times a signed byte, the product could reach 2³¹), the
 /// half-group's `d·sc` once per column for all rows. The widened 16-bit kernel
 /// ([`super::avx2_i16`]'s `q6_k`) spends a `madd` and an add per 16 products and widens the
-/// weights first; this one a `vpdpbusd` per 32.
+/// weights to 16 bits first; this one a `vpdpbusd` per 16 (its 32 byte products are 16
+/// products of 16-bit activations, in two halves), with no adds and no widening.
 ///
 /// # Safety
 /// AVX2, FMA, F16C, AVX-512 VNNI and VL; `col` holds `ns` columns; `acts` is at 16 bits
