@@ -8,7 +8,8 @@
 //!   between steps without disturbing the others.
 //! - Prompts are read in chunks under a per-step token budget, after the decode tokens of
 //!   the running sequences, so a long prompt never stalls the streams already running by
-//!   more than one small chunk a step ([`EngineOptions::step_tokens`]). A step in which at
+//!   more than one small chunk a step ([`EngineOptions::step_tokens`], which is also what
+//!   each reading prompt may take of a step when several read at once). A step in which at
 //!   least as many sequences read their prompts as decode (none decodes, or a burst of
 //!   requests just arrived) reads the prompts together under the larger
 //!   [`EngineOptions::prefill_step_tokens`], so that streams that arrive together start
@@ -68,9 +69,12 @@ pub struct EngineOptions {
     /// Most bytes all KV caches may take together; `None` = `max_sequences` caches. Fewer
     /// sequences run at once when the budget does not hold that many.
     pub kv_budget: Option<usize>,
-    /// Most tokens one step runs while any sequence is decoding (decode tokens first, then
-    /// prompt chunks): what bounds the inter-token latency of running streams when a new
-    /// prompt arrives. Decode tokens always run, even past it.
+    /// Most tokens one step runs while more sequences decode than read their prompts
+    /// (decode tokens first, then prompt chunks): what bounds the inter-token latency of
+    /// running streams when a new prompt arrives. Decode tokens always run, even past it.
+    /// When several prompts read at once, each may take this many tokens of a step (all of
+    /// them together at most [`prefill_step_tokens`](Self::prefill_step_tokens)), so that
+    /// a burst that lands among many running streams is not read at a trickle.
     pub step_tokens: usize,
     /// Most tokens a step runs when at least as many sequences are reading their prompts as
     /// are decoding (none decodes, or a burst just arrived); the larger of this and
@@ -487,17 +491,23 @@ impl Engine {
             }
         }
         // A step's prompt tokens delay the decoding sequences and speed up the ones still
-        // reading: when no fewer are reading than decoding (nobody decodes, or a burst of
-        // requests has just arrived), read the prompts together under the larger budget.
+        // reading. When no fewer are reading than decoding (nobody decodes, or a burst of
+        // requests has just arrived), read the prompts together under the larger budget;
+        // otherwise each reading prompt still gets up to `step_tokens` a step, so that a
+        // burst that lands among many running streams is not read at a trickle (the
+        // decode tokens count against the larger budget too: the scratch holds no more).
         let reading = self
             .slots
             .iter()
             .filter(|s| s.running.as_ref().is_some_and(|r| r.next.is_none()))
             .count();
-        if reading >= self.plan.len() {
-            // The decode tokens count against it too: the scratch holds no more rows.
-            let prefill = self.options.prefill_step_tokens;
-            budget = budget.max(prefill.saturating_sub(self.plan.len()));
+        let decoding = self.plan.len();
+        let prefill = self.options.prefill_step_tokens.saturating_sub(decoding);
+        if reading >= decoding {
+            budget = budget.max(prefill);
+        } else {
+            let per_prompt = reading.saturating_mul(self.options.step_tokens);
+            budget = budget.max(per_prompt.min(prefill));
         }
         for (i, slot) in self.slots.iter().enumerate() {
             let Some(r) = &slot.running else { continue };

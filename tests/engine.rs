@@ -246,7 +246,7 @@ fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
     let mut e = engine(
         &m,
         EngineOptions {
-            max_sequences: 4,
+            max_sequences: 6,
             step_tokens: 8,
             prefill_step_tokens: 64,
             ..EngineOptions::default()
@@ -272,21 +272,43 @@ fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
     for &seq in &first {
         assert_eq!(tokens(&events, seq), 1, "{seq:?} after the first step");
     }
-    // Now three decode: 8 - 3 = 5 prompt tokens a step, so 20 take 4 steps, while each
-    // running sequence still gets one token every step.
+    // Now three decode and one prompt arrives: it reads 8 tokens a step (a reading
+    // prompt's own share, more than the 8 - 3 left after the decode tokens), so its 20 take
+    // 3 steps, while each running sequence still gets one token every step.
     let late = e.submit(request(prompt(3), 4)).unwrap();
-    for step in 1..=4 {
+    for step in 1..=3 {
         events.clear();
         e.step(&mut events).unwrap();
         for &seq in &first {
             assert_eq!(tokens(&events, seq), 1, "{seq:?} at step {step}");
         }
-        let want = usize::from(step == 4);
+        let want = usize::from(step == 3);
         assert_eq!(
             tokens(&events, late),
             want,
             "the late prompt at step {step}"
         );
+    }
+    // Four decode (the late one has 3 tokens to go) and two prompts arrive: fewer read
+    // than decode, so the step stays small, but it holds 8 prompt tokens for each of them:
+    // 16 a step, in slot order. The first prompt reads 16 and then 4, the second 12 and
+    // then its last 8: one has its first token at the second step, and at the third the
+    // other has its first and the one its second.
+    let pair: Vec<SeqId> = (4..6)
+        .map(|k| e.submit(request(prompt(k), 4)).unwrap())
+        .collect();
+    for (step, want) in [(1, 0), (2, 1), (3, 2)] {
+        events.clear();
+        e.step(&mut events).unwrap();
+        for &seq in &first {
+            assert_eq!(
+                tokens(&events, seq),
+                1,
+                "{seq:?} at step {step} of the pair"
+            );
+        }
+        let got: usize = pair.iter().map(|&seq| tokens(&events, seq)).sum();
+        assert_eq!(got, want, "the pair's tokens at step {step}");
     }
 
     // A burst: one sequence decodes and two prompts arrive, so as many read as decode and
@@ -322,8 +344,9 @@ fn prompts_read_together_when_idle_and_in_small_chunks_beside_decodes() {
         0,
         "the second prompt, read in part"
     );
-    // Now two decode and one reads: back to chunks of 8 - 2 = 6, so its last 17 tokens
-    // take 3 steps, and the two running sequences get a token in each.
+    // Now two decode and one reads: back to chunks of 8 (its own share; 8 - 2 = 6 are left
+    // after the decode tokens), so its last 17 tokens take 3 steps, and the two running
+    // sequences get a token in each.
     for step in 1..=3 {
         events.clear();
         e.step(&mut events).unwrap();

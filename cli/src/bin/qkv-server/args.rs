@@ -51,8 +51,9 @@ pub(crate) struct Args {
     /// Most requests waiting for a free sequence; more get 429.
     #[arg(long, default_value_t = 64)]
     pub(crate) queue: usize,
-    /// Most tokens one engine step runs while sequences decode (decode tokens first, then
-    /// prompt chunks): bounds how long a new prompt stalls the running streams.
+    /// Most tokens one engine step runs while more sequences decode than read prompts
+    /// (decode tokens first, then prompt chunks): bounds how long a new prompt stalls the
+    /// running streams. Several prompts read at once take up to this many each.
     #[arg(long, default_value_t = EngineOptions::default().step_tokens)]
     pub(crate) step_tokens: usize,
     /// Most tokens a step runs when as many sequences read prompts as decode (a burst).
