@@ -34,6 +34,8 @@
 #[cfg(target_arch = "x86_64")]
 mod f16gemm;
 mod gemv;
+#[cfg(test)]
+mod tests;
 
 use crate::error::{check_len, check_nonzero, KernelError, Result};
 use crate::par::SharedOut;
@@ -106,14 +108,32 @@ fn x8_one_pass_max_rows(format: QuantFormat) -> usize {
     }
 }
 
-/// Rows of `x` per GEMV call: all of them when every matrix takes them in one pass (see
-/// [`one_pass`]), else [`GEMV_MAX_ROWS`].
-fn gemv_step(all_one_pass: bool, m: usize) -> usize {
+/// Rows of `x` per GEMV call: when every matrix takes them in one pass (see [`one_pass`]),
+/// all of them up to [`one_pass_chunk_rows`], else [`GEMV_MAX_ROWS`].
+fn gemv_step(all_one_pass: bool, m: usize, k: usize) -> usize {
     if all_one_pass {
-        m
+        m.min(one_pass_chunk_rows(k))
     } else {
         GEMV_MAX_ROWS
     }
+}
+
+/// Elements of `x` (`rows·k`) one pass of the GEMV takes at most: 256 Ki, i.e. 0.6 MiB of
+/// 16-bit activations with their byte split, 0.35 MiB at 8 bits, so that they stay in L2
+/// while every group of 8 rows of `W` in a thread's piece walks them.
+const ONE_PASS_CHUNK_ELEMS: usize = 1 << 18;
+
+/// Rows of `x` per one-pass GEMV call for rows of `k` elements: about
+/// [`ONE_PASS_CHUNK_ELEMS`], never fewer than 64 (each chunk streams `W` again), and a
+/// multiple of the kernels' tile of 8 rows, so that every row meets the same tile (and
+/// gets the same bits) as in one call over all rows. Each group of `W` reads all of the
+/// call's `x`: taller `x` comes from memory instead of L2. `gemm_rows`, 1B shapes, 2
+/// threads, 2048 rows in one call against chunks (GMAC/s): at 8 bits Q4_K 160 → 229 and
+/// Q6_K 120 → 174 at 2048 × 8192 (`x` 16 MiB), 231 → 254 and 186 → 190 at 8192 × 2048; at
+/// 16 bits Q6_K (which never takes the integer GEMM) 75 → 111–113 at 2048 × 8192. At 512
+/// rows no shape lost (Q4_0 at 8 bits 233–277 → 250–287).
+fn one_pass_chunk_rows(k: usize) -> usize {
+    (ONE_PASS_CHUNK_ELEMS / k.max(1)).max(64) / quant::act::TILE_ROWS * quant::act::TILE_ROWS
 }
 
 /// A weight matrix `[n, k]` (row-major, one row per output feature) as it is stored:
@@ -304,7 +324,7 @@ pub fn linear(
 ) -> Result<()> {
     validate(y, x, w, bias, m, k, n)?;
     if gemv_rows(w, m) {
-        let step = gemv_step(one_pass(w, m), m);
+        let step = gemv_step(one_pass(w, m), m, k);
         for (r0, rows) in (0..m).step_by(step).map(|r| (r, step.min(m - r))) {
             let (xs, ys) = (&x[r0 * k..(r0 + rows) * k], &mut y[r0 * n..(r0 + rows) * n]);
             gemv(ys, xs, w, bias, rows, k, n);
@@ -396,7 +416,7 @@ pub fn linear_many(
     // On the stack: the decode step allocates nothing. Groups of GEMV_MAX_ROWS rows, or all
     // rows at once when every matrix takes them in one pass.
     let mut parts = [GemvPart::EMPTY; MAX_GROUP];
-    let step = gemv_step(projections.iter().all(|p| one_pass(p.w, m)), m);
+    let step = gemv_step(projections.iter().all(|p| one_pass(p.w, m)), m, k);
     for r0 in (0..m).step_by(step) {
         let rows = step.min(m - r0);
         for (part, p) in parts.iter_mut().zip(projections.iter_mut()) {
