@@ -169,10 +169,10 @@ fn gemm_shapes() {
     check(512, 64, 300, true, false, &mut rng);
 }
 
-/// f16 weights past the one-pass rows go to the blocked f16 GEMM (with AVX2, FMA and F16C):
-/// rows of `x` around its tile height of 6, `k` around the 8-value transposes and the slices
-/// of 256, `n` around the micro-panels of 16 (AVX2) and 32 (AVX-512) and the blocks of up to
-/// 256, on pools of 1 to 3 threads (the blocks are sized by the thread count), with and
+/// f16 weights past the one-pass rows (or past the elements of `x` one pass keeps) go to the
+/// blocked f16 GEMM (with AVX2, FMA and F16C): rows of `x` around its tile height of 6, `k`
+/// around the 8-value transposes and the slices of 256, `n` around the micro-panels of 16
+/// (AVX2) and 32 (AVX-512) and the blocks of up to 256, on pools of 1 to 3 threads (the blocks are sized by the thread count), with and
 /// without bias. CI runs it again with `QKV_NO_AVX512=1`, for the AVX2 kernel.
 #[test]
 fn f16_gemm_awkward_shapes() {
@@ -182,7 +182,7 @@ fn f16_gemm_awkward_shapes() {
         (&[first], &[9], &[17])
     } else {
         (
-            &[first, first + 5, 96, 127],
+            &[first, first + 1, first + 5, 300],
             &[1, 7, 8, 9, 255, 256, 257, 520],
             &[1, 15, 16, 17, 31, 33, 300],
         )
@@ -199,8 +199,10 @@ fn f16_gemm_awkward_shapes() {
         });
     }
     if !cfg!(miri) {
-        // Several blocks of 256 rows per thread, a ragged last block, two k-slices.
-        check(130, 600, 1100, true, true, &mut rng);
+        // Several blocks of 256 rows per thread, a ragged last block, three k-slices; few
+        // enough rows for one pass, but too long an `x` for L2 (ONE_PASS_X_ELEMS).
+        check(130, 2100, 1100, true, true, &mut rng);
+        check(40, 7000, 33, true, false, &mut rng);
         // Taller than one packed chunk of x (2^22 values: 1020 rows at k = 4096): two
         // chunks, the second ragged.
         check(1031, 4096, 17, true, true, &mut rng);

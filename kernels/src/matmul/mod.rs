@@ -10,8 +10,9 @@
 //!   split of `W`'s rows across threads, each group of 8 rows met by every row of `x` in
 //!   tiles of 8 while it sits in cache, as integers ([`crate::quant::x8`]): `W` is read from
 //!   memory once per call, for a decode step, a batched step or a prompt alike.
-//! - f32 and f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`] rows (a batched step): the same
-//!   split, every row of `x` in one pass, in register tiles of 4 rows of `x` by 3 of `W`.
+//! - f32 and f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`] rows whose `x` stays in L2
+//!   ([`ONE_PASS_X_ELEMS`]; a batched step): the same split, every row of `x` in one pass,
+//!   in register tiles of 4 rows of `x` by 3 of `W`.
 //! - Many rows (prefill) of f16 weights, where the CPU has AVX2, FMA and F16C: our own
 //!   blocked GEMM, widening each block of `W` once into the micro-kernel's layout
 //!   (`f16gemm`).
@@ -58,29 +59,44 @@ const _: () = assert!(GEMV_MAX_ROWS <= quant::gemv::MAX_ROWS);
 /// weights take all their rows in one pass instead, up to `x8_one_pass_max_rows`.
 pub const QUANT_GEMV_MAX_ROWS: usize = 16;
 
-/// Up to this many rows, f32 and f16 weights (`[n, k]`) meet all rows of `x` in one pass of
-/// the GEMV's split of `W`'s rows, in register tiles of 4 rows of `x` by 3 of `W`, rather
-/// than going to gemm through panels widened to f32.
-pub const FLOAT_ONE_PASS_MAX_ROWS: usize = 64;
+/// Up to this many rows, and while `x` holds no more than [`ONE_PASS_X_ELEMS`], f32 and f16
+/// weights (`[n, k]`) meet all rows of `x` in one pass of the GEMV's split of `W`'s rows, in
+/// register tiles of 4 rows of `x` by 3 of `W`, rather than going to a GEMM that widens `W`
+/// (f16: our own, with its 6 × 32 tiles; f32: the gemm crate). `gemm_rows f16`, 2 threads,
+/// GMAC/s, one pass against the f16 GEMM: at SmolLM2's shapes (k = 576, 1536) 97–101
+/// against 79–95 at 96 and 128 rows, 97–100 against 86–99 at 256; at 1B's k = 2048, 89–99
+/// against 88–94 at 96 and 128 rows.
+pub const FLOAT_ONE_PASS_MAX_ROWS: usize = 256;
+
+/// Elements of `x` (`m·k`) one pass over `W` keeps at most: every block of `W` in a thread's
+/// piece walks all of the call's `x`, so beyond what L2 holds (1 MiB of f32, 0.6 MiB of
+/// 16-bit activations with their byte split, 0.35 MiB at 8 bits) `x` comes from L3 or
+/// memory. f32 and f16 weights take the GEMM past it (at k = 8192, f16, 2 threads: one pass
+/// 65–73 GMAC/s at 32 rows, 68–72 at 48 and 64, where the GEMM gives 57–65, 70–84 and
+/// 80–84); interleaved weights take taller `x` in chunks ([`one_pass_chunk_rows`]).
+pub const ONE_PASS_X_ELEMS: usize = 1 << 18;
 
 /// True when `m` rows against `w` run through the GEMV's split of `W`'s rows rather than
 /// gemm: up to [`GEMV_MAX_ROWS`] rows for every format but [`Weights::F32T`]; up to
 /// [`QUANT_GEMV_MAX_ROWS`] for quantized weights; and all rows in one pass where
 /// [`one_pass`] says so. Not where AVX-512 VNNI runs the integer GEMM.
-fn gemv_rows(w: Weights<'_>, m: usize) -> bool {
-    one_pass(w, m)
+fn gemv_rows(w: Weights<'_>, m: usize, k: usize) -> bool {
+    one_pass(w, m, k)
         || !matches!(w, Weights::F32T(_)) && m <= GEMV_MAX_ROWS
         || (w.is_quantized() && m <= QUANT_GEMV_MAX_ROWS && !quant::gemm::available())
 }
 
 /// True when the GEMV takes all `m` rows of `x` in one pass over `w`, so that `W` is read
 /// from memory once per call: interleaved weights, whose kernel takes the rows in tiles of
-/// 8 against each group of `W` while it sits in cache (up to [`x8_one_pass_max_rows`]);
-/// and f32/f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`].
-fn one_pass(w: Weights<'_>, m: usize) -> bool {
+/// 8 against each group of `W` while it sits in cache (up to [`x8_one_pass_max_rows`], in
+/// chunks of [`one_pass_chunk_rows`]); and f32/f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`]
+/// rows and [`ONE_PASS_X_ELEMS`] elements of `x`.
+fn one_pass(w: Weights<'_>, m: usize, k: usize) -> bool {
     match w {
         Weights::QuantX8(format, _) => m <= x8_one_pass_max_rows(format),
-        Weights::F32(_) | Weights::F16(_) => m <= FLOAT_ONE_PASS_MAX_ROWS,
+        Weights::F32(_) | Weights::F16(_) => {
+            m <= FLOAT_ONE_PASS_MAX_ROWS && m.saturating_mul(k) <= ONE_PASS_X_ELEMS
+        }
         _ => false,
     }
 }
@@ -118,13 +134,8 @@ fn gemv_step(all_one_pass: bool, m: usize, k: usize) -> usize {
     }
 }
 
-/// Elements of `x` (`rows·k`) one pass of the GEMV takes at most: 256 Ki, i.e. 0.6 MiB of
-/// 16-bit activations with their byte split, 0.35 MiB at 8 bits, so that they stay in L2
-/// while every group of 8 rows of `W` in a thread's piece walks them.
-const ONE_PASS_CHUNK_ELEMS: usize = 1 << 18;
-
-/// Rows of `x` per one-pass GEMV call for rows of `k` elements: about
-/// [`ONE_PASS_CHUNK_ELEMS`], never fewer than 64 (each chunk streams `W` again), and a
+/// Rows of `x` per one-pass GEMV call over interleaved weights for rows of `k` elements:
+/// about [`ONE_PASS_X_ELEMS`], never fewer than 64 (each chunk streams `W` again), and a
 /// multiple of the kernels' tile of 8 rows, so that every row meets the same tile (and
 /// gets the same bits) as in one call over all rows. Each group of `W` reads all of the
 /// call's `x`: taller `x` comes from memory instead of L2. `gemm_rows`, 1B shapes, 2
@@ -133,7 +144,7 @@ const ONE_PASS_CHUNK_ELEMS: usize = 1 << 18;
 /// 16 bits Q6_K (which never takes the integer GEMM) 75 → 111–113 at 2048 × 8192. At 512
 /// rows no shape lost (Q4_0 at 8 bits 233–277 → 250–287).
 fn one_pass_chunk_rows(k: usize) -> usize {
-    (ONE_PASS_CHUNK_ELEMS / k.max(1)).max(64) / quant::act::TILE_ROWS * quant::act::TILE_ROWS
+    (ONE_PASS_X_ELEMS / k.max(1)).max(64) / quant::act::TILE_ROWS * quant::act::TILE_ROWS
 }
 
 /// A weight matrix `[n, k]` (row-major, one row per output feature) as it is stored:
@@ -323,8 +334,8 @@ pub fn linear(
     n: usize,
 ) -> Result<()> {
     validate(y, x, w, bias, m, k, n)?;
-    if gemv_rows(w, m) {
-        let step = gemv_step(one_pass(w, m), m, k);
+    if gemv_rows(w, m, k) {
+        let step = gemv_step(one_pass(w, m, k), m, k);
         for (r0, rows) in (0..m).step_by(step).map(|r| (r, step.min(m - r))) {
             let (xs, ys) = (&x[r0 * k..(r0 + rows) * k], &mut y[r0 * n..(r0 + rows) * n]);
             gemv(ys, xs, w, bias, rows, k, n);
@@ -407,7 +418,7 @@ pub fn linear_many(
     for p in projections.iter() {
         validate(p.y, x, p.w, p.bias, m, k, p.n)?;
     }
-    if !projections.iter().all(|p| gemv_rows(p.w, m)) || projections.len() > MAX_GROUP {
+    if !projections.iter().all(|p| gemv_rows(p.w, m, k)) || projections.len() > MAX_GROUP {
         for p in projections.iter_mut() {
             linear(p.y, x, p.w, p.bias, m, k, p.n)?;
         }
@@ -416,7 +427,7 @@ pub fn linear_many(
     // On the stack: the decode step allocates nothing. Groups of GEMV_MAX_ROWS rows, or all
     // rows at once when every matrix takes them in one pass.
     let mut parts = [GemvPart::EMPTY; MAX_GROUP];
-    let step = gemv_step(projections.iter().all(|p| one_pass(p.w, m)), m, k);
+    let step = gemv_step(projections.iter().all(|p| one_pass(p.w, m, k)), m, k);
     for r0 in (0..m).step_by(step) {
         let rows = step.min(m - r0);
         for (part, p) in parts.iter_mut().zip(projections.iter_mut()) {

@@ -25,7 +25,7 @@ fn tall_x_in_chunks_gives_the_bits_of_one_call() {
             let mut packed = vec![0; blocks.len()];
             quant::x8::pack(format, &blocks, n, k, &mut packed).unwrap();
             let w = Weights::QuantX8(format, &packed);
-            if !one_pass(w, m) {
+            if !one_pass(w, m, k) {
                 continue;
             }
             let (mut chunked, mut whole) = (vec![0.0; m * n], vec![0.0; m * n]);
