@@ -13,7 +13,7 @@ fn tall_x_in_chunks_gives_the_bits_of_one_call() {
     let mut rng = Rng(0x5eed_c4a1);
     for k in [2048, 8192] {
         let chunk = one_pass_chunk_rows(k);
-        assert!(chunk % quant::act::TILE_ROWS == 0 && chunk >= 64);
+        assert!(chunk.is_multiple_of(quant::act::TILE_ROWS) && chunk >= 64);
         // Two whole chunks and a ragged end of 3 rows past a tile.
         let (m, n) = (2 * chunk + 8 * 5 + 3, 24);
         let x: Vec<f32> = (0..m * k).map(|_| rng.uniform()).collect();
