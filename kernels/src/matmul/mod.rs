@@ -63,17 +63,17 @@ pub const QUANT_GEMV_MAX_ROWS: usize = 16;
 /// weights (`[n, k]`) meet all rows of `x` in one pass of the GEMV's split of `W`'s rows, in
 /// register tiles of 4 rows of `x` by 3 of `W`, rather than going to a GEMM that widens `W`
 /// (f16: our own, with its 6 × 32 tiles; f32: the gemm crate). `gemm_rows f16`, 2 threads,
-/// GMAC/s, one pass against the f16 GEMM: at SmolLM2's shapes (k = 576, 1536) 97–101
-/// against 79–95 at 96 and 128 rows, 97–100 against 86–99 at 256; at 1B's k = 2048, 89–99
-/// against 88–94 at 96 and 128 rows.
+/// GMAC/s, one pass against the f16 GEMM: at SmolLM2's shapes (k = 576 and 1536) 93–100
+/// against 54–87 at 96 and 128 rows, 98–99 against 83–102 at 256 (its output matrix); at
+/// 1B's k = 2048, 77–92 against 88–95 at 128 rows, even within the host's noise.
 pub const FLOAT_ONE_PASS_MAX_ROWS: usize = 256;
 
 /// Elements of `x` (`m·k`) one pass over `W` keeps at most: every block of `W` in a thread's
 /// piece walks all of the call's `x`, so beyond what L2 holds (1 MiB of f32, 0.6 MiB of
 /// 16-bit activations with their byte split, 0.35 MiB at 8 bits) `x` comes from L3 or
 /// memory. f32 and f16 weights take the GEMM past it (at k = 8192, f16, 2 threads: one pass
-/// 65–73 GMAC/s at 32 rows, 68–72 at 48 and 64, where the GEMM gives 57–65, 70–84 and
-/// 80–84); interleaved weights take taller `x` in chunks ([`one_pass_chunk_rows`]).
+/// 67–73 GMAC/s at 32 rows and 70–71 at 64, where the GEMM gives 57–65 and 73–84);
+/// interleaved weights take taller `x` in chunks ([`one_pass_chunk_rows`]).
 pub const ONE_PASS_X_ELEMS: usize = 1 << 18;
 
 /// True when `m` rows against `w` run through the GEMV's split of `W`'s rows rather than
@@ -141,7 +141,7 @@ fn gemv_step(all_one_pass: bool, m: usize, k: usize) -> usize {
 /// call's `x`: taller `x` comes from memory instead of L2. `gemm_rows`, 1B shapes, 2
 /// threads, 2048 rows in one call against chunks (GMAC/s): at 8 bits Q4_K 160 → 229 and
 /// Q6_K 120 → 174 at 2048 × 8192 (`x` 16 MiB), 231 → 254 and 186 → 190 at 8192 × 2048; at
-/// 16 bits Q6_K (which never takes the integer GEMM) 75 → 111–113 at 2048 × 8192. At 512
+/// 16 bits Q6_K (which never takes the integer GEMM) 75 → 111 at 2048 × 8192. At 512
 /// rows no shape lost (Q4_0 at 8 bits 233–277 → 250–287).
 fn one_pass_chunk_rows(k: usize) -> usize {
     (ONE_PASS_X_ELEMS / k.max(1)).max(64) / quant::act::TILE_ROWS * quant::act::TILE_ROWS
