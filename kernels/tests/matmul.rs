@@ -172,8 +172,9 @@ fn gemm_shapes() {
 /// f16 weights past the one-pass rows (or past the elements of `x` one pass keeps) go to the
 /// blocked f16 GEMM (with AVX2, FMA and F16C): rows of `x` around its tile height of 6, `k`
 /// around the 8-value transposes and the slices of 256, `n` around the micro-panels of 16
-/// (AVX2) and 32 (AVX-512) and the blocks of up to 256, on pools of 1 to 3 threads (the blocks are sized by the thread count), with and
-/// without bias. CI runs it again with `QKV_NO_AVX512=1`, for the AVX2 kernel.
+/// (AVX2) and 32 (AVX-512) and the blocks of up to 256, on pools of 1 to 3 threads (the
+/// blocks are sized by the thread count), with and without bias. CI runs it again with
+/// `QKV_NO_AVX512=1`, for the AVX2 kernel.
 #[test]
 fn f16_gemm_awkward_shapes() {
     let mut rng = Rng(7);
