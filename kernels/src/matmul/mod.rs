@@ -73,7 +73,7 @@ pub const FLOAT_ONE_PASS_MAX_ROWS: usize = 256;
 /// 16-bit activations with their byte split, 0.35 MiB at 8 bits) `x` comes from L3 or
 /// memory. f32 and f16 weights take the GEMM past it (at k = 8192, f16, 2 threads: one pass
 /// 67–73 GMAC/s at 32 rows and 70–71 at 64, where the GEMM gives 57–65 and 73–84);
-/// interleaved weights take taller `x` in chunks ([`one_pass_chunk_rows`]).
+/// interleaved weights take taller `x` in chunks (`one_pass_chunk_rows`).
 pub const ONE_PASS_X_ELEMS: usize = 1 << 18;
 
 /// True when `m` rows against `w` run through the GEMV's split of `W`'s rows rather than
