@@ -2,9 +2,11 @@
 //!
 //! qkv's HTTP server: the `qkv-server` binary (OpenAI's chat, completion, embedding and
 //! Responses routes, llama-server's native routes and Anthropic's Messages, over one model
-//! and the batch engine), and this library, which reads what the binary is sent. Nothing in
-//! the library needs a model to read a request, so any bytes can be fed to it (the
-//! server-request fuzz target does).
+//! and the batch engine), and this library: the requests it is sent, read into typed
+//! parameters or an error naming the field at fault, and what the engine needs from them
+//! (grammars compiled with llguidance, the logit bias, tool calls parsed out of replies).
+//! Reading a request needs no model, so any bytes can be fed to it (the server-request fuzz
+//! target does).
 //!
 //! - [`error`]: the error every route answers with, in OpenAI's shape; [`body`]: a request's
 //!   JSON body, read field by field, each error naming the field at fault;
