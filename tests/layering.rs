@@ -4,11 +4,11 @@
 //! `qkv-cli` (its library and `decode`).
 //!
 //! The check reads a crate's sources as text from its root file (comments, strings and
-//! `#[cfg(test)]` items left out), builds the module tree from the `mod` declarations, and resolves every
-//! `crate::…`, `super::…` and `self::…` path (in `use` trees and in code) to the module that
-//! defines the item, following `use` re-exports. A reference from module `a` to module `b`
-//! is then an edge between the two children of their closest common ancestor that hold
-//! them. The rules:
+//! `#[cfg(test)]` items left out), builds the module tree from the `mod` declarations, and
+//! resolves every `crate::…`, `super::…` and `self::…` path (in `use` trees and in code) to
+//! the module that defines the item, following `use` re-exports. A reference from module `a`
+//! to module `b` is then an edge between the two children of their closest common ancestor
+//! that hold them. The rules:
 //!
 //! - at the top of each crate, the modules form the layers declared below (`SRC_LAYERS`,
 //!   `KERNEL_LAYERS`, …, lowest first), and an edge may only go to a lower layer;

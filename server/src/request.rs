@@ -2,10 +2,10 @@
 //! an [`ApiError`] (a 400 in OpenAI's shape, [`crate::error`]) naming the field, never a
 //! panic.
 //!
-//! [`Body::parse`](crate::body::Body::parse) takes the raw bytes; [`params`] reads the sampling and output fields both
-//! completion routes share; [`chat_messages`] and [`completion_prompt`] read what each route
-//! generates from; [`tokenize_fields`] and [`detokenize_tokens`] read the tokenizer routes'
-//! bodies. None of them needs a model, so any bytes can be fed to them (the fuzz target does).
+//! [`Body::parse`](crate::body::Body::parse) takes the raw bytes; [`params`] reads the
+//! sampling and output fields both completion routes share; [`chat_messages`] and
+//! [`completion_prompt`] read what each route generates from; [`tokenize_fields`] and
+//! [`detokenize_tokens`] read the tokenizer routes' bodies. None of them needs a model, so any bytes can be fed to them (the fuzz target does).
 //!
 //! ```
 //! use qkv_server::body::Body;
