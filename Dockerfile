@@ -10,7 +10,7 @@
 FROM rust:1.89-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p qkv-cli --bin qkv-server
+RUN cargo build --release --locked -p qkv-server --bin qkv-server
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -1,5 +1,6 @@
 //! The `qkv` library needs no network: nothing it links, directly or through another crate,
-//! opens sockets, runs an async runtime or parses command lines. Those belong to qkv-cli.
+//! opens sockets, runs an async runtime or parses command lines. Those belong to the programs:
+//! qkv-cli (`decode`) and qkv-server.
 //! Read from the manifests and Cargo.lock, so a dependency that pulls one in fails here.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -85,11 +86,13 @@ fn the_library_links_no_network_runtime_or_argument_parser() {
     );
     let found: Vec<&&str> = REFUSED.iter().filter(|c| linked.contains(**c)).collect();
     assert!(found.is_empty(), "qkv links {found:?}");
-    // They are where they belong: qkv-cli's manifest.
-    let cli = manifest_dependencies("cli");
+    // They are where they belong: the server's manifest, and the command line's parser in
+    // qkv-cli's.
+    let server = manifest_dependencies("server");
     for c in ["axum", "clap", "tokio"] {
-        assert!(cli.iter().any(|d| d == c), "{c}");
+        assert!(server.iter().any(|d| d == c), "{c}");
     }
+    assert!(manifest_dependencies("cli").iter().any(|d| d == "clap"));
 }
 
 /// The dependency names of `section` (`[dependencies]`, `[dev-dependencies]`, …) in the
@@ -110,15 +113,27 @@ fn section_dependencies(dir: &str, section: &str) -> Vec<String> {
 }
 
 #[test]
-fn no_dependency_cycle_runs_through_the_cli_or_the_fetch() {
-    // qkv reaches qkv-cli through no dependency, not even one of its tests'.
-    for section in [
+fn no_dependency_cycle_runs_through_the_programs_or_the_fetch() {
+    let sections = [
         "[dependencies]",
         "[dev-dependencies]",
         "[build-dependencies]",
+    ];
+    // qkv reaches neither program's crate through any dependency, not even one of its
+    // tests'; and neither program's crate depends on the other.
+    for (dir, refused) in [
+        (".", &["qkv-cli", "qkv-server"][..]),
+        ("cli", &["qkv-server"]),
+        ("server", &["qkv-cli"]),
     ] {
-        let deps = section_dependencies(".", section);
-        assert!(!deps.iter().any(|d| d == "qkv-cli"), "{section}: {deps:?}");
+        for section in sections {
+            let deps = section_dependencies(dir, section);
+            let found: Vec<_> = deps
+                .iter()
+                .filter(|d| refused.contains(&d.as_str()))
+                .collect();
+            assert!(found.is_empty(), "{dir} {section}: {found:?}");
+        }
     }
     // The default model's fetch, which qkv's tests use, depends on nothing of qkv.
     let fetch = section_dependencies("fetch", "[dependencies]");

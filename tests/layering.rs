@@ -1,25 +1,34 @@
-//! The layering of `qkv` and `qkv-kernels`, checked from their sources: every module imports
-//! only downward, and no modules import each other in a circle.
+//! The layering of the workspace's crates, checked from their sources: every module imports
+//! only downward, and no modules import each other in a circle. Checked: `qkv` (`src/`),
+//! `qkv-kernels` (`kernels/src/`), `qkv-server` (its library and its binary's modules) and
+//! `qkv-cli` (its library and `decode`).
 //!
-//! The check reads `src/` and `kernels/src/` as text (comments, strings and `#[cfg(test)]`
-//! items left out), builds the module tree from the `mod` declarations, and resolves every
-//! `crate::…`, `super::…` and `self::…` path (in `use` trees and in code) to the module that
-//! defines the item, following `use` re-exports. A reference from module `a` to module `b`
-//! is then an edge between the two children of their closest common ancestor that hold
-//! them. The rules:
+//! The check reads a crate's sources as text from its root file (comments, strings and
+//! `#[cfg(test)]` items left out), builds the module tree from the `mod` declarations, and
+//! resolves every `crate::…`, `super::…` and `self::…` path (in `use` trees and in code) to
+//! the module that defines the item, following `use` re-exports. A reference from module `a`
+//! to module `b` is then an edge between the two children of their closest common ancestor
+//! that hold them. The rules:
 //!
 //! - at the top of each crate, the modules form the layers declared below (`SRC_LAYERS`,
-//!   `KERNEL_LAYERS`, lowest first), and an edge may only go to a lower layer;
+//!   `KERNEL_LAYERS`, …, lowest first), and an edge may only go to a lower layer;
 //! - below the top, the edges among the children of any one module have no cycle;
-//! - nothing imports an item defined in `lib.rs` itself (lib.rs only declares and
-//!   re-exports); a module may use its ancestors' items and its descendants'.
+//! - nothing imports an item defined in a library's `lib.rs` itself (lib.rs only declares
+//!   and re-exports); a module may use its ancestors' items and its descendants'. A binary's
+//!   `main.rs` is its program and holds the state its modules share, which they may use as an
+//!   ancestor's items;
+//! - no two modules of the server (its library and its binary together) have one name.
 //!
 //! The tests at the end run the check on small made-up crates, to show that it fails on an
-//! upward import, on a cycle and on an item taken from lib.rs.
+//! upward import, on a cycle (in a library and in a binary), on an item taken from lib.rs and
+//! on a module name used twice.
 
+#[path = "layering/paths.rs"]
+mod paths;
 #[path = "layering/text.rs"]
 mod text;
-use text::{blank_literals, blank_tests, find_word, ident_at, line_of, matching, skip_ws};
+use paths::{code_paths, mod_decls, path_attributes, use_paths, without_alias};
+use text::{blank_literals, blank_tests, line_of};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -59,26 +68,119 @@ const KERNEL_LAYERS: &[&str] = &[
     "attention",
 ];
 
+/// `qkv-server`'s library modules, lowest layer first (its lib.rs says the same in prose).
+const SERVER_LAYERS: &[&str] = &[
+    "error",
+    "body",
+    "auth",
+    "act_bits",
+    "native_fields",
+    "request",
+    "embedding",
+    "structured",
+    "tools",
+    "tool_stream",
+    "constraint",
+    "strict_calls",
+    "compat",
+];
+
+/// The modules of the `qkv-server` binary (beside its main.rs), lowest layer first (main.rs
+/// says the same in prose).
+const SERVER_BIN_LAYERS: &[&str] = &[
+    "args",
+    "cors",
+    "listen",
+    "named_templates",
+    "worker",
+    "models",
+    "chat",
+    "openai",
+    "native",
+    "embed_decoder",
+    "translate",
+    "anthropic",
+    "responses",
+    "embed",
+];
+
+/// `qkv-cli`'s library modules (`decode` has none of its own).
+const CLI_LAYERS: &[&str] = &["act_bits"];
+
+/// The workspace root.
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
 #[test]
 fn qkv_imports_only_downward_without_cycles() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    assert_layered(&root.join("src"), SRC_LAYERS);
+    assert_layered(&workspace().join("src/lib.rs"), SRC_LAYERS, Root::Library);
 }
 
 #[test]
 fn kernels_import_only_downward_without_cycles() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    assert_layered(&root.join("kernels/src"), KERNEL_LAYERS);
+    assert_layered(
+        &workspace().join("kernels/src/lib.rs"),
+        KERNEL_LAYERS,
+        Root::Library,
+    );
 }
 
-fn assert_layered(src: &Path, layers: &[&str]) {
-    let problems = check(src, layers);
+#[test]
+fn server_imports_only_downward_without_cycles() {
+    let server = workspace().join("server/src");
+    assert_layered(&server.join("lib.rs"), SERVER_LAYERS, Root::Library);
+    let bin = server.join("bin/qkv-server/main.rs");
+    assert_layered(&bin, SERVER_BIN_LAYERS, Root::Binary);
+    let names = twice_named(&[&server.join("lib.rs"), &bin]);
+    assert!(names.is_empty(), "server modules named alike: {names:?}");
+}
+
+#[test]
+fn cli_imports_only_downward_without_cycles() {
+    let cli = workspace().join("cli/src");
+    assert_layered(&cli.join("lib.rs"), CLI_LAYERS, Root::Library);
+    assert_layered(&cli.join("bin/decode.rs"), &[], Root::Binary);
+}
+
+fn assert_layered(root: &Path, layers: &[&str], kind: Root) {
+    let problems = check_crate(root, layers, kind);
     assert!(
         problems.is_empty(),
         "{}: the layering is broken:\n{}",
-        src.display(),
+        root.display(),
         problems.join("\n")
     );
+}
+
+/// What a crate's root file is: a library's lib.rs only declares and re-exports, so an item
+/// defined there is an error to take; a binary's main.rs is the program, whose modules may
+/// use its items as any module uses its ancestors'.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Root {
+    Library,
+    Binary,
+}
+
+/// The names given to more than one module across the crates rooted at `roots` (one crate's
+/// library and binary, say), each with the modules that bear it.
+fn twice_named(roots: &[&Path]) -> BTreeMap<String, Vec<String>> {
+    let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for root in roots {
+        let mut tree = Tree {
+            modules: BTreeMap::new(),
+            children: BTreeMap::new(),
+        };
+        load(&mut tree, root, Vec::new(), true, &mut Vec::new());
+        for path in tree.modules.keys() {
+            if let Some(name) = path.last() {
+                let at = format!("{}: {}", root.display(), path.join("::"));
+                by_name.entry(name.clone()).or_default().push(at);
+            }
+        }
+    }
+    by_name.retain(|_, at| at.len() > 1);
+    by_name
 }
 
 /// The module path given to names that a `use` brings in from another crate.
@@ -103,20 +205,19 @@ struct Tree {
     children: BTreeMap<ModPath, BTreeSet<String>>,
 }
 
-/// Every problem found in the crate under `src` (whose root is `lib.rs`), as a line each.
+/// Every problem found in the library under `src` (whose root is `lib.rs`), as a line each.
 fn check(src: &Path, layers: &[&str]) -> Vec<String> {
+    check_crate(&src.join("lib.rs"), layers, Root::Library)
+}
+
+/// Every problem found in the crate whose root file is `root`, as a line each.
+fn check_crate(root: &Path, layers: &[&str], kind: Root) -> Vec<String> {
     let mut tree = Tree {
         modules: BTreeMap::new(),
         children: BTreeMap::new(),
     };
     let mut problems = Vec::new();
-    load(
-        &mut tree,
-        &src.join("lib.rs"),
-        Vec::new(),
-        true,
-        &mut problems,
-    );
+    load(&mut tree, root, Vec::new(), true, &mut problems);
     for m in tree.modules.keys().cloned().collect::<Vec<_>>() {
         let imports = {
             let module = &tree.modules[&m];
@@ -160,7 +261,7 @@ fn check(src: &Path, layers: &[&str]) -> Vec<String> {
                 line_of(&module.text, at),
                 segs.join("::")
             );
-            if target.is_empty() && !m.is_empty() {
+            if kind == Root::Library && target.is_empty() && !m.is_empty() {
                 problems.push(format!(
                     "{witness}: takes an item defined in lib.rs (move it into a module)"
                 ));
@@ -183,7 +284,7 @@ fn check(src: &Path, layers: &[&str]) -> Vec<String> {
     for name in &top {
         if rank(name).is_none() {
             problems.push(format!(
-                "module `{name}` is in no declared layer (add it to the list in tests/layering.rs and lib.rs)"
+                "module `{name}` is in no declared layer (add it to the list in tests/layering.rs and to the crate root's doc)"
             ));
         }
     }
@@ -300,232 +401,6 @@ fn load(tree: &mut Tree, file: &Path, path: ModPath, owns_dir: bool, problems: &
             imports: BTreeMap::new(),
         },
     );
-}
-
-/// A `mod name;` or `mod name { … }` declaration: where it starts, and its body's byte range.
-struct ModDecl {
-    name: String,
-    at: usize,
-    body: Option<std::ops::Range<usize>>,
-}
-
-fn mod_decls(text: &str) -> Vec<ModDecl> {
-    let b = text.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while let Some(at) = find_word(text, "mod", i) {
-        i = at + 3;
-        let (name, after) = ident_at(text, skip_ws(b, i));
-        if name.is_empty() {
-            continue;
-        }
-        let j = skip_ws(b, after);
-        match b.get(j) {
-            Some(b';') => out.push(ModDecl {
-                name,
-                at,
-                body: None,
-            }),
-            Some(b'{') => {
-                let end = matching(b, j);
-                out.push(ModDecl {
-                    name,
-                    at,
-                    body: Some(j + 1..end),
-                });
-                i = end;
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
-/// `#[path = "…"]` attributes: where each ends, and the path.
-fn path_attributes(raw: &str) -> Vec<(usize, String)> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while let Some(k) = raw[i..].find("#[path") {
-        let start = i + k;
-        let Some(end) = raw[start..].find(']').map(|e| start + e + 1) else {
-            break;
-        };
-        let attr = &raw[start..end];
-        if let (Some(q0), Some(q1)) = (attr.find('"'), attr.rfind('"')) {
-            if q1 > q0 {
-                out.push((end, attr[q0 + 1..q1].to_string()));
-            }
-        }
-        i = end;
-    }
-    out
-}
-
-/// The `use` trees of `text`: where each starts, and each path it names, as segments.
-fn use_paths(text: &str) -> Vec<(usize, Vec<String>)> {
-    let b = text.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while let Some(at) = find_word(text, "use", i) {
-        let Some(end) = text[at..].find(';').map(|e| at + e) else {
-            break;
-        };
-        i = end;
-        if !b.get(at + 3).is_some_and(|c| c.is_ascii_whitespace()) {
-            continue;
-        }
-        let tokens = tokenize(&text[at + 3..end]);
-        for path in expand(&tokens) {
-            out.push((at, path));
-        }
-    }
-    out
-}
-
-/// `crate::…`, `super::…` and `self::…` paths written in code, outside `use` declarations.
-fn code_paths(text: &str) -> Vec<(usize, Vec<String>)> {
-    let mut without_uses = text.as_bytes().to_vec();
-    let mut i = 0;
-    while let Some(at) = find_word(text, "use", i) {
-        let end = text[at..].find(';').map_or(text.len(), |e| at + e);
-        without_uses[at..end].iter_mut().for_each(|c| {
-            if *c != b'\n' {
-                *c = b' '
-            }
-        });
-        i = end.max(at + 3);
-    }
-    let text = String::from_utf8(without_uses).unwrap();
-    let b = text.as_bytes();
-    let mut out = Vec::new();
-    for head in ["crate", "super", "self"] {
-        let mut i = 0;
-        while let Some(at) = find_word(&text, head, i) {
-            i = at + head.len();
-            if at > 0 && b[at - 1] == b'$' {
-                continue; // `$crate` in a macro
-            }
-            if text[..at].trim_end().ends_with(" in") || text[..at].trim_end().ends_with("(in") {
-                continue; // `pub(in crate::…)`
-            }
-            let mut segs = vec![head.to_string()];
-            let mut j = i;
-            loop {
-                let k = skip_ws(b, j);
-                if !text[k..].starts_with("::") {
-                    break;
-                }
-                let (name, after) = ident_at(&text, skip_ws(b, k + 2));
-                if name.is_empty() {
-                    break;
-                }
-                segs.push(name);
-                j = after;
-            }
-            if segs.len() > 1 {
-                out.push((at, segs));
-            }
-        }
-    }
-    out
-}
-
-/// Tokens of a `use` tree: identifiers and `::`, `{`, `}`, `,`, `*`.
-fn tokenize(s: &str) -> Vec<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i].is_ascii_whitespace() {
-            i += 1;
-        } else if s[i..].starts_with("::") {
-            out.push("::".into());
-            i += 2;
-        } else if b"{},*".contains(&b[i]) {
-            out.push((b[i] as char).to_string());
-            i += 1;
-        } else {
-            let (name, after) = ident_at(s, i);
-            if name.is_empty() {
-                i += 1;
-            } else {
-                out.push(name);
-                i = after;
-            }
-        }
-    }
-    out
-}
-
-/// The paths a `use` tree names (`a::{b, c::d as e}` → `a::b`, `a::c::d`).
-fn expand(tokens: &[String]) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    for part in split_top(tokens) {
-        let mut prefix = Vec::new();
-        let mut k = 0;
-        while k < part.len() {
-            match part[k].as_str() {
-                "::" => k += 1,
-                "{" => {
-                    let inner = &part[k + 1..part.len() - 1];
-                    for mut sub in expand(inner) {
-                        if sub == ["self"] {
-                            sub.clear();
-                        }
-                        let mut p = prefix.clone();
-                        p.append(&mut sub);
-                        out.push(p);
-                    }
-                    prefix.clear();
-                    break;
-                }
-                "as" => {
-                    // `path as alias`: the alias is kept as the path's last two segments.
-                    if let Some(alias) = part.get(k + 1) {
-                        prefix.push("as".to_string());
-                        prefix.push(alias.clone());
-                    }
-                    break;
-                }
-                seg => {
-                    prefix.push(seg.to_string());
-                    k += 1;
-                }
-            }
-        }
-        if !prefix.is_empty() {
-            out.push(prefix);
-        }
-    }
-    out.retain(|p| !p.is_empty());
-    out
-}
-
-/// A `use` path without its `as alias` ending.
-fn without_alias(segs: &[String]) -> &[String] {
-    match segs.len() {
-        n if n >= 2 && segs[n - 2] == "as" => &segs[..n - 2],
-        _ => segs,
-    }
-}
-
-/// Splits tokens at the commas outside braces.
-fn split_top(tokens: &[String]) -> Vec<&[String]> {
-    let mut out = Vec::new();
-    let (mut depth, mut start) = (0, 0);
-    for (k, t) in tokens.iter().enumerate() {
-        match t.as_str() {
-            "{" => depth += 1,
-            "}" => depth -= 1,
-            "," if depth == 0 => {
-                out.push(&tokens[start..k]);
-                start = k + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&tokens[start..]);
-    out
 }
 
 /// A path from module `m` made absolute (from the crate root), or `None` when it names
@@ -732,5 +607,64 @@ fn an_item_of_lib_rs_fails() {
     let problems = check(&dir, &["low", "high"]);
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].contains("defined in lib.rs"), "{problems:?}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_binary_may_use_items_of_main_rs_but_not_import_in_a_cycle() {
+    let main = "mod a;\nmod b;\npub struct State;\nfn main() { a::f(&State) }\n";
+    let dir = scratch_crate(
+        "bin",
+        &[
+            ("main.rs", main),
+            (
+                "a.rs",
+                "use crate::State;\npub fn f(_: &State) { crate::b::g() }\n",
+            ),
+            ("b.rs", "pub fn g() {}\n"),
+        ],
+    );
+    let layered = check_crate(&dir.join("main.rs"), &["b", "a"], Root::Binary);
+    assert_eq!(layered, Vec::<String>::new());
+    std::fs::write(dir.join("b.rs"), "pub fn g() { let _ = crate::a::f; }\n").unwrap();
+    // b now imports from a as well: a circle, whatever the layers.
+    let problems = check_crate(&dir.join("main.rs"), &["a", "b"], Root::Binary);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("a cycle among the children of `crate`")),
+        "{problems:?}"
+    );
+    // As a library's root, the same State is an item taken from lib.rs.
+    std::fs::rename(dir.join("main.rs"), dir.join("lib.rs")).unwrap();
+    let problems = check(&dir, &["b", "a"]);
+    assert!(
+        problems.iter().any(|p| p.contains("defined in lib.rs")),
+        "{problems:?}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_module_name_used_twice_is_found() {
+    let dir = scratch_crate(
+        "names",
+        &[
+            ("lib.rs", "pub mod native;\npub mod request;\n"),
+            ("native.rs", "pub fn f() {}\n"),
+            ("request.rs", "pub fn g() {}\n"),
+            (
+                "bin/app/main.rs",
+                "mod native;\nmod routes;\nfn main() {}\n",
+            ),
+            ("bin/app/native.rs", "pub fn h() {}\n"),
+            ("bin/app/routes.rs", "pub fn i() {}\n"),
+        ],
+    );
+    let bin = dir.join("bin/app/main.rs");
+    let twice = twice_named(&[&dir.join("lib.rs"), &bin]);
+    assert_eq!(twice.keys().collect::<Vec<_>>(), ["native"], "{twice:?}");
+    assert_eq!(twice["native"].len(), 2);
+    assert!(twice_named(&[&dir.join("lib.rs")]).is_empty());
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -3,6 +3,9 @@
 
     python3 tools/openai_client_test.py [--server target/release/qkv-server] [--model GGUF]
 
+The server binary (crate qkv-server) and `decode` beside it (crate qkv-cli) must be built
+first: `cargo build --release --bin qkv-server --bin decode` (`.ci/run`'s tests build both).
+
 Starts qkv-server on a free loopback port with the default model, then, with the `openai`
 package: chat and completion, each whole and streamed (streamed text equal to the whole
 text at temperature 0, usage in the last chunk), stop strings, logprobs, a refused request
@@ -116,6 +119,8 @@ def embeddings(args, openai):
     texts = ["A man is eating food.", "A man is riding a horse.",
              "Stock markets fell sharply on Monday.", "The new movie is awesome"]
     decode = str(Path(args.server).with_name("decode"))
+    if not os.path.isfile(decode):
+        sys.exit(f"{decode} is missing: cargo build --release --bin decode")
     out = subprocess.run([decode, "embed", "--model", model], input="\n".join(texts) + "\n",
                          capture_output=True, text=True, timeout=300, check=True)
     want = [json.loads(line) for line in out.stdout.splitlines()]

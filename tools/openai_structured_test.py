@@ -10,7 +10,7 @@ tools/openai_client_test.py on its running qkv-server (the default model, SmolLM
   are the client's BadRequestError naming the field.
 
 The default model is tiny, so `auto` is not expected to call a tool; the parsers of each
-family's format are tested on literal outputs in cli/src/tools_tests.rs.
+family's format are tested on literal outputs in server/src/tools_tests.rs.
 """
 
 import json

@@ -18,7 +18,8 @@
 //! The cache directory is `$QKV_CACHE`, else `$XDG_CACHE_HOME/qkv`, else `~/.cache/qkv`.
 //!
 //! The crate depends on nothing of qkv, so that qkv's own tests and benches can use it
-//! ([`testing`]) as well as qkv-cli's `decode` and `qkv-server`.
+//! ([`testing`]) as well as qkv-cli's `decode` and the `qkv-server` crate, neither of which
+//! depends on the other.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

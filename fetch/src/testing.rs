@@ -1,6 +1,6 @@
-//! How qkv's tests, benches and qkv-cli's tests find the real models: the default model
-//! (fetched once), its quantized variants made by `tools/quantized_models.py`, and the cache
-//! directory the Python references are written to. A test that cannot have what it needs
+//! How the tests and benches of qkv, qkv-cli and qkv-server find the real models: the default
+//! model (fetched once), its quantized variants made by `tools/quantized_models.py`, and the
+//! cache directory the Python references are written to. A test that cannot have what it needs
 //! prints why and skips, except under the CI variables named below, where it fails.
 
 use std::path::PathBuf;

@@ -1,10 +1,10 @@
-//! qkv-server's request bodies: a body is parsed (`qkv_cli::request::Body::parse`), read as
+//! qkv-server's request bodies: a body is parsed (`qkv_server::body::Body::parse`), read as
 //! each route reads it (chat `messages`, completion `prompt` forms, tokenize and detokenize
 //! fields, the embeddings route's `input` forms and `encoding_format`, the shared parameters
 //! in chat and legacy spellings), and, when accepted, the
 //! generation answered (`openai::generate`: stop strings, log probabilities, usage, whole or
 //! streamed as SSE) on a tiny synthetic model whose context (64 positions) bounds every run.
-//! llama-server's native fields (`qkv_cli::native`: the `/completion` prompt forms,
+//! llama-server's native fields (`qkv_server::native_fields`: the `/completion` prompt forms,
 //! `n_predict`, `n_probs`, `logit_bias` in both shapes, `samplers`, `response_fields`) are
 //! read too, `logit_bias` reaches the engine through the shared parameters (`n` as well),
 //! and `chat::render` renders what `/apply-template` answers.
@@ -12,22 +12,22 @@
 //! `tools`, `tool_choice`, `parallel_tool_calls`) are read and compiled with llguidance as
 //! the chat route does (`chat::prepare`), the generation then follows the constraint, and
 //! the text fields are also fed to the tool-call parser of every family format, whole and as a
-//! stream read prefix by prefix (`qkv_cli::tool_stream`). Anthropic Messages and Responses
-//! bodies are rewritten as chat bodies (`qkv_cli::compat`), which are then read and prepared
+//! stream read prefix by prefix (`qkv_server::tool_stream`). Anthropic Messages and Responses
+//! bodies are rewritten as chat bodies (`qkv_server::compat`), which are then read and prepared
 //! as the chat route does; `strict` tools under `auto` compile their lazy constraint there.
 //!
-//! The response code is a binary's module (cli/src/bin/qkv-server/), compiled in with
-//! `#[path]` below; the parsing is qkv-cli's library.
+//! The response code is a binary's module (server/src/bin/qkv-server/), compiled in with
+//! `#[path]` below; the parsing is qkv-server's library.
 #![no_main]
 
 #[allow(dead_code)]
-#[path = "../../cli/src/bin/qkv-server/chat.rs"]
+#[path = "../../server/src/bin/qkv-server/chat.rs"]
 mod chat;
 #[allow(dead_code)]
-#[path = "../../cli/src/bin/qkv-server/openai.rs"]
+#[path = "../../server/src/bin/qkv-server/openai.rs"]
 mod openai;
 #[allow(dead_code)]
-#[path = "../../cli/src/bin/qkv-server/worker.rs"]
+#[path = "../../server/src/bin/qkv-server/worker.rs"]
 mod worker;
 
 use libfuzzer_sys::fuzz_target;
@@ -37,17 +37,18 @@ use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
 use qkv::tokenizer::Tokenizer;
 use qkv::weights::gguf::{write_gguf, GgufFile, MetaValue, MetaValueType};
 use qkv::weights::FloatType;
-use qkv_cli::request::{self, Body, Prompt};
+use qkv_server::body::Body;
+use qkv_server::request::{self, Prompt};
 use std::sync::{Arc, OnceLock};
 
 /// What the generation handlers see: the fields of `AppState` in
-/// cli/src/bin/qkv-server/main.rs that openai.rs reads.
+/// server/src/bin/qkv-server/main.rs that openai.rs reads.
 pub struct AppState {
     pub model: Arc<Model>,
     pub model_name: String,
     pub context: usize,
     pub worker: worker::Worker,
-    pub grammars: Result<qkv_cli::constraint::Grammars, String>,
+    pub grammars: Result<qkv_server::constraint::Grammars, String>,
     pub options: chat::ServeOptions,
 }
 
@@ -107,7 +108,7 @@ fn setup() -> (tokio::runtime::Runtime, Arc<AppState>) {
     };
     let engine = Engine::new(model.clone(), options).expect("an engine");
     let state = AppState {
-        grammars: qkv_cli::constraint::Grammars::new(model.clone()),
+        grammars: qkv_server::constraint::Grammars::new(model.clone()),
         model,
         model_name: "tiny".into(),
         context: CONTEXT,
@@ -134,37 +135,37 @@ fuzz_target!(|data: &[u8]| {
     let _ = request::detokenize_tokens(&body);
     let _ = body.str("suffix");
     let _ = body.bool("echo", false);
-    if let Ok(f) = qkv_cli::embedding::fields(&body) {
-        if let qkv_cli::embedding::Input::Ids(seqs) = &f.input {
+    if let Ok(f) = qkv_server::embedding::fields(&body) {
+        if let qkv_server::embedding::Input::Ids(seqs) = &f.input {
             for s in seqs {
                 let v: Vec<f32> = s.iter().map(|&t| f32::from_bits(t)).collect();
-                let _ = qkv_cli::embedding::base64_f32(&v);
+                let _ = qkv_server::embedding::base64_f32(&v);
             }
         }
     }
-    let _ = qkv_cli::structured::output_constraint(&body);
+    let _ = qkv_server::structured::output_constraint(&body);
     // llama-server's native fields: the prompt forms, n_predict, n_probs, logit_bias,
     // samplers, response_fields, stop lists, cache_prompt, id_slot, return_tokens.
-    let _ = qkv_cli::native::prompts(&body);
+    let _ = qkv_server::native_fields::prompts(&body);
     // The decoder's embeddings read `input` (or `content`) as prompts, with content parts.
-    let _ = qkv_cli::native::prompts_in(&body, "input");
-    let _ = qkv_cli::native::prompts_in(&body, "content");
-    let _ = qkv_cli::embedding::format(&body);
-    let _ = qkv_cli::native::logit_bias(&body, "logit_bias");
-    if let Ok(f) = qkv_cli::native::fields(&body) {
-        let _ = body.field("content").map(|v| qkv_cli::native::select_fields(v, &f.response_fields));
+    let _ = qkv_server::native_fields::prompts_in(&body, "input");
+    let _ = qkv_server::native_fields::prompts_in(&body, "content");
+    let _ = qkv_server::embedding::format(&body);
+    let _ = qkv_server::native_fields::logit_bias(&body, "logit_bias");
+    if let Ok(f) = qkv_server::native_fields::fields(&body) {
+        let _ = body.field("content").map(|v| qkv_server::native_fields::select_fields(v, &f.response_fields));
     }
     // The chat prompt as /apply-template renders it (message order, prefill,
     // continue_final_message and add_generation_prompt).
     let _ = chat::render(&state, &body);
     let raw_tools = body.field("tools").and_then(|t| t.as_array()).cloned();
-    let names: Vec<String> = match qkv_cli::tools::tool_request(&body, raw_tools.as_deref()) {
+    let names: Vec<String> = match qkv_server::tools::tool_request(&body, raw_tools.as_deref()) {
         Ok(Some(t)) => {
             for f in [
-                qkv_cli::tools::ToolFormat::Hermes,
-                qkv_cli::tools::ToolFormat::Llama3,
-                qkv_cli::tools::ToolFormat::Mistral,
-                qkv_cli::tools::ToolFormat::Generic,
+                qkv_server::tools::ToolFormat::Hermes,
+                qkv_server::tools::ToolFormat::Llama3,
+                qkv_server::tools::ToolFormat::Mistral,
+                qkv_server::tools::ToolFormat::Generic,
             ] {
                 let _ = t.forced_grammar(f);
             }
@@ -178,12 +179,12 @@ fuzz_target!(|data: &[u8]| {
         .flatten()
     {
         for f in [
-            qkv_cli::tools::ToolFormat::Hermes,
-            qkv_cli::tools::ToolFormat::Mistral,
-            qkv_cli::tools::ToolFormat::Generic,
+            qkv_server::tools::ToolFormat::Hermes,
+            qkv_server::tools::ToolFormat::Mistral,
+            qkv_server::tools::ToolFormat::Generic,
         ] {
-            let _ = qkv_cli::tools::parse_reply(f, text, &names);
-            let mut stream = qkv_cli::tool_stream::ReplyStream::new(f, names.clone());
+            let _ = qkv_server::tools::parse_reply(f, text, &names);
+            let mut stream = qkv_server::tool_stream::ReplyStream::new(f, names.clone());
             for (k, _) in text.char_indices().step_by(3) {
                 let _ = stream.update(&text[..k]);
             }
@@ -192,8 +193,8 @@ fuzz_target!(|data: &[u8]| {
     }
     // The other APIs' bodies, rewritten as chat bodies and read as the chat route reads them.
     for translated in [
-        qkv_cli::compat::anthropic_to_chat(&body),
-        qkv_cli::compat::responses_to_chat(&body),
+        qkv_server::compat::anthropic_to_chat(&body),
+        qkv_server::compat::responses_to_chat(&body),
     ]
     .into_iter()
     .flatten()

@@ -16,10 +16,11 @@
 //! ```
 //!
 //! Without `--model` it runs the default model (SmolLM2-135M-Instruct), fetched once into the
-//! cache directory (see `qkv_cli::fetch`). Statistics go to stderr; with `--json`, one object per
-//! token (and, when generation stopped inside a character, a `{"text": …}` line with the rest)
-//! and a final `{"stats": …}` object go to stdout; text mode leaves special tokens (end of
-//! turn, role markers) out, JSON reports every token. Errors print on stderr and exit 1.
+//! cache directory (see `qkv_fetch::default_model`). Statistics go to stderr; with `--json`,
+//! one object per token (and, when generation stopped inside a character, a `{"text": …}` line
+//! with the rest) and a final `{"stats": …}` object go to stdout; text mode leaves special
+//! tokens (end of turn, role markers) out, JSON reports every token. Errors print on stderr
+//! and exit 1.
 //! Generation that fills the context stops there: the text so far and the statistics are
 //! printed, with a note on stderr, and the exit code is 0.
 
@@ -264,7 +265,7 @@ fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
         .map_err(|e| format!("reading {}: {e}", args.file.display()))?;
     let path = match &args.model {
         Some(p) => p.clone(),
-        None => qkv_cli::fetch::default_model()?,
+        None => qkv_fetch::default_model()?,
     };
     let start = Instant::now();
     let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
@@ -377,7 +378,7 @@ fn embed(args: &EmbedArgs) -> AnyResult<()> {
 fn tokenize(args: &TokenizeArgs) -> AnyResult<()> {
     let path = match &args.model {
         Some(p) => p.clone(),
-        None => qkv_cli::fetch::default_model()?,
+        None => qkv_fetch::default_model()?,
     };
     let tokenizer = qkv::tokenizer::Tokenizer::load(&path)?;
     let text = match &args.prompt {
@@ -537,7 +538,7 @@ struct Loaded {
 fn load(args: &RunArgs) -> AnyResult<Loaded> {
     let path = match &args.model {
         Some(p) => p.clone(),
-        None => qkv_cli::fetch::default_model()?,
+        None => qkv_fetch::default_model()?,
     };
     let load_start = Instant::now();
     let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
