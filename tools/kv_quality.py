@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_llamacpp as b  # noqa: E402
+import peers as b  # noqa: E402
 import perplexity_text  # noqa: E402
 from quality_vs_llamacpp import lc_ppl  # noqa: E402
 

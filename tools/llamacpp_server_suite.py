@@ -8,7 +8,7 @@ prints the per-file pass/fail table of both.
         [--sequential] [--report-only]
 
 What it does, each step cached:
-1. llama.cpp: the sdist unpacked under $QKV_CACHE/llamacpp (as tools/bench_vs_llamacpp.py
+1. llama.cpp: the sdist unpacked under $QKV_CACHE/llamacpp (as tools/peers.py
    leaves it; fetched with pip when missing), and its `llama-server` target built once into
    the same build directory (cmake, Release, -DLLAMA_BUILD_SERVER=ON, no web UI, -j2, nice).
 2. qkv: `cargo build --release --bin qkv-server` (honours CARGO_TARGET_DIR).

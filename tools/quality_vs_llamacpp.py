@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_llamacpp as b  # noqa: E402
+import peers as b  # noqa: E402
 import perplexity_text  # noqa: E402
 
 KINDS = ("q4_1", "q8_0", "q4_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k")

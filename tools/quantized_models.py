@@ -3,7 +3,7 @@
 
     python3 tools/quantized_models.py
 
-Builds llama.cpp's tools once into $QKV_CACHE/llamacpp (as tools/bench_vs_llamacpp.py does),
+Builds llama.cpp's tools once into $QKV_CACHE/llamacpp (tools/peers.py),
 then writes SmolLM2-135M-Instruct.{F16,F32,Q8_0,Q4_0,Q5_1,Q4_K_M,Q5_K_M,Q6_K}.gguf into
 $QKV_CACHE/llamacpp/models with `llama-quantize` (the quantized ones from the F32 file, itself
 the published Q4_1 file dequantized). Files already there are kept. The published Q4_1 file
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_llamacpp as b  # noqa: E402
+import peers as b  # noqa: E402
 
 
 def main():

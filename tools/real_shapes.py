@@ -18,7 +18,7 @@ What it does, idempotently, under $QKV_CACHE/shapes (QKV_CACHE defaults as in cl
    then each tensor's values, generated and written one at a time, so that even the 8B file
    (16 GB) needs no more memory than its largest tensor. Weights are normal with standard
    deviation 0.02 (as the models were initialised), norms are 1, so activations stay finite.
-2. Quantizes it with llama.cpp's `llama-quantize` (built once by tools/bench_vs_llamacpp.py's
+2. Quantizes it with llama.cpp's `llama-quantize` (built once by tools/peers.py's
    `ensure_llamacpp`) into each asked type. The F16 source of the 3B and 8B files is removed
    afterwards unless F16 was asked for, since nothing else reads it.
 
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_llamacpp as bench  # noqa: E402  (cache_dir, ensure_llamacpp, SOURCE_GGUF)
+import peers  # noqa: E402
 
 SHAPES = {
     # name: (hidden, layers, heads, kv_heads, ffn, rope_base, tied)
@@ -196,7 +196,7 @@ def ensure(name: str, types) -> dict:
     types) and returns {type: path}."""
     if name not in SHAPES and name not in MOE_SHAPES:
         sys.exit(f"unknown model {name!r}: the shapes are {', '.join([*SHAPES, *MOE_SHAPES])}")
-    cache = bench.cache_dir()
+    cache = peers.cache_dir()
     out_dir = cache / "shapes"
     out_dir.mkdir(parents=True, exist_ok=True)
     arch = "qwen3moe" if name in MOE_SHAPES else "llama"
@@ -204,11 +204,11 @@ def ensure(name: str, types) -> dict:
     wanted = [ty for ty, path in paths.items() if not path.is_file()]
     if not wanted:
         return paths
-    source = cache / bench.SOURCE_GGUF
+    source = cache / peers.SOURCE_GGUF
     if not source.is_file():
         sys.exit(f"{source} missing: run `cargo run --release --bin decode -- --prompt Hi -n 1` "
                  "once to fetch the default model")
-    _, quant = bench.ensure_llamacpp(cache / "llamacpp")
+    _, quant = peers.ensure_llamacpp(cache / "llamacpp")
     f16 = out_dir / f"{arch}-{name}.F16.gguf"
     if not f16.is_file():
         log(f"writing {f16} (random weights, tensor by tensor)")

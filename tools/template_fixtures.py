@@ -32,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_llamacpp as b  # noqa: E402
+import peers as b  # noqa: E402
 
 # What `strftime_now` reports: a single-digit day and month, so that zero padding shows.
 FIXED_NOW = dt.datetime(2025, 2, 7, 9, 5, 3)

@@ -38,7 +38,7 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vs_llamacpp as b  # noqa: E402
+import peers as b  # noqa: E402
 
 # Held-out strings: none of them is in the suite's `.inp` files. Scripts, marks, whitespace
 # runs, numbers, contractions, code, and spellings of special tokens in text.

@@ -3,7 +3,7 @@
 //! layers.
 
 use super::moe::Ffn;
-use super::{Activation, Decoder, DecoderState, KvCache, Scratch};
+use super::{Activation, Block, Decoder, DecoderState, KvCache, Scratch};
 use crate::error::{Error, Result};
 use qkv_kernels::activation::{add_inplace, geglu_tanh, softcap_inplace, swiglu};
 use qkv_kernels::{attention_many, linear_many, AttentionCall, AttentionMask, QueryView};
@@ -270,131 +270,153 @@ impl Decoder {
     /// row each in segment order; appends their keys and values to the segments' caches and
     /// leaves the final residual stream in `s.x`.
     fn layers(&self, segments: &mut [Segment<'_>], s: &mut Scratch) -> Result<()> {
-        let c = &self.config;
+        let d = self.config.dim;
         let t: usize = segments.iter().map(|g| g.tokens.len()).sum();
-        let (d, qd, kvd, ff) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let mut row = 0;
         for seg in segments.iter() {
             let n = seg.tokens.len();
             self.embed(seg.tokens, &mut s.x[row * d..(row + n) * d])?;
             row += n;
         }
+        for (l, b) in self.blocks.iter().enumerate() {
+            self.attention_block(l, b, segments, s, t)?;
+            self.ffn_block(b, s, t)?;
+        }
+        for seg in segments.iter_mut() {
+            seg.cache.filled = seg.pos0 + seg.tokens.len();
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s attention over the `t` rows of `s.x`: the normed rows projected to queries,
+    /// keys and values, rotated, the keys and values written to each segment's cache at its
+    /// positions, every segment attending over its own cache, and the heads' output projected
+    /// back and added to the residual stream.
+    fn attention_block(
+        &self,
+        l: usize,
+        b: &Block,
+        segments: &mut [Segment<'_>],
+        s: &mut Scratch,
+        t: usize,
+    ) -> Result<()> {
+        let c = &self.config;
+        let (d, qd, kvd) = (c.dim, c.q_dim(), c.kv_dim());
         let x = &mut s.x[..t * d];
         let xn = &mut s.xn[..t * d];
         let q = &mut s.q[..t * qd];
         let k = &mut s.k[..t * kvd];
         let v = &mut s.v[..t * kvd];
         let att = &mut s.att[..t * qd];
-        let (gate_buf, up_buf, hidden_buf) = (&mut s.gate, &mut s.up, &mut s.hidden);
-        let mut moe_scratch = s.moe.as_mut();
-        let mut kept_calls = std::mem::take(&mut s.calls);
-
-        for (l, b) in self.blocks.iter().enumerate() {
-            // Attention.
-            b.attn_norm.forward_into(x, xn)?;
-            // Q, K and V as one group: one hand-off to the threads.
-            linear_many(
-                xn,
-                t,
-                d,
-                &mut [b.wq.projection(q), b.wk.projection(k), b.wv.projection(v)],
-            )?;
-            if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
-                qn.forward_inplace(q)?;
-                kn.forward_inplace(k)?;
-            }
-            let window = c.windows[l];
-            let (rope, rope_config) = match (window, &self.rope_local, &c.rope_local) {
-                (Some(_), Some(local), Some(config)) => (local, config),
-                _ => (&self.rope, &c.rope),
-            };
-            // YaRN multiplies cos and sin, so the rotated queries and keys, by its attention
-            // factor: their dot products by its square.
-            let factor = rope_config.scaling.attention_factor();
-            let attn_scale = c.attn_scale * factor * factor;
-            let mut row = 0;
-            for seg in segments.iter_mut() {
-                let (n, pos0) = (seg.tokens.len(), seg.pos0);
-                let rows = row..row + n;
-                row += n;
-                let q = &mut q[rows.start * qd..rows.end * qd];
-                let k = &mut k[rows.start * kvd..rows.end * kvd];
-                let v = &v[rows.start * kvd..rows.end * kvd];
-                rope.apply(q, n, c.heads, pos0, c.rope_style)?;
-                rope.apply(k, n, c.kv_heads, pos0, c.rope_style)?;
-                seg.cache.keys.write(l, pos0, k)?;
-                seg.cache.values.write(l, pos0, v)?;
-            }
-            // Every segment's attention over its own cache, in one pass over the threads
-            // (each output as the segment's call alone would give it).
-            let mut calls = crate::alloc::recycle(kept_calls);
-            let (mut q_rest, mut att_rest) = (&q[..], &mut att[..]);
-            for seg in segments.iter() {
-                let (n, pos0) = (seg.tokens.len(), seg.pos0);
-                let (q_seg, q_next) = q_rest.split_at(n * qd);
-                let (att_seg, att_next) = std::mem::take(&mut att_rest).split_at_mut(n * qd);
-                (q_rest, att_rest) = (q_next, att_next);
-                let seen = pos0 + n;
-                let mut mask = match window {
-                    Some(w) => AttentionMask::sliding(pos0, w),
-                    None => AttentionMask::causal(pos0),
-                };
-                mask.softcap = c.attn_softcap;
-                calls.push(AttentionCall {
-                    q: QueryView::contiguous(q_seg, n, c.heads, c.head_dim),
-                    k: seg.cache.keys.view(l, seen),
-                    v: seg.cache.values.view(l, seen),
-                    mask,
-                    scale: Some(attn_scale),
-                    out: att_seg,
-                });
-            }
-            attention_many(&mut calls)?;
-            kept_calls = crate::alloc::recycle(calls);
-            b.wo.forward_into(att, t, xn)?;
-            if let Some(n) = &b.attn_post_norm {
-                n.forward_inplace(xn)?;
-            }
-            add_inplace(x, xn)?;
-
-            // Feed-forward.
-            b.ffn_norm.forward_into(x, xn)?;
-            match (&b.ffn, &c.moe, moe_scratch.as_deref_mut()) {
-                (Ffn::Dense(f), _, _) => {
-                    let gate = &mut gate_buf[..t * ff];
-                    let up = &mut up_buf[..t * ff];
-                    let hidden = &mut hidden_buf[..t * ff];
-                    linear_many(
-                        xn,
-                        t,
-                        d,
-                        &mut [f.gate.projection(gate), f.up.projection(up)],
-                    )?;
-                    match c.activation {
-                        Activation::Silu => swiglu(hidden, gate, up)?,
-                        Activation::GeluTanh => geglu_tanh(hidden, gate, up)?,
-                    }
-                    f.down.forward_into(hidden, t, xn)?;
-                }
-                (Ffn::Moe(block), Some(m), Some(ms)) => {
-                    block.forward(m, xn, t, d, ms, gate_buf, up_buf, hidden_buf)?;
-                    xn.copy_from_slice(&ms.acc[..t * d]);
-                }
-                _ => {
-                    return Err(Error::Shape(
-                        "a mixture-of-experts layer without its scratch".into(),
-                    ))
-                }
-            }
-            if let Some(n) = &b.ffn_post_norm {
-                n.forward_inplace(xn)?;
-            }
-            add_inplace(x, xn)?;
+        b.attn_norm.forward_into(x, xn)?;
+        // Q, K and V as one group: one hand-off to the threads.
+        linear_many(
+            xn,
+            t,
+            d,
+            &mut [b.wq.projection(q), b.wk.projection(k), b.wv.projection(v)],
+        )?;
+        if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
+            qn.forward_inplace(q)?;
+            kn.forward_inplace(k)?;
         }
-        s.calls = kept_calls;
+        let window = c.windows[l];
+        let (rope, rope_config) = match (window, &self.rope_local, &c.rope_local) {
+            (Some(_), Some(local), Some(config)) => (local, config),
+            _ => (&self.rope, &c.rope),
+        };
+        // YaRN multiplies cos and sin, so the rotated queries and keys, by its attention
+        // factor: their dot products by its square.
+        let factor = rope_config.scaling.attention_factor();
+        let attn_scale = c.attn_scale * factor * factor;
+        let mut row = 0;
         for seg in segments.iter_mut() {
-            seg.cache.filled = seg.pos0 + seg.tokens.len();
+            let (n, pos0) = (seg.tokens.len(), seg.pos0);
+            let rows = row..row + n;
+            row += n;
+            let q = &mut q[rows.start * qd..rows.end * qd];
+            let k = &mut k[rows.start * kvd..rows.end * kvd];
+            let v = &v[rows.start * kvd..rows.end * kvd];
+            rope.apply(q, n, c.heads, pos0, c.rope_style)?;
+            rope.apply(k, n, c.kv_heads, pos0, c.rope_style)?;
+            seg.cache.keys.write(l, pos0, k)?;
+            seg.cache.values.write(l, pos0, v)?;
         }
+        // Every segment's attention over its own cache, in one pass over the threads (each
+        // output as the segment's call alone would give it). The calls' vector is kept
+        // between layers and passes, empty, so that a step allocates nothing.
+        let mut calls = crate::alloc::recycle(std::mem::take(&mut s.calls));
+        let (mut q_rest, mut att_rest) = (&q[..], &mut att[..]);
+        for seg in segments.iter() {
+            let (n, pos0) = (seg.tokens.len(), seg.pos0);
+            let (q_seg, q_next) = q_rest.split_at(n * qd);
+            let (att_seg, att_next) = std::mem::take(&mut att_rest).split_at_mut(n * qd);
+            (q_rest, att_rest) = (q_next, att_next);
+            let seen = pos0 + n;
+            let mut mask = match window {
+                Some(w) => AttentionMask::sliding(pos0, w),
+                None => AttentionMask::causal(pos0),
+            };
+            mask.softcap = c.attn_softcap;
+            calls.push(AttentionCall {
+                q: QueryView::contiguous(q_seg, n, c.heads, c.head_dim),
+                k: seg.cache.keys.view(l, seen),
+                v: seg.cache.values.view(l, seen),
+                mask,
+                scale: Some(attn_scale),
+                out: att_seg,
+            });
+        }
+        let done = attention_many(&mut calls);
+        s.calls = crate::alloc::recycle(calls);
+        done?;
+        b.wo.forward_into(att, t, xn)?;
+        if let Some(n) = &b.attn_post_norm {
+            n.forward_inplace(xn)?;
+        }
+        add_inplace(x, xn)?;
+        Ok(())
+    }
+
+    /// A block's feed-forward over the `t` rows of `s.x`: dense (gated, SiLU or GELU) or a
+    /// mixture of experts, its output added to the residual stream.
+    fn ffn_block(&self, b: &Block, s: &mut Scratch, t: usize) -> Result<()> {
+        let c = &self.config;
+        let (d, ff) = (c.dim, c.ffn_dim);
+        let x = &mut s.x[..t * d];
+        let xn = &mut s.xn[..t * d];
+        b.ffn_norm.forward_into(x, xn)?;
+        match (&b.ffn, &c.moe, s.moe.as_mut()) {
+            (Ffn::Dense(f), _, _) => {
+                let gate = &mut s.gate[..t * ff];
+                let up = &mut s.up[..t * ff];
+                let hidden = &mut s.hidden[..t * ff];
+                linear_many(
+                    xn,
+                    t,
+                    d,
+                    &mut [f.gate.projection(gate), f.up.projection(up)],
+                )?;
+                match c.activation {
+                    Activation::Silu => swiglu(hidden, gate, up)?,
+                    Activation::GeluTanh => geglu_tanh(hidden, gate, up)?,
+                }
+                f.down.forward_into(hidden, t, xn)?;
+            }
+            (Ffn::Moe(block), Some(m), Some(ms)) => {
+                block.forward(m, xn, t, d, ms, &mut s.gate, &mut s.up, &mut s.hidden)?;
+                xn.copy_from_slice(&ms.acc[..t * d]);
+            }
+            _ => {
+                return Err(Error::Shape(
+                    "a mixture-of-experts layer without its scratch".into(),
+                ))
+            }
+        }
+        if let Some(n) = &b.ffn_post_norm {
+            n.forward_inplace(xn)?;
+        }
+        add_inplace(x, xn)?;
         Ok(())
     }
 
