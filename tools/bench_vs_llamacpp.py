@@ -4,7 +4,7 @@
     python3 tools/bench_vs_llamacpp.py [--reps 3] [--rows 1b,8b,tg128_f16,...] [--threads 2]
 
 What it does, idempotently (everything cached under $QKV_CACHE/llamacpp; QKV_CACHE defaults as in
-cli/src/fetch.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
+fetch/src/lib.rs: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv):
 
 1. llama.cpp: `pip download` the sdist of llama-cpp-python 0.3.36 (only that package from source,
    so pip does not also compile cmake from source), untar it, and build the vendored llama.cpp with

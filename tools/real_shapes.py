@@ -12,7 +12,7 @@ copied from its GGUF), so both engines tokenize prompts the same way; the embedd
 matrices are therefore smaller than the real models' (128,256 rows), and the benchmarks count
 the bytes of the file they ran.
 
-What it does, idempotently, under $QKV_CACHE/shapes (QKV_CACHE defaults as in cli/src/fetch.rs):
+What it does, idempotently, under $QKV_CACHE/shapes (QKV_CACHE defaults as in fetch/src/lib.rs):
 
 1. Writes `<model>.F16.gguf` tensor by tensor with gguf-py: the header and tensor table first,
    then each tensor's values, generated and written one at a time, so that even the 8B file
