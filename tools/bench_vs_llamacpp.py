@@ -200,6 +200,9 @@ def main():
     ap.add_argument("--ik", action="store_true",
                     help="also run ik_llama.cpp's llama-bench (-rtr 0 and 1) on the rows without "
                          "depth; its source comes from $QKV_IK_LLAMA_SRC (see tools/peers.py)")
+    ap.add_argument("--act-bits", choices=["8", "16"],
+                    help="qkv's activation precision for quantized weights (default: qkv's own "
+                         "default, 8; 16 is its exact mode)")
     ap.add_argument("--json-out", type=Path, help="write all samples here")
     args = ap.parse_args()
 
@@ -212,6 +215,7 @@ def main():
     e2e = ensure_e2e_bench(lc) if args.pp_depth == "bench" else None
     probe = ensure_roofline(lc)
     ik_bench = ensure_ik_llamacpp(cache) if args.ik else None
+    qkv_flags = ("--act-bits", args.act_bits) if args.act_bits else ()
     t = args.threads
     br = args.bench_reps
 
@@ -240,13 +244,14 @@ def main():
         """Decode of n tokens after a prompt of prompt_tokens (None: the 4-token `short`)."""
         def f():
             p = short if prompt_tokens is None else prompt(prompt_tokens)
-            s, cmd = qkv_decode(qkv, model(), dtype, t, p, n, ctx)
+            s, cmd = qkv_decode(qkv, model(), dtype, t, p, n, ctx, extra=qkv_flags)
             return checked(s, prompt_tokens, n)["generated_tokens_per_s"], cmd
         return f
 
     def qkv_prompt(model, n_tokens, ctx, depth=0, dtype="f16"):
         def f():
-            s, cmd = qkv_decode(qkv, model(), dtype, t, prompt(n_tokens), 0, ctx, depth)
+            s, cmd = qkv_decode(qkv, model(), dtype, t, prompt(n_tokens), 0, ctx, depth,
+                                extra=qkv_flags)
             return checked(s, n_tokens, 0)["prompt_tokens_per_s"], cmd
         return f
 

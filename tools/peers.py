@@ -223,12 +223,13 @@ def ensure_qkv(lc: Path):
 
 
 def qkv_decode(qkv: Path, model: Path, dtype: str | None, threads: int, prompt_file: Path,
-               n: int, ctx: int, depth: int = 0):
-    """One `decode` run; dtype None runs the file as stored (quantized blocks in place)."""
+               n: int, ctx: int, depth: int = 0, extra=()):
+    """One `decode` run; dtype None runs the file as stored (quantized blocks in place);
+    `extra` adds flags (`--act-bits 16` for the exact mode)."""
     # --warmup: one untimed pass over the prompt first, as llama-bench's own warm-up run.
     cmd = [qkv, "--model", model] + (["--dtype", dtype] if dtype else []) + [
         "--threads", threads, "--ctx", ctx,
-        "--temperature", "0", "--ignore-eos", "--json", "--warmup", "-n", n]
+        "--temperature", "0", "--ignore-eos", "--json", "--warmup", "-n", n, *extra]
     if depth:
         cmd += ["--depth", depth]
     with open(prompt_file) as f:
