@@ -2,8 +2,9 @@
 //! [`QuantFormat`] and `x` already quantized per 32 ([`QuantizedActs`]).
 //!
 //! Every format is, per group of 32 weights, `w = a·q + c` with small integers `q` (the
-//! symmetric formats' offsets −8, −16 and −32 folded into them), a scale `a` (one per 16 for
-//! Q6_K) and a constant `c` (the minimum of Q4_1/Q5_1, `−dmin·mn` for Q4_K/Q5_K, else 0).
+//! symmetric formats' offsets −8, −16, −32 and Q3_K's −4 folded into them; for IQ4_NL and
+//! IQ4_XS the table's entries, −127..113), a scale `a` (one per 16 for Q6_K and Q3_K) and a
+//! constant `c` (the minimum of Q4_1/Q5_1, `−dmin·mn` for Q4_K/Q5_K, else 0).
 //! With `x ≈ xs·xq` over the same 32 elements, a group contributes
 //! `xs·a·Σ q·xq + c·Σ x`: an integer dot product, two multiplies and one add.
 //!
@@ -29,7 +30,9 @@ mod avx512;
 mod row1;
 
 use super::act::{QuantizedActs, ACT_BLOCK};
-use super::blocks::{f16_at, k_scale_min, q6_k_value};
+use super::blocks::{
+    f16_at, iq4_xs_scale, k_scale_min, q3_k_scale, q3_k_value, q6_k_value, IQ4_TABLE,
+};
 use super::QuantFormat;
 use crate::par::SharedOut;
 
@@ -114,6 +117,27 @@ pub fn group(format: QuantFormat, block: &[u8], g: usize) -> Group {
             }
             let sc = |s: usize| d * f32::from(block[192 + s] as i8);
             out.a = [sc(2 * g), sc(2 * g + 1)];
+        }
+        QuantFormat::Q3_K => {
+            let d = f16_at(block, 108);
+            for (l, v) in out.q.iter_mut().enumerate() {
+                *v = q3_k_value(block, 32 * g + l);
+            }
+            let sc = |s: usize| d * f32::from(q3_k_scale(&block[96..108], s) as i8 - 32);
+            out.a = [sc(2 * g), sc(2 * g + 1)];
+        }
+        QuantFormat::IQ4_NL | QuantFormat::IQ4_XS => {
+            let (qs, a) = if format == QuantFormat::IQ4_NL {
+                (&block[2..18], f16_at(block, 0))
+            } else {
+                let sc = f32::from(iq4_xs_scale(block, g) as i8 - 32);
+                (&block[8 + 16 * g..24 + 16 * g], f16_at(block, 0) * sc)
+            };
+            for (j, &b) in qs.iter().enumerate() {
+                out.q[j] = IQ4_TABLE[usize::from(b & 0x0F)];
+                out.q[j + 16] = IQ4_TABLE[usize::from(b >> 4)];
+            }
+            out.a = [a; 2];
         }
     }
     out

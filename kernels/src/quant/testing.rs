@@ -48,7 +48,8 @@ pub fn weight_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> 
         }
     };
     // 2^-7 and 2^-4 (0.0078 to 0.0625), 2^-1 (0.5); the K-formats' super-block scales are
-    // 16 times smaller (exponent − 4), Q6_K's 64 times (exponent − 6).
+    // 16 times smaller (exponent − 4), Q6_K's 64 times (exponent − 6), and so on for the
+    // formats with larger integers.
     const D: (u16, u16) = (0x2000, 0x2C00);
     const HALF: u16 = 0x3800;
     for block in w.chunks_exact_mut(format.block_bytes()) {
@@ -66,6 +67,11 @@ pub fn weight_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> 
                 put(2, bits(0, HALF - 0x1000, false));
             }
             QuantFormat::Q6_K => put(208, bits(D.0 - 0x1800, D.1 - 0x1800, false)),
+            // Scales up to 32 times integers up to 4.
+            QuantFormat::Q3_K => put(108, bits(D.0 - 0x1400, D.1 - 0x1400, false)),
+            // Table values up to 127 (times scales up to 32 for IQ4_XS).
+            QuantFormat::IQ4_NL => put(0, bits(D.0 - 0x1C00, D.1 - 0x1C00, false)),
+            QuantFormat::IQ4_XS => put(0, bits(0x0400, 0x1000, false)),
         }
     }
     w

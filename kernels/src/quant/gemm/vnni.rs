@@ -18,7 +18,7 @@ use super::NR;
 use crate::par::SharedOut;
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
 use crate::quant::frame::{Chunk, Format, Sink, Unpack, CHUNK};
-use crate::quant::frame::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use crate::quant::frame::{IQ4_NL, IQ4_XS, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
 use crate::quant::QuantFormat;
 use core::arch::x86_64::*;
 use rayon::prelude::*;
@@ -122,6 +122,9 @@ unsafe fn panel_product(
         QuantFormat::Q4_K => with!(Q4_K),
         QuantFormat::Q5_K => with!(Q5_K),
         QuantFormat::Q6_K => with!(Q6_K),
+        QuantFormat::Q3_K => with!(Q3_K),
+        QuantFormat::IQ4_NL => with!(IQ4_NL),
+        QuantFormat::IQ4_XS => with!(IQ4_XS),
     }
 }
 

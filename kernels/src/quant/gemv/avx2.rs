@@ -348,6 +348,13 @@ macro_rules! dispatch {
             Qf::Q4_K => gemv::columns_with::<$isa, frame::Q4_K>($y, $acts, $w, $bias, $n, $j0, $j1),
             Qf::Q5_K => gemv::columns_with::<$isa, frame::Q5_K>($y, $acts, $w, $bias, $n, $j0, $j1),
             Qf::Q6_K => gemv::columns_with::<$isa, frame::Q6_K>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q3_K => gemv::columns_with::<$isa, frame::Q3_K>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::IQ4_NL => {
+                gemv::columns_with::<$isa, frame::IQ4_NL>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ4_XS => {
+                gemv::columns_with::<$isa, frame::IQ4_XS>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
         }
     }};
 }
@@ -375,7 +382,11 @@ pub(super) unsafe fn columns(
     // caller's contract (and, for `one_row`, m = 1, as matched).
     unsafe {
         match format {
+            // The formats without a one-row kernel take the general frame at m = 1 too.
             _ if acts.m != 1 => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
+            Qf::Q3_K | Qf::IQ4_NL | Qf::IQ4_XS => {
+                dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1)
+            }
             Qf::Q8_0 => one_row::<Small<Q8_0>>(y, acts, w, bias, n, j0, j1),
             Qf::Q4_0 => one_row::<Small<Q4_0>>(y, acts, w, bias, n, j0, j1),
             Qf::Q4_1 => one_row::<Small<Q4_1>>(y, acts, w, bias, n, j0, j1),
