@@ -313,7 +313,8 @@ fn hostile_files_are_errors_not_panics() {
     }
     // The low-bit K and IQ4 types load, in place, as their kernels' formats.
     for (code, ty, elems, bytes) in [
-        (11u32, "Q3_K", 256u64, 110usize),
+        (10u32, "Q2_K", 256u64, 84usize),
+        (11, "Q3_K", 256, 110),
         (20, "IQ4_NL", 32, 18),
         (23, "IQ4_XS", 256, 136),
     ] {

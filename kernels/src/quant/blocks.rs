@@ -12,6 +12,9 @@
 //!   value `e` takes the low nibble of `ql[64h + e]` for `e < 64`, the high nibble of
 //!   `ql[64h + e − 64]` otherwise, and bits `2g, 2g+1` of `qh[32h + e % 32]` with `g = e / 32`
 //!   as bits 4–5; minus 32, times `d·scales[(128h + e) / 16]`.
+//! - **Q2_K** `scales[16], qs[64], d, dmin`: 16 sub-blocks of 16. Element
+//!   `i = 128h + 32j + l` is bits `2j, 2j+1` of `qs[32h + l]` (0..3); sub-block `s = i / 16`
+//!   has scale `scales[s] & 15` and minimum `scales[s] >> 4`: `(d·sc)·q − dmin·mn`.
 //! - **Q3_K** `hmask[32], qs[64], scales[12], d`: 16 sub-blocks of 16. Element
 //!   `i = 128h + 32j + l` (`h < 2`, `j < 4`, `l < 32`) takes bits `2j, 2j+1` of `qs[32h + l]`
 //!   as its low two bits, and is that less 4 unless bit `4h + j` of `hmask[l]` is set: −4..3.
@@ -41,6 +44,7 @@ pub fn decoder(format: QuantFormat) -> fn(&[u8], &mut [f32]) {
         QuantFormat::Q4_K => q4_k,
         QuantFormat::Q5_K => q5_k,
         QuantFormat::Q6_K => q6_k,
+        QuantFormat::Q2_K => q2_k,
         QuantFormat::Q3_K => q3_k,
         QuantFormat::IQ4_NL => iq4_nl,
         QuantFormat::IQ4_XS => iq4_xs,
@@ -173,6 +177,27 @@ pub fn q6_k(block: &[u8], out: &mut [f32]) {
             let i = 128 * h + e;
             let sc = f32::from(block[192 + i / 16] as i8);
             out[i] = (d * sc) * f32::from(q6_k_value(block, h, e));
+        }
+    }
+}
+
+/// The 2-bit value (0..3) of element `i` (0..256) of a Q2_K block.
+#[inline(always)]
+pub fn q2_k_value(block: &[u8], i: usize) -> u8 {
+    let (h, j, l) = (i / 128, (i % 128) / 32, i % 32);
+    (block[16 + 32 * h + l] >> (2 * j)) & 3
+}
+
+/// Q2_K: `(d·sc)·q − dmin·mn` with a 4-bit scale and minimum per 16.
+pub fn q2_k(block: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (f16_at(block, 80), f16_at(block, 82));
+    for (s, chunk) in out[..256].chunks_exact_mut(16).enumerate() {
+        let (dl, ml) = (
+            d * f32::from(block[s] & 0x0F),
+            dmin * f32::from(block[s] >> 4),
+        );
+        for (l, o) in chunk.iter_mut().enumerate() {
+            *o = dl * f32::from(q2_k_value(block, 16 * s + l)) - ml;
         }
     }
 }

@@ -17,7 +17,7 @@
 //! four, 64 Ki values per call), so there is none.
 
 use super::blocks::{iq4_xs_scale, k_scale_min, q3_k_scale};
-use super::frame::{iq4_lookup, q3k_half};
+use super::frame::{iq4_lookup, q2k_half, q3k_half};
 use super::QuantFormat;
 use core::arch::x86_64::*;
 
@@ -406,6 +406,36 @@ unsafe fn q6_k<W: Widen>(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// Q2_K blocks: `(d·sc)·q − dmin·mn`, a 4-bit scale and minimum per 16 values.
+///
+/// # Safety
+/// As [`q8_0`], for Q2_K blocks.
+#[inline(always)]
+unsafe fn q2_k<W: Widen>(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: the caller has the CPU features (this function's contract). `q2k_half` and the
+    // scale reads stay inside `block`, a chunk of exactly 84 bytes, and the stores write
+    // sub-block `s + t < 16` of `out`, a chunk of exactly 256 f32.
+    unsafe {
+        for (block, out) in src.chunks_exact(84).zip(dst.chunks_exact_mut(256)) {
+            let p = block.as_ptr();
+            let d = W::splat_f16(f16_bits(p.add(80)));
+            let dmin = W::splat_f16(f16_bits(p.add(82)));
+            for h in 0..2 {
+                for (j, q) in q2k_half(p, h).into_iter().enumerate() {
+                    let s = 2 * (4 * h + j);
+                    let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q)];
+                    for (t, b) in halves.into_iter().enumerate() {
+                        let sc = block[s + t];
+                        let dl = W::mul(d, W::splat(f32::from(sc & 0x0F)));
+                        let ml = W::mul(dmin, W::splat(f32::from(sc >> 4)));
+                        W::store16::<SUB>(out.as_mut_ptr().add(16 * (s + t)), b, dl, ml);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Q3_K blocks: `(d·(sc − 32))·q`, one 6-bit scale per 16 values.
 ///
 /// # Safety
@@ -502,6 +532,7 @@ unsafe fn run<W: Widen>(format: QuantFormat, src: &[u8], dst: &mut [f32]) {
             QuantFormat::Q4_K => k_quant_4_5::<W, false>(src, dst),
             QuantFormat::Q5_K => k_quant_4_5::<W, true>(src, dst),
             QuantFormat::Q6_K => q6_k::<W>(src, dst),
+            QuantFormat::Q2_K => q2_k::<W>(src, dst),
             QuantFormat::Q3_K => q3_k::<W>(src, dst),
             QuantFormat::IQ4_NL => iq4_nl::<W>(src, dst),
             QuantFormat::IQ4_XS => iq4_xs::<W>(src, dst),

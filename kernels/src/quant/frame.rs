@@ -9,7 +9,7 @@
 mod unpack;
 
 pub(in crate::quant) use unpack::{
-    bit_bytes, bytes, iq4_lookup, k_pair, nibble_bytes, q3k_half, q6k_bytes, q6k_half, W2,
+    bit_bytes, bytes, iq4_lookup, k_pair, nibble_bytes, q2k_half, q3k_half, q6k_bytes, q6k_half, W2,
 };
 
 use core::arch::x86_64::*;
@@ -25,8 +25,8 @@ pub(in crate::quant) const ROWS: usize = 4;
 pub(in crate::quant) struct Chunk {
     /// Weight scale per group (per half-group of 16 for Q6_K and Q3_K).
     pub(in crate::quant) a: [f32; 2 * CHUNK],
-    /// Additive constant per group.
-    pub(in crate::quant) c: [f32; CHUNK],
+    /// Additive constant per group (per half-group of 16 for Q2_K).
+    pub(in crate::quant) c: [f32; 2 * CHUNK],
     /// f16 bits of the scales and minimums of the 32-element formats.
     pub(in crate::quant) bits_a: [u16; CHUNK],
     pub(in crate::quant) bits_c: [u16; CHUNK],
@@ -38,7 +38,7 @@ impl Chunk {
     pub(in crate::quant) fn new() -> Self {
         Chunk {
             a: [0.0; 2 * CHUNK],
-            c: [0.0; CHUNK],
+            c: [0.0; 2 * CHUNK],
             bits_a: [0; CHUNK],
             bits_c: [0; CHUNK],
             s: [[0.0; 2 * CHUNK]; ROWS],
@@ -56,9 +56,12 @@ pub(in crate::quant) trait Format {
     const HALVES: bool = false;
     /// A nonzero additive constant per group (Q4_1, Q5_1, Q4_K, Q5_K).
     const MIN: bool;
+    /// A nonzero additive constant per half-group of 16 instead (Q2_K, with [`Self::HALVES`]):
+    /// `ch.c` then holds two per group, each met by `xs·Σxq` of its 16 activations.
+    const MIN16: bool = false;
 
-    /// Decodes the scales of the `nb` blocks at `p` into `ch.a` and (if [`Self::MIN`])
-    /// `ch.c`, in group order.
+    /// Decodes the scales of the `nb` blocks at `p` into `ch.a` and (if [`Self::MIN`] or
+    /// [`Self::MIN16`]) `ch.c`, in group (or half-group) order.
     ///
     /// # Safety
     /// `p` points to `nb` whole blocks, `nb·BE ≤ 32·CHUNK`; the CPU has AVX2 and F16C.
@@ -313,6 +316,67 @@ unsafe fn scales_iq4xs(p: *const u8, nb: usize, ch: &mut Chunk) {
             _mm256_storeu_ps(ch.a.as_mut_ptr().add(8 * b), iq4xs_scales(p.add(b * 136)));
         }
     }
+}
+
+/// Scales of Q2_K for `nb` super-blocks, in half-group order: `a = d·sc` into `ch.a` and
+/// `c = −dmin·mn` into `ch.c`, from the 16 bytes of 4-bit scales (low nibbles) and minimums
+/// (high nibbles), 8 at a time.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK / 8` blocks of 84 bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales_q2k(p: *const u8, nb: usize, ch: &mut Chunk) {
+    // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of 84 bytes at `p` and AVX2 and
+    // F16C; the reads are bytes 0–15 and 80–83 of each block, the stores write 8 entries at
+    // `16b + 8t < 2·CHUNK` of `ch.a` and `ch.c`.
+    unsafe {
+        for b in 0..nb {
+            let q = p.add(b * 84);
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(q.add(80)) as i32));
+            let d = _mm256_broadcastss_ps(dm);
+            let neg_dmin = _mm256_broadcastss_ps(_mm_sub_ps(_mm_setzero_ps(), _mm_movehdup_ps(dm)));
+            let v = _mm_loadu_si128(q as *const __m128i);
+            let sc = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+            let mn = _mm_and_si128(_mm_srli_epi16::<4>(v), _mm_set1_epi8(0x0F));
+            for (t, (s, m)) in [(sc, mn), (_mm_srli_si128::<8>(sc), _mm_srli_si128::<8>(mn))]
+                .into_iter()
+                .enumerate()
+            {
+                let sf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s));
+                let mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m));
+                let at = 16 * b + 8 * t;
+                _mm256_storeu_ps(ch.a.as_mut_ptr().add(at), _mm256_mul_ps(d, sf));
+                _mm256_storeu_ps(ch.c.as_mut_ptr().add(at), _mm256_mul_ps(neg_dmin, mf));
+            }
+        }
+    }
+}
+
+/// The Q2_K layout (by hand rather than by `layout!`: its constants are per 16).
+#[allow(non_camel_case_types)]
+pub(in crate::quant) struct Q2_K;
+
+impl Format for Q2_K {
+    const BE: usize = 256;
+    const BB: usize = 84;
+    const HALVES: bool = true;
+    const MIN: bool = false;
+    const MIN16: bool = true;
+    #[inline(always)]
+    unsafe fn scales(p: *const u8, nb: usize, ch: &mut Chunk) {
+        // SAFETY: the trait's contract is `scales_q2k`'s.
+        unsafe { scales_q2k(p, nb, ch) }
+    }
+}
+
+/// The sums of every 16 integers of `q`: what [`QuantizedActs::isum16`] holds when
+/// `quantize` fills it, for the kernels of formats with a constant per 16 when it is empty.
+///
+/// [`QuantizedActs::isum16`]: crate::quant::act::QuantizedActs::isum16
+pub(in crate::quant) fn half_sums(q: &[i16]) -> Vec<i32> {
+    q.chunks_exact(16)
+        .map(|h| h.iter().map(|&v| i32::from(v)).sum())
+        .collect()
 }
 
 macro_rules! layout {

@@ -3,7 +3,7 @@
 //! that the 512-bit kernel shares.
 
 use super::{u32_at, Sink, Unpack, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
-use super::{IQ4_NL, IQ4_XS, Q3_K};
+use super::{IQ4_NL, IQ4_XS, Q2_K, Q3_K};
 use core::arch::x86_64::*;
 
 /// A group as two vectors of 16 i16: elements 0–15 and 16–31.
@@ -244,6 +244,29 @@ pub(in crate::quant) unsafe fn q3k_half(p: *const u8, h: usize) -> [__m256i; 4] 
     }
 }
 
+/// The values (0..3) of the four groups of half `h` of a Q2_K block, as bytes in element
+/// order: group `j` takes bits `2j, 2j+1` of the half's 32 bytes.
+///
+/// # Safety
+/// `p` must point to a whole Q2_K block (84 readable bytes), `h < 2`, and the caller must
+/// have AVX2.
+#[inline(always)]
+pub(in crate::quant) unsafe fn q2k_half(p: *const u8, h: usize) -> [__m256i; 4] {
+    // SAFETY: the caller guarantees AVX2 and a whole Q2_K block at `p`: the load reads bytes
+    // `16 + 32h..48 + 32h`, inside its 84 bytes for `h < 2`.
+    unsafe {
+        let qs = _mm256_loadu_si256(p.add(16 + 32 * h) as *const __m256i);
+        // 16-bit shifts: the two bits kept from each byte come from that byte.
+        let three = bytes(3);
+        [
+            _mm256_and_si256(qs, three),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qs), three),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(qs), three),
+            _mm256_and_si256(_mm256_srli_epi16::<6>(qs), three),
+        ]
+    }
+}
+
 /// Each byte of `nibbles` (0..15) replaced by its entry of the IQ4 table
 /// ([`IQ4_TABLE`](crate::quant::blocks::IQ4_TABLE)), as signed bytes.
 ///
@@ -271,6 +294,23 @@ impl Unpack<W2> for Q3_K {
                 f.group(4 * h + 1, true, widen_i8(g1));
                 f.group(4 * h + 2, false, widen_i8(g2));
                 f.group(4 * h + 3, true, widen_i8(g3));
+            }
+        }
+    }
+}
+
+impl Unpack<W2> for Q2_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read the 84-byte block as `q2k_half` reads it.
+        unsafe {
+            for h in 0..2 {
+                let [g0, g1, g2, g3] = q2k_half(p, h);
+                f.group(4 * h, false, widen_u8(g0));
+                f.group(4 * h + 1, true, widen_u8(g1));
+                f.group(4 * h + 2, false, widen_u8(g2));
+                f.group(4 * h + 3, true, widen_u8(g3));
             }
         }
     }
