@@ -215,32 +215,26 @@ pub(in crate::quant) unsafe fn q3k_half(p: *const u8, h: usize) -> [__m256i; 4] 
     unsafe {
         let hm = _mm256_loadu_si256(p as *const __m256i);
         let qs = _mm256_loadu_si256(p.add(32 + 32 * h) as *const __m256i);
-        // 16-bit shifts: the bits kept after each mask come from the same byte.
-        let pair = |j: usize| {
-            let v = match j {
-                0 => qs,
-                1 => _mm256_srli_epi16::<2>(qs),
-                2 => _mm256_srli_epi16::<4>(qs),
-                _ => _mm256_srli_epi16::<6>(qs),
-            };
-            _mm256_and_si256(v, bytes(3))
+        // Half h's high bits are bits 4h..4h+4 of each byte: bring them to bits 0–3, so that
+        // group j's is bit j. Every shift below is on 16-bit lanes, and every bit kept after
+        // its mask comes from the same byte. (Straight-line code: written with closures over
+        // the group number, the shifts were not resolved at compile time.)
+        let hm = if h == 0 {
+            hm
+        } else {
+            _mm256_srli_epi16::<4>(hm)
         };
-        // Bit g of each high-bit byte moved to bit 2 (worth 4).
-        let high = |g: usize| {
-            let v = match g {
-                0 => _mm256_slli_epi16::<2>(hm),
-                1 => _mm256_slli_epi16::<1>(hm),
-                2 => hm,
-                3 => _mm256_srli_epi16::<1>(hm),
-                4 => _mm256_srli_epi16::<2>(hm),
-                5 => _mm256_srli_epi16::<3>(hm),
-                6 => _mm256_srli_epi16::<4>(hm),
-                _ => _mm256_srli_epi16::<5>(hm),
-            };
-            _mm256_and_si256(v, bytes(4))
+        let (three, four) = (bytes(3), bytes(4));
+        let group = |pair: __m256i, high: __m256i| {
+            let q = _mm256_or_si256(_mm256_and_si256(pair, three), _mm256_and_si256(high, four));
+            _mm256_sub_epi8(q, four)
         };
-        let group = |j: usize| _mm256_sub_epi8(_mm256_or_si256(pair(j), high(4 * h + j)), bytes(4));
-        [group(0), group(1), group(2), group(3)]
+        [
+            group(qs, _mm256_slli_epi16::<2>(hm)),
+            group(_mm256_srli_epi16::<2>(qs), _mm256_slli_epi16::<1>(hm)),
+            group(_mm256_srli_epi16::<4>(qs), hm),
+            group(_mm256_srli_epi16::<6>(qs), _mm256_srli_epi16::<1>(hm)),
+        ]
     }
 }
 
