@@ -151,7 +151,8 @@ unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
                     constants(xsum.add(at), &ch.c, ng, &mut cv[r], &mut cs[r]);
                 }
                 if F::MIN16 {
-                    constants16(xs.add(at), half.as_ptr().add(2 * at), &ch.c, ng, &mut cs[r]);
+                    let h = half.as_ptr().add(2 * at);
+                    constants16(xs.add(at), h, &ch.c, ng, &mut cv[r], &mut cs[r]);
                 }
             }
             let mut x = [xq; M];
@@ -315,26 +316,41 @@ unsafe fn constants(
     }
 }
 
-/// Adds `Σ c·xs·Σxq` over the chunk's `2·ng` half-groups to `cs`: a constant per 16 meets
-/// the integer sum of those 16 activations times their block's scale.
+/// Adds `Σ c·xs·Σxq` over the chunk's `2·ng` half-groups to `cv` (8 lanes) and `cs`: a
+/// constant per 16 meets the integer sum of those 16 activations times their block's scale.
 ///
 /// # Safety
-/// `xs` points to `ng` activation scales and `half` to their `2·ng` sums per 16.
+/// `xs` points to `ng` activation scales and `half` to their `2·ng` sums per 16; AVX2 and
+/// FMA.
 #[inline(always)]
 unsafe fn constants16(
     xs: *const f32,
     half: *const i32,
     c: &[f32; 2 * CHUNK],
     ng: usize,
+    cv: &mut __m256,
     cs: &mut f32,
 ) {
-    // SAFETY: the caller guarantees `ng ≤ CHUNK` scales at `xs` and `2·ng` sums at `half`;
-    // `c` holds `2·CHUNK` constants.
+    // SAFETY: the caller has AVX2 and FMA and guarantees `ng ≤ CHUNK` scales at `xs` and
+    // `2·ng` sums at `half`; the vector loop reads 4 scales at `t` and 8 sums and constants
+    // at `2t` with `t + 4 ≤ ng`, inside all three (`c` holds `2·CHUNK`).
     unsafe {
-        for t in 0..ng {
+        // Each activation scale serves the two halves of its group.
+        let dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        let mut t = 0;
+        while t + 4 <= ng {
+            let x4 = _mm256_castps128_ps256(_mm_loadu_ps(xs.add(t)));
+            let x8 = _mm256_permutevar8x32_ps(x4, dup);
+            let h8 = _mm256_cvtepi32_ps(_mm256_loadu_si256(half.add(2 * t) as *const __m256i));
+            let c8 = _mm256_loadu_ps(c.as_ptr().add(2 * t));
+            *cv = _mm256_fmadd_ps(c8, _mm256_mul_ps(x8, h8), *cv);
+            t += 4;
+        }
+        while t < ng {
             let x = *xs.add(t);
             *cs += c[2 * t] * (x * *half.add(2 * t) as f32)
                 + c[2 * t + 1] * (x * *half.add(2 * t + 1) as f32);
+            t += 1;
         }
     }
 }
