@@ -294,11 +294,11 @@ fn hostile_files_are_errors_not_panics() {
     );
     // A tensor of a type qkv parses but cannot load is a typed error at load, naming it.
     for (code, ty, bytes) in [
-        (10u32, "Q2_K", 84usize),
-        (20, "IQ4_NL", 18),
-        (23, "IQ4_XS", 136),
+        (16u32, "IQ2_XXS", 66usize),
+        (18, "IQ3_XXS", 98),
+        (34, "TQ1_0", 54),
     ] {
-        let block = if ty == "IQ4_NL" { 32 } else { 256 };
+        let block = 256;
         let raw = Raw::header(3, 1, 0)
             .tensor("w", &[block], code, 0)
             .pad_and_data(bytes.next_multiple_of(32));
@@ -309,6 +309,21 @@ fn hostile_files_are_errors_not_panics() {
                 assert!(dtype.contains(ty), "{dtype}");
             }
             other => panic!("{ty}: {other:?}"),
+        }
+    }
+    // The low-bit K and IQ4 types load, in place, as their kernels' formats.
+    for (code, ty, elems, bytes) in [
+        (10u32, "Q2_K", 256u64, 84usize),
+        (11, "Q3_K", 256, 110),
+        (20, "IQ4_NL", 32, 18),
+        (23, "IQ4_XS", 256, 136),
+    ] {
+        let raw = Raw::header(3, 1, 0)
+            .tensor("w", &[elems], code, 0)
+            .pad_and_data(bytes.next_multiple_of(32));
+        let f = open_bytes(ty, &raw).unwrap();
+        if let Err(e) = f.tensor("w") {
+            panic!("{ty}: {e}");
         }
     }
     // Quantized rows must be whole blocks.

@@ -3,6 +3,16 @@
 //! beside the published Q4_1. The K-mixes hold Q5_0, Q5_1, Q8_0 and Q6_K tensors beside their
 //! Q4_K or Q5_K ones, since SmolLM2's width (576) is not a multiple of 256.
 //!
+//! The low-bit files (Q2_K, Q3_K_S/M/L, IQ4_NL, IQ4_XS) fall back the same way, so only some
+//! of them hold blocks of their own type; as llama-quantize makes them here (listed with
+//! gguf-py): Q3_K_S's and Q2_K's `ffn_down` are Q3_K (the Q2_K mix gives it Q3_K), everything
+//! else of width 576 Q4_0; Q3_K_M and Q3_K_L hold no Q3_K at all (Q4_K/Q5_K `ffn_down`, Q4_0,
+//! Q5_0 and Q5_1 elsewhere); IQ4_NL's matrices are IQ4_NL but for three Q5_K `ffn_down`;
+//! IQ4_XS's `ffn_down` are IQ4_XS (three Q5_K), the width-576 ones IQ4_NL. No mix leaves a
+//! Q2_K block, so `Q2_K_PURE` (`llama-quantize --pure … Q2_K`) is here too: its 30 `ffn_down`
+//! are Q2_K. So Q2_K, Q3_K, IQ4_NL and IQ4_XS blocks each run below from a real file, which
+//! the formats listed per file (every one must be found) make sure of.
+//!
 //! Each file runs on its own blocks and is checked against the same file widened to f32 at
 //! load (exact dequantization, the f32 kernels): last-position logits within 1e-3 of their
 //! range and the same greedy tokens (`decode` on each, with its peak memory within the file
@@ -23,7 +33,7 @@ use qkv_kernels::QuantFormat;
 use std::sync::Arc;
 
 /// Each file, with the formats its matrices must hold.
-const FILES: [(&str, &[QuantFormat]); 7] = [
+const FILES: [(&str, &[QuantFormat]); 14] = [
     ("Q4_1", &[QuantFormat::Q4_1, QuantFormat::Q8_0]),
     ("Q8_0", &[QuantFormat::Q8_0]),
     ("Q4_0", &[QuantFormat::Q4_0, QuantFormat::Q8_0]),
@@ -47,6 +57,48 @@ const FILES: [(&str, &[QuantFormat]); 7] = [
         ],
     ),
     ("Q6_K", &[QuantFormat::Q6_K, QuantFormat::Q8_0]),
+    (
+        "Q2_K",
+        &[QuantFormat::Q3_K, QuantFormat::Q4_0, QuantFormat::Q8_0],
+    ),
+    ("Q2_K_PURE", &[QuantFormat::Q2_K, QuantFormat::Q4_0]),
+    (
+        "Q3_K_S",
+        &[QuantFormat::Q3_K, QuantFormat::Q4_0, QuantFormat::Q8_0],
+    ),
+    (
+        "Q3_K_M",
+        &[
+            QuantFormat::Q4_K,
+            QuantFormat::Q5_K,
+            QuantFormat::Q4_0,
+            QuantFormat::Q5_0,
+            QuantFormat::Q5_1,
+            QuantFormat::Q8_0,
+        ],
+    ),
+    (
+        "Q3_K_L",
+        &[
+            QuantFormat::Q5_K,
+            QuantFormat::Q4_0,
+            QuantFormat::Q5_1,
+            QuantFormat::Q8_0,
+        ],
+    ),
+    (
+        "IQ4_NL",
+        &[QuantFormat::IQ4_NL, QuantFormat::Q5_K, QuantFormat::Q8_0],
+    ),
+    (
+        "IQ4_XS",
+        &[
+            QuantFormat::IQ4_XS,
+            QuantFormat::IQ4_NL,
+            QuantFormat::Q5_K,
+            QuantFormat::Q8_0,
+        ],
+    ),
 ];
 
 fn session(model: &Arc<Model>) -> Session {

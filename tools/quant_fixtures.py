@@ -14,9 +14,10 @@ tests/fixtures/quant/index.json
 The blocks are seeded random bytes with every f16 field (scale, minimum) replaced by a finite
 f16: most drawn like real weights' scales (magnitudes 1e-5..1, either sign), some random
 finite bit patterns (up to ±65504), some extreme (±0, the smallest and largest subnormals,
-the smallest normal, ±65504). The K-formats' packed 6-bit scales and minimums (Q4_K, Q5_K)
-and i8 scales (Q6_K) are random bytes too: the 12 packed bytes map one to one onto the
-sixteen 6-bit fields, so every field is uniformly random over 0..63.
+the smallest normal, ±65504). The K-formats' packed 6-bit scales and minimums (Q4_K, Q5_K,
+Q3_K, IQ4_XS), the 4-bit ones (Q2_K) and i8 scales (Q6_K) are random bytes too: the packed bytes map one to one onto
+the 6-bit fields, so every field is uniformly random over 0..63. New formats go at the end of
+FORMATS, so that the random stream of the earlier ones (and their bytes) stays the same.
 
 `kernels/tests/dequant_gguf_py.rs` checks `QuantFormat::dequantize` against these values
 bit for bit. The older tests/fixtures/gguf/dequant.json (written by
@@ -46,6 +47,10 @@ FORMATS = {
     "Q4_K": (Q.Q4_K, 8, [0, 2]),
     "Q5_K": (Q.Q5_K, 8, [0, 2]),
     "Q6_K": (Q.Q6_K, 8, [208]),
+    "Q3_K": (Q.Q3_K, 8, [108]),
+    "IQ4_NL": (Q.IQ4_NL, 24, [0]),
+    "IQ4_XS": (Q.IQ4_XS, 8, [0]),
+    "Q2_K": (Q.Q2_K, 8, [80, 82]),
 }
 
 EXTREME = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF],

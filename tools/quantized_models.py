@@ -3,20 +3,48 @@
 
     python3 tools/quantized_models.py
 
-Builds llama.cpp's tools once into $QKV_CACHE/llamacpp (tools/peers.py),
-then writes SmolLM2-135M-Instruct.{F16,F32,Q8_0,Q4_0,Q5_1,Q4_K_M,Q5_K_M,Q6_K}.gguf into
-$QKV_CACHE/llamacpp/models with `llama-quantize` (the quantized ones from the F32 file, itself
-the published Q4_1 file dequantized). Files already there are kept. The published Q4_1 file
+Builds llama.cpp's tools once into $QKV_CACHE/llamacpp (tools/peers.py), then writes into
+$QKV_CACHE/llamacpp/models, with `llama-quantize`, SmolLM2-135M-Instruct.<T>.gguf for F16, F32,
+peers.py's QUANT_TYPES and LOW_BIT_TYPES, and the `--pure` files of PURE_TYPES (the quantized
+ones from the F32 file, itself the published Q4_1 file dequantized). Files already there are
+kept. The published Q4_1 file
 must be in the cache first (`cargo run --release --bin decode -- --prompt Hi -n 1` fetches it).
 Prints the models directory on stdout.
 """
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers as b  # noqa: E402
+
+# Low-bit mixes that llama-quantize makes without an importance matrix. SmolLM2's width (576)
+# is not a multiple of 256, so most of their matrices fall back to 32-element types (Q4_0 for
+# Q2_K and Q3_K, IQ4_NL for IQ4_XS; tests/quantized_files.rs lists what each file holds).
+LOW_BIT_TYPES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS")
+
+# Types whose standard mixes leave none of their own blocks in this model (the Q2_K mix
+# makes ffn_down Q3_K, and every other matrix falls back to Q4_0), made again with `--pure`
+# (one type for every matrix, before the width's fallback) as SmolLM2-135M-Instruct.<T>_PURE.gguf:
+# ffn_down, the only matrices of width 1536, then hold Q2_K blocks.
+PURE_TYPES = ("Q2_K",)
+
+
+def ensure_pure(lc: Path, quant: Path, ty: str) -> Path:
+    """The F32 file quantized to `ty` with `llama-quantize --pure` (kept once made)."""
+    models = lc / "models"
+    target = models / f"{b.MODEL_STEM}.{ty}_PURE.gguf"
+    if not target.is_file():
+        src = models / f"{b.MODEL_STEM}.F32.gguf"
+        b.log(f"quantizing {src.name} -> {target.name} (--pure)")
+        tmp = target.with_suffix(".tmp")
+        with open(lc / f"quantize-{ty}_PURE.log", "w") as quant_log:
+            b.run([quant, "--allow-requantize", "--pure", src, tmp, ty], stdout=quant_log,
+                  stderr=subprocess.STDOUT)
+        tmp.rename(target)
+    return target
 
 
 def main():
@@ -29,7 +57,10 @@ def main():
     os.dup2(2, 1)
     try:
         _, quant = b.ensure_llamacpp(lc)
-        models = b.ensure_models(lc, cache, quant, None, ("F16", "F32") + b.QUANT_TYPES)
+        kinds = ("F16", "F32") + b.QUANT_TYPES + LOW_BIT_TYPES
+        models = b.ensure_models(lc, cache, quant, None, kinds)
+        for ty in PURE_TYPES:
+            models[f"{ty.lower()}_pure"] = ensure_pure(lc, quant, ty)
         for kind, path in models.items():
             b.log(f"{kind}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
         sys.stdout.flush()

@@ -122,6 +122,53 @@ fn quantized_gemv_matches_exact_dequantization() {
     assert!(checked >= if cfg!(miri) { 32 } else { 1000 });
 }
 
+/// Prompt-sized row counts in GGUF's layout, for every format: past the GEMV, `linear`
+/// takes the integer GEMM where the CPU has AVX-512 VNNI, else widens panels of `W` to f32;
+/// either must agree with the exact dequantization within the activations' rounding (the
+/// f32 panels are far inside it).
+#[test]
+fn quantized_prefill_rows_match_exact_dequantization() {
+    let mut rng = Rng(0x5EED_0F9E_F111);
+    let (ks, ms): (&[usize], &[usize]) = if cfg!(miri) {
+        (&[256], &[17])
+    } else {
+        (&[256, 576, 768], &[17, 40, 70])
+    };
+    let n = if cfg!(miri) { 5 } else { 37 };
+    for format in QuantFormat::ALL {
+        for &k in ks {
+            if !k.is_multiple_of(format.block_elems()) {
+                continue;
+            }
+            let w = random_blocks(format, n, k, &mut rng);
+            let weights = Weights::Quant(format, &w);
+            let mut wf = vec![0.0f32; n * k];
+            format.dequantize(&w, &mut wf).unwrap();
+            let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
+            for &m in ms {
+                let x = activations(m * k, &mut rng);
+                let mut want = vec![0.0f32; m * n];
+                linear_scalar(&mut want, &x, weights, Some(&bias), m, k, n).unwrap();
+                let tol = tolerance(&x, &wf, m, k, n, 32767.0);
+                for threads in [1, 2] {
+                    let mut got = vec![f32::NAN; m * n];
+                    pool(threads)
+                        .install(|| linear(&mut got, &x, weights, Some(&bias), m, k, n))
+                        .unwrap();
+                    for (e, ((g, w), tl)) in got.iter().zip(&want).zip(&tol).enumerate() {
+                        assert!(
+                            f64::from((g - w).abs()) <= *tl,
+                            "{format} m={m} k={k} threads={threads} at ({}, {}): {g} vs {w}",
+                            e / n,
+                            e % n
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `linear_many` over quantized parts of different formats equals `linear` on each.
 #[test]
 fn quantized_groups_match_single_products() {

@@ -12,6 +12,17 @@
 //!   value `e` takes the low nibble of `ql[64h + e]` for `e < 64`, the high nibble of
 //!   `ql[64h + e − 64]` otherwise, and bits `2g, 2g+1` of `qh[32h + e % 32]` with `g = e / 32`
 //!   as bits 4–5; minus 32, times `d·scales[(128h + e) / 16]`.
+//! - **Q2_K** `scales[16], qs[64], d, dmin`: 16 sub-blocks of 16. Element
+//!   `i = 128h + 32j + l` is bits `2j, 2j+1` of `qs[32h + l]` (0..3); sub-block `s = i / 16`
+//!   has scale `scales[s] & 15` and minimum `scales[s] >> 4`: `(d·sc)·q − dmin·mn`.
+//! - **Q3_K** `hmask[32], qs[64], scales[12], d`: 16 sub-blocks of 16. Element
+//!   `i = 128h + 32j + l` (`h < 2`, `j < 4`, `l < 32`) takes bits `2j, 2j+1` of `qs[32h + l]`
+//!   as its low two bits, and is that less 4 unless bit `4h + j` of `hmask[l]` is set: −4..3.
+//!   Its scale is sub-block `i / 16`'s 6-bit field ([`q3_k_scale`]) less 32, times `d`.
+//! - **IQ4_XS** `d, scales_h (u16), scales_l[4], qs[128]`: 8 sub-blocks of 32 laid out as
+//!   IQ4_NL's blocks (`qs[16s..16s+16]`: low nibbles elements 0–15, high 16–31), each with
+//!   the 6-bit scale ([`iq4_xs_scale`]) less 32, times `d`; a nibble `q` stands for
+//!   [`IQ4_TABLE`]`[q]`.
 
 use super::QuantFormat;
 use half::f16;
@@ -33,6 +44,10 @@ pub fn decoder(format: QuantFormat) -> fn(&[u8], &mut [f32]) {
         QuantFormat::Q4_K => q4_k,
         QuantFormat::Q5_K => q5_k,
         QuantFormat::Q6_K => q6_k,
+        QuantFormat::Q2_K => q2_k,
+        QuantFormat::Q3_K => q3_k,
+        QuantFormat::IQ4_NL => iq4_nl,
+        QuantFormat::IQ4_XS => iq4_xs,
     }
 }
 
@@ -162,6 +177,99 @@ pub fn q6_k(block: &[u8], out: &mut [f32]) {
             let i = 128 * h + e;
             let sc = f32::from(block[192 + i / 16] as i8);
             out[i] = (d * sc) * f32::from(q6_k_value(block, h, e));
+        }
+    }
+}
+
+/// The 2-bit value (0..3) of element `i` (0..256) of a Q2_K block.
+#[inline(always)]
+pub fn q2_k_value(block: &[u8], i: usize) -> u8 {
+    let (h, j, l) = (i / 128, (i % 128) / 32, i % 32);
+    (block[16 + 32 * h + l] >> (2 * j)) & 3
+}
+
+/// Q2_K: `(d·sc)·q − dmin·mn` with a 4-bit scale and minimum per 16.
+pub fn q2_k(block: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (f16_at(block, 80), f16_at(block, 82));
+    for (s, chunk) in out[..256].chunks_exact_mut(16).enumerate() {
+        let (dl, ml) = (
+            d * f32::from(block[s] & 0x0F),
+            dmin * f32::from(block[s] >> 4),
+        );
+        for (l, o) in chunk.iter_mut().enumerate() {
+            *o = dl * f32::from(q2_k_value(block, 16 * s + l)) - ml;
+        }
+    }
+}
+
+/// Sub-block `s`'s (0..16) stored 6-bit scale in a Q3_K block's 12 scale bytes (the value
+/// used is this less 32).
+///
+/// Bytes 0–7 hold the low 4 bits of scales 0–7 in their low nibbles and of scales 8–15 in
+/// their high nibbles; bits `2t, 2t+1` of byte `8 + u` are the top two bits of scale
+/// `4t + u`.
+#[inline(always)]
+pub fn q3_k_scale(scales: &[u8], s: usize) -> u8 {
+    let low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
+    let high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+    low | (high << 4)
+}
+
+/// The signed integer (−4..3) of element `i` (0..256) of a Q3_K block.
+#[inline(always)]
+pub fn q3_k_value(block: &[u8], i: usize) -> i8 {
+    let (h, j, l) = (i / 128, (i % 128) / 32, i % 32);
+    let low = (block[32 + 32 * h + l] >> (2 * j)) & 3;
+    let set = (block[l] >> (4 * h + j)) & 1;
+    low as i8 - if set == 1 { 0 } else { 4 }
+}
+
+/// Q3_K: `(d·(sc − 32))·q` with one 6-bit scale per 16.
+pub fn q3_k(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 108);
+    let scales = &block[96..108];
+    for (s, chunk) in out[..256].chunks_exact_mut(16).enumerate() {
+        let ds = d * f32::from(q3_k_scale(scales, s) as i8 - 32);
+        for (l, o) in chunk.iter_mut().enumerate() {
+            *o = ds * f32::from(q3_k_value(block, 16 * s + l));
+        }
+    }
+}
+
+/// The non-linear 4-bit table of IQ4_NL and IQ4_XS: a nibble `q` stands for `IQ4_TABLE[q]`
+/// (ggml's `kvalues_iq4nl`).
+pub const IQ4_TABLE: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// IQ4_NL: `d·T[q]`.
+pub fn iq4_nl(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 0);
+    for (j, &q) in block[2..18].iter().enumerate() {
+        out[j] = d * f32::from(IQ4_TABLE[usize::from(q & 0x0F)]);
+        out[j + 16] = d * f32::from(IQ4_TABLE[usize::from(q >> 4)]);
+    }
+}
+
+/// Sub-block `s`'s (0..8) stored 6-bit scale in an IQ4_XS block (the value used is this less
+/// 32): the low 4 bits are nibble `s % 2` of `scales_l[s / 2]`, the top two bits `2s, 2s+1`
+/// of the little-endian `scales_h`.
+#[inline(always)]
+pub fn iq4_xs_scale(block: &[u8], s: usize) -> u8 {
+    let high = u16::from_le_bytes([block[2], block[3]]) >> (2 * s);
+    let low = block[4 + s / 2] >> (4 * (s % 2));
+    (low & 0x0F) | (((high & 3) as u8) << 4)
+}
+
+/// IQ4_XS: `(d·(sc − 32))·T[q]` per sub-block of 32.
+pub fn iq4_xs(block: &[u8], out: &mut [f32]) {
+    let d = f16_at(block, 0);
+    for s in 0..8 {
+        let ds = d * f32::from(iq4_xs_scale(block, s) as i8 - 32);
+        let qs = &block[8 + 16 * s..24 + 16 * s];
+        for (j, &q) in qs.iter().enumerate() {
+            out[32 * s + j] = ds * f32::from(IQ4_TABLE[usize::from(q & 0x0F)]);
+            out[32 * s + j + 16] = ds * f32::from(IQ4_TABLE[usize::from(q >> 4)]);
         }
     }
 }

@@ -16,7 +16,8 @@
 //! was no clear gain: 2–10% faster on six formats, even on Q6_K, 14% slower on Q8_0 (best of
 //! four, 64 Ki values per call), so there is none.
 
-use super::blocks::k_scale_min;
+use super::blocks::{iq4_xs_scale, k_scale_min, q3_k_scale};
+use super::frame::{iq4_lookup, q2k_half, q3k_half};
 use super::QuantFormat;
 use core::arch::x86_64::*;
 
@@ -405,6 +406,111 @@ unsafe fn q6_k<W: Widen>(src: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// Q2_K blocks: `(d·sc)·q − dmin·mn`, a 4-bit scale and minimum per 16 values.
+///
+/// # Safety
+/// As [`q8_0`], for Q2_K blocks.
+#[inline(always)]
+unsafe fn q2_k<W: Widen>(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: the caller has the CPU features (this function's contract). `q2k_half` and the
+    // scale reads stay inside `block`, a chunk of exactly 84 bytes, and the stores write
+    // sub-block `s + t < 16` of `out`, a chunk of exactly 256 f32.
+    unsafe {
+        for (block, out) in src.chunks_exact(84).zip(dst.chunks_exact_mut(256)) {
+            let p = block.as_ptr();
+            let d = W::splat_f16(f16_bits(p.add(80)));
+            let dmin = W::splat_f16(f16_bits(p.add(82)));
+            for h in 0..2 {
+                for (j, q) in q2k_half(p, h).into_iter().enumerate() {
+                    let s = 2 * (4 * h + j);
+                    let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q)];
+                    for (t, b) in halves.into_iter().enumerate() {
+                        let sc = block[s + t];
+                        let dl = W::mul(d, W::splat(f32::from(sc & 0x0F)));
+                        let ml = W::mul(dmin, W::splat(f32::from(sc >> 4)));
+                        W::store16::<SUB>(out.as_mut_ptr().add(16 * (s + t)), b, dl, ml);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Q3_K blocks: `(d·(sc − 32))·q`, one 6-bit scale per 16 values.
+///
+/// # Safety
+/// As [`q8_0`], for Q3_K blocks.
+#[inline(always)]
+unsafe fn q3_k<W: Widen>(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: the caller has the CPU features (this function's contract). `q3k_half` reads
+    // inside `block`, a chunk of exactly 110 bytes, and the stores write half-group
+    // `2(4h + j) + t < 16` of `out`, a chunk of exactly 256 f32.
+    unsafe {
+        let zero = W::splat(0.0);
+        for (block, out) in src.chunks_exact(110).zip(dst.chunks_exact_mut(256)) {
+            let p = block.as_ptr();
+            let d = W::splat_f16(f16_bits(p.add(108)));
+            let scale = |s: usize| {
+                let sc = q3_k_scale(&block[96..108], s) as i8 - 32;
+                W::mul(d, W::splat(f32::from(sc)))
+            };
+            for h in 0..2 {
+                for (j, q) in q3k_half(p, h).into_iter().enumerate() {
+                    let s = 2 * (4 * h + j);
+                    let o = out.as_mut_ptr().add(16 * s);
+                    W::store16::<MUL>(o, _mm256_castsi256_si128(q), scale(s), zero);
+                    let hi = _mm256_extracti128_si256::<1>(q);
+                    W::store16::<MUL>(o.add(16), hi, scale(s + 1), zero);
+                }
+            }
+        }
+    }
+}
+
+/// IQ4_NL blocks: `d·T[q]`.
+///
+/// # Safety
+/// As [`q8_0`], for IQ4_NL blocks.
+#[inline(always)]
+unsafe fn iq4_nl<W: Widen>(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: the caller has the CPU features (this function's contract). Every pointer
+    // below stays inside `block`, a chunk of exactly 18 bytes (the load reads bytes 2–17),
+    // and inside `out`, a chunk of exactly 32 f32.
+    unsafe {
+        let zero = W::splat(0.0);
+        for (block, out) in src.chunks_exact(18).zip(dst.chunks_exact_mut(32)) {
+            let p = block.as_ptr();
+            let d = W::splat_f16(f16_bits(p));
+            let q = iq4_lookup(nibbles32(p.add(2)));
+            store32::<W, MUL>(out.as_mut_ptr(), q, d, zero);
+        }
+    }
+}
+
+/// IQ4_XS blocks: `(d·(sc − 32))·T[q]`, one 6-bit scale per 32 values.
+///
+/// # Safety
+/// As [`q8_0`], for IQ4_XS blocks.
+#[inline(always)]
+unsafe fn iq4_xs<W: Widen>(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: the caller has the CPU features (this function's contract). Every pointer
+    // below stays inside `block`, a chunk of exactly 136 bytes (the loads read bytes
+    // `8 + 16s..24 + 16s` for `s < 8`), and inside `out`, a chunk of exactly 256 f32.
+    unsafe {
+        let zero = W::splat(0.0);
+        for (block, out) in src.chunks_exact(136).zip(dst.chunks_exact_mut(256)) {
+            let p = block.as_ptr();
+            let d = W::splat_f16(f16_bits(p));
+            for s in 0..8 {
+                let sc = iq4_xs_scale(block, s) as i8 - 32;
+                let ds = W::mul(d, W::splat(f32::from(sc)));
+                let q = iq4_lookup(nibbles32(p.add(8 + 16 * s)));
+                store32::<W, MUL>(out.as_mut_ptr().add(32 * s), q, ds, zero);
+            }
+        }
+    }
+}
+
 /// Decodes `src`, whole blocks of `format`, into `dst` with the 16-lane step `W`.
 ///
 /// # Safety
@@ -426,6 +532,10 @@ unsafe fn run<W: Widen>(format: QuantFormat, src: &[u8], dst: &mut [f32]) {
             QuantFormat::Q4_K => k_quant_4_5::<W, false>(src, dst),
             QuantFormat::Q5_K => k_quant_4_5::<W, true>(src, dst),
             QuantFormat::Q6_K => q6_k::<W>(src, dst),
+            QuantFormat::Q2_K => q2_k::<W>(src, dst),
+            QuantFormat::Q3_K => q3_k::<W>(src, dst),
+            QuantFormat::IQ4_NL => iq4_nl::<W>(src, dst),
+            QuantFormat::IQ4_XS => iq4_xs::<W>(src, dst),
         }
     }
 }

@@ -9,7 +9,7 @@
 mod unpack;
 
 pub(in crate::quant) use unpack::{
-    bit_bytes, bytes, k_pair, nibble_bytes, q6k_bytes, q6k_half, W2,
+    bit_bytes, bytes, iq4_lookup, k_pair, nibble_bytes, q2k_half, q3k_half, q6k_bytes, q6k_half, W2,
 };
 
 use core::arch::x86_64::*;
@@ -23,10 +23,10 @@ pub(in crate::quant) const ROWS: usize = 4;
 /// Per-chunk scratch: weight scales, their products with the activation scales, and the
 /// f16 bits they are widened from.
 pub(in crate::quant) struct Chunk {
-    /// Weight scale per group (per half-group of 16 for Q6_K).
+    /// Weight scale per group (per half-group of 16 for Q6_K and Q3_K).
     pub(in crate::quant) a: [f32; 2 * CHUNK],
-    /// Additive constant per group.
-    pub(in crate::quant) c: [f32; CHUNK],
+    /// Additive constant per group (per half-group of 16 for Q2_K).
+    pub(in crate::quant) c: [f32; 2 * CHUNK],
     /// f16 bits of the scales and minimums of the 32-element formats.
     pub(in crate::quant) bits_a: [u16; CHUNK],
     pub(in crate::quant) bits_c: [u16; CHUNK],
@@ -38,7 +38,7 @@ impl Chunk {
     pub(in crate::quant) fn new() -> Self {
         Chunk {
             a: [0.0; 2 * CHUNK],
-            c: [0.0; CHUNK],
+            c: [0.0; 2 * CHUNK],
             bits_a: [0; CHUNK],
             bits_c: [0; CHUNK],
             s: [[0.0; 2 * CHUNK]; ROWS],
@@ -52,13 +52,16 @@ pub(in crate::quant) trait Format {
     const BE: usize;
     /// Bytes per block.
     const BB: usize;
-    /// Two scales per group (one per 16): Q6_K.
+    /// Two scales per group (one per 16): Q6_K and Q3_K.
     const HALVES: bool = false;
     /// A nonzero additive constant per group (Q4_1, Q5_1, Q4_K, Q5_K).
     const MIN: bool;
+    /// A nonzero additive constant per half-group of 16 instead (Q2_K, with [`Self::HALVES`]):
+    /// `ch.c` then holds two per group, each met by `xs·Σxq` of its 16 activations.
+    const MIN16: bool = false;
 
-    /// Decodes the scales of the `nb` blocks at `p` into `ch.a` and (if [`Self::MIN`])
-    /// `ch.c`, in group order.
+    /// Decodes the scales of the `nb` blocks at `p` into `ch.a` and (if [`Self::MIN`] or
+    /// [`Self::MIN16`]) `ch.c`, in group (or half-group) order.
     ///
     /// # Safety
     /// `p` points to `nb` whole blocks, `nb·BE ≤ 32·CHUNK`; the CPU has AVX2 and F16C.
@@ -222,6 +225,160 @@ unsafe fn scales_q6k(p: *const u8, nb: usize, ch: &mut Chunk) {
     }
 }
 
+/// Eight bytes of `v` (each 0..63, the stored 6-bit scales) less 32, widened to f32 and
+/// times `d`.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn signed6_times(v: u64, d: __m256) -> __m256 {
+    // SAFETY: the caller has AVX2 (this function's contract); registers only.
+    unsafe {
+        let s = _mm_sub_epi8(_mm_cvtsi64_si128(v as i64), _mm_set1_epi8(32));
+        _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)))
+    }
+}
+
+/// One Q3_K super-block's scales `d·(sc − 32)` for its 16 half-groups, 8 per vector.
+///
+/// # Safety
+/// `q` points to one block of 110 bytes; AVX2 and F16C.
+#[inline(always)]
+pub(in crate::quant) unsafe fn q3k_scales(q: *const u8) -> [__m256; 2] {
+    // SAFETY: the caller guarantees AVX2, F16C and a whole block at `q`; the reads are bytes
+    // 96–107 (the packed scales) and 108–109 (`d`).
+    unsafe {
+        let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16_at(
+            q.add(108),
+        )))));
+        let (w0, w1, w2) = (u32_at(q.add(96)), u32_at(q.add(100)), u32_at(q.add(104)));
+        // Scales 0–7 take the low nibbles of bytes 0–7, 8–15 their high nibbles; bits
+        // 2t, 2t+1 of byte 8 + u are the top bits of scale 4t + u, so word 2 shifted by 2t
+        // gives the top bits of scales 4t..4t+4 at the bottom of each byte.
+        let top = |t: u32| ((w2 >> (2 * t)) & 0x0303_0303) << 4;
+        let low =
+            u64::from((w0 & 0x0F0F_0F0F) | top(0)) | (u64::from((w1 & 0x0F0F_0F0F) | top(1)) << 32);
+        let high = u64::from(((w0 >> 4) & 0x0F0F_0F0F) | top(2))
+            | (u64::from(((w1 >> 4) & 0x0F0F_0F0F) | top(3)) << 32);
+        [signed6_times(low, d), signed6_times(high, d)]
+    }
+}
+
+/// Scales of Q3_K ([`q3k_scales`]) for `nb` super-blocks, in half-group order.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK / 8` blocks of 110 bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales_q3k(p: *const u8, nb: usize, ch: &mut Chunk) {
+    // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of 110 bytes at `p` and AVX2
+    // and F16C; the stores write 8 entries at `16b + 8h < 2·CHUNK` of `ch.a`.
+    unsafe {
+        for b in 0..nb {
+            let [a0, a1] = q3k_scales(p.add(b * 110));
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b), a0);
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(16 * b + 8), a1);
+        }
+    }
+}
+
+/// One IQ4_XS super-block's scales `d·(sc − 32)` for its 8 groups.
+///
+/// # Safety
+/// `q` points to one block (at least 8 readable bytes); AVX2 and F16C.
+#[inline(always)]
+pub(in crate::quant) unsafe fn iq4xs_scales(q: *const u8) -> __m256 {
+    // SAFETY: the caller guarantees AVX2, F16C and bytes 0–7 of a block at `q`, which are
+    // all that is read.
+    unsafe {
+        let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16_at(q)))));
+        let (high, low) = (u32::from(u16_at(q.add(2))), u32_at(q.add(4)));
+        // Scale s: nibble s of the 4 low-bit bytes read as one word, bits 2s, 2s+1 of the
+        // high-bit half-word on top.
+        let mut v = 0u64;
+        for s in 0..8 {
+            let sc = ((low >> (4 * s)) & 0x0F) | (((high >> (2 * s)) & 3) << 4);
+            v |= u64::from(sc) << (8 * s);
+        }
+        signed6_times(v, d)
+    }
+}
+
+/// Scales of IQ4_XS ([`iq4xs_scales`]) for `nb` super-blocks, in group order.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK / 8` blocks of 136 bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales_iq4xs(p: *const u8, nb: usize, ch: &mut Chunk) {
+    // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of 136 bytes at `p` and AVX2
+    // and F16C; the stores write 8 entries at `8b < CHUNK` of `ch.a`.
+    unsafe {
+        for b in 0..nb {
+            _mm256_storeu_ps(ch.a.as_mut_ptr().add(8 * b), iq4xs_scales(p.add(b * 136)));
+        }
+    }
+}
+
+/// Scales of Q2_K for `nb` super-blocks, in half-group order: `a = d·sc` into `ch.a` and
+/// `c = −dmin·mn` into `ch.c`, from the 16 bytes of 4-bit scales (low nibbles) and minimums
+/// (high nibbles), 8 at a time.
+///
+/// # Safety
+/// `p` points to `nb ≤ CHUNK / 8` blocks of 84 bytes; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scales_q2k(p: *const u8, nb: usize, ch: &mut Chunk) {
+    // SAFETY: the caller guarantees `nb ≤ CHUNK / 8` blocks of 84 bytes at `p` and AVX2 and
+    // F16C; the reads are bytes 0–15 and 80–83 of each block, the stores write 8 entries at
+    // `16b + 8t < 2·CHUNK` of `ch.a` and `ch.c`.
+    unsafe {
+        for b in 0..nb {
+            let q = p.add(b * 84);
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(q.add(80)) as i32));
+            let d = _mm256_broadcastss_ps(dm);
+            let neg_dmin = _mm256_broadcastss_ps(_mm_sub_ps(_mm_setzero_ps(), _mm_movehdup_ps(dm)));
+            let v = _mm_loadu_si128(q as *const __m128i);
+            let sc = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+            let mn = _mm_and_si128(_mm_srli_epi16::<4>(v), _mm_set1_epi8(0x0F));
+            for (t, (s, m)) in [(sc, mn), (_mm_srli_si128::<8>(sc), _mm_srli_si128::<8>(mn))]
+                .into_iter()
+                .enumerate()
+            {
+                let sf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s));
+                let mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m));
+                let at = 16 * b + 8 * t;
+                _mm256_storeu_ps(ch.a.as_mut_ptr().add(at), _mm256_mul_ps(d, sf));
+                _mm256_storeu_ps(ch.c.as_mut_ptr().add(at), _mm256_mul_ps(neg_dmin, mf));
+            }
+        }
+    }
+}
+
+/// The Q2_K layout (by hand rather than by `layout!`: its constants are per 16).
+#[allow(non_camel_case_types)]
+pub(in crate::quant) struct Q2_K;
+
+impl Format for Q2_K {
+    const BE: usize = 256;
+    const BB: usize = 84;
+    const HALVES: bool = true;
+    const MIN: bool = false;
+    const MIN16: bool = true;
+    #[inline(always)]
+    unsafe fn scales(p: *const u8, nb: usize, ch: &mut Chunk) {
+        // SAFETY: the trait's contract is `scales_q2k`'s.
+        unsafe { scales_q2k(p, nb, ch) }
+    }
+}
+
+/// The sums of every 16 integers of `q`: what [`QuantizedActs::isum16`] holds when
+/// `quantize` fills it, for the kernels of formats with a constant per 16 when it is empty.
+///
+/// [`QuantizedActs::isum16`]: crate::quant::act::QuantizedActs::isum16
+pub(in crate::quant) fn half_sums(q: &[i16]) -> Vec<i32> {
+    q.chunks_exact(16)
+        .map(|h| h.iter().map(|&v| i32::from(v)).sum())
+        .collect()
+}
+
 macro_rules! layout {
     ($name:ident, $be:expr, $bb:expr, min = $min:expr, halves = $halves:expr, |$p:ident, $nb:ident, $ch:ident| $scales:expr) => {
         #[doc = concat!("The ", stringify!($name), " layout.")]
@@ -266,3 +423,17 @@ layout!(Q5_K, 256, 176, min = true, halves = false, |p, nb, ch| {
 layout!(Q6_K, 256, 210, min = false, halves = true, |p, nb, ch| {
     scales_q6k(p, nb, ch)
 });
+layout!(Q3_K, 256, 110, min = false, halves = true, |p, nb, ch| {
+    scales_q3k(p, nb, ch)
+});
+layout!(IQ4_NL, 32, 18, min = false, halves = false, |p, nb, ch| {
+    scales32(p, nb, 18, false, ch)
+});
+layout!(
+    IQ4_XS,
+    256,
+    136,
+    min = false,
+    halves = false,
+    |p, nb, ch| scales_iq4xs(p, nb, ch)
+);

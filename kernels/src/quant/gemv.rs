@@ -2,10 +2,14 @@
 //! [`QuantFormat`] and `x` already quantized per 32 ([`QuantizedActs`]).
 //!
 //! Every format is, per group of 32 weights, `w = a·q + c` with small integers `q` (the
-//! symmetric formats' offsets −8, −16 and −32 folded into them), a scale `a` (one per 16 for
-//! Q6_K) and a constant `c` (the minimum of Q4_1/Q5_1, `−dmin·mn` for Q4_K/Q5_K, else 0).
+//! symmetric formats' offsets −8, −16, −32 and Q3_K's −4 folded into them; for IQ4_NL and
+//! IQ4_XS the table's entries, −127..113), a scale `a` (one per 16 for Q6_K and Q3_K) and a
+//! constant `c` (the minimum of Q4_1/Q5_1, `−dmin·mn` for Q4_K/Q5_K, else 0; Q2_K has a scale
+//! and a constant `−dmin·mn` per 16, its integers 0..3).
 //! With `x ≈ xs·xq` over the same 32 elements, a group contributes
-//! `xs·a·Σ q·xq + c·Σ x`: an integer dot product, two multiplies and one add.
+//! `xs·a·Σ q·xq + c·Σ x`: an integer dot product, two multiplies and one add. Where `c` is
+//! per 16 (Q2_K), `Σx` of each 16 is taken as `xs·Σxq` of its integers
+//! ([`QuantizedActs::isum16`]), since the activations keep no f32 sums per 16.
 //!
 //! `columns` dispatches to the fastest kernel for the CPU: AVX-512 (F, BW, VL) where
 //! 512-bit operations run at full width ([`crate::simd::prefer_avx512`]; not on Zen 4, which
@@ -29,19 +33,21 @@ mod avx512;
 mod row1;
 
 use super::act::{QuantizedActs, ACT_BLOCK};
-use super::blocks::{f16_at, k_scale_min, q6_k_value};
+use super::blocks::{
+    f16_at, iq4_xs_scale, k_scale_min, q2_k_value, q3_k_scale, q3_k_value, q6_k_value, IQ4_TABLE,
+};
 use super::QuantFormat;
 use crate::par::SharedOut;
 
-/// One group of 32 weights as integers and scales: `w[e] = a[e / 16]·q[e] + c`.
+/// One group of 32 weights as integers and scales: `w[e] = a[e / 16]·q[e] + c[e / 16]`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Group {
     /// The integers, offsets included.
     pub q: [i8; 32],
     /// The scale of elements 0–15 and of 16–31 (equal except in Q6_K).
     pub a: [f32; 2],
-    /// The additive constant.
-    pub c: f32,
+    /// The additive constant of elements 0–15 and of 16–31 (equal except in Q2_K).
+    pub c: [f32; 2],
 }
 
 /// Group `g` (0..block_elems / 32) of one block of `format`.
@@ -72,7 +78,7 @@ pub fn group(format: QuantFormat, block: &[u8], g: usize) -> Group {
         QuantFormat::Q4_1 => {
             nibbles(&block[4..20], &mut out.q, 0);
             out.a = [f16_at(block, 0); 2];
-            out.c = f16_at(block, 2);
+            out.c = [f16_at(block, 2); 2];
         }
         QuantFormat::Q5_0 | QuantFormat::Q5_1 => {
             let with_min = format == QuantFormat::Q5_1;
@@ -87,7 +93,7 @@ pub fn group(format: QuantFormat, block: &[u8], g: usize) -> Group {
             }
             out.a = [f16_at(block, 0); 2];
             if with_min {
-                out.c = f16_at(block, 2);
+                out.c = [f16_at(block, 2); 2];
             }
         }
         QuantFormat::Q4_K | QuantFormat::Q5_K => {
@@ -104,7 +110,7 @@ pub fn group(format: QuantFormat, block: &[u8], g: usize) -> Group {
                 *v = q as i8;
             }
             out.a = [d * f32::from(sc); 2];
-            out.c = -(dmin * f32::from(mn));
+            out.c = [-(dmin * f32::from(mn)); 2];
         }
         QuantFormat::Q6_K => {
             let d = f16_at(block, 208);
@@ -114,6 +120,37 @@ pub fn group(format: QuantFormat, block: &[u8], g: usize) -> Group {
             }
             let sc = |s: usize| d * f32::from(block[192 + s] as i8);
             out.a = [sc(2 * g), sc(2 * g + 1)];
+        }
+        QuantFormat::Q2_K => {
+            let (d, dmin) = (f16_at(block, 80), f16_at(block, 82));
+            for (l, v) in out.q.iter_mut().enumerate() {
+                *v = q2_k_value(block, 32 * g + l) as i8;
+            }
+            let sc = |s: usize| d * f32::from(block[s] & 0x0F);
+            let mn = |s: usize| -(dmin * f32::from(block[s] >> 4));
+            out.a = [sc(2 * g), sc(2 * g + 1)];
+            out.c = [mn(2 * g), mn(2 * g + 1)];
+        }
+        QuantFormat::Q3_K => {
+            let d = f16_at(block, 108);
+            for (l, v) in out.q.iter_mut().enumerate() {
+                *v = q3_k_value(block, 32 * g + l);
+            }
+            let sc = |s: usize| d * f32::from(q3_k_scale(&block[96..108], s) as i8 - 32);
+            out.a = [sc(2 * g), sc(2 * g + 1)];
+        }
+        QuantFormat::IQ4_NL | QuantFormat::IQ4_XS => {
+            let (qs, a) = if format == QuantFormat::IQ4_NL {
+                (&block[2..18], f16_at(block, 0))
+            } else {
+                let sc = f32::from(iq4_xs_scale(block, g) as i8 - 32);
+                (&block[8 + 16 * g..24 + 16 * g], f16_at(block, 0) * sc)
+            };
+            for (j, &b) in qs.iter().enumerate() {
+                out.q[j] = IQ4_TABLE[usize::from(b & 0x0F)];
+                out.q[j + 16] = IQ4_TABLE[usize::from(b >> 4)];
+            }
+            out.a = [a; 2];
         }
     }
     out
@@ -192,7 +229,16 @@ pub(crate) fn row_scalar(
                 let xq = &acts.q[at * ACT_BLOCK..(at + 1) * ACT_BLOCK];
                 let dot = grp.a[0] * idot16(&grp.q, xq, 0) as f32
                     + grp.a[1] * idot16(&grp.q, xq, 16) as f32;
-                *a += acts.scale[at] * dot + grp.c * acts.sum[at];
+                let xs = acts.scale[at];
+                let constant = if format.half_mins() {
+                    // A constant per 16 meets the sum of those 16 activations, `xs·Σxq`.
+                    let half =
+                        |lo: usize| xq[lo..lo + 16].iter().map(|&v| i32::from(v)).sum::<i32>();
+                    grp.c[0] * (xs * half(0) as f32) + grp.c[1] * (xs * half(16) as f32)
+                } else {
+                    grp.c[0] * acts.sum[at]
+                };
+                *a += xs * dot + constant;
             }
         }
     }
@@ -307,14 +353,26 @@ mod tests {
                             n,
                         )
                     };
-                    for (name, kernel) in kernels() {
+                    // A constant per 16 reads the activations' sums per 16, which the
+                    // kernels make themselves where `quantize` left none.
+                    let mut bare = acts.clone();
+                    bare.isum16.clear();
+                    let variants: &[&QuantizedActs] = if format.half_mins() {
+                        &[&acts, &bare]
+                    } else {
+                        &[&acts]
+                    };
+                    for (&acts, (name, kernel)) in variants
+                        .iter()
+                        .flat_map(|a| kernels().into_iter().map(move |k| (a, k)))
+                    {
                         // SAFETY: `kernels` lists only what this CPU runs; w holds n rows
                         // of k in GGUF's layout, which every kernel here reads.
                         let err = unsafe {
                             check_split_columns(
                                 name,
                                 kernel,
-                                &acts,
+                                acts,
                                 format,
                                 &w,
                                 &w,

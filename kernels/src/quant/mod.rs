@@ -15,6 +15,10 @@
 //! | Q4_K   | 256   | 144   | f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles; `(d·sc)·q − dmin·mn` per 32 |
 //! | Q5_K   | 256   | 176   | as Q4_K, plus 32 bytes of fifth bits before the nibbles        |
 //! | Q6_K   | 256   | 210   | 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 i8 scales, f16 `d`; `(d·sc)·(q − 32)` per 16 |
+//! | Q2_K   | 256   | 84    | 16 bytes of 4-bit scales (low nibble) and minimums (high), 64 of 2-bit pairs, f16 `d`, f16 `dmin`; `(d·sc)·q − dmin·mn` per 16 |
+//! | Q3_K   | 256   | 110   | 32 bytes of high bits, 64 of 2-bit pairs, 12 bytes of 6-bit scales, f16 `d`; `(d·(sc − 32))·q` per 16, `q` in −4..3 |
+//! | IQ4_NL | 32    | 18    | f16 `d`, 16 bytes of nibbles; `d·T[q]` with `T` the 16-entry table [`blocks::IQ4_TABLE`] |
+//! | IQ4_XS | 256   | 136   | f16 `d`, 2 + 4 bytes of 6-bit scales, 128 bytes of nibbles; `(d·(sc − 32))·T[q]` per 32 |
 //!
 //! In the 32-element formats byte `j` holds element `j` in its low nibble and element `j + 16`
 //! in its high nibble, and bit `j` of the high-bit word is element `j`'s fifth bit. The
@@ -60,25 +64,42 @@ pub enum QuantFormat {
     Q5_K,
     /// 6-bit k-quant: super-blocks of 256, 8-bit scales per 16.
     Q6_K,
+    /// 2-bit k-quant: super-blocks of 256, 4-bit scales and minimums per 16.
+    Q2_K,
+    /// 3-bit k-quant: super-blocks of 256, 6-bit signed scales per 16.
+    Q3_K,
+    /// 4-bit indices into a fixed non-linear table, one f16 scale per 32.
+    IQ4_NL,
+    /// IQ4_NL's table in super-blocks of 256, with 6-bit signed scales per 32.
+    IQ4_XS,
 }
 
 impl QuantFormat {
     /// Every format, in GGUF code order.
-    pub const ALL: [QuantFormat; 8] = [
+    pub const ALL: [QuantFormat; 12] = [
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
         QuantFormat::Q5_0,
         QuantFormat::Q5_1,
         QuantFormat::Q8_0,
+        QuantFormat::Q2_K,
+        QuantFormat::Q3_K,
         QuantFormat::Q4_K,
         QuantFormat::Q5_K,
         QuantFormat::Q6_K,
+        QuantFormat::IQ4_NL,
+        QuantFormat::IQ4_XS,
     ];
 
     /// Elements per block (32, or 256 for the K-formats).
     pub const fn block_elems(self) -> usize {
         match self {
-            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => 256,
+            QuantFormat::Q2_K
+            | QuantFormat::Q3_K
+            | QuantFormat::Q4_K
+            | QuantFormat::Q5_K
+            | QuantFormat::Q6_K
+            | QuantFormat::IQ4_XS => 256,
             _ => 32,
         }
     }
@@ -94,6 +115,10 @@ impl QuantFormat {
             QuantFormat::Q4_K => 144,
             QuantFormat::Q5_K => 176,
             QuantFormat::Q6_K => 210,
+            QuantFormat::Q2_K => 84,
+            QuantFormat::Q3_K => 110,
+            QuantFormat::IQ4_NL => 18,
+            QuantFormat::IQ4_XS => 136,
         }
     }
 
@@ -108,6 +133,10 @@ impl QuantFormat {
             QuantFormat::Q4_K => "Q4_K",
             QuantFormat::Q5_K => "Q5_K",
             QuantFormat::Q6_K => "Q6_K",
+            QuantFormat::Q2_K => "Q2_K",
+            QuantFormat::Q3_K => "Q3_K",
+            QuantFormat::IQ4_NL => "IQ4_NL",
+            QuantFormat::IQ4_XS => "IQ4_XS",
         }
     }
 
@@ -205,12 +234,24 @@ impl QuantFormat {
     /// infinity would poison the block's values (for load-time checks).
     pub fn scale_offsets(self) -> &'static [usize] {
         match self {
-            QuantFormat::Q8_0 | QuantFormat::Q4_0 | QuantFormat::Q5_0 => &[0],
+            QuantFormat::Q8_0
+            | QuantFormat::Q4_0
+            | QuantFormat::Q5_0
+            | QuantFormat::IQ4_NL
+            | QuantFormat::IQ4_XS => &[0],
             QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4_K | QuantFormat::Q5_K => {
                 &[0, 2]
             }
             QuantFormat::Q6_K => &[208],
+            QuantFormat::Q3_K => &[108],
+            QuantFormat::Q2_K => &[80, 82],
         }
+    }
+
+    /// True when the additive constant `c` of `w = a·q + c` changes within a group of 32
+    /// (one minimum per 16: Q2_K), so that the kernels need the activations' sums per 16.
+    pub(crate) const fn half_mins(self) -> bool {
+        matches!(self, QuantFormat::Q2_K)
     }
 
     /// The first block of `src` (whole blocks of this format) whose f16 scale or minimum is
@@ -252,9 +293,27 @@ mod tests {
             (QuantFormat::Q4_K, 256, 144),
             (QuantFormat::Q5_K, 256, 176),
             (QuantFormat::Q6_K, 256, 210),
+            (QuantFormat::Q2_K, 256, 84),
+            (QuantFormat::Q3_K, 256, 110),
+            (QuantFormat::IQ4_NL, 32, 18),
+            (QuantFormat::IQ4_XS, 256, 136),
         ];
         for (f, elems, bytes) in expected {
             assert_eq!((f.block_elems(), f.block_bytes()), (elems, bytes), "{f}");
+        }
+    }
+
+    /// The low-bit formats have no interleaved layout yet: they stay in GGUF's, which every
+    /// kernel reads.
+    #[test]
+    fn low_bit_formats_stay_in_file_layout() {
+        for f in [
+            QuantFormat::Q2_K,
+            QuantFormat::Q3_K,
+            QuantFormat::IQ4_NL,
+            QuantFormat::IQ4_XS,
+        ] {
+            assert!(!x8::supports(f), "{f}");
         }
     }
 

@@ -48,7 +48,8 @@ pub fn weight_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> 
         }
     };
     // 2^-7 and 2^-4 (0.0078 to 0.0625), 2^-1 (0.5); the K-formats' super-block scales are
-    // 16 times smaller (exponent − 4), Q6_K's 64 times (exponent − 6).
+    // 16 times smaller (exponent − 4), Q6_K's 64 times (exponent − 6), and so on for the
+    // formats with larger integers.
     const D: (u16, u16) = (0x2000, 0x2C00);
     const HALF: u16 = 0x3800;
     for block in w.chunks_exact_mut(format.block_bytes()) {
@@ -66,6 +67,16 @@ pub fn weight_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> 
                 put(2, bits(0, HALF - 0x1000, false));
             }
             QuantFormat::Q6_K => put(208, bits(D.0 - 0x1800, D.1 - 0x1800, false)),
+            // Scales up to 15 times integers up to 3, minimums up to 15.
+            QuantFormat::Q2_K => {
+                put(80, bits(D.0 - 0x1400, D.1 - 0x1400, false));
+                put(82, bits(0, D.1 - 0x0C00, false));
+            }
+            // Scales up to 32 times integers up to 4.
+            QuantFormat::Q3_K => put(108, bits(D.0 - 0x1400, D.1 - 0x1400, false)),
+            // Table values up to 127 (times scales up to 32 for IQ4_XS).
+            QuantFormat::IQ4_NL => put(0, bits(D.0 - 0x1C00, D.1 - 0x1C00, false)),
+            QuantFormat::IQ4_XS => put(0, bits(0x0400, 0x1000, false)),
         }
     }
     w
@@ -114,7 +125,14 @@ pub fn magnitude(acts: &QuantizedActs, format: QuantFormat, w: &[u8], i: usize, 
                 let prod = f64::from(grp.q[e]) * f64::from(acts.q[at * 32 + e]);
                 mag += (f64::from(acts.scale[at]) * f64::from(grp.a[e / 16]) * prod).abs();
             }
-            mag += f64::from(grp.c * acts.sum[at]).abs();
+            if format.half_mins() {
+                for e in 0..32 {
+                    let x = f64::from(acts.scale[at]) * f64::from(acts.q[at * 32 + e]);
+                    mag += (f64::from(grp.c[e / 16]) * x).abs();
+                }
+            } else {
+                mag += f64::from(grp.c[0] * acts.sum[at]).abs();
+            }
         }
     }
     mag

@@ -16,9 +16,10 @@
 //! claims.
 //!
 //! As a [`TensorSource`], F32 and F16 tensors are zero-copy views of the map, and so are the
-//! quantized formats qkv's kernels run in place (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
-//! Q6_K: [`qkv_kernels::QuantFormat`]); BF16 is widened once, at load, to f32; other types
-//! (IQ*, Q2_K, Q3_K, …) give [`Error::UnsupportedDType`] naming the tensor and its type.
+//! quantized formats qkv's kernels run in place (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
+//! Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS: [`qkv_kernels::QuantFormat`]); BF16 is widened once, at
+//! load, to f32; other types (IQ2_*, IQ3_*, IQ1_*, TQ*, …) give [`Error::UnsupportedDType`]
+//! naming the tensor and its type.
 //!
 //! [`write_gguf`] writes version 3 files with f32/f16 tensors, and [`convert`] turns any
 //! readable GGUF into such a file (what `decode convert` runs).
@@ -504,6 +505,10 @@ impl GgmlType {
             GgmlType::Q4_K => QuantFormat::Q4_K,
             GgmlType::Q5_K => QuantFormat::Q5_K,
             GgmlType::Q6_K => QuantFormat::Q6_K,
+            GgmlType::Q2_K => QuantFormat::Q2_K,
+            GgmlType::Q3_K => QuantFormat::Q3_K,
+            GgmlType::IQ4_NL => QuantFormat::IQ4_NL,
+            GgmlType::IQ4_XS => QuantFormat::IQ4_XS,
             _ => return None,
         })
     }
@@ -556,6 +561,10 @@ impl From<WeightFormat> for GgmlType {
                 QuantFormat::Q4_K => GgmlType::Q4_K,
                 QuantFormat::Q5_K => GgmlType::Q5_K,
                 QuantFormat::Q6_K => GgmlType::Q6_K,
+                QuantFormat::Q2_K => GgmlType::Q2_K,
+                QuantFormat::Q3_K => GgmlType::Q3_K,
+                QuantFormat::IQ4_NL => GgmlType::IQ4_NL,
+                QuantFormat::IQ4_XS => GgmlType::IQ4_XS,
             },
         }
     }

@@ -581,7 +581,7 @@ impl GgufFile {
                 None => Err(Error::UnsupportedDType {
                     name: name.to_owned(),
                     dtype: format!(
-                        "GGUF {other} (qkv runs F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K)"
+                        "GGUF {other} (qkv runs F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS)"
                     ),
                 }),
             },

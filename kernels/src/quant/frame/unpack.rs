@@ -3,6 +3,7 @@
 //! that the 512-bit kernel shares.
 
 use super::{u32_at, Sink, Unpack, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use super::{IQ4_NL, IQ4_XS, Q2_K, Q3_K};
 use core::arch::x86_64::*;
 
 /// A group as two vectors of 16 i16: elements 0–15 and 16–31.
@@ -198,6 +199,146 @@ pub(in crate::quant) unsafe fn q6k_bytes(p: *const u8, h: usize) -> [__m256i; 4]
 pub(in crate::quant) unsafe fn q6k_half(p: *const u8, h: usize) -> [__m256i; 4] {
     // SAFETY: the caller's contract is `q6k_bytes`'s; the rest is register arithmetic.
     unsafe { q6k_bytes(p, h).map(|g| _mm256_sub_epi8(g, bytes(32))) }
+}
+
+/// The signed values (−4..3) of the four groups of half `h` of a Q3_K block, as bytes in
+/// element order: group `j` takes bits `2j, 2j+1` of the half's 32 bytes of pairs, less 4
+/// where bit `4h + j` of the high-bit bytes is clear.
+///
+/// # Safety
+/// `p` must point to a whole Q3_K block (110 readable bytes), `h < 2`, and the caller must
+/// have AVX2.
+#[inline(always)]
+pub(in crate::quant) unsafe fn q3k_half(p: *const u8, h: usize) -> [__m256i; 4] {
+    // SAFETY: the caller guarantees AVX2 and a whole Q3_K block at `p`: the loads read bytes
+    // 0–31 (high bits) and `32 + 32h..64 + 32h`, inside its 110 bytes for `h < 2`.
+    unsafe {
+        let hm = _mm256_loadu_si256(p as *const __m256i);
+        let qs = _mm256_loadu_si256(p.add(32 + 32 * h) as *const __m256i);
+        // Half h's high bits are bits 4h..4h+4 of each byte: bring them to bits 0–3, so that
+        // group j's is bit j. Every shift below is on 16-bit lanes, and every bit kept after
+        // its mask comes from the same byte. (Straight-line code: written with closures over
+        // the group number, the shifts were not resolved at compile time.)
+        let hm = if h == 0 {
+            hm
+        } else {
+            _mm256_srli_epi16::<4>(hm)
+        };
+        let (three, four) = (bytes(3), bytes(4));
+        let group = |pair: __m256i, high: __m256i| {
+            let q = _mm256_or_si256(_mm256_and_si256(pair, three), _mm256_and_si256(high, four));
+            _mm256_sub_epi8(q, four)
+        };
+        [
+            group(qs, _mm256_slli_epi16::<2>(hm)),
+            group(_mm256_srli_epi16::<2>(qs), _mm256_slli_epi16::<1>(hm)),
+            group(_mm256_srli_epi16::<4>(qs), hm),
+            group(_mm256_srli_epi16::<6>(qs), _mm256_srli_epi16::<1>(hm)),
+        ]
+    }
+}
+
+/// The values (0..3) of the four groups of half `h` of a Q2_K block, as bytes in element
+/// order: group `j` takes bits `2j, 2j+1` of the half's 32 bytes.
+///
+/// # Safety
+/// `p` must point to a whole Q2_K block (84 readable bytes), `h < 2`, and the caller must
+/// have AVX2.
+#[inline(always)]
+pub(in crate::quant) unsafe fn q2k_half(p: *const u8, h: usize) -> [__m256i; 4] {
+    // SAFETY: the caller guarantees AVX2 and a whole Q2_K block at `p`: the load reads bytes
+    // `16 + 32h..48 + 32h`, inside its 84 bytes for `h < 2`.
+    unsafe {
+        let qs = _mm256_loadu_si256(p.add(16 + 32 * h) as *const __m256i);
+        // 16-bit shifts: the two bits kept from each byte come from that byte.
+        let three = bytes(3);
+        [
+            _mm256_and_si256(qs, three),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qs), three),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(qs), three),
+            _mm256_and_si256(_mm256_srli_epi16::<6>(qs), three),
+        ]
+    }
+}
+
+/// Each byte of `nibbles` (0..15) replaced by its entry of the IQ4 table
+/// ([`IQ4_TABLE`](crate::quant::blocks::IQ4_TABLE)), as signed bytes.
+///
+/// # Safety
+/// The caller must have AVX2.
+#[inline(always)]
+pub(in crate::quant) unsafe fn iq4_lookup(nibbles: __m256i) -> __m256i {
+    // SAFETY: the caller has AVX2 (this function's contract); registers only. The table is
+    // in both 128-bit lanes, since the byte shuffle looks up within each lane.
+    unsafe {
+        let t = _mm_loadu_si128(crate::quant::blocks::IQ4_TABLE.as_ptr() as *const __m128i);
+        _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t), nibbles)
+    }
+}
+
+impl Unpack<W2> for Q3_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read the 110-byte block as `q3k_half` reads it.
+        unsafe {
+            for h in 0..2 {
+                let [g0, g1, g2, g3] = q3k_half(p, h);
+                f.group(4 * h, false, widen_i8(g0));
+                f.group(4 * h + 1, true, widen_i8(g1));
+                f.group(4 * h + 2, false, widen_i8(g2));
+                f.group(4 * h + 3, true, widen_i8(g3));
+            }
+        }
+    }
+}
+
+impl Unpack<W2> for Q2_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read the 84-byte block as `q2k_half` reads it.
+        unsafe {
+            for h in 0..2 {
+                let [g0, g1, g2, g3] = q2k_half(p, h);
+                f.group(4 * h, false, widen_u8(g0));
+                f.group(4 * h + 1, true, widen_u8(g1));
+                f.group(4 * h + 2, false, widen_u8(g2));
+                f.group(4 * h + 3, true, widen_u8(g3));
+            }
+        }
+    }
+}
+
+impl Unpack<W2> for IQ4_NL {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read bytes 2–17 of the 18-byte block.
+        unsafe {
+            f.group(0, false, widen_i8(iq4_lookup(nibble_bytes(p.add(2)))));
+        }
+    }
+}
+
+impl Unpack<W2> for IQ4_XS {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<W2>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX2;
+        // the loads read bytes 8–135 of the 136-byte block, 16 per group.
+        unsafe {
+            for c in 0..4 {
+                let g = 2 * c;
+                f.group(
+                    g,
+                    false,
+                    widen_i8(iq4_lookup(nibble_bytes(p.add(8 + 16 * g)))),
+                );
+                let odd = widen_i8(iq4_lookup(nibble_bytes(p.add(24 + 16 * g))));
+                f.group(g + 1, true, odd);
+            }
+        }
+    }
 }
 
 impl Unpack<W2> for Q8_0 {

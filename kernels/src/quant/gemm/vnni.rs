@@ -18,7 +18,9 @@ use super::NR;
 use crate::par::SharedOut;
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
 use crate::quant::frame::{Chunk, Format, Sink, Unpack, CHUNK};
-use crate::quant::frame::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use crate::quant::frame::{
+    IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+};
 use crate::quant::QuantFormat;
 use core::arch::x86_64::*;
 use rayon::prelude::*;
@@ -122,6 +124,10 @@ unsafe fn panel_product(
         QuantFormat::Q4_K => with!(Q4_K),
         QuantFormat::Q5_K => with!(Q5_K),
         QuantFormat::Q6_K => with!(Q6_K),
+        QuantFormat::Q2_K => with!(Q2_K),
+        QuantFormat::Q3_K => with!(Q3_K),
+        QuantFormat::IQ4_NL => with!(IQ4_NL),
+        QuantFormat::IQ4_XS => with!(IQ4_XS),
     }
 }
 
@@ -201,8 +207,9 @@ unsafe fn pack<F: Unpack<__m512i>>(k: usize, w: &[u8], cols: usize, panel: &mut 
     panel.a.clear();
     panel.a.resize(groups * halves * NR, 0.0);
     panel.c.clear();
-    if F::MIN {
-        panel.c.resize(groups * NR, 0.0);
+    let consts = if F::MIN16 { 2 } else { 1 };
+    if F::MIN || F::MIN16 {
+        panel.c.resize(groups * consts * NR, 0.0);
     }
     let mut ch = Chunk::new();
     let per_chunk = CHUNK / gpb;
@@ -223,9 +230,9 @@ unsafe fn pack<F: Unpack<__m512i>>(k: usize, w: &[u8], cols: usize, panel: &mut 
             for t in 0..nb * gpb * halves {
                 panel.a[(g0 * halves + t) * NR + col] = ch.a[t];
             }
-            if F::MIN {
-                for t in 0..nb * gpb {
-                    panel.c[(g0 + t) * NR + col] = ch.c[t];
+            if F::MIN || F::MIN16 {
+                for t in 0..nb * gpb * consts {
+                    panel.c[(g0 * consts + t) * NR + col] = ch.c[t];
                 }
             }
             for b in b0..b0 + nb {
@@ -288,6 +295,23 @@ unsafe fn tile<F: Format, const M: usize>(
                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[0]), _mm512_mul_ps(a0, s), acc[0]);
                     acc[1] =
                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[1]), _mm512_mul_ps(a1, s), acc[1]);
+                }
+            }
+            if F::MIN16 {
+                // A constant per 16 meets `xs·Σxq` of those 16 activations: one `madd` with
+                // ones gives 8 pair sums per half, reduced under a mask.
+                let c = panel.c.as_ptr().add(2 * g * NR);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm512_loadu_si512(xq.add(r * k + g * ACT_BLOCK) as *const __m512i);
+                    let pairs = _mm512_madd_epi16(x, _mm512_set1_epi16(1));
+                    let xsr = *xs.add(r * groups + g);
+                    for (h, lanes) in [0x00FFu16, 0xFF00].into_iter().enumerate() {
+                        let s = _mm512_mask_reduce_add_epi32(lanes, pairs);
+                        let sx = _mm512_set1_ps(xsr * s as f32);
+                        let ch = c.add(h * NR);
+                        acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(ch), sx, acc[0]);
+                        acc[1] = _mm512_fmadd_ps(_mm512_loadu_ps(ch.add(16)), sx, acc[1]);
+                    }
                 }
             }
             if F::MIN {

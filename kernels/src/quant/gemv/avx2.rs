@@ -73,6 +73,15 @@ pub(super) unsafe fn columns_with<I: Isa, F: Unpack<I::W>>(
     let m = acts.m;
     let row_bytes = acts.k / F::BE * F::BB;
     debug_assert!(j1 <= n && w.len() >= n * row_bytes && m <= super::MAX_ROWS);
+    // The activations' integer sums per 16, for a constant per 16 (Q2_K): `quantize` leaves
+    // them for the few rows a GEMV takes; made here otherwise.
+    let made;
+    let half: &[i32] = if F::MIN16 && acts.isum16.len() != m * acts.k / 16 {
+        made = crate::quant::frame::half_sums(&acts.q);
+        &made
+    } else {
+        &acts.isum16
+    };
     let mut ch = Chunk::new();
     for j in j0..j1 {
         // SAFETY: j < n, so the row lies inside w (the caller's contract).
@@ -84,10 +93,10 @@ pub(super) unsafe fn columns_with<I: Isa, F: Unpack<I::W>>(
             // SAFETY: rows i0..i0+mr of x exist; the rest is this function's contract.
             unsafe {
                 match mr {
-                    1 => pass::<I, F, 1>(y, acts, row, &mut ch, n, j, i0, b),
-                    2 => pass::<I, F, 2>(y, acts, row, &mut ch, n, j, i0, b),
-                    3 => pass::<I, F, 3>(y, acts, row, &mut ch, n, j, i0, b),
-                    _ => pass::<I, F, 4>(y, acts, row, &mut ch, n, j, i0, b),
+                    1 => pass::<I, F, 1>(y, acts, half, row, &mut ch, n, j, i0, b),
+                    2 => pass::<I, F, 2>(y, acts, half, row, &mut ch, n, j, i0, b),
+                    3 => pass::<I, F, 3>(y, acts, half, row, &mut ch, n, j, i0, b),
+                    _ => pass::<I, F, 4>(y, acts, half, row, &mut ch, n, j, i0, b),
                 }
             }
             i0 += mr;
@@ -98,12 +107,14 @@ pub(super) unsafe fn columns_with<I: Isa, F: Unpack<I::W>>(
 /// `y[i, j]` for the `M` rows `i0..i0 + M` of `x` and one row `row` of `W`.
 ///
 /// # Safety
-/// As [`columns_with`]; `row` is row `j` of `W`, `i0 + M ≤ m`.
+/// As [`columns_with`]; `row` is row `j` of `W`, `i0 + M ≤ m`; with [`Format::MIN16`],
+/// `half` holds the `m·k / 16` sums of the activations' integers per 16.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
     y: SharedOut,
     acts: &QuantizedActs,
+    half: &[i32],
     row: *const u8,
     ch: &mut Chunk,
     n: usize,
@@ -138,6 +149,10 @@ unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
                 combine::<F>(xs.add(at), ch, r, ng);
                 if F::MIN {
                     constants(xsum.add(at), &ch.c, ng, &mut cv[r], &mut cs[r]);
+                }
+                if F::MIN16 {
+                    let h = half.as_ptr().add(2 * at);
+                    constants16(xs.add(at), h, &ch.c, ng, &mut cv[r], &mut cs[r]);
                 }
             }
             let mut x = [xq; M];
@@ -177,7 +192,7 @@ unsafe fn pass<I: Isa, F: Unpack<I::W>, const M: usize>(
         }
         for r in 0..M {
             let mut v = I::hsum2(acc0[r], acc1[r]);
-            if F::MIN {
+            if F::MIN || F::MIN16 {
                 v += crate::simd::avx2::hsum(cv[r]) + cs[r];
             }
             // i0 + r < m and j < n: inside y, in this call's own column j.
@@ -275,7 +290,13 @@ unsafe fn combine<F: Format>(xs: *const f32, ch: &mut Chunk, r: usize, ng: usize
 /// # Safety
 /// `sum` points to `ng` activation sums; AVX2 and FMA.
 #[inline(always)]
-unsafe fn constants(sum: *const f32, c: &[f32; CHUNK], ng: usize, cv: &mut __m256, cs: &mut f32) {
+unsafe fn constants(
+    sum: *const f32,
+    c: &[f32; 2 * CHUNK],
+    ng: usize,
+    cv: &mut __m256,
+    cs: &mut f32,
+) {
     // SAFETY: the caller has AVX2 and FMA and `ng ≤ CHUNK` readable sums at `sum` (this
     // function's contract); the loads read 8 at `t` with `t + 8 ≤ ng`, inside both.
     unsafe {
@@ -290,6 +311,45 @@ unsafe fn constants(sum: *const f32, c: &[f32; CHUNK], ng: usize, cv: &mut __m25
         }
         while t < ng {
             *cs += c[t] * *sum.add(t);
+            t += 1;
+        }
+    }
+}
+
+/// Adds `Σ c·xs·Σxq` over the chunk's `2·ng` half-groups to `cv` (8 lanes) and `cs`: a
+/// constant per 16 meets the integer sum of those 16 activations times their block's scale.
+///
+/// # Safety
+/// `xs` points to `ng` activation scales and `half` to their `2·ng` sums per 16; AVX2 and
+/// FMA.
+#[inline(always)]
+unsafe fn constants16(
+    xs: *const f32,
+    half: *const i32,
+    c: &[f32; 2 * CHUNK],
+    ng: usize,
+    cv: &mut __m256,
+    cs: &mut f32,
+) {
+    // SAFETY: the caller has AVX2 and FMA and guarantees `ng ≤ CHUNK` scales at `xs` and
+    // `2·ng` sums at `half`; the vector loop reads 4 scales at `t` and 8 sums and constants
+    // at `2t` with `t + 4 ≤ ng`, inside all three (`c` holds `2·CHUNK`).
+    unsafe {
+        // Each activation scale serves the two halves of its group.
+        let dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        let mut t = 0;
+        while t + 4 <= ng {
+            let x4 = _mm256_castps128_ps256(_mm_loadu_ps(xs.add(t)));
+            let x8 = _mm256_permutevar8x32_ps(x4, dup);
+            let h8 = _mm256_cvtepi32_ps(_mm256_loadu_si256(half.add(2 * t) as *const __m256i));
+            let c8 = _mm256_loadu_ps(c.as_ptr().add(2 * t));
+            *cv = _mm256_fmadd_ps(c8, _mm256_mul_ps(x8, h8), *cv);
+            t += 4;
+        }
+        while t < ng {
+            let x = *xs.add(t);
+            *cs += c[2 * t] * (x * *half.add(2 * t) as f32)
+                + c[2 * t + 1] * (x * *half.add(2 * t + 1) as f32);
             t += 1;
         }
     }
@@ -348,6 +408,14 @@ macro_rules! dispatch {
             Qf::Q4_K => gemv::columns_with::<$isa, frame::Q4_K>($y, $acts, $w, $bias, $n, $j0, $j1),
             Qf::Q5_K => gemv::columns_with::<$isa, frame::Q5_K>($y, $acts, $w, $bias, $n, $j0, $j1),
             Qf::Q6_K => gemv::columns_with::<$isa, frame::Q6_K>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q2_K => gemv::columns_with::<$isa, frame::Q2_K>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::Q3_K => gemv::columns_with::<$isa, frame::Q3_K>($y, $acts, $w, $bias, $n, $j0, $j1),
+            Qf::IQ4_NL => {
+                gemv::columns_with::<$isa, frame::IQ4_NL>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ4_XS => {
+                gemv::columns_with::<$isa, frame::IQ4_XS>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
         }
     }};
 }
@@ -375,7 +443,11 @@ pub(super) unsafe fn columns(
     // caller's contract (and, for `one_row`, m = 1, as matched).
     unsafe {
         match format {
+            // The formats without a one-row kernel take the general frame at m = 1 too.
             _ if acts.m != 1 => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
+            Qf::Q2_K | Qf::Q3_K | Qf::IQ4_NL | Qf::IQ4_XS => {
+                dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1)
+            }
             Qf::Q8_0 => one_row::<Small<Q8_0>>(y, acts, w, bias, n, j0, j1),
             Qf::Q4_0 => one_row::<Small<Q4_0>>(y, acts, w, bias, n, j0, j1),
             Qf::Q4_1 => one_row::<Small<Q4_1>>(y, acts, w, bias, n, j0, j1),

@@ -6,8 +6,11 @@
 use super::avx2::{dispatch, Isa};
 use crate::par::SharedOut;
 use crate::quant::act::QuantizedActs;
-use crate::quant::frame::{bytes, k_pair, q6k_half, u32_at, Sink, Unpack};
-use crate::quant::frame::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+use crate::quant::frame::{bytes, iq4_lookup, k_pair, nibble_bytes, q2k_half, q3k_half, q6k_half};
+use crate::quant::frame::{u32_at, Sink, Unpack};
+use crate::quant::frame::{
+    IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
+};
 use core::arch::x86_64::*;
 
 /// The 16 bytes at `p` as 32 bytes: their low nibbles (elements 0–15), then their high
@@ -135,6 +138,69 @@ impl Unpack<__m512i> for Q6_K {
                 f.group(4 * h + 1, true, _mm512_cvtepi8_epi16(g1));
                 f.group(4 * h + 2, false, _mm512_cvtepi8_epi16(g2));
                 f.group(4 * h + 3, true, _mm512_cvtepi8_epi16(g3));
+            }
+        }
+    }
+}
+
+impl Unpack<__m512i> for Q2_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<__m512i>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX-512
+        // F, BW and VL; the loads read the 84-byte block as `q2k_half` reads it.
+        unsafe {
+            for h in 0..2 {
+                let [g0, g1, g2, g3] = q2k_half(p, h);
+                f.group(4 * h, false, _mm512_cvtepu8_epi16(g0));
+                f.group(4 * h + 1, true, _mm512_cvtepu8_epi16(g1));
+                f.group(4 * h + 2, false, _mm512_cvtepu8_epi16(g2));
+                f.group(4 * h + 3, true, _mm512_cvtepu8_epi16(g3));
+            }
+        }
+    }
+}
+
+impl Unpack<__m512i> for Q3_K {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<__m512i>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX-512
+        // F, BW and VL; the loads read the 110-byte block as `q3k_half` reads it.
+        unsafe {
+            for h in 0..2 {
+                let [g0, g1, g2, g3] = q3k_half(p, h);
+                f.group(4 * h, false, _mm512_cvtepi8_epi16(g0));
+                f.group(4 * h + 1, true, _mm512_cvtepi8_epi16(g1));
+                f.group(4 * h + 2, false, _mm512_cvtepi8_epi16(g2));
+                f.group(4 * h + 3, true, _mm512_cvtepi8_epi16(g3));
+            }
+        }
+    }
+}
+
+impl Unpack<__m512i> for IQ4_NL {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<__m512i>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX-512
+        // F, BW and VL; the loads read bytes 2–17 of the 18-byte block.
+        unsafe {
+            let q = iq4_lookup(nibble_bytes(p.add(2)));
+            f.group(0, false, _mm512_cvtepi8_epi16(q));
+        }
+    }
+}
+
+impl Unpack<__m512i> for IQ4_XS {
+    #[inline(always)]
+    unsafe fn block(p: *const u8, f: &mut impl Sink<__m512i>) {
+        // SAFETY: the trait's contract: `p` points to one whole block and the CPU has AVX-512
+        // F, BW and VL; the loads read bytes 8–135 of the 136-byte block, 16 per group.
+        unsafe {
+            for c in 0..4 {
+                let g = 2 * c;
+                let even = iq4_lookup(nibble_bytes(p.add(8 + 16 * g)));
+                f.group(g, false, _mm512_cvtepi8_epi16(even));
+                let odd = iq4_lookup(nibble_bytes(p.add(24 + 16 * g)));
+                f.group(g + 1, true, _mm512_cvtepi8_epi16(odd));
             }
         }
     }

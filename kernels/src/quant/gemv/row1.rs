@@ -20,7 +20,8 @@
 //!
 //! Against the general frame ([`super::avx2::columns_with`]), which converts and fuses every
 //! group on its own, this saves a conversion, a broadcast and a dependent FMA per group, and
-//! gathers no scales into memory first. The general frame serves m > 1.
+//! gathers no scales into memory first. The general frame serves m > 1, and m = 1 for the
+//! formats without a one-row kernel here (Q3_K, IQ4_NL, IQ4_XS).
 //!
 //! [`QuantizedActs::eo`]: crate::quant::act::QuantizedActs::eo
 
