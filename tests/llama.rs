@@ -48,6 +48,7 @@ fn model_f32() -> Option<Arc<Model>> {
     let m = M.get_or_init(|| {
         let options = ModelOptions {
             dtype: Some(FloatType::F32),
+            ..ModelOptions::default()
         };
         Arc::new(Model::load(&path, &options).unwrap())
     });
@@ -61,6 +62,7 @@ fn model_f16() -> Option<Arc<Model>> {
     let m = M.get_or_init(|| {
         let options = ModelOptions {
             dtype: Some(FloatType::F16),
+            ..ModelOptions::default()
         };
         Arc::new(Model::load(&path, &options).unwrap())
     });

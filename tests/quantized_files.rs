@@ -80,6 +80,7 @@ fn network_every_format_matches_its_own_weights_widened_to_f32() {
                 &path,
                 &ModelOptions {
                     dtype: Some(FloatType::F32),
+                    ..ModelOptions::default()
                 },
             )
             .unwrap(),

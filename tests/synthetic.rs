@@ -19,7 +19,16 @@ use std::sync::Arc;
 
 fn load(storage: Storage, dtype: Option<FloatType>) -> Arc<Model> {
     let path = synthetic::model_file(storage);
-    Arc::new(Model::load(&path, &ModelOptions { dtype }).unwrap())
+    Arc::new(
+        Model::load(
+            &path,
+            &ModelOptions {
+                dtype,
+                ..ModelOptions::default()
+            },
+        )
+        .unwrap(),
+    )
 }
 
 fn session(model: &Arc<Model>, context: usize, prefill_chunk: Option<usize>) -> Session {

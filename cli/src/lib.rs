@@ -19,12 +19,11 @@
 //! - [`compat`]: Anthropic Messages and OpenAI Responses requests rewritten as chat
 //!   bodies;
 //! - [`auth`]: the server's API keys, from the command line or a key file, checked in
-//!   constant time; [`act_bits`]: `--act-bits`, the activations' precision for interleaved weights.
+//!   constant time.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod act_bits;
 pub mod auth;
 pub mod compat;
 pub mod constraint;

@@ -77,7 +77,7 @@ fn bad_arguments_and_an_empty_prompt_are_exit_1() {
     let o = decode(&["--prompt", ""], None);
     assert_fails_with(&o, "empty");
     let o = decode(&["--act-bits", "12", "--prompt", "hi"], None);
-    assert_fails_with(&o, "--act-bits 12: must be 8 or 16");
+    assert_fails_with(&o, "activation precision of 12 bits (use 8 or 16)");
     let o = decode(
         &[
             "convert",

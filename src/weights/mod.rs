@@ -27,6 +27,7 @@ pub use scope::Scope;
 use crate::error::{Error, Result};
 use half::f16;
 use mmap::MappedSlice;
+use qkv_kernels::quant::act::ActPrecision;
 use qkv_kernels::{QuantFormat, Weights};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -114,6 +115,26 @@ impl std::fmt::Display for WeightFormat {
     }
 }
 
+/// How the matrices of a model are prepared for the kernels at load ([`Tensor::interleaved`]):
+/// options of one model, so that two models in one process may differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatrixOptions {
+    /// The precision at which activations meet interleaved quantized matrices on every
+    /// path (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0; [`Weights::QuantX8`]): 16 bits, next to no error
+    /// of its own, or 8 bits, as llama.cpp's CPU kernels, faster where a matrix meets many
+    /// rows. Matrices in GGUF's layout always meet 16-bit activations.
+    pub act_precision: ActPrecision,
+}
+
+impl Default for MatrixOptions {
+    /// [`qkv_kernels::quant::x8::DEFAULT_ACT_PRECISION`].
+    fn default() -> Self {
+        MatrixOptions {
+            act_precision: qkv_kernels::quant::x8::DEFAULT_ACT_PRECISION,
+        }
+    }
+}
+
 /// A hidden name beside `path` for writing it before a rename into place. Unique per process
 /// and per call, so that threads (two sessions fetching the default model at once, say) and
 /// processes writing the same file never share one. Public for the CLI's fetch, which writes
@@ -143,8 +164,9 @@ enum Storage {
     MappedF16(MappedSlice<f16>),
     /// Quantized blocks borrowed from a mapped file.
     Quant(MappedSlice<u8>, QuantFormat),
-    /// Quantized blocks with every 8 rows interleaved ([`Tensor::interleaved`]), owned.
-    QuantX8(crate::alloc::Pages, QuantFormat),
+    /// Quantized blocks with every 8 rows interleaved ([`Tensor::interleaved`]), owned, and
+    /// the precision of the activations they meet.
+    QuantX8(crate::alloc::Pages, QuantFormat, ActPrecision),
     /// f16 elements copied out of a mapped file onto pages of their own
     /// ([`Tensor::interleaved`]), owned.
     PagesF16(crate::alloc::Pages),
@@ -303,7 +325,9 @@ impl Tensor {
         match &self.storage {
             Storage::MappedF32(_) => WeightFormat::F32,
             Storage::MappedF16(_) => WeightFormat::F16,
-            Storage::Quant(_, format) | Storage::QuantX8(_, format) => WeightFormat::Quant(*format),
+            Storage::Quant(_, format) | Storage::QuantX8(_, format, _) => {
+                WeightFormat::Quant(*format)
+            }
             Storage::F32(_) => WeightFormat::F32,
             Storage::F16(_) | Storage::PagesF16(_) => WeightFormat::F16,
         }
@@ -328,7 +352,9 @@ impl Tensor {
             Storage::MappedF32(v) => Weights::F32(v.get()),
             Storage::MappedF16(v) => Weights::F16(v.get()),
             Storage::Quant(blocks, format) => Weights::Quant(*format, blocks.get()),
-            Storage::QuantX8(blocks, format) => Weights::QuantX8(*format, blocks),
+            Storage::QuantX8(blocks, format, precision) => {
+                Weights::QuantX8(*format, *precision, blocks)
+            }
             Storage::F32(v) => Weights::F32(v),
             Storage::F16(v) => Weights::F16(v),
             // The pages start on a 2 MiB boundary and hold whole f16s.
@@ -404,11 +430,12 @@ impl Tensor {
     /// format that has that layout (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) and has a multiple of 8
     /// rows; as it is when it is a mapped 2-D f16 matrix. Anything else comes back
     /// unchanged. The copy takes as many bytes as the file's, and the mapped pages it was
-    /// made from are let go, so the process holds one copy of the weights, not two.
+    /// made from are let go, so the process holds one copy of the weights, not two. An
+    /// interleaved matrix meets activations at `options.act_precision`.
     ///
     /// `QKV_NO_INTERLEAVE=1` in the environment keeps every matrix as the file stores it.
     /// Errors with [`Error::AllocationRefused`] when the buffer cannot be had.
-    pub fn interleaved(self) -> Result<Tensor> {
+    pub fn interleaved(self, options: &MatrixOptions) -> Result<Tensor> {
         let (blocks, format) = match &self.storage {
             Storage::Quant(blocks, format) => (blocks, *format),
             Storage::MappedF16(v) if self.shape.len() == 2 && interleave_enabled() => {
@@ -436,7 +463,7 @@ impl Tensor {
         Ok(Tensor {
             name: self.name,
             shape: self.shape,
-            storage: Storage::QuantX8(out, format),
+            storage: Storage::QuantX8(out, format, options.act_precision),
         })
     }
 
@@ -476,7 +503,7 @@ impl Tensor {
                         .ok_or_else(out_of_range)?,
                     *format,
                 ),
-                Storage::QuantX8(blocks, format) => {
+                Storage::QuantX8(blocks, format, precision) => {
                     if !(r0.is_multiple_of(8) && r.is_multiple_of(8)) {
                         return Err(Error::Shape(format!(
                             "tensor `{}`: rows {r0}..{} cut a group of 8 interleaved rows",
@@ -487,7 +514,7 @@ impl Tensor {
                     let bytes = &blocks[r0 * row_bytes..(r0 + r) * row_bytes];
                     let mut part = crate::alloc::pages(bytes.len(), || name.clone())?;
                     part.copy_from_slice(bytes);
-                    Storage::QuantX8(part, *format)
+                    Storage::QuantX8(part, *format, *precision)
                 }
                 Storage::F32(v) => Storage::F32(v[r0 * k..(r0 + r) * k].to_vec()),
                 Storage::F16(v) => Storage::F16(v[r0 * k..(r0 + r) * k].to_vec()),

@@ -184,7 +184,6 @@ fn set_up_process(args: &Args) -> AnyResult<()> {
             .num_threads(n)
             .build_global()?;
     }
-    qkv_cli::act_bits::apply(args.act_bits)?;
     Ok(())
 }
 
@@ -264,7 +263,13 @@ fn serve_decoder(
     template: Option<(String, String)>,
     pooling: qkv_cli::embedding::Pooling,
 ) -> AnyResult<Served> {
-    let model = Arc::new(Model::load(path, &ModelOptions { dtype: args.dtype })?);
+    let options = ModelOptions {
+        dtype: args.dtype,
+        act_precision: args
+            .act_bits
+            .unwrap_or(qkv::kernels::quant::x8::DEFAULT_ACT_PRECISION),
+    };
+    let model = Arc::new(Model::load(path, &options)?);
     if model.tokenizer().is_none() {
         return Err(format!("{}: the model has no tokenizer", path.display()).into());
     }

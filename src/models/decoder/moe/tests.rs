@@ -233,7 +233,7 @@ fn quantized_experts(
     let downs = views.pop().unwrap();
     let ups = views.pop().unwrap();
     let gates = views.pop().unwrap();
-    let experts = Experts::build(gates, ups, downs, &Ok).unwrap();
+    let experts = Experts::build(gates, ups, downs, &Ok, &MatrixOptions::default()).unwrap();
     for e in [&experts.gate, &experts.up, &experts.down] {
         assert_eq!(
             matches!(e, ExpertMatrices::Bank(_)),
