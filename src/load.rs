@@ -47,6 +47,10 @@ pub struct ModelOptions {
     /// rows (prompts, batched steps). Default:
     /// [`DEFAULT_ACT_PRECISION`](qkv_kernels::quant::x8::DEFAULT_ACT_PRECISION).
     pub act_precision: ActPrecision,
+    /// Whether matrices are copied at load into the layout the products read fastest
+    /// ([`MatrixOptions::interleave`]; default on; `QKV_NO_INTERLEAVE=1` turns it off for
+    /// `decode` and `qkv-server`).
+    pub interleave: bool,
 }
 
 impl Default for ModelOptions {
@@ -54,6 +58,7 @@ impl Default for ModelOptions {
         ModelOptions {
             dtype: None,
             act_precision: MatrixOptions::default().act_precision,
+            interleave: MatrixOptions::default().interleave,
         }
     }
 }
@@ -63,6 +68,7 @@ impl ModelOptions {
     fn matrices(&self) -> MatrixOptions {
         MatrixOptions {
             act_precision: self.act_precision,
+            interleave: self.interleave,
         }
     }
 }

@@ -124,6 +124,11 @@ pub struct MatrixOptions {
     /// of its own, or 8 bits, as llama.cpp's CPU kernels, faster where a matrix meets many
     /// rows. Matrices in GGUF's layout always meet 16-bit activations.
     pub act_precision: ActPrecision,
+    /// Whether matrices are copied at load into the layout the matrix products read
+    /// fastest (rows interleaved 8 by 8, f16 onto pages of their own): on by default; off,
+    /// every matrix stays as the file stores it, mapped (to compare the two, or to save
+    /// the copy's load time).
+    pub interleave: bool,
 }
 
 impl Default for MatrixOptions {
@@ -131,6 +136,7 @@ impl Default for MatrixOptions {
     fn default() -> Self {
         MatrixOptions {
             act_precision: qkv_kernels::quant::x8::DEFAULT_ACT_PRECISION,
+            interleave: true,
         }
     }
 }
@@ -431,14 +437,13 @@ impl Tensor {
     /// rows; as it is when it is a mapped 2-D f16 matrix. Anything else comes back
     /// unchanged. The copy takes as many bytes as the file's, and the mapped pages it was
     /// made from are let go, so the process holds one copy of the weights, not two. An
-    /// interleaved matrix meets activations at `options.act_precision`.
-    ///
-    /// `QKV_NO_INTERLEAVE=1` in the environment keeps every matrix as the file stores it.
+    /// interleaved matrix meets activations at `options.act_precision`. Without
+    /// `options.interleave` every matrix comes back as the file stores it.
     /// Errors with [`Error::AllocationRefused`] when the buffer cannot be had.
     pub fn interleaved(self, options: &MatrixOptions) -> Result<Tensor> {
         let (blocks, format) = match &self.storage {
             Storage::Quant(blocks, format) => (blocks, *format),
-            Storage::MappedF16(v) if self.shape.len() == 2 && interleave_enabled() => {
+            Storage::MappedF16(v) if self.shape.len() == 2 && options.interleave => {
                 let out = copy_onto_pages(v, &self.name, 4 << 20)?;
                 return Ok(Tensor {
                     name: self.name,
@@ -451,7 +456,7 @@ impl Tensor {
         let [n, k] = *self.shape.as_slice() else {
             return Ok(self);
         };
-        if !interleave_enabled() || qkv_kernels::quant::x8::check(format, n, k).is_err() {
+        if !options.interleave || qkv_kernels::quant::x8::check(format, n, k).is_err() {
             return Ok(self);
         }
         let src = blocks.get();
@@ -598,13 +603,6 @@ fn copy_onto_pages(v: &MappedSlice<f16>, name: &str, piece: usize) -> Result<cra
     Ok(out)
 }
 
-/// False when `QKV_NO_INTERLEAVE` is set (to anything but `0`): matrices then stay in the
-/// file's layout ([`Tensor::interleaved`]).
-fn interleave_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("QKV_NO_INTERLEAVE").map_or(true, |v| v == "0"))
-}
-
 /// Anything that hands out tensors by name: a safetensors file, a GGUF file, a directory.
 pub trait TensorSource: Send + Sync {
     /// The tensor called `name`, as it is stored when the kernels can read that (f32, f16,
@@ -630,6 +628,34 @@ mod tests {
         for piece in [1, 7, 1000, 4096] {
             let pages = copy_onto_pages(&v, "w", piece).unwrap();
             assert_eq!(bytemuck::cast_slice::<u8, f16>(&pages), &values[1..]);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `MatrixOptions` decide per call: the file's layout kept, mapped, without
+    /// `interleave`; the interleaved copy meeting activations at the precision asked.
+    #[test]
+    fn matrix_options_choose_the_layout_and_the_precision() {
+        let (n, k, format) = (8, 64, QuantFormat::Q8_0);
+        let bytes: Vec<u8> = (0..n * format.row_bytes(k).unwrap())
+            .map(|i| (i % 7) as u8)
+            .collect();
+        let (dir, file) = mmap::tests::mapped_bytes("layout", &bytes);
+        let tensor = || Tensor::from_mapped_quant("w", vec![n, k], file.clone(), 0, format);
+        let kept = MatrixOptions {
+            interleave: false,
+            ..MatrixOptions::default()
+        };
+        let t = tensor().unwrap().interleaved(&kept).unwrap();
+        assert!(t.is_mapped() && matches!(t.weights(), Weights::Quant(..)));
+        for precision in [ActPrecision::Wide, ActPrecision::Byte] {
+            let options = MatrixOptions {
+                act_precision: precision,
+                interleave: true,
+            };
+            let t = tensor().unwrap().interleaved(&options).unwrap();
+            assert!(!t.is_mapped() && matches!(t.weights(), Weights::QuantX8(..)));
+            assert_eq!(t.weights().act_precision(), Some(precision));
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

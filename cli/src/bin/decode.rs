@@ -407,12 +407,14 @@ fn tokenize(args: &TokenizeArgs) -> AnyResult<()> {
     Ok(())
 }
 
-/// The model's options from `--dtype` and `--act-bits` (or `QKV_ACT_BITS`, which clap
-/// reads as the flag's default: the library reads no environment).
+/// The model's options from `--dtype`, `--act-bits` (or `QKV_ACT_BITS`, which clap reads
+/// as the flag's default) and `QKV_NO_INTERLEAVE=1` (every matrix kept as the file stores
+/// it): the program reads its environment, the library none.
 fn model_options(dtype: Option<FloatType>, act_bits: Option<ActPrecision>) -> ModelOptions {
     ModelOptions {
         dtype,
         act_precision: act_bits.unwrap_or(x8::DEFAULT_ACT_PRECISION),
+        interleave: std::env::var_os("QKV_NO_INTERLEAVE").is_none_or(|v| v == "0"),
     }
 }
 

@@ -268,6 +268,7 @@ fn serve_decoder(
         act_precision: args
             .act_bits
             .unwrap_or(qkv::kernels::quant::x8::DEFAULT_ACT_PRECISION),
+        interleave: std::env::var_os("QKV_NO_INTERLEAVE").is_none_or(|v| v == "0"),
     };
     let model = Arc::new(Model::load(path, &options)?);
     if model.tokenizer().is_none() {
