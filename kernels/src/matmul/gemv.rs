@@ -239,7 +239,7 @@ unsafe fn gemv_columns(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); the bounds and the
         // exclusive columns are this function's contract.
         unsafe {

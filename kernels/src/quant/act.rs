@@ -467,7 +467,7 @@ fn quantize_any(
     precision: ActPrecision,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2 and FMA were detected at run time just above (the function's only
         // contract: it indexes through chunks and bounds-checked slots).
         unsafe { avx2::quantize(x, q, scale, sum, precision.max()) };

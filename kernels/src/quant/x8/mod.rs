@@ -85,7 +85,7 @@ pub fn supports(format: QuantFormat) -> bool {
 pub fn reads_tiles(format: QuantFormat) -> bool {
     match format {
         QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4_K => true,
-        QuantFormat::Q6_K => crate::simd::has_avx512_vnni(),
+        QuantFormat::Q6_K => crate::simd::isa().avx512_vnni,
         _ => false,
     }
 }
@@ -456,13 +456,13 @@ pub(crate) unsafe fn columns(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::simd::has_avx512_vnni() {
+        if crate::simd::isa().avx512_vnni {
             // SAFETY: AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C were detected; the rest
             // is the caller's contract.
             unsafe { avx2::columns_vnni(y, acts, format, w, bias, n, j0, j1) };
             return;
         }
-        if crate::simd::has_avx2_fma_f16c() {
+        if crate::simd::isa().avx2_fma_f16c {
             // SAFETY: AVX2, FMA and F16C were detected; the rest is the caller's contract.
             unsafe { avx2::columns(y, acts, format, w, bias, n, j0, j1) };
             return;
