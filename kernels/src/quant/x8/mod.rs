@@ -91,8 +91,11 @@ pub fn reads_tiles(format: QuantFormat) -> bool {
 }
 
 /// The precision at which activations meet interleaved weights unless a caller asks for
-/// the other one (a model's options, `--act-bits`).
-pub const DEFAULT_ACT_PRECISION: ActPrecision = ActPrecision::Wide;
+/// the other one (a model's options, `--act-bits`): 8 bits, as llama.cpp's CPU kernels,
+/// because its KL divergence from f32 stays at or below llama.cpp's own on the quality
+/// tool (`tools/quality_vs_llamacpp.py`) while prompts and batched steps run at the
+/// higher integer rate. 16 bits ([`ActPrecision::Wide`]) is the exact mode.
+pub const DEFAULT_ACT_PRECISION: ActPrecision = ActPrecision::Byte;
 
 /// The bytes of an interleaved `[n, k]` matrix of `format` (the same as in GGUF's layout),
 /// or an error naming what does not fit: a format without an interleaved layout, `n` not a
