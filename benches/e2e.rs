@@ -56,7 +56,16 @@ fn bench(c: &mut Criterion) {
         ("f32", Some(FloatType::F32)),
     ];
     for (name, dtype) in runs {
-        let model = Arc::new(Model::load(&q4, &ModelOptions { dtype }).unwrap());
+        let model = Arc::new(
+            Model::load(
+                &q4,
+                &ModelOptions {
+                    dtype,
+                    ..ModelOptions::default()
+                },
+            )
+            .unwrap(),
+        );
         let mut s = session(&model, 2048 + 512 + 1);
         let p512 = tokens(512, 0);
         group.throughput(criterion::Throughput::Elements(512));

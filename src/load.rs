@@ -17,17 +17,60 @@ use crate::models::decoder::{Decoder, DecoderConfig};
 use crate::tokenizer::Tokenizer;
 use crate::weights::gguf::GgufFile;
 use crate::weights::hf_dir::SafeTensorsDir;
-use crate::weights::{FloatType, TensorSource};
+use crate::weights::{FloatType, MatrixOptions, TensorSource};
+use qkv_kernels::quant::act::ActPrecision;
 use std::path::{Path, PathBuf};
 
-/// How to load a model.
-#[derive(Clone, Debug, Default)]
+/// How to load a model. Every choice that changes its numbers is here, per model: two
+/// models in one process may differ.
+///
+/// ```
+/// use qkv::kernels::quant::act::ActPrecision;
+/// use qkv::load::ModelOptions;
+/// let exact = ModelOptions {
+///     act_precision: ActPrecision::try_from(16).unwrap(),
+///     ..ModelOptions::default()
+/// };
+/// assert_eq!(exact.act_precision, ActPrecision::Wide);
+/// ```
+#[derive(Clone, Debug)]
 pub struct ModelOptions {
     /// `None` (the default): every weight matrix runs as it is stored — f32, f16 or
     /// quantized blocks, mapped without a copy. `Some(dtype)`: matrices are widened (or
     /// rounded) to `dtype` at load, as `decode --dtype` asks; those already in it stay
     /// mapped.
     pub dtype: Option<FloatType>,
+    /// The precision at which activations meet the interleaved quantized matrices (Q4_0,
+    /// Q4_1, Q4_K, Q6_K, Q8_0), on every path, alone or batched (`--act-bits`):
+    /// [`ActPrecision::Wide`] (16 bits) is the exact mode, whose rounding is far below the
+    /// weights' own; [`ActPrecision::Byte`] (8 bits) is faster where a matrix meets many
+    /// rows (prompts, batched steps). Default:
+    /// [`DEFAULT_ACT_PRECISION`](qkv_kernels::quant::x8::DEFAULT_ACT_PRECISION).
+    pub act_precision: ActPrecision,
+    /// Whether matrices are copied at load into the layout the products read fastest
+    /// ([`MatrixOptions::interleave`]; default on; `QKV_NO_INTERLEAVE=1` turns it off for
+    /// `decode` and `qkv-server`).
+    pub interleave: bool,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            dtype: None,
+            act_precision: MatrixOptions::default().act_precision,
+            interleave: MatrixOptions::default().interleave,
+        }
+    }
+}
+
+impl ModelOptions {
+    /// How the loader prepares the matrices for the kernels.
+    fn matrices(&self) -> MatrixOptions {
+        MatrixOptions {
+            act_precision: self.act_precision,
+            interleave: self.interleave,
+        }
+    }
 }
 
 /// A loaded decoder-only language model and its tokenizer.
@@ -76,7 +119,8 @@ impl Model {
     fn load_gguf(path: &Path, options: &ModelOptions) -> Result<Model> {
         let file = GgufFile::open(path)?;
         let config = DecoderConfig::from_gguf(&file)?;
-        let decoder = Decoder::load(config, &file, options.dtype).map_err(|e| in_file(path, e))?;
+        let decoder = Decoder::load(config, &file, options.dtype, &options.matrices())
+            .map_err(|e| in_file(path, e))?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         Ok(Model {
             decoder,
@@ -113,7 +157,8 @@ impl Model {
                 },
             ));
         }
-        let decoder = Decoder::load(config, &source, options.dtype).map_err(|e| in_file(dir, e))?;
+        let decoder = Decoder::load(config, &source, options.dtype, &options.matrices())
+            .map_err(|e| in_file(dir, e))?;
         let tokenizer = Tokenizer::from_tokenizer_json(&dir.join("tokenizer.json"))?;
         Ok(Model {
             decoder,

@@ -25,6 +25,7 @@ fn real_model() -> Option<Arc<Model>> {
     let m = M.get_or_init(|| {
         let options = ModelOptions {
             dtype: Some(FloatType::F32),
+            ..ModelOptions::default()
         };
         Arc::new(Model::load(&path, &options).unwrap())
     });

@@ -223,7 +223,7 @@ impl TensorSource for Poisoned {
 /// The poisoned model, with a tokenizer of one token per letter (`a` = 0 … `z` = 25,
 /// `A` = 26 … `N` = 39): `h` is the poisoned token.
 fn poisoned_model() -> Arc<Model> {
-    let decoder = Decoder::load(small(), &Poisoned(small()), None).unwrap();
+    let decoder = Decoder::load(small(), &Poisoned(small()), None, &Default::default()).unwrap();
     let letters = ('a'..='z').chain('A'..='N');
     let vocab: serde_json::Map<String, serde_json::Value> = letters
         .enumerate()

@@ -323,6 +323,7 @@ fn export_hf(gguf: &Path, dir: &Path) {
 fn f32_options() -> ModelOptions {
     ModelOptions {
         dtype: Some(FloatType::F32),
+        ..ModelOptions::default()
     }
 }
 

@@ -29,6 +29,7 @@ use qkv::load::{Model, ModelOptions};
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};
 use qkv::weights::{FloatType, WeightFormat};
+use qkv_kernels::quant::act::ActPrecision;
 use qkv_kernels::QuantFormat;
 use std::sync::Arc;
 
@@ -115,7 +116,13 @@ fn network_every_format_matches_its_own_weights_widened_to_f32() {
         let Some(path) = common::quant_model(kind) else {
             continue;
         };
-        let quant = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
+        // The exact mode (16-bit activations): the bound below checks the blocks' decoding
+        // and kernels, which 8-bit activations (the default) would blur by more than it.
+        let exact_mode = ModelOptions {
+            act_precision: ActPrecision::Wide,
+            ..ModelOptions::default()
+        };
+        let quant = Arc::new(Model::load(&path, &exact_mode).unwrap());
         let (found, _) = quant.decoder().weight_formats();
         let mut seen: Vec<QuantFormat> = Vec::new();
         for (name, f) in &found {
@@ -132,6 +139,7 @@ fn network_every_format_matches_its_own_weights_widened_to_f32() {
                 &path,
                 &ModelOptions {
                     dtype: Some(FloatType::F32),
+                    ..ModelOptions::default()
                 },
             )
             .unwrap(),

@@ -77,7 +77,7 @@ fn bad_arguments_and_an_empty_prompt_are_exit_1() {
     let o = decode(&["--prompt", ""], None);
     assert_fails_with(&o, "empty");
     let o = decode(&["--act-bits", "12", "--prompt", "hi"], None);
-    assert_fails_with(&o, "--act-bits 12: must be 8 or 16");
+    assert_fails_with(&o, "activation precision of 12 bits (use 8 or 16)");
     let o = decode(
         &[
             "convert",
@@ -351,6 +351,9 @@ fn network_the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
     );
 }
 
+/// In the exact mode (`--act-bits 16`): at the default 8 bits this 135M model's greedy
+/// answer to this question wanders off into a list of French words without "Paris", which
+/// says nothing about the chat mode this checks.
 #[test]
 fn network_chat_mode_answers_and_stops_at_the_end_of_turn() {
     let Some(_) = qkv_fetch::testing::default_gguf() else {
@@ -365,6 +368,8 @@ fn network_chat_mode_answers_and_stops_at_the_end_of_turn() {
             "0",
             "-n",
             "64",
+            "--act-bits",
+            "16",
         ],
         None,
     );

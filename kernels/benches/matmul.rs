@@ -186,7 +186,7 @@ fn linear_quant(c: &mut Criterion) {
 }
 
 /// The quantized prefill product (m = 512), in FLOPs (2·m·n·k) per second: the integer
-/// GEMM where the CPU has AVX-512 VNNI, else f32 panels through gemm (`QKV_NO_AVX512=1`
+/// GEMM where the CPU has AVX-512 VNNI, else f32 panels through gemm (`QKV_ISA=avx2`
 /// measures the latter on such a CPU).
 fn linear_quant_prefill(c: &mut Criterion) {
     let mut g = c.benchmark_group("linear_quant_m512");

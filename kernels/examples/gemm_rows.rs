@@ -7,12 +7,26 @@
 //! `cargo run --release -p qkv-kernels --example gemm_rows [format ...] [-- rows ...]`
 //! with formats among `f16`, `q4_0`, `q4_1`, `q4_k`, `q6_k`, `q8_0` (the file's layout)
 //! and the same with `x8` appended (interleaved: `q4_0x8`, `q4_1x8`, `q4_kx8`, `q6_kx8`,
-//! `q8_0x8`). `GEMM_ROWS_SHAPES=n×k,…` (as `4096x14336`) gives other shapes.
+//! `q8_0x8`). `GEMM_ROWS_SHAPES=n×k,…` (as `4096x14336`) gives other shapes;
+//! `QKV_ACT_BITS=8|16` the activations' precision for the interleaved layouts.
 
 use qkv_kernels::quant::testing::{weight_blocks, Rng};
-use qkv_kernels::quant::x8;
+use qkv_kernels::quant::{act::ActPrecision, x8};
 use qkv_kernels::{f16, linear, QuantFormat, Weights};
 use std::time::Instant;
+
+/// The activations' precision for interleaved weights: `QKV_ACT_BITS` (8 or 16) when set,
+/// else the library's default. An example is a program, so it reads its environment and
+/// passes the choice in with the operand.
+fn act_precision() -> ActPrecision {
+    match std::env::var("QKV_ACT_BITS") {
+        Ok(bits) => bits.parse().unwrap_or_else(|e| {
+            eprintln!("QKV_ACT_BITS: {e}");
+            std::process::exit(2)
+        }),
+        Err(_) => x8::DEFAULT_ACT_PRECISION,
+    }
+}
 
 /// The fastest of 3 runs lasting at least 0.2 s each, in seconds per call.
 fn best(mut call: impl FnMut()) -> f64 {
@@ -60,7 +74,7 @@ impl Owned {
         match self {
             Owned::F16(w) => Weights::F16(w),
             Owned::Quant(f, b) => Weights::Quant(*f, b),
-            Owned::X8(f, b) => Weights::QuantX8(*f, b),
+            Owned::X8(f, b) => Weights::QuantX8(*f, act_precision(), b),
         }
     }
 }

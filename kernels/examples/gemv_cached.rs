@@ -4,10 +4,25 @@
 //! in ns per 32 weights; [`gemv_stream`](gemv_stream.rs) is the same step from memory.
 //!
 //! `RAYON_NUM_THREADS=1 cargo run --release -p qkv-kernels --example gemv_cached`
+//! (`QKV_ACT_BITS=8|16`: the activations' precision for the interleaved layouts)
 
 use qkv_kernels::quant::testing::{weight_blocks, Rng};
+use qkv_kernels::quant::{act::ActPrecision, x8};
 use qkv_kernels::{f16, linear, QuantFormat, Weights};
 use std::time::Instant;
+
+/// The activations' precision for interleaved weights: `QKV_ACT_BITS` (8 or 16) when set,
+/// else the library's default. An example is a program, so it reads its environment and
+/// passes the choice in with the operand.
+fn act_precision() -> ActPrecision {
+    match std::env::var("QKV_ACT_BITS") {
+        Ok(bits) => bits.parse().unwrap_or_else(|e| {
+            eprintln!("QKV_ACT_BITS: {e}");
+            std::process::exit(2)
+        }),
+        Err(_) => x8::DEFAULT_ACT_PRECISION,
+    }
+}
 
 /// The fastest of 5 runs of `reps` calls, in seconds per call.
 fn best_of(reps: usize, mut call: impl FnMut()) -> f64 {
@@ -46,8 +61,16 @@ fn main() {
             let mut p = vec![0u8; w.len()];
             qkv_kernels::quant::x8::pack(format, &w, n, k, &mut p).expect("8 | n");
             let s = best_of(4000, || {
-                linear(&mut y, &x, Weights::QuantX8(format, &p), None, 1, k, n)
-                    .expect("shapes agree")
+                linear(
+                    &mut y,
+                    &x,
+                    Weights::QuantX8(format, act_precision(), &p),
+                    None,
+                    1,
+                    k,
+                    n,
+                )
+                .expect("shapes agree")
             });
             println!(
                 "{format:>5} x8: {:5.2} ns, {:5.1} GB/s",

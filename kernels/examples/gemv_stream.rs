@@ -14,10 +14,12 @@
 //! separate buffer of the same size. It prints one line per format: the medians in GB/s of
 //! weight bytes and their ratio. Run with `RAYON_NUM_THREADS=1` for the one-thread figure;
 //! [`gemv_cached`](gemv_cached.rs) gives the kernels' rate with the weights in cache.
+//! `QKV_ACT_BITS=8|16` sets the activations' precision for the interleaved layouts.
 
 use qkv_kernels::pages::Pages;
 use qkv_kernels::probe::read_sum;
 use qkv_kernels::quant::testing::{weight_blocks, Rng};
+use qkv_kernels::quant::{act::ActPrecision, x8};
 use qkv_kernels::{f16, linear, linear_many, Projection, QuantFormat, Weights};
 use std::time::Instant;
 
@@ -37,6 +39,19 @@ fn layer(shape: &str) -> [(usize, usize); 7] {
         }
     };
     [(d, d), (kv, d), (kv, d), (d, d), (ff, d), (ff, d), (d, ff)]
+}
+
+/// The activations' precision for interleaved weights: `QKV_ACT_BITS` (8 or 16) when set,
+/// else the library's default. An example is a program, so it reads its environment and
+/// passes the choice in with the operand.
+fn act_precision() -> ActPrecision {
+    match std::env::var("QKV_ACT_BITS") {
+        Ok(bits) => bits.parse().unwrap_or_else(|e| {
+            eprintln!("QKV_ACT_BITS: {e}");
+            std::process::exit(2)
+        }),
+        Err(_) => x8::DEFAULT_ACT_PRECISION,
+    }
 }
 
 /// A layer's matrices stored in one format, each on huge pages as qkv holds the weights
@@ -86,7 +101,7 @@ impl Stored {
                 return on_pages(&w);
             }
             let mut p = Pages::zeroed(w.len()).expect("memory for the weights");
-            qkv_kernels::quant::x8::pack(q, &w, n, k, &mut p).unwrap_or_else(|e| {
+            x8::pack(q, &w, n, k, &mut p).unwrap_or_else(|e| {
                 eprintln!("{e}");
                 std::process::exit(2)
             });
@@ -127,7 +142,7 @@ impl Stored {
                 })
             }
             Stored::Quant(f, m) => Weights::Quant(*f, &m[i]),
-            Stored::QuantX8(f, m) => Weights::QuantX8(*f, &m[i]),
+            Stored::QuantX8(f, m) => Weights::QuantX8(*f, act_precision(), &m[i]),
         }
     }
 }

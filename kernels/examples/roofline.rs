@@ -13,7 +13,7 @@
 //! - `fma_gflops`: the FMA peak of all pool threads with the widest vectors the CPU has
 //!   ([`qkv_kernels::probe::fma_spin`]);
 //! - `fma_isa`: which those are, `"avx512"` or `"avx2"` (`"none"` without AVX2: then both
-//!   FMA figures are 0); `QKV_NO_AVX512=1` measures AVX2 only;
+//!   FMA figures are 0); `QKV_ISA=avx2` measures AVX2 only;
 //! - `fma_avx2_gflops`: the AVX2 peak (the same measurement as `fma_gflops` when that is
 //!   AVX2's), to compare the two widths.
 //!

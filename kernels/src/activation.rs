@@ -7,7 +7,7 @@
 //! ([`silu_inplace`], [`swiglu`], [`gelu_tanh_inplace`], [`geglu_tanh`], [`gelu_erf_inplace`],
 //! [`softcap_inplace`], [`softmax_inplace`]) are written for AVX2+FMA with
 //! [`simd::avx2::exp`](crate::simd) and fall back to scalar code on other CPUs (or with
-//! `QKV_FORCE_SCALAR=1`): their reference, except [`gelu_tanh_inplace`] and [`geglu_tanh`],
+//! `QKV_ISA=scalar`): their reference, except [`gelu_tanh_inplace`] and [`geglu_tanh`],
 //! whose fallback keeps the vector path's sigmoid form.
 //!
 //! ```
@@ -205,7 +205,7 @@ pub fn add_inplace_scalar(dst: &mut [f32], src: &[f32]) -> Result<()> {
 /// `x = x · sigmoid(x) = x / (1 + e^(−x))` in place (SiLU, a.k.a. swish).
 pub fn silu_inplace(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         unsafe { avx2::map_inplace::<avx2::Silu>(x) };
         return;
@@ -246,7 +246,7 @@ pub fn swiglu(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
 /// [`swiglu`] on the calling thread; the three lengths are equal.
 fn swiglu_serial(out: &mut [f32], gate: &[f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above; the three
         // lengths are equal (the caller checked).
         unsafe { avx2::glu::<avx2::Silu>(out, gate, up) };
@@ -284,7 +284,7 @@ pub fn swiglu_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
 /// the cancellation of `1 + tanh(u)` for negative `x` and needs only `exp`.
 pub fn gelu_tanh_inplace(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         unsafe { avx2::map_inplace::<avx2::GeluTanh>(x) };
         return;
@@ -335,7 +335,7 @@ pub fn geglu_tanh(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
 /// [`geglu_tanh`] on the calling thread; the three lengths are equal.
 fn geglu_tanh_serial(out: &mut [f32], gate: &[f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above; the three
         // lengths are equal (the caller checked).
         unsafe { avx2::glu::<avx2::GeluTanh>(out, gate, up) };
@@ -371,7 +371,7 @@ pub fn geglu_tanh_scalar(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()
 /// f64 reference stays below about `3e-7·max(1, |x|)`.
 pub fn gelu_erf_inplace(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         unsafe { avx2::map_inplace::<avx2::GeluErf>(x) };
         return;
@@ -410,7 +410,7 @@ scalar_reference! {
 /// ```
 pub fn softcap_inplace(x: &mut [f32], cap: f32) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         unsafe { avx2::softcap(x, cap) };
         return;
@@ -438,7 +438,7 @@ scalar_reference! {
 /// empty row is left alone. A `+inf` or NaN entry gives NaN, as in PyTorch.
 pub fn softmax_inplace(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         unsafe { avx2::softmax(x) };
         return;
@@ -483,7 +483,7 @@ scalar_reference! {
 /// ```
 pub fn log_sum_exp(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::log_sum_exp(x) };
     }
@@ -514,7 +514,7 @@ scalar_reference! {
 /// ```
 pub fn argmax(x: &[f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2, FMA and F16C were detected at run time just above.
         return unsafe { avx2::argmax(x) };
     }

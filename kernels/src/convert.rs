@@ -7,7 +7,7 @@ use half::f16;
 pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) -> Result<()> {
     check_len("dst", src.len(), dst.len())?;
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2 and F16C were detected at run time just above.
         unsafe { avx2::widen(src, dst) };
         return Ok(());
@@ -21,7 +21,7 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) -> Result<()> {
     // Miri does not interpret F16C's f32 → f16 instruction (`vcvtps2ph`), so under Miri the
     // narrowing takes the scalar loop, which writes the same bits.
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() && !cfg!(miri) {
+    if crate::simd::isa().avx2_fma_f16c && !cfg!(miri) {
         // SAFETY: AVX2 and F16C were detected at run time just above.
         unsafe { avx2::narrow(src, dst) };
         return Ok(());

@@ -17,8 +17,13 @@
 //!
 //! Run-time dispatch: the generic kernels go through [`pulp::Arch`]; the f16 and attention
 //! micro-kernels need F16C and a vector `exp`, which pulp's portable trait does not offer,
-//! so they are written for AVX2+FMA+F16C behind a run-time check ([`simd::has_avx2_fma_f16c`])
+//! so they are written for AVX2+FMA+F16C behind a run-time check ([`simd::isa`], detected once)
 //! with a scalar fallback on every other machine.
+//!
+//! The crate reads one environment variable, a debugging override of that check:
+//! `QKV_ISA=scalar` (every kernel on its scalar path), `avx2` (no AVX-512 code) or `avx512`
+//! (512-bit code even where the CPU splits it); see [`simd`]. Everything else that changes
+//! a result (the activations' precision, the weights' layout) is an argument of the call.
 //!
 //! ## Layers
 //!

@@ -48,7 +48,7 @@ pub enum FmaIsa {
     /// `vfmadd` on 256-bit registers (8 f32 lanes): AVX2 + FMA.
     Avx2,
     /// `vfmadd` on 512-bit registers (16 f32 lanes): AVX-512F (used where the kernels'
-    /// AVX-512 level, [`crate::simd::has_avx512`], is on).
+    /// AVX-512 level, [`crate::simd::Isa::avx512`], is on).
     Avx512,
 }
 
@@ -70,12 +70,12 @@ impl FmaIsa {
     }
 
     /// Whether this CPU runs it, as the kernels decide: AVX2 per
-    /// [`crate::simd::has_avx2_fma_f16c`], AVX-512 per [`crate::simd::has_avx512`] (so
-    /// neither under `QKV_FORCE_SCALAR=1`, and not AVX-512 under `QKV_NO_AVX512=1`).
+    /// [`crate::simd::Isa::avx2_fma_f16c`], AVX-512 per [`crate::simd::Isa::avx512`] (so
+    /// neither under `QKV_ISA=scalar`, and not AVX-512 under `QKV_ISA=avx2`).
     pub fn available(self) -> bool {
         match self {
-            FmaIsa::Avx2 => crate::simd::has_avx2_fma_f16c(),
-            FmaIsa::Avx512 => crate::simd::has_avx512(),
+            FmaIsa::Avx2 => crate::simd::isa().avx2_fma_f16c,
+            FmaIsa::Avx512 => crate::simd::isa().avx512,
         }
     }
 
@@ -218,7 +218,7 @@ mod tests {
             }
             None => assert_eq!(fma_spin(10), None),
         }
-        if std::env::var_os("QKV_FORCE_SCALAR").is_some_and(|v| v != "0") {
+        if !crate::simd::isa().avx2_fma_f16c {
             assert_eq!(FmaIsa::widest(), None);
         }
     }

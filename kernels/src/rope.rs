@@ -324,7 +324,7 @@ impl RopeTable {
             }),
             RopeStyle::AdjacentPairs => {
                 #[cfg(target_arch = "x86_64")]
-                if crate::simd::has_avx2_fma_f16c() {
+                if crate::simd::isa().avx2_fma_f16c {
                     // SAFETY: AVX2/FMA/F16C detected just above; the view of `rows` rows of
                     // `heads·head_dim` at `stride` fits in `x` and the positions are in the
                     // table (validated by the caller).

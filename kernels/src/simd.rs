@@ -1,45 +1,145 @@
-//! Run-time CPU feature detection and the small AVX2 helpers the hand-written kernels share.
+//! Run-time CPU feature detection, done once per process into one [`Isa`], and the small
+//! AVX2 helpers the hand-written kernels share.
 //!
 //! The portable kernels dispatch through [`pulp::Arch`]. The GEMV and attention kernels need
 //! F16C conversions and a vector `exp`, which pulp's portable `Simd` trait lacks, so they are
-//! written with `core::arch` intrinsics inside `#[target_feature]` functions and chosen here
-//! at run time; every such kernel has a scalar fallback that runs on any machine.
+//! written with `core::arch` intrinsics inside `#[target_feature]` functions and chosen at
+//! run time from [`isa()`]; every such kernel has a scalar fallback that runs on any machine.
+//!
+//! `QKV_ISA`, a debugging override, is the one environment variable the library reads: it
+//! caps what [`isa()`] reports, to test or measure the other paths on one machine.
+//! `QKV_ISA=scalar` takes the scalar fallbacks everywhere; `avx2` the AVX2 kernels (no
+//! AVX-512 code, no VNNI); `avx512` everything the CPU has, with 512-bit code preferred even
+//! where the CPU splits it ([`Isa::prefer_512`]). Unset (or `native`), the kernels use what
+//! the CPU has. A cap never adds a feature the CPU lacks.
 
 use std::sync::OnceLock;
 
-/// True when the CPU has AVX2, FMA and F16C (x86-64-v3), the level the fast kernels need.
-/// Set `QKV_FORCE_SCALAR=1` to take the scalar paths everywhere (for testing and comparison).
-pub fn has_avx2_fma_f16c() -> bool {
-    static CACHE: OnceLock<bool> = OnceLock::new();
-    *CACHE.get_or_init(|| {
-        if std::env::var_os("QKV_FORCE_SCALAR").is_some_and(|v| v != "0") {
-            return false;
-        }
-        detect()
-    })
+/// The instruction sets the kernels may use, as [`isa()`] detected them once for the process
+/// (after the `QKV_ISA` cap). Each level implies the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Isa {
+    /// AVX2, FMA and F16C (x86-64-v3): the level of every hand-written SIMD kernel.
+    pub avx2_fma_f16c: bool,
+    /// AVX-512 F, BW and VL as well: the 512-bit kernels may run.
+    pub avx512: bool,
+    /// AVX-512 VNNI as well: the integer GEMM of quantized prefill (`vpdpwssd`) and the
+    /// interleaved kernels' byte products (`vpdpbusd`, on 256-bit vectors).
+    pub avx512_vnni: bool,
+    /// 512-bit operations run at full width, or the override asked for 512-bit code anyway:
+    /// false on AMD's family 0x19 (Zen 4), which runs each as two 256-bit halves.
+    pub full_width_512: bool,
 }
 
-/// True when the CPU also has AVX-512 F, BW and VL (besides the AVX2 level of
-/// [`has_avx2_fma_f16c`]), the level of the 512-bit kernels. False under
-/// `QKV_FORCE_SCALAR=1`, and under `QKV_NO_AVX512=1`, which turns off only the 512-bit paths
-/// (so the AVX2 kernels can be tested and measured on an AVX-512 machine).
-pub fn has_avx512() -> bool {
-    static CACHE: OnceLock<bool> = OnceLock::new();
-    *CACHE.get_or_init(|| {
-        if std::env::var_os("QKV_NO_AVX512").is_some_and(|v| v != "0") {
-            return false;
+impl Isa {
+    /// No SIMD level at all: every kernel takes its scalar path.
+    pub const SCALAR: Isa = Isa {
+        avx2_fma_f16c: false,
+        avx512: false,
+        avx512_vnni: false,
+        full_width_512: false,
+    };
+
+    /// What this CPU has, without the override.
+    pub fn detect() -> Isa {
+        let avx2_fma_f16c = detect_avx2_fma_f16c();
+        let avx512 = avx2_fma_f16c && detect_avx512();
+        Isa {
+            avx2_fma_f16c,
+            avx512,
+            avx512_vnni: avx512 && detect_vnni(),
+            full_width_512: avx512 && !splits_512_bit_ops(),
         }
-        has_avx2_fma_f16c() && detect_avx512()
-    })
+    }
+
+    /// This ISA under `cap`: levels above it turned off; [`IsaCap::Avx512`] keeps every level
+    /// and prefers 512-bit code even where the CPU splits it.
+    ///
+    /// ```
+    /// use qkv_kernels::simd::{Isa, IsaCap};
+    /// let all = Isa { avx2_fma_f16c: true, avx512: true, avx512_vnni: true, full_width_512: false };
+    /// assert_eq!(all.capped(IsaCap::Scalar), Isa::SCALAR);
+    /// let avx2 = all.capped(IsaCap::Avx2);
+    /// assert!(avx2.avx2_fma_f16c && !avx2.avx512 && !avx2.avx512_vnni && !avx2.prefer_512());
+    /// assert!(!all.prefer_512() && all.capped(IsaCap::Avx512).prefer_512());
+    /// assert_eq!(Isa::SCALAR.capped(IsaCap::Avx512), Isa::SCALAR);
+    /// ```
+    pub fn capped(self, cap: IsaCap) -> Isa {
+        match cap {
+            IsaCap::Scalar => Isa::SCALAR,
+            IsaCap::Avx2 => Isa {
+                avx2_fma_f16c: self.avx2_fma_f16c,
+                ..Isa::SCALAR
+            },
+            IsaCap::Avx512 => Isa {
+                full_width_512: self.avx512,
+                ..self
+            },
+        }
+    }
+
+    /// The one rule for 512-bit code: a kernel written both for 256-bit and for 512-bit
+    /// vectors takes the 512-bit one when the CPU has AVX-512 F/BW/VL and runs its
+    /// operations at full width. Where they are split in halves the 256-bit kernels do the
+    /// same work in as many operations without the wider registers' costs (the quantized
+    /// GEMV measured slower at 512 bits on Zen 4). Kernels that exist only in one width
+    /// check their features alone.
+    pub const fn prefer_512(self) -> bool {
+        self.avx512 && self.full_width_512
+    }
 }
 
-/// True when [`has_avx512`] holds and the CPU also has AVX-512 VNNI: the quantized prefill
-/// product runs on its `vpdpwssd`, and the interleaved kernels at 8 bits on its `vpdpbusd`
-/// (with 256-bit vectors, so also on CPUs that split 512-bit operations). Off under the
-/// same variables as [`has_avx512`].
-pub fn has_avx512_vnni() -> bool {
-    static CACHE: OnceLock<bool> = OnceLock::new();
-    *CACHE.get_or_init(|| has_avx512() && detect_vnni())
+/// A cap on the instruction sets (`QKV_ISA`'s values): `scalar`, `avx2` or `avx512`.
+///
+/// ```
+/// use qkv_kernels::simd::IsaCap;
+/// assert_eq!("AVX2".parse::<IsaCap>().unwrap(), IsaCap::Avx2);
+/// assert!("sse9".parse::<IsaCap>().unwrap_err().to_string().contains("sse9"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IsaCap {
+    /// No SIMD kernels.
+    Scalar,
+    /// AVX2, FMA and F16C at most.
+    Avx2,
+    /// Everything the CPU has, 512-bit code preferred.
+    Avx512,
+}
+
+impl std::str::FromStr for IsaCap {
+    type Err = crate::error::KernelError;
+    /// `scalar`, `avx2` or `avx512`; anything else is an error naming it.
+    fn from_str(s: &str) -> crate::error::Result<IsaCap> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Ok(IsaCap::Scalar),
+            "avx2" => Ok(IsaCap::Avx2),
+            "avx512" => Ok(IsaCap::Avx512),
+            other => Err(crate::error::KernelError::Invalid(format!(
+                "QKV_ISA={other}: use scalar, avx2, avx512 or native"
+            ))),
+        }
+    }
+}
+
+/// The instruction sets the kernels use in this process: [`Isa::detect`] under the
+/// `QKV_ISA` cap, read once at the first call. An unknown value is reported once on stderr
+/// and ignored (the CPU's own ISA is used), so that a typo cannot stop a program.
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let detected = Isa::detect();
+        match std::env::var("QKV_ISA") {
+            Err(_) => detected,
+            Ok(v) if v.is_empty() || v.eq_ignore_ascii_case("native") => detected,
+            Ok(v) => match v.parse::<IsaCap>() {
+                Ok(cap) => detected.capped(cap),
+                Err(e) => {
+                    eprintln!("qkv-kernels: {e}; using the CPU's own instruction sets");
+                    detected
+                }
+            },
+        }
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -50,22 +150,6 @@ fn detect_vnni() -> bool {
 #[cfg(not(target_arch = "x86_64"))]
 fn detect_vnni() -> bool {
     false
-}
-
-/// True when [`has_avx512`] holds and 512-bit vectors are worth taking over 256-bit ones for
-/// the integer-heavy kernels (the quantized GEMV): false on AMD's Zen 4 (family 0x19), which
-/// runs each 512-bit operation as two 256-bit halves. There the AVX-512 quantized GEMV
-/// measured slower than the AVX2 one: 166–170 against 176–189 tokens/s decoding the Q4_1
-/// default model, alternated three times. `QKV_AVX512=1` takes the 512-bit kernels anyway
-/// (to measure them on such a CPU).
-pub fn prefer_avx512() -> bool {
-    static CACHE: OnceLock<bool> = OnceLock::new();
-    *CACHE.get_or_init(|| {
-        if !has_avx512() {
-            return false;
-        }
-        std::env::var_os("QKV_AVX512").is_some_and(|v| v != "0") || !splits_512_bit_ops()
-    })
 }
 
 /// AMD family 0x19 (Zen 3 and Zen 4; only Zen 4 has AVX-512) splits 512-bit operations.
@@ -104,14 +188,14 @@ fn detect_avx512() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn detect() -> bool {
+fn detect_avx2_fma_f16c() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn detect() -> bool {
+fn detect_avx2_fma_f16c() -> bool {
     false
 }
 
@@ -384,7 +468,7 @@ mod tests {
 
     #[test]
     fn exp_meets_its_stated_error_on_its_whole_range() {
-        if !super::has_avx2_fma_f16c() {
+        if !super::isa().avx2_fma_f16c {
             return;
         }
         // Miri interprets every lane: a sweep 10⁴ times coarser there (still ~600 points).
@@ -399,7 +483,7 @@ mod tests {
 
     #[test]
     fn exp_below_the_range_is_exactly_zero() {
-        if !super::has_avx2_fma_f16c() {
+        if !super::isa().avx2_fma_f16c {
             return;
         }
         let x = [
@@ -424,7 +508,7 @@ mod tests {
 
     #[test]
     fn exp_of_nan_is_nan() {
-        if !super::has_avx2_fma_f16c() {
+        if !super::isa().avx2_fma_f16c {
             return;
         }
         let x = [

@@ -2,7 +2,7 @@
 //! scalar paths against a plain f64 softmax over the dequantized cache, on awkward shapes
 //! (head dims 64, 80, 128 and odd ones, odd key counts, GQA, sliding windows, decode with
 //! split keys, prefill with packed blocks), the non-finite rule, and the view checks.
-//! Under `QKV_FORCE_SCALAR=1` both paths are the scalar one and the reference still holds.
+//! Under `QKV_ISA=scalar` both paths are the scalar one and the reference still holds.
 
 use qkv_kernels::attention::{attention_scalar, kv_q8};
 use qkv_kernels::{attention, f16, AttentionMask, KvData, KvView, QueryView};

@@ -174,7 +174,7 @@ fn gemm_shapes() {
 /// around the 8-value transposes and the slices of 256, `n` around the micro-panels of 16
 /// (AVX2) and 32 (AVX-512) and the blocks of up to 256, on pools of 1 to 3 threads (the
 /// blocks are sized by the thread count), with and without bias. CI runs it again with
-/// `QKV_NO_AVX512=1`, for the AVX2 kernel.
+/// `QKV_ISA=avx2`, for the AVX2 kernel.
 #[test]
 fn f16_gemm_awkward_shapes() {
     let mut rng = Rng(7);

@@ -2,13 +2,14 @@
 //! dequantizes exactly to f32: every format, awkward shapes, pools of 1–3 threads.
 //!
 //! The GEMV quantizes `x` to integers per block of 32 (16 bits; for interleaved weights,
-//! 8 when `QKV_ACT_BITS=8`), so each element of `x` may be off by half a step of its block
-//! (`0.5·amax/32767`, or `/127`); the tolerance is that error carried through the weights,
-//! `Σ|w|·0.5·step`, plus f32 rounding. Runs whichever kernel and precision the CPU and the
-//! environment select (`QKV_FORCE_SCALAR=1`, `QKV_NO_AVX512=1`, `QKV_ACT_BITS=8`; `.ci/run`
-//! runs the file under each).
+//! 16 or 8 as the operand asks, and the tests here ask for both), so each element of `x`
+//! may be off by half a step of its block (`0.5·amax/32767`, or `/127`); the tolerance is
+//! that error carried through the weights, `Σ|w|·0.5·step`, plus f32 rounding. Runs
+//! whichever kernel the CPU and the ISA override select (`.ci/run` runs the file under
+//! each).
 
 use qkv_kernels::matmul::linear_scalar;
+use qkv_kernels::quant::act::ActPrecision;
 use qkv_kernels::quant::testing::{weight_blocks as random_blocks, Rng};
 use qkv_kernels::{linear, linear_many, Projection, QuantFormat, Weights};
 
@@ -267,9 +268,8 @@ fn non_finite_activations_are_never_hidden() {
 /// blocks give in GGUF's layout, through every path of `linear`: the decode GEMV (1 row),
 /// one pass in tiles of 8 rows for any number of rows (2–40), on 1–3 threads; `linear_many`
 /// beside GGUF-layout parts and as a group of interleaved parts only; and `rows_to_f32`
-/// row for row. Every format with the layout, at the precision the process chose for it
-/// ([`qkv_kernels::quant::x8::act_precision`]: 8 bits under `QKV_ACT_BITS=8`, so the bound
-/// is theirs).
+/// row for row. Every format with the layout, at both precisions of the activations
+/// (each held to its own bound).
 #[test]
 fn interleaved_weights_match_their_file_layout() {
     use qkv_kernels::quant::x8;
@@ -294,78 +294,89 @@ fn interleaved_weights_match_their_file_layout() {
                 let w = random_blocks(format, n, k, &mut rng);
                 let mut p = vec![0u8; w.len()];
                 x8::pack(format, &w, n, k, &mut p).unwrap();
-                let (plain, packed) = (Weights::Quant(format, &w), Weights::QuantX8(format, &p));
-                let mut a = vec![0.0f32; 3 * k];
-                let mut b = vec![1.0f32; 3 * k];
-                plain.rows_to_f32(n - 3, 3, k, &mut a).unwrap();
-                packed.rows_to_f32(n - 3, 3, k, &mut b).unwrap();
-                assert_eq!(a, b, "{format} rows_to_f32");
-                let mut wf = vec![0.0f32; n * k];
-                plain.rows_to_f32(0, n, k, &mut wf).unwrap();
-                let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
-                for &m in ms {
-                    let x = activations(m * k, &mut rng);
-                    let tol = tolerance(&x, &wf, m, k, n, x8::act_precision(format).max());
-                    let mut want = vec![0.0f32; m * n];
-                    linear_scalar(&mut want, &x, plain, Some(&bias), m, k, n).unwrap();
-                    for threads in 1..=3 {
-                        let mut got = vec![f32::NAN; m * n];
-                        pool(threads)
-                            .install(|| linear(&mut got, &x, packed, Some(&bias), m, k, n))
-                            .unwrap();
-                        for (e, ((g, w), t)) in got.iter().zip(&want).zip(&tol).enumerate() {
-                            assert!(
-                                f64::from((g - w).abs()) <= *t,
-                                "{format} k={k} n={n} m={m} threads={threads} at {e}: {g} vs {w}"
-                            );
+                for precision in [ActPrecision::Wide, ActPrecision::Byte] {
+                    let (plain, packed) = (
+                        Weights::Quant(format, &w),
+                        Weights::QuantX8(format, precision, &p),
+                    );
+                    let mut a = vec![0.0f32; 3 * k];
+                    let mut b = vec![1.0f32; 3 * k];
+                    plain.rows_to_f32(n - 3, 3, k, &mut a).unwrap();
+                    packed.rows_to_f32(n - 3, 3, k, &mut b).unwrap();
+                    assert_eq!(a, b, "{format} rows_to_f32");
+                    let mut wf = vec![0.0f32; n * k];
+                    plain.rows_to_f32(0, n, k, &mut wf).unwrap();
+                    let bias: Vec<f32> = (0..n).map(|_| rng.uniform()).collect();
+                    for &m in ms {
+                        let x = activations(m * k, &mut rng);
+                        let tol = tolerance(&x, &wf, m, k, n, precision.max());
+                        let mut want = vec![0.0f32; m * n];
+                        linear_scalar(&mut want, &x, plain, Some(&bias), m, k, n).unwrap();
+                        for threads in 1..=3 {
+                            let mut got = vec![f32::NAN; m * n];
+                            pool(threads)
+                                .install(|| linear(&mut got, &x, packed, Some(&bias), m, k, n))
+                                .unwrap();
+                            for (e, ((g, w), t)) in got.iter().zip(&want).zip(&tol).enumerate() {
+                                assert!(
+                                    f64::from((g - w).abs()) <= *t,
+                                    "{format} {precision} k={k} n={n} m={m} threads={threads} at {e}: {g} vs {w}"
+                                );
+                            }
                         }
+                        // Beside a part in the file's layout, in one group.
+                        let mut y1 = vec![0.0f32; m * n];
+                        let mut y2 = vec![0.0f32; m * n];
+                        let mut parts = [
+                            Projection {
+                                w: packed,
+                                bias: None,
+                                n,
+                                y: &mut y1,
+                            },
+                            Projection {
+                                w: plain,
+                                bias: None,
+                                n,
+                                y: &mut y2,
+                            },
+                        ];
+                        pool(2)
+                            .install(|| linear_many(&x, m, k, &mut parts))
+                            .unwrap();
+                        let mut one = vec![0.0f32; m * n];
+                        linear(&mut one, &x, packed, None, m, k, n).unwrap();
+                        assert_eq!(y1, one, "{format} {precision} n={n} m={m}: linear_many");
+                        // Interleaved parts only: one group, all rows at once.
+                        let mut biased = vec![0.0f32; m * n];
+                        linear(&mut biased, &x, packed, Some(&bias), m, k, n).unwrap();
+                        let (mut y3, mut y4) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+                        let mut parts = [
+                            Projection {
+                                w: packed,
+                                bias: None,
+                                n,
+                                y: &mut y3,
+                            },
+                            Projection {
+                                w: packed,
+                                bias: Some(&bias),
+                                n,
+                                y: &mut y4,
+                            },
+                        ];
+                        pool(2)
+                            .install(|| linear_many(&x, m, k, &mut parts))
+                            .unwrap();
+                        assert_eq!(
+                            y3, one,
+                            "{format} {precision} n={n} m={m}: interleaved group"
+                        );
+                        assert_eq!(
+                            y4, biased,
+                            "{format} {precision} n={n} m={m}: interleaved group, bias"
+                        );
                     }
-                    // Beside a part in the file's layout, in one group.
-                    let mut y1 = vec![0.0f32; m * n];
-                    let mut y2 = vec![0.0f32; m * n];
-                    let mut parts = [
-                        Projection {
-                            w: packed,
-                            bias: None,
-                            n,
-                            y: &mut y1,
-                        },
-                        Projection {
-                            w: plain,
-                            bias: None,
-                            n,
-                            y: &mut y2,
-                        },
-                    ];
-                    pool(2)
-                        .install(|| linear_many(&x, m, k, &mut parts))
-                        .unwrap();
-                    let mut one = vec![0.0f32; m * n];
-                    linear(&mut one, &x, packed, None, m, k, n).unwrap();
-                    assert_eq!(y1, one, "{format} n={n} m={m}: linear_many");
-                    // Interleaved parts only: one group, all rows at once.
-                    let mut biased = vec![0.0f32; m * n];
-                    linear(&mut biased, &x, packed, Some(&bias), m, k, n).unwrap();
-                    let (mut y3, mut y4) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
-                    let mut parts = [
-                        Projection {
-                            w: packed,
-                            bias: None,
-                            n,
-                            y: &mut y3,
-                        },
-                        Projection {
-                            w: packed,
-                            bias: Some(&bias),
-                            n,
-                            y: &mut y4,
-                        },
-                    ];
-                    pool(2)
-                        .install(|| linear_many(&x, m, k, &mut parts))
-                        .unwrap();
-                    assert_eq!(y3, one, "{format} n={n} m={m}: interleaved group");
-                    assert_eq!(y4, biased, "{format} n={n} m={m}: interleaved group, bias");
                 }
             }
         }
@@ -377,7 +388,7 @@ fn interleaved_weights_match_their_file_layout() {
     assert!(linear(
         &mut y,
         &x,
-        Weights::QuantX8(QuantFormat::Q4_0, &w),
+        Weights::QuantX8(QuantFormat::Q4_0, ActPrecision::Byte, &w),
         None,
         1,
         64,
@@ -387,7 +398,7 @@ fn interleaved_weights_match_their_file_layout() {
     assert!(linear(
         &mut y,
         &x,
-        Weights::QuantX8(QuantFormat::Q8_0, &w),
+        Weights::QuantX8(QuantFormat::Q8_0, ActPrecision::Wide, &w),
         None,
         1,
         64,
@@ -397,9 +408,9 @@ fn interleaved_weights_match_their_file_layout() {
 }
 
 /// A group of interleaved parts (Q6_K, Q4_K, Q8_0, as a Q4_K_M file's layers mix them)
-/// beside a part in GGUF's layout (Q5_K, always at 16 bits, so that under
-/// `QKV_ACT_BITS=8` the group needs both precisions): each part equals its own `linear`,
-/// for the row counts of decode, a batched step and a prompt.
+/// beside a part in GGUF's layout (Q5_K, always at 16 bits), the interleaved parts all at
+/// 16 bits, all at 8, or mixed (so that the group needs both precisions): each part equals
+/// its own `linear`, for the row counts of decode, a batched step and a prompt.
 #[test]
 fn interleaved_groups_mix_formats() {
     use qkv_kernels::quant::x8;
@@ -423,23 +434,26 @@ fn interleaved_groups_mix_formats() {
             p
         })
         .collect();
-    fn weights(f: QuantFormat, b: &[u8]) -> Weights<'_> {
+    fn weights(f: QuantFormat, precision: ActPrecision, b: &[u8]) -> Weights<'_> {
         if qkv_kernels::quant::x8::supports(f) {
-            Weights::QuantX8(f, b)
+            Weights::QuantX8(f, precision, b)
         } else {
             Weights::Quant(f, b)
         }
     }
+    use ActPrecision::{Byte, Wide};
     let ms: &[usize] = if cfg!(miri) { &[1] } else { &[1, 2, 16, 33] };
-    for &m in ms {
+    let mixes = [[Wide; 4], [Byte; 4], [Byte, Wide, Byte, Wide]];
+    for (&m, mix) in ms.iter().flat_map(|m| mixes.iter().map(move |x| (m, x))) {
         let x = activations(m * k, &mut rng);
         let mut ys = vec![vec![0.0f32; m * n]; formats.len()];
         let mut parts: Vec<Projection<'_, '_>> = formats
             .iter()
             .zip(&blocks)
+            .zip(mix)
             .zip(ys.iter_mut())
-            .map(|((&f, b), y)| Projection {
-                w: weights(f, b),
+            .map(|(((&f, b), &p), y)| Projection {
+                w: weights(f, p, b),
                 bias: None,
                 n,
                 y,
@@ -448,10 +462,51 @@ fn interleaved_groups_mix_formats() {
         pool(2)
             .install(|| linear_many(&x, m, k, &mut parts))
             .unwrap();
-        for ((&f, b), y) in formats.iter().zip(&blocks).zip(&ys) {
+        for (((&f, b), &p), y) in formats.iter().zip(&blocks).zip(mix).zip(&ys) {
             let mut one = vec![0.0f32; m * n];
-            linear(&mut one, &x, weights(f, b), None, m, k, n).unwrap();
-            assert_eq!(*y, one, "{f} m={m}");
+            linear(&mut one, &x, weights(f, p, b), None, m, k, n).unwrap();
+            assert_eq!(*y, one, "{f} {p} m={m}");
+        }
+    }
+}
+
+/// Each row of a batch through interleaved weights gets the bits it gets beside any other
+/// rows, at both precisions, for the row counts a batch engine's step reaches (up to 64: at
+/// 16 bits taller `x` may go to the integer GEMM, whose sums run in another order): a row
+/// is compared with the same row in a batch of two (itself twice). (A single row takes the
+/// one-row kernels, which for Q4_K, and Q6_K at 8 bits, sum in another order.)
+#[test]
+fn interleaved_rows_in_a_batch_equal_the_rows_beside_others() {
+    use qkv_kernels::quant::x8;
+    let mut rng = Rng(0x0ba7_c4ed);
+    let (n, k) = (24, 512);
+    let ms: &[usize] = if cfg!(miri) {
+        &[3]
+    } else {
+        &[3, 5, 8, 10, 16, 33, 64]
+    };
+    for format in QuantFormat::ALL.into_iter().filter(|&f| x8::supports(f)) {
+        let w = random_blocks(format, n, k, &mut rng);
+        let mut p = vec![0u8; w.len()];
+        x8::pack(format, &w, n, k, &mut p).unwrap();
+        for precision in [ActPrecision::Wide, ActPrecision::Byte] {
+            let packed = Weights::QuantX8(format, precision, &p);
+            for &m in ms {
+                let x = activations(m * k, &mut rng);
+                let mut batch = vec![0.0f32; m * n];
+                linear(&mut batch, &x, packed, None, m, k, n).unwrap();
+                // The last row of a ragged batch may take the one-row kernel: not compared.
+                let whole_tiles = if m % 8 == 1 { m - 1 } else { m };
+                for i in 0..whole_tiles {
+                    let row = &x[i * k..(i + 1) * k];
+                    let twice: Vec<f32> = row.iter().chain(row).copied().collect();
+                    let mut pair = vec![0.0f32; 2 * n];
+                    linear(&mut pair, &twice, packed, None, 2, k, n).unwrap();
+                    let got = &batch[i * n..(i + 1) * n];
+                    let differ = (0..n).find(|&j| got[j].to_bits() != pair[j].to_bits());
+                    assert_eq!(differ, None, "{format} {precision} m={m} row {i}");
+                }
+            }
         }
     }
 }

@@ -22,15 +22,14 @@
 //!   `n_predict`, `n_probs`, `logit_bias`, …) and the logit bias applied in the engine;
 //! - [`compat`]: Anthropic Messages and OpenAI Responses requests rewritten as chat
 //!   bodies;
-//! - [`auth`]: the API keys, from the command line or a key file, checked in constant time;
-//!   [`act_bits`]: `--act-bits`, the activations' precision for interleaved weights.
+//! - [`auth`]: the API keys, from the command line or a key file, checked in constant time.
 //!
 //! The default model (fetched when no `--model` is given) comes from the `qkv-fetch` crate.
 //!
 //! ## Layers
 //!
 //! Modules import only downward, and never in a circle. From the bottom: [`error`],
-//! [`body`], [`auth`], [`act_bits`], [`native_fields`], [`request`], [`embedding`],
+//! [`body`], [`auth`], [`native_fields`], [`request`], [`embedding`],
 //! [`structured`], [`tools`], [`tool_stream`], [`constraint`], [`strict_calls`], [`compat`];
 //! each uses only those before it. This file only declares. The binary's modules are layered
 //! the same way (its main.rs lists them), and no two modules of the library and the binary
@@ -40,7 +39,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod act_bits;
 pub mod auth;
 pub mod body;
 pub mod compat;

@@ -4,7 +4,7 @@
 use super::{Seq, SeqBuf};
 use crate::error::{Error, Result};
 use crate::weights::Scope;
-use crate::weights::Tensor;
+use crate::weights::{MatrixOptions, Tensor};
 
 /// A linear layer over the last dimension. The weight stays in the dtype it was stored in
 /// (f16 is widened inside the kernel); the bias, when there is one, is kept in f32.
@@ -22,7 +22,8 @@ impl Linear {
     /// Loads `name.weight` `[out_dim, in_dim]` and, when the file has it, `name.bias`
     /// `[out_dim]` (PyTorch's `bias=False` simply has none). Q4_0, Q4_1, Q4_K, Q6_K and Q8_0
     /// weights are kept with their rows interleaved for the matrix products, and mapped f16
-    /// weights copied onto huge pages ([`Tensor::interleaved`]).
+    /// weights copied onto huge pages ([`Tensor::interleaved`], with the default
+    /// [`MatrixOptions`]).
     ///
     /// Errors: [`Error::MissingTensor`] without the weight, [`Error::TensorShape`] when a
     /// shape disagrees with `in_dim`/`out_dim`.
@@ -30,7 +31,7 @@ impl Linear {
         let s = scope.pp(name);
         let weight = s
             .tensor_shaped("weight", &[out_dim, in_dim])?
-            .interleaved()?;
+            .interleaved(&MatrixOptions::default())?;
         let bias = if s.contains("bias") {
             Some(s.tensor_shaped("bias", &[out_dim])?.to_f32_vec()?)
         } else {
@@ -61,9 +62,19 @@ impl Linear {
         Self::load(scope, name, in_dim, out_dim)
     }
 
-    /// A layer from a `[out, in]` weight tensor and an optional bias of `out` values; Q4_0
-    /// and Q4_K weights are interleaved as in [`Linear::load`].
+    /// A layer from a `[out, in]` weight tensor and an optional bias of `out` values; Q4_0,
+    /// Q4_1, Q4_K, Q6_K and Q8_0 weights are interleaved as in [`Linear::load`].
     pub fn from_tensors(weight: Tensor, bias: Option<Vec<f32>>) -> Result<Self> {
+        Self::from_tensors_with(weight, bias, &MatrixOptions::default())
+    }
+
+    /// [`Linear::from_tensors`] with the weight prepared as `options` say (a model's
+    /// options: [`Tensor::interleaved`]).
+    pub fn from_tensors_with(
+        weight: Tensor,
+        bias: Option<Vec<f32>>,
+        options: &MatrixOptions,
+    ) -> Result<Self> {
         let (out_dim, in_dim) = match *weight.shape() {
             [o, i] if o > 0 && i > 0 => (o, i),
             _ => {
@@ -83,7 +94,7 @@ impl Linear {
                 });
             }
         }
-        let weight = weight.interleaved()?;
+        let weight = weight.interleaved(options)?;
         Ok(Linear {
             weight,
             transposed: false,

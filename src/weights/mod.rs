@@ -27,6 +27,7 @@ pub use scope::Scope;
 use crate::error::{Error, Result};
 use half::f16;
 use mmap::MappedSlice;
+use qkv_kernels::quant::act::ActPrecision;
 use qkv_kernels::{QuantFormat, Weights};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -114,6 +115,32 @@ impl std::fmt::Display for WeightFormat {
     }
 }
 
+/// How the matrices of a model are prepared for the kernels at load ([`Tensor::interleaved`]):
+/// options of one model, so that two models in one process may differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatrixOptions {
+    /// The precision at which activations meet interleaved quantized matrices on every
+    /// path (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0; [`Weights::QuantX8`]): 16 bits, next to no error
+    /// of its own, or 8 bits, as llama.cpp's CPU kernels, faster where a matrix meets many
+    /// rows. Matrices in GGUF's layout always meet 16-bit activations.
+    pub act_precision: ActPrecision,
+    /// Whether matrices are copied at load into the layout the matrix products read
+    /// fastest (rows interleaved 8 by 8, f16 onto pages of their own): on by default; off,
+    /// every matrix stays as the file stores it, mapped (to compare the two, or to save
+    /// the copy's load time).
+    pub interleave: bool,
+}
+
+impl Default for MatrixOptions {
+    /// [`qkv_kernels::quant::x8::DEFAULT_ACT_PRECISION`].
+    fn default() -> Self {
+        MatrixOptions {
+            act_precision: qkv_kernels::quant::x8::DEFAULT_ACT_PRECISION,
+            interleave: true,
+        }
+    }
+}
+
 /// A hidden name beside `path` for writing it before a rename into place. Unique per process
 /// and per call, so that threads (two sessions fetching the default model at once, say) and
 /// processes writing the same file never share one. Public for the CLI's fetch, which writes
@@ -143,8 +170,9 @@ enum Storage {
     MappedF16(MappedSlice<f16>),
     /// Quantized blocks borrowed from a mapped file.
     Quant(MappedSlice<u8>, QuantFormat),
-    /// Quantized blocks with every 8 rows interleaved ([`Tensor::interleaved`]), owned.
-    QuantX8(crate::alloc::Pages, QuantFormat),
+    /// Quantized blocks with every 8 rows interleaved ([`Tensor::interleaved`]), owned, and
+    /// the precision of the activations they meet.
+    QuantX8(crate::alloc::Pages, QuantFormat, ActPrecision),
     /// f16 elements copied out of a mapped file onto pages of their own
     /// ([`Tensor::interleaved`]), owned.
     PagesF16(crate::alloc::Pages),
@@ -303,7 +331,9 @@ impl Tensor {
         match &self.storage {
             Storage::MappedF32(_) => WeightFormat::F32,
             Storage::MappedF16(_) => WeightFormat::F16,
-            Storage::Quant(_, format) | Storage::QuantX8(_, format) => WeightFormat::Quant(*format),
+            Storage::Quant(_, format) | Storage::QuantX8(_, format, _) => {
+                WeightFormat::Quant(*format)
+            }
             Storage::F32(_) => WeightFormat::F32,
             Storage::F16(_) | Storage::PagesF16(_) => WeightFormat::F16,
         }
@@ -328,7 +358,9 @@ impl Tensor {
             Storage::MappedF32(v) => Weights::F32(v.get()),
             Storage::MappedF16(v) => Weights::F16(v.get()),
             Storage::Quant(blocks, format) => Weights::Quant(*format, blocks.get()),
-            Storage::QuantX8(blocks, format) => Weights::QuantX8(*format, blocks),
+            Storage::QuantX8(blocks, format, precision) => {
+                Weights::QuantX8(*format, *precision, blocks)
+            }
             Storage::F32(v) => Weights::F32(v),
             Storage::F16(v) => Weights::F16(v),
             // The pages start on a 2 MiB boundary and hold whole f16s.
@@ -404,14 +436,14 @@ impl Tensor {
     /// format that has that layout (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) and has a multiple of 8
     /// rows; as it is when it is a mapped 2-D f16 matrix. Anything else comes back
     /// unchanged. The copy takes as many bytes as the file's, and the mapped pages it was
-    /// made from are let go, so the process holds one copy of the weights, not two.
-    ///
-    /// `QKV_NO_INTERLEAVE=1` in the environment keeps every matrix as the file stores it.
+    /// made from are let go, so the process holds one copy of the weights, not two. An
+    /// interleaved matrix meets activations at `options.act_precision`. Without
+    /// `options.interleave` every matrix comes back as the file stores it.
     /// Errors with [`Error::AllocationRefused`] when the buffer cannot be had.
-    pub fn interleaved(self) -> Result<Tensor> {
+    pub fn interleaved(self, options: &MatrixOptions) -> Result<Tensor> {
         let (blocks, format) = match &self.storage {
             Storage::Quant(blocks, format) => (blocks, *format),
-            Storage::MappedF16(v) if self.shape.len() == 2 && interleave_enabled() => {
+            Storage::MappedF16(v) if self.shape.len() == 2 && options.interleave => {
                 let out = copy_onto_pages(v, &self.name, 4 << 20)?;
                 return Ok(Tensor {
                     name: self.name,
@@ -424,7 +456,7 @@ impl Tensor {
         let [n, k] = *self.shape.as_slice() else {
             return Ok(self);
         };
-        if !interleave_enabled() || qkv_kernels::quant::x8::check(format, n, k).is_err() {
+        if !options.interleave || qkv_kernels::quant::x8::check(format, n, k).is_err() {
             return Ok(self);
         }
         let src = blocks.get();
@@ -436,7 +468,7 @@ impl Tensor {
         Ok(Tensor {
             name: self.name,
             shape: self.shape,
-            storage: Storage::QuantX8(out, format),
+            storage: Storage::QuantX8(out, format, options.act_precision),
         })
     }
 
@@ -476,7 +508,7 @@ impl Tensor {
                         .ok_or_else(out_of_range)?,
                     *format,
                 ),
-                Storage::QuantX8(blocks, format) => {
+                Storage::QuantX8(blocks, format, precision) => {
                     if !(r0.is_multiple_of(8) && r.is_multiple_of(8)) {
                         return Err(Error::Shape(format!(
                             "tensor `{}`: rows {r0}..{} cut a group of 8 interleaved rows",
@@ -487,7 +519,7 @@ impl Tensor {
                     let bytes = &blocks[r0 * row_bytes..(r0 + r) * row_bytes];
                     let mut part = crate::alloc::pages(bytes.len(), || name.clone())?;
                     part.copy_from_slice(bytes);
-                    Storage::QuantX8(part, *format)
+                    Storage::QuantX8(part, *format, *precision)
                 }
                 Storage::F32(v) => Storage::F32(v[r0 * k..(r0 + r) * k].to_vec()),
                 Storage::F16(v) => Storage::F16(v[r0 * k..(r0 + r) * k].to_vec()),
@@ -571,13 +603,6 @@ fn copy_onto_pages(v: &MappedSlice<f16>, name: &str, piece: usize) -> Result<cra
     Ok(out)
 }
 
-/// False when `QKV_NO_INTERLEAVE` is set (to anything but `0`): matrices then stay in the
-/// file's layout ([`Tensor::interleaved`]).
-fn interleave_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("QKV_NO_INTERLEAVE").map_or(true, |v| v == "0"))
-}
-
 /// Anything that hands out tensors by name: a safetensors file, a GGUF file, a directory.
 pub trait TensorSource: Send + Sync {
     /// The tensor called `name`, as it is stored when the kernels can read that (f32, f16,
@@ -603,6 +628,34 @@ mod tests {
         for piece in [1, 7, 1000, 4096] {
             let pages = copy_onto_pages(&v, "w", piece).unwrap();
             assert_eq!(bytemuck::cast_slice::<u8, f16>(&pages), &values[1..]);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `MatrixOptions` decide per call: the file's layout kept, mapped, without
+    /// `interleave`; the interleaved copy meeting activations at the precision asked.
+    #[test]
+    fn matrix_options_choose_the_layout_and_the_precision() {
+        let (n, k, format) = (8, 64, QuantFormat::Q8_0);
+        let bytes: Vec<u8> = (0..n * format.row_bytes(k).unwrap())
+            .map(|i| (i % 7) as u8)
+            .collect();
+        let (dir, file) = mmap::tests::mapped_bytes("layout", &bytes);
+        let tensor = || Tensor::from_mapped_quant("w", vec![n, k], file.clone(), 0, format);
+        let kept = MatrixOptions {
+            interleave: false,
+            ..MatrixOptions::default()
+        };
+        let t = tensor().unwrap().interleaved(&kept).unwrap();
+        assert!(t.is_mapped() && matches!(t.weights(), Weights::Quant(..)));
+        for precision in [ActPrecision::Wide, ActPrecision::Byte] {
+            let options = MatrixOptions {
+                act_precision: precision,
+                interleave: true,
+            };
+            let t = tensor().unwrap().interleaved(&options).unwrap();
+            assert!(!t.is_mapped() && matches!(t.weights(), Weights::QuantX8(..)));
+            assert_eq!(t.weights().act_precision(), Some(precision));
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 use clap::{Args, Parser, Subcommand};
+use qkv::kernels::quant::{act::ActPrecision, x8};
 use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::KvType;
 use qkv::sample::SamplerConfig;
@@ -132,10 +133,10 @@ struct PerplexityArgs {
     /// llama.cpp's `-ctk q8_0 -ctv q8_0`); default: the weights' compute dtype.
     #[arg(long = "kv-type", value_name = "TYPE")]
     kv_type: Option<KvType>,
-    /// Activations meet interleaved weights as 8-bit or 16-bit integers (default 16,
-    /// or `QKV_ACT_BITS`).
-    #[arg(long = "act-bits", value_name = "BITS")]
-    act_bits: Option<u8>,
+    /// Activations meet interleaved weights as 8-bit or 16-bit integers (default 8; 16 is
+    /// the exact mode).
+    #[arg(long = "act-bits", value_name = "BITS", env = "QKV_ACT_BITS")]
+    act_bits: Option<ActPrecision>,
     /// Worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -197,9 +198,10 @@ struct RunArgs {
     #[arg(long, default_value_t = 0)]
     depth: usize,
     /// Activations meet interleaved weights (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) as 8-bit or 16-bit
-    /// integers (default 16, or `QKV_ACT_BITS`); 8 is faster on prompts, as llama.cpp does.
-    #[arg(long = "act-bits", value_name = "BITS")]
-    act_bits: Option<u8>,
+    /// integers (default 8; 16 is the exact mode); 8 is faster on prompts, as llama.cpp
+    /// does.
+    #[arg(long = "act-bits", value_name = "BITS", env = "QKV_ACT_BITS")]
+    act_bits: Option<ActPrecision>,
     /// Benchmarking: run the prompt once, untimed, then start over, so that the figures
     /// leave out one-time costs (first touches of the mapped weights and of the buffers,
     /// the threads' start), as `llama-bench`'s warm-up run does.
@@ -260,7 +262,6 @@ fn convert(input: &std::path::Path, output: &std::path::Path, dtype: FloatType) 
 fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
     use qkv::perplexity::{evaluate_with, Scoring};
     set_threads(args.threads)?;
-    qkv_cli::act_bits::apply(args.act_bits)?;
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| format!("reading {}: {e}", args.file.display()))?;
     let path = match &args.model {
@@ -268,7 +269,10 @@ fn perplexity(args: &PerplexityArgs) -> AnyResult<()> {
         None => qkv_fetch::default_model()?,
     };
     let start = Instant::now();
-    let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
+    let model = Arc::new(Model::load(
+        &path,
+        &model_options(args.dtype, args.act_bits),
+    )?);
     let tokenizer = model.tokenizer().ok_or("the model has no tokenizer")?;
     let tokens = tokenizer.encode(&text)?;
     let scoring = match &args.kl_base {
@@ -404,6 +408,17 @@ fn tokenize(args: &TokenizeArgs) -> AnyResult<()> {
     Ok(())
 }
 
+/// The model's options from `--dtype`, `--act-bits` (or `QKV_ACT_BITS`, which clap reads
+/// as the flag's default) and `QKV_NO_INTERLEAVE=1` (every matrix kept as the file stores
+/// it): the program reads its environment, the library none.
+fn model_options(dtype: Option<FloatType>, act_bits: Option<ActPrecision>) -> ModelOptions {
+    ModelOptions {
+        dtype,
+        act_precision: act_bits.unwrap_or(x8::DEFAULT_ACT_PRECISION),
+        interleave: std::env::var_os("QKV_NO_INTERLEAVE").is_none_or(|v| v == "0"),
+    }
+}
+
 /// Sets the global pool's size from `--threads`, refusing absurd counts.
 fn set_threads(threads: Option<usize>) -> AnyResult<()> {
     if let Some(n) = threads {
@@ -460,7 +475,6 @@ fn run(args: &RunArgs) -> AnyResult<()> {
     // Checked before anything is loaded, so a typo costs nothing.
     let config = sampler_config(args)?;
     set_threads(args.threads)?;
-    qkv_cli::act_bits::apply(args.act_bits)?;
     let prompt = read_prompt(args)?;
     let Loaded {
         path,
@@ -541,7 +555,10 @@ fn load(args: &RunArgs) -> AnyResult<Loaded> {
         None => qkv_fetch::default_model()?,
     };
     let load_start = Instant::now();
-    let model = Arc::new(Model::load(&path, &ModelOptions { dtype: args.dtype })?);
+    let model = Arc::new(Model::load(
+        &path,
+        &model_options(args.dtype, args.act_bits),
+    )?);
     model.tokenizer().ok_or("the model has no tokenizer")?;
     let options = SessionOptions {
         context: args.ctx,

@@ -1,5 +1,5 @@
 //! The AVX2+FMA bodies of [`super`]'s kernels. Every function here is `unsafe`; the contract
-//! they share is that the caller has checked [`crate::simd::has_avx2_fma_f16c`] (or runs
+//! they share is that the caller has checked [`crate::simd::Isa::avx2_fma_f16c`] (or runs
 //! inside a `#[target_feature]` function with those features), and each states any other.
 
 use crate::simd::avx2::{exp, exp_nonpositive, hmax, hsum};

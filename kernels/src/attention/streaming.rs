@@ -104,7 +104,7 @@ struct Item {
 /// Runs attention with the fastest micro-kernels this CPU has.
 pub(super) fn run(call: &Call<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         return driver::run_with::<avx2::Avx2>(call, out);
     }
     driver::run_with::<Scalar>(call, out)
@@ -114,7 +114,7 @@ pub(super) fn run(call: &Call<'_>, out: &mut [f32]) {
 /// equal to its call run by [`run`] alone. The calls must have passed [`super::validate`].
 pub(super) fn run_many(calls: &mut [AttentionCall<'_>]) -> super::Result<()> {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         return driver::run_many_with::<avx2::Avx2>(calls);
     }
     driver::run_many_with::<Scalar>(calls)

@@ -63,9 +63,9 @@ thread_local! {
     static PACKED_X: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// True when this CPU runs [`gemm`]: AVX2, FMA and F16C (and not `QKV_FORCE_SCALAR`).
+/// True when this CPU runs [`gemm`]: AVX2, FMA and F16C (and not `QKV_ISA=scalar`).
 pub(super) fn available() -> bool {
-    crate::simd::has_avx2_fma_f16c()
+    crate::simd::isa().avx2_fma_f16c
 }
 
 /// `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)` for f16 `W`, on the pool's threads. The shapes are
@@ -100,8 +100,9 @@ pub(super) fn gemm(
     }
     pack_x(&mut xp[..m_pad * k], x, m, k);
 
-    if crate::simd::has_avx512() {
-        // SAFETY: AVX-512 F and VL are present (has_avx512), besides AVX2/FMA/F16C.
+    if crate::simd::isa().prefer_512() {
+        // SAFETY: AVX-512 F and VL are present (prefer_512 implies avx512), besides
+        // AVX2/FMA/F16C.
         unsafe { run_blocks::<NR512>(y, &xp[..m_pad * k], w, bias, m, k, n) };
     } else {
         // SAFETY: AVX2/FMA/F16C are present (asserted above).

@@ -91,7 +91,7 @@ pub(super) fn gemv_parts(parts: &[GemvPart<'_>], x: &[f32], m: usize, k: usize) 
     // there are.
     let split = parts
         .iter()
-        .any(|p| matches!(p.w, Weights::QuantX8(f, _) if crate::quant::x8::reads_tiles(f)));
+        .any(|p| matches!(p.w, Weights::QuantX8(f, _, _) if crate::quant::x8::reads_tiles(f)));
     let run = |acts: Acts<'_>| gemv_parts_with(parts, x, acts, m, k);
     let wide = |f: &dyn Fn(&QuantizedActs)| with_quantized(x, m, k, ActPrecision::Wide, split, f);
     let byte = |f: &dyn Fn(&QuantizedActs)| with_quantized(x, m, k, ActPrecision::Byte, true, f);
@@ -230,7 +230,7 @@ unsafe fn gemv_columns(
         unsafe { crate::quant::gemv::columns(y, acts, format, bytes, bias, n, j0, j1) };
         return;
     }
-    if let Weights::QuantX8(format, bytes) = w {
+    if let Weights::QuantX8(format, _, bytes) = w {
         let acts = acts.expect("gemv_parts quantizes x for quantized parts");
         // SAFETY: this function's contract; `bytes` holds n interleaved rows of k
         // (validated), and `gemv_parts` gave `acts` its tiles for interleaved 4-bit parts
@@ -239,7 +239,7 @@ unsafe fn gemv_columns(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); the bounds and the
         // exclusive columns are this function's contract.
         unsafe {

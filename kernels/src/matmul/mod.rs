@@ -93,7 +93,7 @@ fn gemv_rows(w: Weights<'_>, m: usize, k: usize) -> bool {
 /// rows and [`ONE_PASS_X_ELEMS`] elements of `x`.
 fn one_pass(w: Weights<'_>, m: usize, k: usize) -> bool {
     match w {
-        Weights::QuantX8(format, _) => m <= x8_one_pass_max_rows(format),
+        Weights::QuantX8(format, precision, _) => m <= x8_one_pass_max_rows(format, precision),
         Weights::F32(_) | Weights::F16(_) => {
             m <= FLOAT_ONE_PASS_MAX_ROWS && m.saturating_mul(k) <= ONE_PASS_X_ELEMS
         }
@@ -114,8 +114,8 @@ fn one_pass(w: Weights<'_>, m: usize, k: usize) -> bool {
 /// 16 rows: Q4_0 200–251 against 33–36, Q4_K 176–231 against 35–38, Q6_K 144–161 against
 /// 5, Q8_0 121–140 against 10–11; 512 rows: Q4_0 213–256 against 144–176, Q4_K 164–214
 /// against 154–165, Q6_K 153–165 against 71–76, Q8_0 128–157 against 117–127.
-fn x8_one_pass_max_rows(format: QuantFormat) -> usize {
-    if !quant::gemm::available() || quant::x8::act_precision(format) == ActPrecision::Byte {
+fn x8_one_pass_max_rows(format: QuantFormat, precision: ActPrecision) -> usize {
+    if !quant::gemm::available() || precision == ActPrecision::Byte {
         return usize::MAX;
     }
     match format {
@@ -167,10 +167,12 @@ pub enum Weights<'a> {
     Quant(QuantFormat, &'a [u8]),
     /// The same blocks with every 8 rows interleaved ([`quant::x8`]: Q4_0, Q4_1, Q4_K, Q6_K and
     /// Q8_0, `n` a multiple of 8), the layout the matrix products read fastest for any
-    /// number of rows. As many bytes as
+    /// number of rows, and the precision at which the activations meet them on every path
+    /// (the operand carries it, so that every product of a model, alone or batched, sees
+    /// the same one, and two models in one process may differ). As many bytes as
     /// [`Weights::Quant`]; [`Weights::rows_to_f32`] and the other paths take the rows apart
     /// again.
-    QuantX8(QuantFormat, &'a [u8]),
+    QuantX8(QuantFormat, ActPrecision, &'a [u8]),
 }
 
 impl Weights<'_> {
@@ -179,7 +181,7 @@ impl Weights<'_> {
         match self {
             Weights::F32(w) | Weights::F32T(w) => w.len(),
             Weights::F16(w) => w.len(),
-            Weights::Quant(f, b) | Weights::QuantX8(f, b) => {
+            Weights::Quant(f, b) | Weights::QuantX8(f, _, b) => {
                 b.len() / f.block_bytes() * f.block_elems()
             }
         }
@@ -195,7 +197,7 @@ impl Weights<'_> {
         match self {
             Weights::F32(w) | Weights::F32T(w) => std::mem::size_of_val(*w),
             Weights::F16(w) => std::mem::size_of_val(*w),
-            Weights::Quant(_, b) | Weights::QuantX8(_, b) => b.len(),
+            Weights::Quant(_, b) | Weights::QuantX8(_, _, b) => b.len(),
         }
     }
 
@@ -205,13 +207,13 @@ impl Weights<'_> {
     }
 
     /// The precision at which the activations meet these weights, for quantized ones: 16
-    /// bits in GGUF's layout, the process's choice for the interleaved layout
-    /// ([`quant::x8::act_precision`]). It depends on the matrix, never on the number of
-    /// rows, so a row's result does not depend on the rows beside it.
+    /// bits in GGUF's layout, the operand's own for the interleaved layout. It depends on
+    /// the matrix, never on the number of rows, so a row's result does not depend on the
+    /// rows beside it.
     pub fn act_precision(&self) -> Option<ActPrecision> {
         match self {
             Weights::Quant(..) => Some(ActPrecision::Wide),
-            Weights::QuantX8(f, _) => Some(quant::x8::act_precision(*f)),
+            Weights::QuantX8(_, precision, _) => Some(*precision),
             _ => None,
         }
     }
@@ -225,7 +227,7 @@ impl Weights<'_> {
                 product("n·row bytes", n, f.row_bytes(k)?)?,
                 b.len(),
             ),
-            Weights::QuantX8(f, b) => {
+            Weights::QuantX8(f, _, b) => {
                 check_len("weights (bytes)", quant::x8::check(*f, n, k)?, b.len())
             }
             _ => check_len("weights", product("n·k", n, k)?, self.len()),
@@ -272,7 +274,7 @@ impl Weights<'_> {
             Weights::Quant(f, b) => {
                 f.dequantize(&b[span(f.row_bytes(k)?, b.len(), "weights (bytes)")?], dst)
             }
-            Weights::QuantX8(f, b) => {
+            Weights::QuantX8(f, _, b) => {
                 let blocks = rows * f.row_bytes(k)?;
                 UNPACKED.with(|u| {
                     let mut u = u.borrow_mut();
@@ -351,10 +353,9 @@ pub fn linear(
                     quant::gemm::gemm(y, acts, format, blocks, bias, n)
                 })?;
             }
-            Weights::QuantX8(format, packed) if quant::gemm::available() => {
-                // At the precision the interleaved kernels use, so that a row's result does
-                // not depend on how many rows came with it.
-                let precision = quant::x8::act_precision(format);
+            Weights::QuantX8(format, precision, packed) if quant::gemm::available() => {
+                // At the operand's precision, which the interleaved kernels use too, so that
+                // a row's result does not depend on how many rows came with it.
                 gemv::with_quantized(x, m, k, precision, false, |acts| {
                     quant::gemm::gemm_interleaved(y, acts, format, packed, bias, n)
                 })?;

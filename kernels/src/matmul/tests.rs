@@ -7,7 +7,7 @@ use crate::quant::testing::{weight_blocks, Rng};
 /// every row must get the bits it gets from one call over all rows, at both widths of `k`
 /// the chunk size depends on, for every interleaved format that takes the one-pass path at
 /// this many rows here (at 16 bits with the integer GEMM only Q6_K; all of them at 8 bits,
-/// `QKV_ACT_BITS=8`, or without AVX-512 VNNI).
+/// or without AVX-512 VNNI), at both precisions.
 #[test]
 fn tall_x_in_chunks_gives_the_bits_of_one_call() {
     let mut rng = Rng(0x5eed_c4a1);
@@ -24,15 +24,20 @@ fn tall_x_in_chunks_gives_the_bits_of_one_call() {
             let blocks = weight_blocks(format, n, k, &mut rng);
             let mut packed = vec![0; blocks.len()];
             quant::x8::pack(format, &blocks, n, k, &mut packed).unwrap();
-            let w = Weights::QuantX8(format, &packed);
-            if !one_pass(w, m, k) {
-                continue;
+            for precision in [ActPrecision::Wide, ActPrecision::Byte] {
+                let w = Weights::QuantX8(format, precision, &packed);
+                if !one_pass(w, m, k) {
+                    continue;
+                }
+                let (mut chunked, mut whole) = (vec![0.0; m * n], vec![0.0; m * n]);
+                linear(&mut chunked, &x, w, None, m, k, n).unwrap();
+                gemv(&mut whole, &x, w, None, m, k, n);
+                let differ = (0..m * n).find(|&i| chunked[i].to_bits() != whole[i].to_bits());
+                assert_eq!(
+                    differ, None,
+                    "{format} {precision} k = {k}: chunked against one call"
+                );
             }
-            let (mut chunked, mut whole) = (vec![0.0; m * n], vec![0.0; m * n]);
-            linear(&mut chunked, &x, w, None, m, k, n).unwrap();
-            gemv(&mut whole, &x, w, None, m, k, n);
-            let differ = (0..m * n).find(|&i| chunked[i].to_bits() != whole[i].to_bits());
-            assert_eq!(differ, None, "{format} k = {k}: chunked against one call");
         }
     }
 }

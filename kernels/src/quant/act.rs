@@ -4,7 +4,7 @@
 //! apply both scales once per block. Two precisions ([`ActPrecision`]):
 //!
 //! - **16 bits** (`|q| ≤ 32767`), for every kernel of weights in GGUF's layout, and the
-//!   default of the interleaved ones: the error (at most 1/65534 of the block's largest
+//!   exact mode of the interleaved ones: the error (at most 1/65534 of the block's largest
 //!   value per element) stays far below the weights' own, and the products still fit
 //!   `madd`'s 32-bit sums.
 //! - **8 bits** (`|q| ≤ 127`), as ggml's Q8 activations: an error of up to 1/254 of the
@@ -12,11 +12,11 @@
 //!   `maddubs` (32 products per instruction): 4-bit weights where 16 bits take two, one per
 //!   byte of the integer ([`QuantizedActs::split`]), and Q6_K's and Q8_0's where 16 bits
 //!   take two `madd` of 16 products. Every interleaved format (Q4_0, Q4_1, Q4_K, Q6_K,
-//!   Q8_0) takes it when the process asks for it
-//!   ([`crate::quant::x8::set_act_precision`]).
+//!   Q8_0) takes it when its operand asks for it (`Weights::QuantX8`'s precision), which
+//!   is the default ([`crate::quant::x8::DEFAULT_ACT_PRECISION`]).
 //!
-//! The precision follows the weights and the process's choice, never the number of rows, so
-//! a sequence gets the same numbers alone or in a batch.
+//! The precision is part of the weight operand, never of the number of rows, so a sequence
+//! gets the same numbers alone or in a batch, and two models in one process may differ.
 //!
 //! Block `b` of row `i` holds `x[i, 32b..32b+32]` as `q = round(x · max / amax)` with
 //! `amax = max |x|` over the block, its scale `amax / max` (0 for an all-zero block), and
@@ -52,6 +52,62 @@ impl ActPrecision {
             ActPrecision::Wide => 32767.0,
             ActPrecision::Byte => 127.0,
         }
+    }
+
+    /// Bits per quantized activation: 16 or 8.
+    pub const fn bits(self) -> u8 {
+        match self {
+            ActPrecision::Wide => 16,
+            ActPrecision::Byte => 8,
+        }
+    }
+}
+
+/// The precision of `bits` bits: 16 ([`ActPrecision::Wide`]) or 8 ([`ActPrecision::Byte`]);
+/// any other count is an error that names it. The one place where a number given by a user
+/// (`--act-bits`) becomes a precision.
+///
+/// ```
+/// use qkv_kernels::quant::act::ActPrecision;
+/// assert_eq!(ActPrecision::try_from(8).unwrap(), ActPrecision::Byte);
+/// assert_eq!(ActPrecision::try_from(16).unwrap().bits(), 16);
+/// assert!(ActPrecision::try_from(12).unwrap_err().to_string().contains("12"));
+/// ```
+impl TryFrom<u8> for ActPrecision {
+    type Error = KernelError;
+    fn try_from(bits: u8) -> Result<Self> {
+        match bits {
+            16 => Ok(ActPrecision::Wide),
+            8 => Ok(ActPrecision::Byte),
+            other => Err(KernelError::Invalid(format!(
+                "activation precision of {other} bits (use 8 or 16)"
+            ))),
+        }
+    }
+}
+
+/// Parses `"8"` or `"16"` as [`TryFrom<u8>`] does; anything else is an error naming it.
+///
+/// ```
+/// use qkv_kernels::quant::act::ActPrecision;
+/// assert_eq!("16".parse::<ActPrecision>().unwrap(), ActPrecision::Wide);
+/// assert!("eight".parse::<ActPrecision>().unwrap_err().to_string().contains("eight"));
+/// ```
+impl std::str::FromStr for ActPrecision {
+    type Err = KernelError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().parse::<u8>() {
+            Ok(bits) => ActPrecision::try_from(bits),
+            Err(_) => Err(KernelError::Invalid(format!(
+                "activation precision `{s}` (use 8 or 16 bits)"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for ActPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-bit", self.bits())
     }
 }
 
@@ -412,7 +468,7 @@ fn quantize_any(
     precision: ActPrecision,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma_f16c() {
+    if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: AVX2 and FMA were detected at run time just above (the function's only
         // contract: it indexes through chunks and bounds-checked slots).
         unsafe { avx2::quantize(x, q, scale, sum, precision.max()) };

@@ -544,7 +544,7 @@ unsafe fn run<W: Widen>(format: QuantFormat, src: &[u8], dst: &mut [f32]) {
 /// `QuantFormat::dequantize_scalar` writes.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C ([`crate::simd::has_avx2_fma_f16c`]).
+/// The CPU must have AVX2, FMA and F16C ([`crate::simd::Isa::avx2_fma_f16c`]).
 /// `format.elems_in(src.len())` should equal `Ok(dst.len())`, else only the blocks both
 /// slices hold are written (memory outside them is never touched).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -561,13 +561,10 @@ mod tests {
 
     /// xorshift64*.
     /// The AVX2 decoders match the scalar ones bit for bit (called directly, so this runs
-    /// under `QKV_FORCE_SCALAR=1` too).
+    /// under `QKV_ISA=scalar` too).
     #[test]
     fn simd_decoders_match_the_scalar_reference_bit_for_bit() {
-        if !std::arch::is_x86_feature_detected!("avx2")
-            || !std::arch::is_x86_feature_detected!("f16c")
-            || !std::arch::is_x86_feature_detected!("fma")
-        {
+        if !crate::simd::Isa::detect().avx2_fma_f16c {
             return;
         }
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);

@@ -29,9 +29,10 @@ use crate::error::{check_len, KernelError, Result};
 pub const NR: usize = 32;
 
 /// True when [`gemm()`] runs on this CPU: AVX-512 F, BW, VL and VNNI (off under
-/// `QKV_FORCE_SCALAR=1` and `QKV_NO_AVX512=1`).
+/// `QKV_ISA=scalar` and `QKV_ISA=avx2`). It has no 256-bit twin, so it runs wherever its
+/// features are ([`crate::simd::Isa::prefer_512`] is for kernels that have one).
 pub fn available() -> bool {
-    crate::simd::has_avx512_vnni()
+    crate::simd::isa().avx512_vnni
 }
 
 /// `y[m, n] = x·Wᵀ (+ b)` for `x` quantized in `acts` (`m = acts.m`, `k = acts.k`) and `W`

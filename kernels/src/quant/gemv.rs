@@ -12,7 +12,7 @@
 //! ([`QuantizedActs::isum16`]), since the activations keep no f32 sums per 16.
 //!
 //! `columns` dispatches to the fastest kernel for the CPU: AVX-512 (F, BW, VL) where
-//! 512-bit operations run at full width ([`crate::simd::prefer_avx512`]; not on Zen 4, which
+//! 512-bit operations run at full width ([`crate::simd::Isa::prefer_512`]; not on Zen 4, which
 //! splits them and where the AVX2 kernel measured faster), else AVX2, else the scalar loop.
 //! AVX-512 VNNI's `vpdpwssd` would fuse a `madd` with the add after it, but a group of 32 is
 //! one 512-bit `madd` with no add to fuse (each group keeps its own scale), so it is not
@@ -261,13 +261,13 @@ pub(crate) unsafe fn columns(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::simd::prefer_avx512() {
+        if crate::simd::isa().prefer_512() {
             // SAFETY: AVX-512 F/BW/VL, AVX2, FMA and F16C were detected; the rest is the
             // caller's contract.
             unsafe { avx512::columns(y, acts, format, w, bias, n, j0, j1) };
             return;
         }
-        if crate::simd::has_avx2_fma_f16c() {
+        if crate::simd::isa().avx2_fma_f16c {
             // SAFETY: AVX2, FMA and F16C were detected; the rest is the caller's contract.
             unsafe { avx2::columns(y, acts, format, w, bias, n, j0, j1) };
             return;
@@ -289,17 +289,12 @@ mod tests {
         let mut out: Vec<(&'static str, Kernel)> = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("fma")
-                && std::is_x86_feature_detected!("f16c")
-            {
+            let isa = crate::simd::Isa::detect();
+            if isa.avx2_fma_f16c {
                 out.push(("avx2", avx2::columns));
-                if std::is_x86_feature_detected!("avx512f")
-                    && std::is_x86_feature_detected!("avx512bw")
-                    && std::is_x86_feature_detected!("avx512vl")
-                {
-                    out.push(("avx512", avx512::columns));
-                }
+            }
+            if isa.avx512 {
+                out.push(("avx512", avx512::columns));
             }
         }
         out.push(("dispatch", columns));

@@ -170,7 +170,7 @@ impl QuantFormat {
 
     /// Dequantizes whole blocks `src` into `dst`, exactly as gguf-py does: bit for bit what
     /// `QuantFormat::dequantize_scalar` writes, with AVX2 where the CPU has it
-    /// ([`crate::simd::has_avx2_fma_f16c`]). Errors unless `src` is exactly the blocks that
+    /// ([`crate::simd::Isa::avx2_fma_f16c`]). Errors unless `src` is exactly the blocks that
     /// hold `dst.len()` values.
     ///
     /// ```
@@ -186,7 +186,7 @@ impl QuantFormat {
     pub fn dequantize(self, src: &[u8], dst: &mut [f32]) -> Result<()> {
         self.check_dequantize(src, dst)?;
         #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2_fma_f16c() {
+        if crate::simd::isa().avx2_fma_f16c {
             // SAFETY: the lengths were checked just above and AVX2, FMA and F16C were
             // detected.
             unsafe { dequant_avx2::dequantize(self, src, dst) };
@@ -198,7 +198,7 @@ impl QuantFormat {
 
     /// The scalar reference of [`QuantFormat::dequantize`], one block at a time with the
     /// decoders of [`blocks`]: what the SIMD paths are tested against, and what runs on
-    /// every CPU (and under `QKV_FORCE_SCALAR=1`). Errors as `dequantize` does.
+    /// every CPU (and under `QKV_ISA=scalar`). Errors as `dequantize` does.
     #[cfg(any(test, feature = "testing"))]
     pub fn dequantize_scalar(self, src: &[u8], dst: &mut [f32]) -> Result<()> {
         self.check_dequantize(src, dst)?;

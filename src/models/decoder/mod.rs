@@ -52,7 +52,7 @@ use moe::{Ffn, GatedMlp};
 
 use crate::error::{Error, Result};
 use crate::nn::{Linear, RmsNorm};
-use crate::weights::{FloatType, Tensor, TensorSource, WeightFormat};
+use crate::weights::{FloatType, MatrixOptions, Tensor, TensorSource, WeightFormat};
 use qkv_kernels::rope::{inv_freq, RopeTable};
 
 /// The names of one block's tensors in a layout; `part` is the GGUF spelling.
@@ -275,11 +275,13 @@ impl Decoder {
     /// as stored — f32, f16 or quantized blocks, mapped without a copy; with `Some(dtype)`
     /// each is widened (or rounded) to `dtype` at load. 1-D weights (norms, biases) are
     /// always widened to f32. The output head is tied to the embedding when the source has
-    /// no separate one.
+    /// no separate one. `matrices` say how the matrices are prepared for the kernels
+    /// ([`Tensor::interleaved`]).
     pub fn load(
         config: DecoderConfig,
         source: &dyn TensorSource,
         widen: Option<FloatType>,
+        matrices: &MatrixOptions,
     ) -> Result<Decoder> {
         config.validate()?;
         let c = &config;
@@ -305,7 +307,7 @@ impl Decoder {
                     true => Some(vector(&layer_name(c, l, part, "bias"), rows)?),
                     false => None,
                 };
-                Linear::from_tensors(w, b)
+                Linear::from_tensors_with(w, b, matrices)
             };
         // A fused matrix split into views of its rows (Phi-3).
         let fused = |l: usize, part: &str, rows: &[usize], cols: usize| -> Result<Vec<Linear>> {
@@ -313,7 +315,7 @@ impl Decoder {
             let t = tensor(&name, &[rows.iter().sum(), cols])?;
             t.split_rows(rows)?
                 .into_iter()
-                .map(|t| Linear::from_tensors(widened(t)?, None))
+                .map(|t| Linear::from_tensors_with(widened(t)?, None, matrices))
                 .collect()
         };
         // Not `with_capacity(c.layers)`: the count comes from the file, the blocks from its tensors.
@@ -332,7 +334,7 @@ impl Decoder {
                 )
             };
             let ffn = if let Some(m) = &c.moe {
-                Ffn::Moe(moe::load_moe(c, m, l, source, &widened)?)
+                Ffn::Moe(moe::load_moe(c, m, l, source, &widened, matrices)?)
             } else {
                 let (gate, up) = if c.family.traits().fused_projections {
                     let part = match c.layout {
@@ -378,14 +380,14 @@ impl Decoder {
         let tied = !source.contains(output_name);
         let embedding = widened(tensor(embedding_name, &[c.vocab, d])?)?;
         let embedding = if tied {
-            embedding.interleaved()?
+            embedding.interleaved(matrices)?
         } else {
             embedding
         };
         let output = if tied {
             None
         } else {
-            Some(widened(tensor(output_name, &[c.vocab, d])?)?.interleaved()?)
+            Some(widened(tensor(output_name, &[c.vocab, d])?)?.interleaved(matrices)?)
         };
         let final_norm = norm(final_norm_name, d)?;
         let file_factors = match c.rope.scaling {

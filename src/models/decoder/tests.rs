@@ -230,10 +230,22 @@ impl TensorSource for Empty {
 
 #[test]
 fn an_absurd_block_count_is_refused_before_any_allocation() {
-    let err = Decoder::load(tiny(u32::MAX as usize), &Empty, Some(FloatType::F32)).unwrap_err();
+    let err = Decoder::load(
+        tiny(u32::MAX as usize),
+        &Empty,
+        Some(FloatType::F32),
+        &Default::default(),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("blocks"), "{err}");
     // A plausible count: the first missing tensor is named.
-    let err = Decoder::load(tiny(MAX_LAYERS), &Empty, Some(FloatType::F32)).unwrap_err();
+    let err = Decoder::load(
+        tiny(MAX_LAYERS),
+        &Empty,
+        Some(FloatType::F32),
+        &Default::default(),
+    )
+    .unwrap_err();
     assert!(matches!(err, Error::MissingTensor { .. }), "{err}");
 }
 

@@ -329,7 +329,7 @@ pub(super) fn write_tensor_bytes(tensor: &Tensor, w: &mut dyn Write, path: &Path
         }
         qkv_kernels::Weights::Quant(_, bytes) => w.write_all(bytes).map_err(io_err(path))?,
         // The file's layout back, a group of 8 rows at a time.
-        qkv_kernels::Weights::QuantX8(format, packed) => {
+        qkv_kernels::Weights::QuantX8(format, _, packed) => {
             let k = tensor.shape().last().copied().unwrap_or(0);
             let group = format
                 .row_bytes(k)

@@ -9,13 +9,13 @@
 //! only moved: a matrix takes exactly the bytes it took before ([`pack`], [`unpack_rows`]).
 //!
 //! The activations meet 4-bit weights as bytes (`maddubs`, 32 byte products per
-//! instruction). At 16 bits ([`ActPrecision::Wide`], the default) each integer is split
+//! instruction). At 16 bits ([`ActPrecision::Wide`]) each integer is split
 //! exactly as `q = 256·hi + lo` ([`QuantizedActs::split`]): the weights' unsigned nibbles
 //! times `hi` (signed) and `lo` (unsigned) times the nibbles (as signed bytes, which they
 //! fit), each summed over a group of 32 in 16-bit lanes that cannot overflow (at most
 //! 8·2·15·128 = 30720 and, unsigned, 8·2·255·15 = 61200), then widened and put together as
 //! `256·Σ(q·hi) + Σ(q·lo)`: the same exact integer dot product as the other kernels. At 8
-//! bits ([`ActPrecision::Byte`], when the process asks for it: [`set_act_precision`]) the
+//! bits ([`ActPrecision::Byte`], when the weight operand asks for it) the
 //! bytes are the integers themselves, and one `maddubs` does what took two. Six- and
 //! eight-bit weights would overflow those 16-bit sums of the split; against 16-bit
 //! activations Q6_K and Q8_0 are widened to 16 bits instead, two elements of each row per
@@ -61,7 +61,6 @@ use super::gemv::row_scalar;
 use super::QuantFormat;
 use crate::error::{KernelError, Result};
 use crate::par::SharedOut;
-use std::sync::OnceLock;
 
 /// Rows woven together.
 pub const ROWS: usize = 8;
@@ -86,59 +85,17 @@ pub fn supports(format: QuantFormat) -> bool {
 pub fn reads_tiles(format: QuantFormat) -> bool {
     match format {
         QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q4_K => true,
-        QuantFormat::Q6_K => crate::simd::has_avx512_vnni(),
+        QuantFormat::Q6_K => crate::simd::isa().avx512_vnni,
         _ => false,
     }
 }
 
-/// The process's precision for interleaved weights, fixed at its first use.
-static CHOICE: OnceLock<ActPrecision> = OnceLock::new();
-
-/// Chooses, for this process, the precision at which activations meet interleaved weights
-/// (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0): [`ActPrecision::Wide`], the default (16 bits: next to no
-/// error of its own), or [`ActPrecision::Byte`] (8 bits, as llama.cpp's CPU kernels: a
-/// higher integer rate where a matrix meets many rows, a prompt's or a large batch's, for
-/// an error of up to 1/254 of each block's largest activation). Without a call,
-/// `QKV_ACT_BITS=8` in the environment asks for 8 bits.
-///
-/// The choice is fixed by the first call, or by the first product that needs it, so that
-/// every matrix of a model, alone or batched, sees the same precision for the life of the
-/// process. Errors when it is already fixed to the other precision.
-///
-/// ```
-/// use qkv_kernels::quant::{act::ActPrecision, x8, QuantFormat};
-/// x8::set_act_precision(ActPrecision::Byte).unwrap();
-/// assert_eq!(x8::act_precision(QuantFormat::Q4_K), ActPrecision::Byte);
-/// assert_eq!(x8::act_precision(QuantFormat::Q6_K), ActPrecision::Byte);
-/// assert_eq!(x8::act_precision(QuantFormat::Q8_0), ActPrecision::Byte);
-/// assert!(x8::set_act_precision(ActPrecision::Wide).is_err());
-/// ```
-pub fn set_act_precision(precision: ActPrecision) -> Result<()> {
-    let fixed = *CHOICE.get_or_init(|| precision);
-    if fixed == precision {
-        Ok(())
-    } else {
-        Err(KernelError::Invalid(format!(
-            "activations of interleaved weights are already fixed at {fixed:?} for this process"
-        )))
-    }
-}
-
-/// The precision at which activations meet interleaved weights of `format`: the process's
-/// choice ([`set_act_precision`]) for every format with the layout ([`supports`]), 16 bits
-/// for the others. It depends on the format and the process only: every path that
-/// multiplies such a matrix (the interleaved kernels for any number of rows, the integer
-/// GEMM where AVX-512 VNNI runs it) quantizes at this precision, so the results do not
-/// depend on the path or on the number of rows.
-pub fn act_precision(format: QuantFormat) -> ActPrecision {
-    if !supports(format) {
-        return ActPrecision::Wide;
-    }
-    *CHOICE.get_or_init(|| match std::env::var("QKV_ACT_BITS").as_deref() {
-        Ok("8") => ActPrecision::Byte,
-        _ => ActPrecision::Wide,
-    })
-}
+/// The precision at which activations meet interleaved weights unless a caller asks for
+/// the other one (a model's options, `--act-bits`): 8 bits, as llama.cpp's CPU kernels,
+/// because its KL divergence from f32 stays at or below llama.cpp's own on the quality
+/// tool (`tools/quality_vs_llamacpp.py`) while prompts and batched steps run at the
+/// higher integer rate. 16 bits ([`ActPrecision::Wide`]) is the exact mode.
+pub const DEFAULT_ACT_PRECISION: ActPrecision = ActPrecision::Byte;
 
 /// The bytes of an interleaved `[n, k]` matrix of `format` (the same as in GGUF's layout),
 /// or an error naming what does not fit: a format without an interleaved layout, `n` not a
@@ -502,13 +459,13 @@ pub(crate) unsafe fn columns(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::simd::has_avx512_vnni() {
+        if crate::simd::isa().avx512_vnni {
             // SAFETY: AVX-512 F, BW, VL and VNNI, AVX2, FMA and F16C were detected; the rest
             // is the caller's contract.
             unsafe { avx2::columns_vnni(y, acts, format, w, bias, n, j0, j1) };
             return;
         }
-        if crate::simd::has_avx2_fma_f16c() {
+        if crate::simd::isa().avx2_fma_f16c {
             // SAFETY: AVX2, FMA and F16C were detected; the rest is the caller's contract.
             unsafe { avx2::columns(y, acts, format, w, bias, n, j0, j1) };
             return;

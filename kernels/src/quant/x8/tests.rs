@@ -74,14 +74,11 @@ fn each_precision(x: &[f32], m: usize, k: usize, format: QuantFormat) -> Vec<Qua
 fn kernels() -> Vec<(&'static str, Kernel)> {
     let mut out: Vec<(&'static str, Kernel)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2")
-        && std::is_x86_feature_detected!("fma")
-        && std::is_x86_feature_detected!("f16c")
-    {
+    if crate::simd::Isa::detect().avx2_fma_f16c {
         out.push(("avx2", avx2::columns));
-        // As the dispatch decides (`QKV_NO_AVX512` turns it off): where it runs, Q6_K's
+        // As the dispatch decides (`QKV_ISA=avx2` turns it off): where it runs, Q6_K's
         // activations carry the byte split this kernel reads ([`reads_tiles`]).
-        if crate::simd::has_avx512_vnni() {
+        if crate::simd::isa().avx512_vnni {
             out.push(("vnni", avx2::columns_vnni));
         }
     }

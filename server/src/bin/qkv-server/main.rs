@@ -182,7 +182,7 @@ fn serve(args: Args) -> AnyResult<()> {
     ))
 }
 
-/// `--threads` and `--act-bits`: the process's pool and the activations' precision.
+/// `--threads`: the process's pool.
 fn set_up_process(args: &Args) -> AnyResult<()> {
     if let Some(n) = args.threads {
         if n == 0 || n > 1024 {
@@ -192,7 +192,6 @@ fn set_up_process(args: &Args) -> AnyResult<()> {
             .num_threads(n)
             .build_global()?;
     }
-    qkv_server::act_bits::apply(args.act_bits)?;
     Ok(())
 }
 
@@ -274,7 +273,14 @@ fn serve_decoder(
     template: Option<(String, String)>,
     pooling: qkv_server::embedding::Pooling,
 ) -> AnyResult<Served> {
-    let model = Arc::new(Model::load(path, &ModelOptions { dtype: args.dtype })?);
+    let options = ModelOptions {
+        dtype: args.dtype,
+        act_precision: args
+            .act_bits
+            .unwrap_or(qkv::kernels::quant::x8::DEFAULT_ACT_PRECISION),
+        interleave: std::env::var_os("QKV_NO_INTERLEAVE").is_none_or(|v| v == "0"),
+    };
+    let model = Arc::new(Model::load(path, &options)?);
     if model.tokenizer().is_none() {
         return Err(format!("{}: the model has no tokenizer", path.display()).into());
     }

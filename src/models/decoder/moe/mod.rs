@@ -18,8 +18,9 @@ use super::config::{DecoderConfig, Family, Moe, WeightLayout};
 use crate::alloc::Pages;
 use crate::error::{Error, Result};
 use crate::nn::Linear;
-use crate::weights::{Tensor, TensorSource, WeightFormat};
+use crate::weights::{MatrixOptions, Tensor, TensorSource, WeightFormat};
 use qkv_kernels::activation::{softmax_inplace, swiglu};
+use qkv_kernels::quant::act::ActPrecision;
 use qkv_kernels::{linear, linear_many, Projection, QuantFormat, Weights};
 
 /// What the model's summary needs of one weight matrix (or of a bank of experts' matrices).
@@ -72,6 +73,8 @@ pub(super) struct Bank {
     name: String,
     map: Pages,
     format: QuantFormat,
+    /// The activations' precision every expert's matrix meets (the model's option).
+    precision: ActPrecision,
     experts: usize,
     rows: usize,
     cols: usize,
@@ -81,25 +84,27 @@ pub(super) struct Bank {
 impl ExpertMatrices {
     /// The experts' matrices from one `[rows, cols]` tensor per expert (views of a 3-D
     /// tensor's rows, or separate tensors), each passed through `widen` and then interleaved
-    /// when its format has that layout, in which case all of them go into one [`Bank`].
+    /// as `matrices` say when its format has that layout, in which case all of them go into
+    /// one [`Bank`].
     /// Errors when the experts disagree in shape or format, or memory is refused.
     fn build(
         parts: Vec<Tensor>,
         widen: &dyn Fn(Tensor) -> Result<Tensor>,
+        matrices: &MatrixOptions,
     ) -> Result<ExpertMatrices> {
         let experts = parts.len();
         let mut parts = parts.into_iter();
         let Some(first) = parts.next() else {
             return Ok(ExpertMatrices::Each(Vec::new()));
         };
-        let first = widen(first)?.interleaved()?;
-        let (format, each) = match first.weights() {
-            Weights::QuantX8(f, b) => (f, b.len()),
+        let first = widen(first)?.interleaved(matrices)?;
+        let (format, precision, each) = match first.weights() {
+            Weights::QuantX8(f, p, b) => (f, p, b.len()),
             _ => {
                 let mut all = Vec::with_capacity(experts);
-                all.push(Linear::from_tensors(first, None)?);
+                all.push(Linear::from_tensors_with(first, None, matrices)?);
                 for t in parts {
-                    all.push(Linear::from_tensors(widen(t)?, None)?);
+                    all.push(Linear::from_tensors_with(widen(t)?, None, matrices)?);
                 }
                 return Ok(ExpertMatrices::Each(all));
             }
@@ -121,8 +126,11 @@ impl ExpertMatrices {
         let mut map = crate::alloc::pages(total, what)?;
         let mut put = |i: usize, t: &Tensor| -> Result<()> {
             match t.weights() {
-                Weights::QuantX8(f, b)
-                    if f == format && b.len() == each && t.shape() == [rows, cols] =>
+                Weights::QuantX8(f, p, b)
+                    if f == format
+                        && p == precision
+                        && b.len() == each
+                        && t.shape() == [rows, cols] =>
                 {
                     map[i * each..(i + 1) * each].copy_from_slice(b);
                     Ok(())
@@ -138,12 +146,13 @@ impl ExpertMatrices {
         drop(first);
         for (i, t) in parts.enumerate() {
             // One expert at a time: its interleaved copy is dropped once it is in the bank.
-            put(i + 1, &widen(t)?.interleaved()?)?;
+            put(i + 1, &widen(t)?.interleaved(matrices)?)?;
         }
         Ok(ExpertMatrices::Bank(Box::new(Bank {
             name,
             map,
             format,
+            precision,
             experts,
             rows,
             cols,
@@ -159,7 +168,7 @@ impl ExpertMatrices {
                 (l.weight().weights(), l.out_dim(), l.in_dim())
             }
             ExpertMatrices::Bank(b) => (
-                Weights::QuantX8(b.format, &b.map[e * b.each..(e + 1) * b.each]),
+                Weights::QuantX8(b.format, b.precision, &b.map[e * b.each..(e + 1) * b.each]),
                 b.rows,
                 b.cols,
             ),
@@ -246,11 +255,12 @@ impl Experts {
         ups: Vec<Tensor>,
         downs: Vec<Tensor>,
         widen: &dyn Fn(Tensor) -> Result<Tensor>,
+        matrices: &MatrixOptions,
     ) -> Result<Experts> {
         Ok(Experts {
-            gate: ExpertMatrices::build(gates, widen)?,
-            up: ExpertMatrices::build(ups, widen)?,
-            down: ExpertMatrices::build(downs, widen)?,
+            gate: ExpertMatrices::build(gates, widen, matrices)?,
+            up: ExpertMatrices::build(ups, widen, matrices)?,
+            down: ExpertMatrices::build(downs, widen, matrices)?,
         })
     }
 
@@ -369,13 +379,15 @@ impl Ffn {
     }
 }
 
-/// Loads layer `l`'s mixture of experts from `source`, each matrix passed through `widen`.
+/// Loads layer `l`'s mixture of experts from `source`, each matrix passed through `widen`
+/// and prepared as `matrices` say.
 pub(super) fn load_moe(
     c: &DecoderConfig,
     m: &Moe,
     l: usize,
     source: &dyn TensorSource,
     widen: &dyn Fn(Tensor) -> Result<Tensor>,
+    matrices: &MatrixOptions,
 ) -> Result<MoeBlock> {
     let d = c.dim;
     let tensor = |name: &str, shape: &[usize]| -> Result<Tensor> {
@@ -383,7 +395,7 @@ pub(super) fn load_moe(
         t.expect_shape(shape)?;
         Ok(t)
     };
-    let linear = |t: Tensor| Linear::from_tensors(widen(t)?, None);
+    let linear = |t: Tensor| Linear::from_tensors_with(widen(t)?, None, matrices);
     let mlp = |gate: Tensor, up: Tensor, down: Tensor| -> Result<GatedMlp> {
         Ok(GatedMlp {
             gate: linear(gate)?,
@@ -413,6 +425,7 @@ pub(super) fn load_moe(
                 tensor(&n("ffn_up_exps"), &[e, ff, d])?.split_outer()?,
                 tensor(&n("ffn_down_exps"), &[e, d, ff])?.split_outer()?,
                 widen,
+                matrices,
             )?;
             let shared = match m.shared_ffn {
                 None => None,
@@ -473,7 +486,7 @@ pub(super) fn load_moe(
                 }
                 downs
             };
-            let experts = Experts::build(gates, ups, downs, widen)?;
+            let experts = Experts::build(gates, ups, downs, widen, matrices)?;
             let shared = match m.shared_ffn {
                 None => None,
                 Some(sf) => {
@@ -513,7 +526,7 @@ pub(super) fn synthetic_moe(
         ups.push(matrix(format!("blk.{l}.ffn_up_exps[{x}]"), ff, d)?);
         downs.push(matrix(format!("blk.{l}.ffn_down_exps[{x}]"), d, ff)?);
     }
-    let experts = Experts::build(gates, ups, downs, &Ok)?;
+    let experts = Experts::build(gates, ups, downs, &Ok, &MatrixOptions::default())?;
     let mut lin = |name: String, rows: usize, cols: usize| -> Result<Linear> {
         Linear::from_tensors(matrix(name, rows, cols)?, None)
     };
