@@ -1,6 +1,9 @@
 //! Speculative decoding on the synthetic model (every weight format): the verify pass that
 //! runs drafted tokens as one matrix pass gives, row for row, the logits of decode steps;
-//! rejected tokens roll back in the f16, f32 and q8_0 caches.
+//! rejected tokens roll back in the f16, f32 and q8_0 caches; and speculative generation
+//! at temperature 0 yields exactly the tokens of plain decoding, there and on the default
+//! model (the tests named `network_…`, which skip with a printed reason without it).
+//! Run in release mode: `cargo test --release --test speculative`.
 
 mod common;
 
@@ -8,7 +11,9 @@ use common::synthetic::{self, Storage};
 use qkv::kernels::QuantFormat;
 use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::{KvType, Segment};
-use qkv::sample::argmax;
+use qkv::sample::{argmax, SamplerConfig};
+use qkv::session::{Session, SessionOptions};
+use qkv::speculative::{NgramOptions, SpecStats, Speculation};
 use std::sync::Arc;
 
 fn load(storage: Storage) -> Arc<Model> {
@@ -271,6 +276,207 @@ fn rejected_drafts_roll_back_in_every_cache() {
                     bits(&want_other[1 + i]),
                     "{storage:?}, {kv}: step {i} on the reused prefix"
                 );
+            }
+        }
+    }
+}
+
+/// `n` tokens generated greedily after `prompt` (past the end of text), speculating or not,
+/// with the speculation's statistics; the session's tokens are checked to be the prompt and
+/// those yielded.
+fn generate(
+    model: &Arc<Model>,
+    kv: KvType,
+    prompt: &[u32],
+    n: usize,
+    config: SamplerConfig,
+    spec: Speculation,
+) -> (Vec<u32>, SpecStats) {
+    let options = SessionOptions {
+        context: Some(256),
+        kv_dtype: Some(kv),
+        ..SessionOptions::default()
+    };
+    let mut session = Session::new(model.clone(), options).unwrap();
+    let mut stream = session
+        .generate_tokens(prompt, config)
+        .unwrap()
+        .max_tokens(n)
+        .ignore_eos(true)
+        .speculate(spec)
+        .unwrap();
+    let ids: Vec<u32> = stream.by_ref().map(|p| p.unwrap().id).collect();
+    let stats = stream.spec_stats();
+    drop(stream);
+    assert_eq!(&session.tokens()[..prompt.len()], prompt);
+    assert_eq!(&session.tokens()[prompt.len()..], &ids[..]);
+    (ids, stats)
+}
+
+fn ngram(max_draft: usize, min_ngram: usize, max_ngram: usize) -> Speculation {
+    Speculation::Ngram(NgramOptions {
+        max_draft,
+        min_ngram,
+        max_ngram,
+    })
+}
+
+/// At temperature 0, speculative generation yields exactly the tokens of plain decoding,
+/// in every weight format and cache type, on a prompt that repeats itself (drafts are
+/// found and kept) and on one that does not; with the repetition penalty too, which reads
+/// the kept drafts as history.
+#[test]
+fn greedy_speculation_yields_the_tokens_of_plain_decoding() {
+    for storage in Storage::all() {
+        let model = load(storage);
+        let repeating = synthetic::text_tokens(model.tokenizer().unwrap(), 90);
+        let scattered: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 260).collect();
+        let penalised = SamplerConfig {
+            repeat_penalty: 1.3,
+            ..SamplerConfig::greedy()
+        };
+        for kv in KV_TYPES {
+            for (prompt, config) in [
+                (&repeating, SamplerConfig::greedy()),
+                (&scattered, SamplerConfig::greedy()),
+                (&repeating, penalised.clone()),
+            ] {
+                let (plain, none) =
+                    generate(&model, kv, prompt, 60, config.clone(), Speculation::Off);
+                assert_eq!(none, SpecStats::default());
+                for spec in [ngram(8, 2, 4), ngram(3, 1, 2), ngram(20, 1, 6)] {
+                    let (fast, stats) = generate(&model, kv, prompt, 60, config.clone(), spec);
+                    assert_eq!(fast, plain, "{storage:?}, {kv}, {spec:?}, {config:?}");
+                    assert!(stats.accepted_tokens <= stats.draft_tokens, "{stats:?}");
+                }
+            }
+        }
+        // The repeating prompt does give drafts the model keeps (the test exercises them).
+        let (_, stats) = generate(
+            &model,
+            KvType::F16,
+            &repeating,
+            60,
+            SamplerConfig::greedy(),
+            ngram(8, 1, 4),
+        );
+        assert!(
+            stats.draft_tokens > 0 && stats.verify_passes > 0,
+            "{stats:?}"
+        );
+    }
+}
+
+/// Kept drafts are yielded one per call; an iterator dropped before they all are leaves the
+/// session holding exactly the tokens yielded, and generation goes on from there as plain
+/// decoding would.
+#[test]
+fn a_dropped_stream_takes_back_the_drafts_it_did_not_yield() {
+    let model = load(Storage::F32);
+    let prompt = synthetic::text_tokens(model.tokenizer().unwrap(), 90);
+    let (plain, _) = generate(
+        &model,
+        KvType::F32,
+        &prompt,
+        40,
+        SamplerConfig::greedy(),
+        Speculation::Off,
+    );
+    let mut session = Session::new(model.clone(), SessionOptions::default()).unwrap();
+    let mut got = Vec::new();
+    for take in [1, 2, 3, 5, 8, 21] {
+        let ids = if got.is_empty() { &prompt[..] } else { &[][..] };
+        let mut stream = session
+            .generate_tokens(ids, SamplerConfig::greedy())
+            .unwrap()
+            .ignore_eos(true)
+            .speculate(ngram(8, 1, 4))
+            .unwrap();
+        got.extend(stream.by_ref().take(take).map(|p| p.unwrap().id));
+        drop(stream);
+        assert_eq!(session.tokens().len(), prompt.len() + got.len());
+    }
+    assert_eq!(got, plain);
+}
+
+/// Sampling with speculation, and settings out of range, are typed errors.
+#[test]
+fn speculation_refuses_sampling_and_bad_settings() {
+    let model = load(Storage::F32);
+    let mut session = Session::new(model.clone(), SessionOptions::default()).unwrap();
+    let sampled = SamplerConfig {
+        temperature: 0.7,
+        ..SamplerConfig::default()
+    };
+    let err = session
+        .generate_tokens(&[1, 2, 3], sampled.clone())
+        .unwrap()
+        .speculate(ngram(4, 1, 2))
+        .unwrap_err();
+    assert!(matches!(err, qkv::Error::Unsupported(_)), "{err}");
+    // Off is fine with sampling.
+    assert!(session
+        .generate_tokens(&[], sampled)
+        .unwrap()
+        .speculate(Speculation::Off)
+        .is_ok());
+    for bad in [
+        ngram(0, 1, 2),
+        ngram(65, 1, 2),
+        ngram(4, 0, 2),
+        ngram(4, 3, 2),
+    ] {
+        let err = session
+            .generate_tokens(&[], SamplerConfig::greedy())
+            .unwrap()
+            .speculate(bad)
+            .unwrap_err();
+        assert!(matches!(err, qkv::Error::Config(_)), "{bad:?}: {err}");
+    }
+}
+
+/// The default model, or `None` (a skip printed) when it cannot be had.
+fn default_model() -> Option<Arc<Model>> {
+    let path = common::default_gguf()?;
+    Some(Arc::new(
+        Model::load(&path, &ModelOptions::default()).unwrap(),
+    ))
+}
+
+/// On the default model, greedy speculation yields the tokens plain decoding yields, on a
+/// prompt that copies a passage (most drafts are kept) and on an open-ended one, with the
+/// model's own (f16) cache and with q8_0.
+#[test]
+fn network_greedy_speculation_yields_the_tokens_of_plain_decoding() {
+    let Some(model) = default_model() else {
+        return;
+    };
+    let tok = model.tokenizer().unwrap();
+    let passage = "The lighthouse keeper climbed the spiral stairs every evening at dusk, \
+        trimmed the wick, polished the great lens, and wrote the state of the sea in a \
+        leather logbook that had belonged to his grandfather.";
+    let copy = format!(
+        "Copy this passage exactly, twice.\n\nPassage: {passage}\n\nCopy 1: {passage}\n\nCopy 2:"
+    );
+    let open = "Once upon a time, in a small village by the mountains, there lived a";
+    for (text, copies) in [(&copy[..], true), (open, false)] {
+        let prompt = tok.encode(text).unwrap();
+        for kv in [KvType::F16, KvType::Q8_0] {
+            let (plain, _) = generate(
+                &model,
+                kv,
+                &prompt,
+                64,
+                SamplerConfig::greedy(),
+                Speculation::Off,
+            );
+            for spec in [ngram(8, 2, 4), ngram(4, 1, 3)] {
+                let (fast, stats) =
+                    generate(&model, kv, &prompt, 64, SamplerConfig::greedy(), spec);
+                assert_eq!(fast, plain, "{kv}, {spec:?} on {text:?}");
+                if copies {
+                    assert!(stats.accepted_tokens > 16, "{kv}, {spec:?}: {stats:?}");
+                }
             }
         }
     }
