@@ -42,10 +42,11 @@ use crate::error::{Error, Result};
 use crate::load::Model;
 use crate::models::decoder::{DecoderState, KvType};
 use crate::sample::{Sampled, Sampler, SamplerConfig};
-use crate::speculative::{ngram, SpecStats, Speculation};
+use crate::speculative::{ngram, Governor, SpecStats, Speculation};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Prompt positions per matrix pass unless [`SessionOptions::prefill_chunk`] says otherwise.
 /// A 512-token prompt prefilled 5–13% faster in one chunk of 512 than in two of 256
@@ -306,6 +307,7 @@ impl Session {
             spec_logits: Vec::new(),
             pending: VecDeque::new(),
             stats: SpecStats::default(),
+            governor: None,
         })
     }
 }
@@ -357,6 +359,8 @@ pub struct Generate<'a> {
     /// Kept tokens already in the session, not yet yielded, with their log-probabilities.
     pending: VecDeque<(u32, f32)>,
     stats: SpecStats,
+    /// Adapts the draft length, and pauses drafting when it does not pay.
+    governor: Option<Governor>,
 }
 
 impl Drop for Generate<'_> {
@@ -400,7 +404,9 @@ impl Generate<'_> {
     }
 
     /// Drafts tokens as `spec` says and verifies them in one pass each, yielding exactly
-    /// the tokens plain decoding yields. [`Error::Config`] when the settings are out of
+    /// the tokens plain decoding yields. The draft length then follows how many drafted
+    /// tokens the model keeps, and drafting pauses (for a while, longer each time) when the
+    /// kept tokens do not make up for what the extra rows of a pass cost, as timed here. [`Error::Config`] when the settings are out of
     /// range; [`Error::Unsupported`] unless the sampler is greedy (temperature 0: this
     /// version verifies greedy choices only); [`Error::AllocationRefused`] when the logits
     /// of a verify pass cannot be had.
@@ -421,6 +427,7 @@ impl Generate<'_> {
             })?;
         }
         self.spec = spec;
+        self.governor = (spec != Speculation::Off).then(|| Governor::new(spec.max_draft()));
         Ok(self)
     }
 
@@ -448,19 +455,23 @@ impl Generate<'_> {
         let n = core.tokens.len();
         let is_eos = Some(sampled.id) == self.eos && !self.ignore_eos;
         let room = core.state.capacity().saturating_sub(n + 1);
-        let most = match self.spec {
-            Speculation::Ngram(_) if is_eos => 0,
-            Speculation::Ngram(_) => self.spec.max_draft().min(room).min(self.remaining - 1),
-            Speculation::Off => 0,
-        };
-        let Speculation::Ngram(o) = self.spec else {
+        let (Speculation::Ngram(o), Some(governor)) = (self.spec, self.governor.as_mut()) else {
             return core.prefill(self.model, &[sampled.id]);
+        };
+        let limit = governor.next_limit();
+        let most = if is_eos {
+            0
+        } else {
+            limit.min(room).min(self.remaining - 1)
         };
         core.tokens.push(sampled.id);
         let found = ngram::find(&core.tokens, o.min_ngram, o.max_ngram, most);
         if found.is_empty() {
             core.tokens.pop();
-            return core.prefill(self.model, &[sampled.id]);
+            let start = Instant::now();
+            core.prefill(self.model, &[sampled.id])?;
+            governor.record_step(start.elapsed().as_secs_f64());
+            return Ok(());
         }
         let k = found.len();
         core.tokens.extend_from_within(found);
@@ -469,10 +480,12 @@ impl Generate<'_> {
         let (state, pass) = (&mut core.state, &core.tokens[n..]);
         let decoder = self.model.decoder();
         // On the pool, as a decode step runs (see `Core::prefill`).
+        let start = Instant::now();
         if let Err(e) = qkv_kernels::on_pool(|| decoder.forward_all(state, pass, n, rows)) {
             core.tokens.truncate(n);
             return Err(e);
         }
+        let secs = start.elapsed().as_secs_f64();
         // Draft i is kept when the model's choice after the tokens before it is that very
         // token; the sampler sees the history it would have seen stepping one by one.
         let mut kept = 0;
@@ -500,6 +513,7 @@ impl Generate<'_> {
         self.stats.draft_tokens += k;
         self.stats.accepted_tokens += kept;
         self.stats.verify_passes += 1;
+        governor.record_pass(k, kept, secs);
         Ok(())
     }
 }

@@ -7,9 +7,14 @@
 //! is that very token, and the model's choice after the last kept one comes from the same
 //! pass. This slice drafts by n-gram lookup over the sequence itself ([`ngram`]) and
 //! verifies greedy decoding only (temperature 0); [`Session`](crate::session::Session)'s
-//! generation refuses it with sampling.
+//! generation refuses it with sampling. While a sequence generates, the draft length
+//! follows what the model keeps, and drafting pauses when the kept tokens do not make up
+//! for the cost of the pass's extra rows, timed on this machine against a one-row step.
 
+mod governor;
 pub mod ngram;
+
+pub(crate) use governor::Governor;
 
 use crate::error::{Error, Result};
 
