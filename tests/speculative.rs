@@ -59,24 +59,29 @@ fn share_of_range(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Most a verify row's logits may differ from the decode step's, as a share of their range:
-/// the matrix kernels round a call of one row differently from a call of several, and a
-/// q8_0 cache can round such a key or value to another step (see
-/// `a_verify_pass_gives_the_bits_of_decode_steps`).
-const ROW_TOL: f32 = 2e-3;
+/// the matrix kernels round a call of one row differently from a call of several (see
+/// `a_verify_pass_gives_the_bits_of_decode_steps`), and a q8_0 cache can then round such a
+/// key or value to another step of its 8-bit grid.
+fn row_tol(kv: KvType) -> f32 {
+    match kv {
+        KvType::Q8_0 => 2e-2,
+        _ => 2e-3,
+    }
+}
 
 /// A pass over k drafted tokens writes, for each, the logits a one-token step gives there,
 /// whatever the weight format and the cache's type, however many rows the pass holds (up to
 /// past the GEMV's row limit), and whether it asks for the last row only or all of them.
 #[test]
 fn a_verify_pass_gives_the_logits_of_decode_steps() {
-    let mut worst = 0.0f32;
+    let mut worst = [0.0f32; KV_TYPES.len()];
     for storage in Storage::all() {
         let model = load(storage);
         let d = model.decoder();
         let vocab = model.vocab_size();
         let all = synthetic::text_tokens(model.tokenizer().unwrap(), 40);
         let (prompt, draft) = all.split_at(17);
-        for kv in KV_TYPES {
+        for (kv_at, kv) in KV_TYPES.into_iter().enumerate() {
             let want = stepped(&model, kv, prompt, draft);
             for k in [1, 2, 3, 5, 8, 9, 12, 23] {
                 let mut state = d.new_state(128, kv, 64).unwrap();
@@ -91,19 +96,19 @@ fn a_verify_pass_gives_the_logits_of_decode_steps() {
                         let at = k - r + i;
                         let what = format!("{storage:?}, {kv}: row {at} of a {k}-row pass");
                         let share = share_of_range(row, &want[at]);
-                        assert!(share < ROW_TOL, "{what}: {share}");
+                        assert!(share < row_tol(kv), "{what}: {share}");
                         assert_eq!(argmax(row), argmax(&want[at]), "{what}");
                         if k == 1 {
                             // One row is a decode step.
                             assert_eq!(bits(row), bits(&want[at]), "{what}");
                         }
-                        worst = worst.max(share);
+                        worst[kv_at] = worst[kv_at].max(share);
                     }
                 }
             }
         }
     }
-    eprintln!("largest difference from the decode steps: {worst:e} of the logits' range");
+    eprintln!("largest difference from the decode steps, as a share of the logits' range, by cache type {KV_TYPES:?}: {worst:?}");
 }
 
 /// What the kernels do not give yet: a row of a call of several rows gets other bits than the
@@ -190,11 +195,11 @@ fn a_batched_pass_returns_the_tail_rows_of_each_segment() {
     let rows: Vec<&[f32]> = logits.chunks_exact(vocab).collect();
     for i in 0..4 {
         let share = share_of_range(rows[i], &want_a[1 + i]);
-        assert!(share < ROW_TOL, "a, row {}: {share}", 1 + i);
+        assert!(share < row_tol(KvType::F16), "a, row {}: {share}", 1 + i);
     }
     for i in 0..3 {
         let share = share_of_range(rows[4 + i], &want_b[i]);
-        assert!(share < ROW_TOL, "b, row {i}: {share}");
+        assert!(share < row_tol(KvType::F16), "b, row {i}: {share}");
     }
     // More rows than the segment has, or a buffer of another size: typed errors.
     for (n, len) in [(4, 4 * vocab), (1, 2 * vocab)] {
