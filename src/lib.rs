@@ -39,6 +39,7 @@ pub mod nn;
 pub mod perplexity;
 pub mod sample;
 pub mod session;
+pub mod speculative;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tokenizer;
