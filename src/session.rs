@@ -62,7 +62,7 @@ pub struct SessionOptions {
     /// f16 and quantized weights, f32 for f32 weights). [`KvType::Q8_0`] stores them in
     /// Q8_0 blocks as llama.cpp's `-ctk q8_0 -ctv q8_0` does: about half the bytes of f16
     /// per position (1.0625 bytes per element), for a small change in the logits
-    /// (BENCHMARKS.md, "Quantized KV cache"). A [`FloatType`](crate::weights::FloatType)
+    /// (BENCHMARKS.md, "KV cache in Q8_0"). A [`FloatType`](crate::weights::FloatType)
     /// converts with `.into()`.
     pub kv_dtype: Option<KvType>,
     /// Most prompt positions run in one matrix pass; `None` = [`DEFAULT_PREFILL_CHUNK`].
