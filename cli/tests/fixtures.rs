@@ -144,7 +144,22 @@ fn network_decode_embed_writes_the_librarys_embeddings_in_order() {
 /// the file plus the KV cache plus 64 MiB (the matrices are the file's blocks, read in place).
 #[test]
 fn network_decode_runs_every_format_within_its_memory_bound() {
-    for kind in ["Q4_1", "Q8_0", "Q4_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K"] {
+    // Then the low-bit files, which between them run Q2_K, Q3_K, IQ4_NL and IQ4_XS blocks
+    // (tests/quantized_files.rs lists the formats each holds).
+    for kind in [
+        "Q4_1",
+        "Q8_0",
+        "Q4_0",
+        "Q5_1",
+        "Q4_K_M",
+        "Q5_K_M",
+        "Q6_K",
+        "Q2_K_PURE",
+        "Q3_K_S",
+        "Q3_K_M",
+        "IQ4_NL",
+        "IQ4_XS",
+    ] {
         let Some(path) = qkv_fetch::testing::quant_model(kind) else {
             continue;
         };
