@@ -14,7 +14,16 @@ fn stderr(o: &Output) -> String {
 
 /// The token lines (id, text, log-probability) and the stats of a `--json` run.
 fn run(args: &[&str], prompt: &str) -> (Vec<Value>, Value) {
-    let mut all = vec!["--temperature", "0", "--json", "--ignore-eos"];
+    // Speculation runs in the exact mode only (16-bit activations), and plain decoding
+    // with it, so that both runs round alike.
+    let mut all = vec![
+        "--temperature",
+        "0",
+        "--json",
+        "--ignore-eos",
+        "--act-bits",
+        "16",
+    ];
     all.extend_from_slice(args);
     let o = support::run_decode(&all, Some(prompt));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -102,6 +111,7 @@ fn spec_with_sampling_or_bad_settings_is_exit_1() {
             "draft",
         ),
         (&["--spec", "lookahead", "--temperature", "0"], "lookahead"),
+        (&["--spec", "ngram", "--temperature", "0"], "--act-bits 16"),
     ] {
         let o = support::run_decode(
             &[&["--model", model, "--prompt", "hi"], args].concat(),

@@ -18,8 +18,11 @@ pub(crate) use governor::Governor;
 
 use crate::error::{Error, Result};
 
-/// Most tokens one draft may propose: the verify pass holds its rows and their logits.
-pub const MAX_DRAFT: usize = 64;
+/// Most tokens one draft may propose: a verify pass of a draft and its bonus row stays within
+/// the GEMV's rows ([`GEMV_MAX_ROWS`](qkv_kernels::matmul::GEMV_MAX_ROWS)), where each row's
+/// products take the integer path a decode step takes; taller passes go to the prompt
+/// paths (the integer GEMM, widened panels), which round otherwise.
+pub const MAX_DRAFT: usize = qkv_kernels::matmul::GEMV_MAX_ROWS - 1;
 
 /// How a generation drafts tokens, if at all.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -32,8 +35,8 @@ pub enum Speculation {
     Ngram(NgramOptions),
 }
 
-/// The settings of n-gram drafting. `Default`: drafts of up to 8 tokens, after a match of 4
-/// down to 2 tokens.
+/// The settings of n-gram drafting. `Default`: drafts of up to [`MAX_DRAFT`] tokens, after a
+/// match of 4 down to 2 tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NgramOptions {
     /// Most tokens per draft, 1..=[`MAX_DRAFT`].
@@ -47,7 +50,7 @@ pub struct NgramOptions {
 impl Default for NgramOptions {
     fn default() -> Self {
         NgramOptions {
-            max_draft: 8,
+            max_draft: MAX_DRAFT,
             min_ngram: 2,
             max_ngram: 4,
         }

@@ -216,12 +216,13 @@ struct RunArgs {
     /// the end, inside a character), then a stats object.
     #[arg(long)]
     json: bool,
-    /// Speculative decoding, greedy only (--temperature 0): `ngram` drafts the tokens that
+    /// Speculative decoding, greedy only (--temperature 0) and in the exact mode (--act-bits
+    /// 16): `ngram` drafts the tokens that
     /// followed the latest earlier occurrence of the text's last few tokens (prompt lookup)
     /// and checks them in one pass; the text is the same as without it.
     #[arg(long, value_name = "KIND", value_parser = ["ngram"])]
     spec: Option<String>,
-    /// Most tokens per draft with --spec (default 8).
+    /// Most tokens per draft with --spec, 1 to 7 (default 7).
     #[arg(long = "spec-max", value_name = "N")]
     spec_max: Option<usize>,
 }
