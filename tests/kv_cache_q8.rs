@@ -108,7 +108,7 @@ fn network_q8_0_cache_keeps_the_default_models_top_tokens() {
         return;
     };
     // The exact mode (16-bit activations), so that the agreement measures the cache's
-    // rounding alone: with 8-bit activations (the default) both runs carry their rounding
+    // rounding alone: with 8-bit activations (`--act-bits 8`) both runs carry their rounding
     // too, and near-ties between the top two tokens flip more often (53 of 58 agreed).
     let exact = ModelOptions {
         act_precision: qkv::kernels::quant::act::ActPrecision::Wide,

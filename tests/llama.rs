@@ -72,7 +72,7 @@ fn model_f16() -> Option<Arc<Model>> {
 
 /// The Q4_1 file run on its own blocks (the CLI default), in the exact mode (16-bit
 /// activations, `--act-bits 16`): the bounds and the greedy text below hold the quantized
-/// path to the reference, which 8-bit activations (the default, tests/act_bits.rs) would
+/// path to the reference, which 8-bit activations (`--act-bits 8`, tests/act_bits.rs) would
 /// move by more than they allow.
 fn model_quant() -> Option<Arc<Model>> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();

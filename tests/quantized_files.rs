@@ -117,7 +117,7 @@ fn network_every_format_matches_its_own_weights_widened_to_f32() {
             continue;
         };
         // The exact mode (16-bit activations): the bound below checks the blocks' decoding
-        // and kernels, which 8-bit activations (the default) would blur by more than it.
+        // and kernels, which 8-bit activations (`--act-bits 8`) would blur by more than it.
         let exact_mode = ModelOptions {
             act_precision: ActPrecision::Wide,
             ..ModelOptions::default()

@@ -19,7 +19,7 @@ use qkv::Error;
 use std::sync::Arc;
 
 /// The synthetic model in `storage`, in the exact mode (16-bit activations, `--act-bits
-/// 16`): the bounds below are the 16-bit rounding's, which 8-bit activations (the default,
+/// 16`): the bounds below are the 16-bit rounding's, which 8-bit activations (`--act-bits 8`,
 /// held to their own bounds in tests/act_bits.rs) exceed.
 fn load(storage: Storage, dtype: Option<FloatType>) -> Arc<Model> {
     let path = synthetic::model_file(storage);

@@ -351,7 +351,7 @@ fn network_the_prompt_can_come_from_stdin_and_text_streams_to_stdout() {
     );
 }
 
-/// In the exact mode (`--act-bits 16`): at the default 8 bits this 135M model's greedy
+/// In the exact mode (`--act-bits 16`): at 8 bits this 135M model's greedy
 /// answer to this question wanders off into a list of French words without "Paris", which
 /// says nothing about the chat mode this checks.
 #[test]

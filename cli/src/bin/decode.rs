@@ -134,8 +134,8 @@ struct PerplexityArgs {
     /// llama.cpp's `-ctk q8_0 -ctv q8_0`); default: the weights' compute dtype.
     #[arg(long = "kv-type", value_name = "TYPE")]
     kv_type: Option<KvType>,
-    /// Activations meet interleaved weights as 8-bit or 16-bit integers (default 8; 16 is
-    /// the exact mode).
+    /// Activations meet interleaved weights as 8-bit or 16-bit integers (default 16, the
+    /// exact mode).
     #[arg(long = "act-bits", value_name = "BITS", env = "QKV_ACT_BITS")]
     act_bits: Option<ActPrecision>,
     /// Worker threads (default: one per core).
@@ -199,8 +199,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 0)]
     depth: usize,
     /// Activations meet interleaved weights (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) as 8-bit or 16-bit
-    /// integers (default 8; 16 is the exact mode); 8 is faster on prompts, as llama.cpp
-    /// does.
+    /// integers (default 16, the exact mode); 8 is faster on prompts, as llama.cpp does.
     #[arg(long = "act-bits", value_name = "BITS", env = "QKV_ACT_BITS")]
     act_bits: Option<ActPrecision>,
     /// Benchmarking: run the prompt once, untimed, then start over, so that the figures
@@ -216,8 +215,8 @@ struct RunArgs {
     /// the end, inside a character), then a stats object.
     #[arg(long)]
     json: bool,
-    /// Speculative decoding, greedy only (--temperature 0) and in the exact mode (--act-bits
-    /// 16): `ngram` drafts the tokens that
+    /// Speculative decoding, greedy only (--temperature 0) and in the exact mode (16-bit
+    /// activations, the default): `ngram` drafts the tokens that
     /// followed the latest earlier occurrence of the text's last few tokens (prompt lookup)
     /// and checks them in one pass; the text is the same as without it.
     #[arg(long, value_name = "KIND", value_parser = ["ngram"])]

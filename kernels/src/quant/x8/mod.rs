@@ -91,11 +91,13 @@ pub fn reads_tiles(format: QuantFormat) -> bool {
 }
 
 /// The precision at which activations meet interleaved weights unless a caller asks for
-/// the other one (a model's options, `--act-bits`): 8 bits, as llama.cpp's CPU kernels,
-/// because its KL divergence from f32 stays at or below llama.cpp's own on the quality
-/// tool (`tools/quality_vs_llamacpp.py`) while prompts and batched steps run at the
-/// higher integer rate. 16 bits ([`ActPrecision::Wide`]) is the exact mode.
-pub const DEFAULT_ACT_PRECISION: ActPrecision = ActPrecision::Byte;
+/// the other one (a model's options, `--act-bits`): 16 bits ([`ActPrecision::Wide`]), the
+/// exact mode. 8 bits ([`ActPrecision::Byte`], as llama.cpp's CPU kernels) loses no more
+/// than llama.cpp does and reads prompts faster, but some of its one-row kernels (Q4_K,
+/// Q6_K) sum in another order than their tiles, so a greedy answer could change with the
+/// rows a request happens to share a pass with (a cached prefix, a batch): it becomes the
+/// default once a row's bits no longer depend on them.
+pub const DEFAULT_ACT_PRECISION: ActPrecision = ActPrecision::Wide;
 
 /// The bytes of an interleaved `[n, k]` matrix of `format` (the same as in GGUF's layout),
 /// or an error naming what does not fit: a format without an interleaved layout, `n` not a
