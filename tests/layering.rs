@@ -38,7 +38,6 @@ use std::path::{Path, PathBuf};
 const SRC_LAYERS: &[&str] = &[
     "error",
     "alloc",
-    "speculative",
     "weights",
     "nn",
     "tokenizer",
