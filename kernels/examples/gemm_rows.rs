@@ -11,22 +11,13 @@
 //! `QKV_ACT_BITS=8|16` the activations' precision for the interleaved layouts.
 
 use qkv_kernels::quant::testing::{weight_blocks, Rng};
-use qkv_kernels::quant::{act::ActPrecision, x8};
+use qkv_kernels::quant::x8;
 use qkv_kernels::{f16, linear, QuantFormat, Weights};
 use std::time::Instant;
 
-/// The activations' precision for interleaved weights: `QKV_ACT_BITS` (8 or 16) when set,
-/// else the library's default. An example is a program, so it reads its environment and
-/// passes the choice in with the operand.
-fn act_precision() -> ActPrecision {
-    match std::env::var("QKV_ACT_BITS") {
-        Ok(bits) => bits.parse().unwrap_or_else(|e| {
-            eprintln!("QKV_ACT_BITS: {e}");
-            std::process::exit(2)
-        }),
-        Err(_) => x8::DEFAULT_ACT_PRECISION,
-    }
-}
+#[path = "common/act_bits.rs"]
+mod act_bits;
+use act_bits::act_precision;
 
 /// The fastest of 3 runs lasting at least 0.2 s each, in seconds per call.
 fn best(mut call: impl FnMut()) -> f64 {

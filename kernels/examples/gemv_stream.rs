@@ -19,7 +19,7 @@
 use qkv_kernels::pages::Pages;
 use qkv_kernels::probe::read_sum;
 use qkv_kernels::quant::testing::{weight_blocks, Rng};
-use qkv_kernels::quant::{act::ActPrecision, x8};
+use qkv_kernels::quant::x8;
 use qkv_kernels::{f16, linear, linear_many, Projection, QuantFormat, Weights};
 use std::time::Instant;
 
@@ -41,18 +41,9 @@ fn layer(shape: &str) -> [(usize, usize); 7] {
     [(d, d), (kv, d), (kv, d), (d, d), (ff, d), (ff, d), (d, ff)]
 }
 
-/// The activations' precision for interleaved weights: `QKV_ACT_BITS` (8 or 16) when set,
-/// else the library's default. An example is a program, so it reads its environment and
-/// passes the choice in with the operand.
-fn act_precision() -> ActPrecision {
-    match std::env::var("QKV_ACT_BITS") {
-        Ok(bits) => bits.parse().unwrap_or_else(|e| {
-            eprintln!("QKV_ACT_BITS: {e}");
-            std::process::exit(2)
-        }),
-        Err(_) => x8::DEFAULT_ACT_PRECISION,
-    }
-}
+#[path = "common/act_bits.rs"]
+mod act_bits;
+use act_bits::act_precision;
 
 /// A layer's matrices stored in one format, each on huge pages as qkv holds the weights
 /// it streams ([`Pages`]): f16 values or quantized blocks.
