@@ -277,12 +277,19 @@ mod gemv_avx2 {
     use crate::simd::avx2::{hsum, prefetch_far, Lane, FAR_AHEAD};
     use core::arch::x86_64::*;
 
-    /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`.
+    /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)`: 3 rows of `W` at a time against 4
+    /// rows of `x` ([`tile`]), 12 accumulators in registers, so each 8 weights loaded (and
+    /// widened, for f16) serve 4 rows of `x` and each 8 activations 3 rows of `W`.
     ///
-    /// One row of `x` (decode) reads W one row at a time, front to back: a single
-    /// sequential stream is what the hardware prefetcher follows best (interleaving four
-    /// rows measured 2.5× slower here), and [`prefetch_far`] keeps it 16 KiB ahead. More rows
-    /// go to [`tiles`].
+    /// One row of `x` (decode) takes the same tiles, 1 row high: every output is one
+    /// accumulator over `k` in steps of 8, summed across its lanes, then the tail, whatever
+    /// the tile's height, so a row's bits never depend on the rows that share its call (a
+    /// verify pass, a batched step). The 3 rows of `W` give 3 independent chains of FMAs.
+    ///
+    /// `W` goes in blocks of [`w_block_rows`] rows (about 48 KiB): every 4 rows of `x` meet
+    /// the whole block before the next 4 do, so the block is read from memory once per call
+    /// and from cache for the other rows of `x`, and each 4 rows of `x` stay in L1 across the
+    /// block rather than being streamed again for every 3 rows of `W`.
     ///
     /// # Safety
     /// AVX2, FMA and F16C must be available; `y` points to m·n floats whose columns
@@ -301,48 +308,6 @@ mod gemv_avx2 {
         j1: usize,
     ) {
         debug_assert!(x.len() == m * k && w.len() == n * k && j1 <= n);
-        if m > 1 {
-            // SAFETY: the contract, passed on.
-            unsafe { tiles(y, x, w, bias, m, k, n, j0, j1) };
-            return;
-        }
-        for j in j0..j1 {
-            let b = bias.map_or(0.0, |b| b[j]);
-            // Eight accumulators: a deep unroll keeps many loads of the stream in flight.
-            // SAFETY: this function has the features; j < j1 ≤ n, and the sizes of x, w
-            // and y are this function's contract.
-            unsafe { row::<T, 8>(y, x, w, k, n, j, b) };
-        }
-    }
-
-    /// Columns `j0..j1` for two or more rows of `x`: 3 rows of `W` at a time against 4 rows
-    /// of `x`, 12 accumulators in registers, so each 8 weights loaded (and widened, for f16)
-    /// serve 4 rows of `x` and each 8 activations 3 rows of `W`: 7 loads for 12 FMAs, where
-    /// one row of `W` at a time needs 5 for 4.
-    ///
-    /// `W` goes in blocks of [`w_block_rows`] rows (about 48 KiB): every 4 rows of `x` meet
-    /// the whole block before the next 4 do, so the block is read from memory once per call
-    /// and from cache for the other rows of `x`, and each 4 rows of `x` stay in L1 across the
-    /// block rather than being streamed again for every 3 rows of `W`. With the far prefetch
-    /// in [`tile`], f16 at 2 threads (`gemm_rows`, GMAC/s, before → after, alternated):
-    /// SmolLM2's output matrix (49152 × 576, from memory) 36–40 → 71–81 at 4 rows, 58–72 →
-    /// 85–90 at 16; 1B's 8192 × 2048 33–36 → 60–65 at 4 rows, 61–64 → 72–83 at 16.
-    ///
-    /// # Safety
-    /// As [`columns`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tiles<T: Lane>(
-        y: SharedOut,
-        x: &[f32],
-        w: &[T],
-        bias: Option<&[f32]>,
-        m: usize,
-        k: usize,
-        n: usize,
-        j0: usize,
-        j1: usize,
-    ) {
         let block = w_block_rows(k, size_of::<T>());
         let mut jb = j0;
         while jb < j1 {
@@ -442,61 +407,6 @@ mod gemv_avx2 {
                     *y.get().add((i0 + r) * n + j0 + c) = s + b;
                 }
             }
-        }
-    }
-
-    /// `y[0, j] = x·W[j, :] + b` for one row `x`, with `U` accumulators.
-    ///
-    /// # Safety
-    /// The caller must have AVX2, FMA and F16C; `w` holds row `j` (`(j + 1)·k` values), `x`
-    /// is `k` values, and `y` points to `n` floats whose column `j < n` only this call
-    /// touches.
-    #[inline(always)]
-    unsafe fn row<T: Lane, const U: usize>(
-        y: SharedOut,
-        x: &[f32],
-        w: &[T],
-        k: usize,
-        n: usize,
-        j: usize,
-        b: f32,
-    ) {
-        debug_assert!(j < n && x.len() >= k);
-        // SAFETY: the caller has the CPU features and the bounds above (this function's
-        // contract). Every vector load reads 8 values at `p (+ 8u) < k` with `p + 8 ≤ k`,
-        // inside row `j` of W and x; the tail reads `q < k`; the store writes `y[j]`, in
-        // this call's own column.
-        unsafe {
-            let wp = w.as_ptr().add(j * k);
-            let xp = x.as_ptr();
-            let mut acc = [_mm256_setzero_ps(); U];
-            let step = 8 * U;
-            let mut p = 0;
-            let ahead = (wp as *const u8).wrapping_add(FAR_AHEAD);
-            while p + step <= k {
-                for line in (0..step * size_of::<T>()).step_by(64) {
-                    prefetch_far(ahead.wrapping_add(size_of::<T>() * p + line));
-                }
-                for (u, a) in acc.iter_mut().enumerate() {
-                    let wv = T::load8(wp.add(p + 8 * u));
-                    *a = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(p + 8 * u)), wv, *a);
-                }
-                p += step;
-            }
-            while p + 8 <= k {
-                let wv = T::load8(wp.add(p));
-                acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(p)), wv, acc[0]);
-                p += 8;
-            }
-            let mut v = acc[0];
-            for a in &acc[1..] {
-                v = _mm256_add_ps(v, *a);
-            }
-            let mut s = hsum(v);
-            for q in p..k {
-                s += *xp.add(q) * (*wp.add(q)).to_f32();
-            }
-            *y.get().add(j) = s + b;
         }
     }
 }

@@ -51,12 +51,12 @@ pub const GEMV_MAX_ROWS: usize = 8;
 // The quantized GEMV kernels take at most this many rows per call.
 const _: () = assert!(GEMV_MAX_ROWS <= quant::gemv::MAX_ROWS);
 
-/// Up to this many rows, quantized weights run as GEMVs of [`GEMV_MAX_ROWS`] rows each
-/// (their integer dot products; the weights read once per 8 rows) rather than as f32 panels
-/// widened for gemm, whose widening of every weight costs more than the extra reads until
-/// about 24 rows (a batch engine's decode step at 16 sequences: 104 ms widened, ~85 ms in
-/// two GEMVs, SmolLM2-135M Q4_1). Not where AVX-512 VNNI runs the integer GEMM. Interleaved
-/// weights take all their rows in one pass instead, up to `x8_one_pass_max_rows`.
+/// Up to this many rows, quantized weights in GGUF's layout run as GEMVs of
+/// [`GEMV_MAX_ROWS`] rows each, on every CPU: each row then gets exactly the bits it gets
+/// alone, so a verify pass of speculative decoding or a batched step of up to this many
+/// sequences gives the tokens of one-row steps. Taller `x` (prefill) takes the integer GEMM
+/// where AVX-512 VNNI runs it, else f32 panels widened for gemm. (Interleaved weights give
+/// a row the same bits at any height.)
 pub const QUANT_GEMV_MAX_ROWS: usize = 16;
 
 /// Up to this many rows, and while `x` holds no more than [`ONE_PASS_X_ELEMS`], f32 and f16
@@ -79,11 +79,11 @@ pub const ONE_PASS_X_ELEMS: usize = 1 << 18;
 /// True when `m` rows against `w` run through the GEMV's split of `W`'s rows rather than
 /// gemm: up to [`GEMV_MAX_ROWS`] rows for every format but [`Weights::F32T`]; up to
 /// [`QUANT_GEMV_MAX_ROWS`] for quantized weights; and all rows in one pass where
-/// [`one_pass`] says so. Not where AVX-512 VNNI runs the integer GEMM.
+/// [`one_pass`] says so.
 fn gemv_rows(w: Weights<'_>, m: usize, k: usize) -> bool {
     one_pass(w, m, k)
         || !matches!(w, Weights::F32T(_)) && m <= GEMV_MAX_ROWS
-        || (w.is_quantized() && m <= QUANT_GEMV_MAX_ROWS && !quant::gemm::available())
+        || (w.is_quantized() && m <= QUANT_GEMV_MAX_ROWS)
 }
 
 /// True when the GEMV takes all `m` rows of `x` in one pass over `w`, so that `W` is read
@@ -320,10 +320,9 @@ fn validate(
 
 /// `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)`, overwriting `y`.
 ///
-/// Picks the GEMV for `m ≤ GEMV_MAX_ROWS` (for quantized weights without AVX-512 VNNI, GEMVs
-/// of that many rows up to [`QUANT_GEMV_MAX_ROWS`]; for interleaved weights, one pass over
-/// all rows up to `x8_one_pass_max_rows`) and gemm otherwise; both use rayon's current
-/// pool.
+/// Picks the GEMV for `m ≤ GEMV_MAX_ROWS` (for quantized weights, GEMVs of that many rows
+/// up to [`QUANT_GEMV_MAX_ROWS`]; for interleaved weights, one pass over all rows up to
+/// `x8_one_pass_max_rows`) and gemm otherwise; both use rayon's current pool.
 /// Errors if a slice length disagrees with `m`, `k`, `n`, a dimension is zero, or a product
 /// of them (`m·k`, `n·k`, `m·n`) overflows `usize`.
 pub fn linear(

@@ -41,3 +41,77 @@ fn tall_x_in_chunks_gives_the_bits_of_one_call() {
         }
     }
 }
+
+/// A row of `x` gets the same bits whatever rows share its call: the property a verify pass
+/// of speculative decoding, a batched step and a cached prefix rely on (their rows must
+/// equal the one-row steps of plain decoding). Every kind of weights, both precisions, at
+/// the heights where the dispatch changes path: interleaved weights at every height, GGUF's
+/// layout up to [`QUANT_GEMV_MAX_ROWS`], f32 and f16 while [`one_pass`] takes them.
+#[test]
+fn a_row_gets_the_same_bits_in_any_pass() {
+    let mut rng = Rng(0x0b17_5a3e);
+    let mut failures = Vec::new();
+    for k in [256usize, 768] {
+        let n = 24;
+        let heights = [2, 3, 5, 8, 9, 12, 16, 17, 24, 65, 130];
+        let m_max = *heights.iter().max().unwrap();
+        let x: Vec<f32> = (0..m_max * k).map(|_| rng.uniform()).collect();
+        let f32w: Vec<f32> = (0..n * k).map(|_| rng.uniform()).collect();
+        let f16w: Vec<f16> = f32w.iter().map(|&v| f16::from_f32(v)).collect();
+        // Each case: its name, its format and bytes (none for f32 and f16), interleaved or not.
+        let mut cases = vec![
+            ("f32".to_string(), None, Vec::new(), false),
+            ("f16".to_string(), None, Vec::new(), false),
+        ];
+        for format in QuantFormat::ALL {
+            if !k.is_multiple_of(format.block_elems()) {
+                continue;
+            }
+            let blocks = weight_blocks(format, n, k, &mut rng);
+            if quant::x8::supports(format) {
+                let mut packed = vec![0; blocks.len()];
+                quant::x8::pack(format, &blocks, n, k, &mut packed).unwrap();
+                cases.push((format!("{format} x8"), Some(format), packed, true));
+            }
+            cases.push((format!("{format}"), Some(format), blocks, false));
+        }
+        for (name, format, bytes, interleaved) in &cases {
+            for precision in [ActPrecision::Wide, ActPrecision::Byte] {
+                let w = match (format, interleaved) {
+                    (None, _) if name == "f32" => Weights::F32(&f32w),
+                    (None, _) => Weights::F16(&f16w),
+                    (Some(f), false) => Weights::Quant(*f, bytes),
+                    (Some(f), true) => Weights::QuantX8(*f, precision, bytes),
+                };
+                if precision == ActPrecision::Byte && !matches!(w, Weights::QuantX8(..)) {
+                    continue;
+                }
+                let mut solo = vec![0.0; m_max * n];
+                for i in 0..m_max {
+                    let (xi, yi) = (&x[i * k..(i + 1) * k], &mut solo[i * n..(i + 1) * n]);
+                    linear(yi, xi, w, None, 1, k, n).unwrap();
+                }
+                for m in heights {
+                    let promised = match w {
+                        Weights::QuantX8(..) => true,
+                        Weights::Quant(..) => m <= QUANT_GEMV_MAX_ROWS,
+                        _ => one_pass(w, m, k),
+                    };
+                    if !promised {
+                        continue;
+                    }
+                    let mut y = vec![0.0; m * n];
+                    linear(&mut y, &x[..m * k], w, None, m, k, n).unwrap();
+                    if let Some(at) = (0..m * n).find(|&i| y[i].to_bits() != solo[i].to_bits()) {
+                        failures.push(format!(
+                            "{name} {precision} k = {k} m = {m}: row {} column {}",
+                            at / n,
+                            at % n
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -161,12 +161,6 @@ pub struct QuantizedActs {
     /// steps of a 4-bit scale, rather than the weight itself, about −8 to 7 steps: on the
     /// default model that measured four times the KL divergence, 0.0121 against 0.0030.)
     pub sum: Vec<f32>,
-    /// For one row (`m = 1`, a decode step's GEMV), the same integers reordered within
-    /// each block as its 16 even-indexed elements then its 16 odd-indexed ones, the order in
-    /// which the one-row kernels take weights apart (every 16-bit lane of a weight vector
-    /// holds an even element in its low byte and the next odd one in its high byte). Empty
-    /// for more rows.
-    pub eo: Vec<i16>,
     /// For up to [`HALF_SUMS_MAX_ROWS`] rows, the integer sum of `q` over each half-block of
     /// 16 elements (two per block, `m·k / 16`): the GEMV kernels take a format's offset
     /// (Q4_0's −8, Q5_0's −16, Q6_K's −32) off the weights' sums once per block, exactly,
@@ -269,7 +263,6 @@ impl QuantizedActs {
         self.k = k;
         self.precision = precision;
         quantize_any(x, &mut self.q, &mut self.scale, &mut self.sum, precision);
-        self.eo.clear();
         self.isum16.clear();
         self.split.clear();
         self.bytes.clear();
@@ -283,20 +276,6 @@ impl QuantizedActs {
         }
         if precision == ActPrecision::Byte {
             self.fill_bytes();
-        }
-        if m == 1 {
-            self.eo.resize(k, 0);
-            for (q, eo) in self
-                .q
-                .chunks_exact(ACT_BLOCK)
-                .zip(self.eo.chunks_exact_mut(ACT_BLOCK))
-            {
-                let (even, odd) = eo.split_at_mut(16);
-                for (i, pair) in q.chunks_exact(2).enumerate() {
-                    even[i] = pair[0];
-                    odd[i] = pair[1];
-                }
-            }
         }
     }
 
@@ -450,9 +429,6 @@ impl QuantizedActs {
                 elems / ACT_BLOCK,
                 self.tile_meta.len(),
             )?;
-        }
-        if self.m == 1 {
-            check_len("quantized activations eo", self.k, self.eo.len())?;
         }
         Ok(())
     }

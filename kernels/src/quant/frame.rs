@@ -9,7 +9,7 @@
 mod unpack;
 
 pub(in crate::quant) use unpack::{
-    bit_bytes, bytes, iq4_lookup, k_pair, nibble_bytes, q2k_half, q3k_half, q6k_bytes, q6k_half, W2,
+    bytes, iq4_lookup, k_pair, nibble_bytes, q2k_half, q3k_half, q6k_half, W2,
 };
 
 use core::arch::x86_64::*;

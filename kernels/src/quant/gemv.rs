@@ -30,8 +30,6 @@ pub(in crate::quant) mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
-mod row1;
-
 use super::act::{QuantizedActs, ACT_BLOCK};
 use super::blocks::{
     f16_at, iq4_xs_scale, k_scale_min, q2_k_value, q3_k_scale, q3_k_value, q6_k_value, IQ4_TABLE,
@@ -308,11 +306,9 @@ mod tests {
     fn simd_matches_scalar_reference() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let mut worst = 0.0f64;
-        // One row of x against 27 of W, split 9 + 18, takes the one-row kernel's groups of 8
-        // rows whole and cut short. Under Miri (about a million times slower) a few shapes
-        // still cover one super-block, a run of 8 blocks plus a tail (k = 288), 1 and 5 rows
-        // (the one-row kernel, whose split 4 + 8 stores one group of 8 rows whole and one cut
-        // short; a 4-row pass and a 1-row one) and a split of the columns.
+        // Under Miri (about a million times slower) a few shapes still cover one
+        // super-block, a run of 8 blocks plus a tail (k = 288), 1 and 5 rows and a split of
+        // the columns.
         let (ks, shapes): (&[usize], &[(usize, usize)]) = if cfg!(miri) {
             (&[256, 288], &[(1, 12), (5, 1)])
         } else {

@@ -53,15 +53,14 @@ fn error_is_within_half_a_step() {
     }
 }
 
-/// One row also gets its integers in even/odd order per block; up to 16 rows get their
-/// half-block sums; 8-bit activations get their bytes and 16-bit ones their byte split
+/// Up to 16 rows get their half-block sums; 8-bit activations get their bytes and 16-bit ones their byte split
 /// when asked, for any number of rows; and a later call does not see stale ones.
 #[test]
-fn one_row_gets_even_odd_order_and_half_sums() {
+fn rows_get_half_sums_tiles_and_bytes() {
     let mut acts = QuantizedActs::default();
     let k = 96;
     acts.quantize(&values(2 * k, 5), 2, k).unwrap();
-    assert!(acts.eo.is_empty() && acts.isum16.len() == 2 * k / 16);
+    assert!(acts.isum16.len() == 2 * k / 16);
     assert!(!acts.has_tiles());
     for m in [2, 17] {
         acts.quantize(&values(m * k, 5), m, k).unwrap();
@@ -84,11 +83,6 @@ fn one_row_gets_even_odd_order_and_half_sums() {
         acts.check().unwrap();
         for b in 0..k / 32 {
             let q = &acts.q[32 * b..32 * b + 32];
-            let eo = &acts.eo[32 * b..32 * b + 32];
-            for i in 0..16 {
-                assert_eq!(eo[i], q[2 * i], "block {b}, even {i}");
-                assert_eq!(eo[16 + i], q[2 * i + 1], "block {b}, odd {i}");
-            }
             for h in 0..2 {
                 let want: i32 = q[16 * h..16 * h + 16].iter().map(|&v| i32::from(v)).sum();
                 assert_eq!(acts.isum16[2 * b + h], want, "block {b}, half {h}");
@@ -96,7 +90,7 @@ fn one_row_gets_even_odd_order_and_half_sums() {
         }
     }
     acts.quantize(&values(2 * k, 5), 2, k).unwrap();
-    assert!(acts.eo.is_empty() && acts.bytes.is_empty() && acts.tile_meta.is_empty());
+    assert!(acts.bytes.is_empty() && acts.tile_meta.is_empty());
     // Tiles that disagree with the shape are refused.
     acts.quantize_at(&values(2 * k, 5), 2, k, ActPrecision::Byte)
         .unwrap();

@@ -56,7 +56,7 @@ pub(in crate::quant) unsafe fn nibble_bytes(p: *const u8) -> __m256i {
 /// # Safety
 /// The caller must have AVX2.
 #[inline(always)]
-pub(in crate::quant) unsafe fn bit_bytes(h: u32) -> __m256i {
+pub(super) unsafe fn bit_bytes(h: u32) -> __m256i {
     // SAFETY: the caller has AVX2 (this function's contract); these intrinsics only compute on
     // registers.
     unsafe {
@@ -160,7 +160,7 @@ pub(in crate::quant) unsafe fn k_pair(
 /// `p` must point to a whole Q6_K block (210 readable bytes), `h < 2`, and the caller must
 /// have AVX2.
 #[inline(always)]
-pub(in crate::quant) unsafe fn q6k_bytes(p: *const u8, h: usize) -> [__m256i; 4] {
+pub(super) unsafe fn q6k_bytes(p: *const u8, h: usize) -> [__m256i; 4] {
     // SAFETY: the caller guarantees AVX2 and a whole Q6_K block at `p`: the loads read
     // bytes `64h..64h + 64` and `128 + 32h..160 + 32h`, inside its 210 bytes for `h < 2`.
     unsafe {

@@ -22,7 +22,6 @@
 use crate::par::SharedOut;
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
 use crate::quant::frame::{Chunk, Format, Sink, Unpack, CHUNK, ROWS, W2};
-use crate::quant::frame::{Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
 use core::arch::x86_64::*;
 
 /// The instruction-set-specific step: one unpacked group against one row of `xq`.
@@ -437,25 +436,7 @@ pub(super) unsafe fn columns(
     j0: usize,
     j1: usize,
 ) {
-    use super::row1::{columns as one_row, Small};
-    use crate::quant::QuantFormat as Qf;
-    // SAFETY: (every arm) the features are enabled on this function; the rest is the
-    // caller's contract (and, for `one_row`, m = 1, as matched).
-    unsafe {
-        match format {
-            // The formats without a one-row kernel take the general frame at m = 1 too.
-            _ if acts.m != 1 => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
-            Qf::Q2_K | Qf::Q3_K | Qf::IQ4_NL | Qf::IQ4_XS => {
-                dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1)
-            }
-            Qf::Q8_0 => one_row::<Small<Q8_0>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q4_0 => one_row::<Small<Q4_0>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q4_1 => one_row::<Small<Q4_1>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q5_0 => one_row::<Small<Q5_0>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q5_1 => one_row::<Small<Q5_1>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q4_K => one_row::<Q4_K>(y, acts, w, bias, n, j0, j1),
-            Qf::Q5_K => one_row::<Q5_K>(y, acts, w, bias, n, j0, j1),
-            Qf::Q6_K => one_row::<Q6_K>(y, acts, w, bias, n, j0, j1),
-        }
-    }
+    // SAFETY: the features are enabled on this function; the rest is the caller's
+    // contract.
+    unsafe { dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1) }
 }

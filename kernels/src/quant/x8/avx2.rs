@@ -50,37 +50,6 @@ trait Tiles {
     /// # Safety
     /// AVX2.
     unsafe fn finish(s: Self::Sums) -> __m256i;
-    /// The 8 rows' 6-bit scales at `p..p + 8` (row `r`'s at `p + r`) in the form
-    /// [`Tiles::finish_scaled`] takes: by default one per 32-bit lane.
-    ///
-    /// # Safety
-    /// `p..p + 8` readable; AVX2.
-    #[inline(always)]
-    unsafe fn scales(p: *const u8) -> __m256i {
-        // SAFETY: the caller's contract.
-        unsafe { bytes_to_lanes(p) }
-    }
-    /// The 8 rows' dot products times their 6-bit scales (`sc`, from [`Tiles::scales`]),
-    /// exactly: at most 2·30720·63 (8 bits) or 32·15·32767·63 (16 bits) in magnitude,
-    /// inside an i32. By default one 32-bit multiply of [`Tiles::finish`]'s lanes.
-    ///
-    /// # Safety
-    /// AVX2.
-    #[inline(always)]
-    unsafe fn finish_scaled(s: Self::Sums, sc: __m256i) -> __m256i {
-        // SAFETY: registers only; the caller has AVX2.
-        unsafe { _mm256_mullo_epi32(Self::finish(s), sc) }
-    }
-}
-
-/// The 8 bytes at `p` widened to the 8 i32 lanes.
-///
-/// # Safety
-/// `p..p + 8` readable; AVX2.
-#[inline(always)]
-unsafe fn bytes_to_lanes(p: *const u8) -> __m256i {
-    // SAFETY: the caller's contract.
-    unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)) }
 }
 
 /// 16-bit activations as their byte split `q = 256·hi + lo`: the nibbles times `hi` (signed)
@@ -150,20 +119,6 @@ impl Tiles for Bytes {
     unsafe fn finish(s: __m256i) -> __m256i {
         // SAFETY: registers only; the caller has AVX2.
         unsafe { _mm256_madd_epi16(s, _mm256_set1_epi16(1)) }
-    }
-    #[inline(always)]
-    unsafe fn scales(p: *const u8) -> __m256i {
-        // SAFETY: the caller's contract. Row r's scale in both 16-bit halves of lane r.
-        unsafe {
-            let b = _mm_loadl_epi64(p as *const __m128i);
-            _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b))
-        }
-    }
-    #[inline(always)]
-    unsafe fn finish_scaled(s: __m256i, sc: __m256i) -> __m256i {
-        // SAFETY: registers only; the caller has AVX2. Both 16-bit sums of lane r are row
-        // r's, and so is the scale in both halves: one `madd` widens and scales them.
-        unsafe { _mm256_madd_epi16(s, sc) }
     }
 }
 
@@ -387,19 +342,29 @@ unsafe fn q4_k<T: Tiles, const M: usize>(
                     tab.as_ptr().add(at) as *const __m128i
                 )))
             };
-            // Per group: the 8 rows' minimums `mn` (times `dmin` later).
+            // Per group: the 8 rows' minimums.
             let mut mn = [_mm256_setzero_ps(); 8];
             for (g, mn) in mn.iter_mut().enumerate() {
                 *mn = byte8(64 + 8 * g);
             }
+            // Per group: the 8 rows' scales `d·sc` and minimums `dmin·mn`.
+            let mut sc = [_mm256_setzero_ps(); 8];
+            for (g, (sc, mn)) in sc.iter_mut().zip(mn.iter_mut()).enumerate() {
+                *sc = _mm256_mul_ps(d, byte8(8 * g));
+                *mn = _mm256_mul_ps(dmin, *mn);
+            }
+            // A row's sum takes the same steps in the same order at every height of tile, so
+            // that its bits never depend on the rows beside it: per group, the integer dot
+            // product times `d·sc·xs`, then the minimums' term.
+            let add = |acc: &mut __m256, g: usize, a: T::Sums, at: usize| {
+                let xm = &*meta.add(at);
+                let dot = _mm256_cvtepi32_ps(T::finish(a));
+                *acc = _mm256_fmadd_ps(dot, _mm256_mul_ps(sc[g], _mm256_set1_ps(xm.scale)), *acc);
+                *acc = _mm256_fnmadd_ps(mn[g], _mm256_set1_ps(xm.sum), *acc);
+            };
             if M == 1 {
-                // One row: both groups of each run of 8 chunks in one pass over its bytes
-                // (in L2, 1.00 ns per 32 weights against 1.15 group by group). Each group's
-                // integer sums are scaled by its 6-bit scales as integers, and `d` comes in
-                // once per super-block, not once per group: 0.72 → 0.70 ns per 32 weights at
-                // 8 bits, 1.06 → 1.03 at 16 (`gemv_cached`, one thread, 3 alternations).
+                // One row: both groups of each run of 8 chunks in one pass over its bytes.
                 let acc = &mut acc[0];
-                let (mut sums, mut mins) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 for j in 0..4 {
                     let q = base.add(128 + 256 * j);
                     for c in 0..4 {
@@ -413,22 +378,10 @@ unsafe fn q4_k<T: Tiles, const M: usize>(
                         T::step(w0, x0, 4 * p, &mut a0);
                         T::step(w1, x1, 4 * p, &mut a1);
                     }
-                    for (g, a) in [(2 * j, a0), (2 * j + 1, a1)] {
-                        let xm = &*meta.add(8 * s + g);
-                        let sc = T::scales(tab.as_ptr().add(8 * g));
-                        let dot = _mm256_cvtepi32_ps(T::finish_scaled(a, sc));
-                        sums = _mm256_fmadd_ps(dot, _mm256_set1_ps(xm.scale), sums);
-                        mins = _mm256_fmadd_ps(mn[g], _mm256_set1_ps(xm.sum), mins);
-                    }
+                    add(acc, 2 * j, a0, 8 * s + 2 * j);
+                    add(acc, 2 * j + 1, a1, 8 * s + 2 * j + 1);
                 }
-                *acc = _mm256_fmadd_ps(d, sums, *acc);
-                *acc = _mm256_fnmadd_ps(dmin, mins, *acc);
                 continue;
-            }
-            // Per group: the 8 rows' scales `d·sc`.
-            let mut sc = [_mm256_setzero_ps(); 8];
-            for (g, sc) in sc.iter_mut().enumerate() {
-                *sc = _mm256_mul_ps(d, byte8(8 * g));
             }
             // Several rows: group by group, its 8 chunks of nibbles taken apart once and met
             // by every row of the tile while they sit in registers (2.2× the rate of the
@@ -441,7 +394,6 @@ unsafe fn q4_k<T: Tiles, const M: usize>(
                         _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * c) as *const i8);
                     }
                 }
-                let mn = _mm256_mul_ps(dmin, mn[g]);
                 let mut w = [_mm256_setzero_si256(); 8];
                 for (p, w) in w.iter_mut().enumerate() {
                     let v = _mm256_loadu_si256(q.add(32 * p) as *const __m256i);
@@ -454,15 +406,11 @@ unsafe fn q4_k<T: Tiles, const M: usize>(
                 for (i, acc) in acc.iter_mut().enumerate().take(M) {
                     // Block g of the super-block, row i of the tile.
                     let at = (8 * s + g) * M + i;
-                    let (x, xm) = (tiles.add(at), &*meta.add(at));
                     let mut a = T::zero();
                     for (p, &w) in w.iter().enumerate() {
-                        T::step(w, x, 4 * p, &mut a);
+                        T::step(w, tiles.add(at), 4 * p, &mut a);
                     }
-                    let dot = _mm256_cvtepi32_ps(T::finish(a));
-                    let xs = _mm256_set1_ps(xm.scale);
-                    *acc = _mm256_fmadd_ps(dot, _mm256_mul_ps(sc[g], xs), *acc);
-                    *acc = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xm.sum), *acc);
+                    add(acc, g, a, at);
                 }
             }
         }

@@ -247,8 +247,9 @@ const SCALE_PAIR: [i8; 32] = scale_ctl(0, 8);
 /// scales of a block's two half-groups come out of one broadcast load by three `pshufb`
 /// (each scale byte into the high byte of its 16-bit lanes, then an arithmetic shift: by 8
 /// for the scale itself, by 3 for 32 times it, the offset's factor); the source vectors are
-/// reordered before they are taken apart ([`q6_k_rows`], 3 shuffles for 4 vectors); blocks
-/// alternate between two sums so that their multiply-adds do not wait on each other.
+/// reordered before they are taken apart ([`q6_k_rows`], 3 shuffles for 4 vectors). The
+/// blocks' products add into `acc` one after the other, as in [`q6_k`], so that a row's
+/// bits do not depend on the height of its tile.
 ///
 /// # Safety
 /// As [`q6_k`] with `M = 1`.
@@ -267,7 +268,6 @@ unsafe fn q6_k_one<const VNNI: bool>(
         let order = rows4();
         let ctl = |c: &[i8; 32]| _mm256_loadu_si256(c.as_ptr() as *const __m256i);
         let (c_sc0, c_sc1, c_pair) = (ctl(&SCALE0), ctl(&SCALE1), ctl(&SCALE_PAIR));
-        let mut acc2 = [*acc, _mm256_setzero_ps()];
         for s in 0..ns {
             let base = col.add(s * 1680);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
@@ -303,10 +303,9 @@ unsafe fn q6_k_one<const VNNI: bool>(
                 let off = _mm256_madd_epi16(pair32, _mm256_set1_epi32(halves as i32));
                 let dot = _mm256_sub_epi32(_mm256_add_epi32(dot[0], dot[1]), off);
                 let xs = _mm256_mul_ps(d, _mm256_set1_ps(xm.scale));
-                acc2[g % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), xs, acc2[g % 2]);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), xs, *acc);
             }
         }
-        *acc = _mm256_add_ps(acc2[0], acc2[1]);
     }
 }
 
