@@ -567,7 +567,7 @@ impl Engine {
                 cache: &mut slot.cache,
                 tokens,
                 pos0,
-                logits: wants,
+                logits: usize::from(wants),
             });
         }
         // On a rayon worker, the others kept awake (`on_pool`), so that the kernels'

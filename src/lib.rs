@@ -6,6 +6,8 @@
 //!
 //! - [`error`] and `alloc` (buffers whose allocation may be refused): the bottom, which
 //!   every layer may use;
+//! - [`speculative`]: drafting for speculative decoding (n-gram lookup) and the governor
+//!   that judges whether it pays;
 //! - [`weights`]: GGUF and safetensors files mapped into named tensor views that know how
 //!   they are stored (f32, f16, or GGUF quantized blocks run in place);
 //! - [`nn`]: Linear, norms, FFN, embeddings, masks and the attention modules of the seeds;
@@ -39,6 +41,7 @@ pub mod nn;
 pub mod perplexity;
 pub mod sample;
 pub mod session;
+pub mod speculative;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tokenizer;

@@ -41,9 +41,12 @@
 use crate::error::{Error, Result};
 use crate::load::Model;
 use crate::models::decoder::{DecoderState, KvType};
-use crate::sample::{Sampler, SamplerConfig};
+use crate::sample::{Sampled, Sampler, SamplerConfig};
+use crate::speculative::{ngram, Governor, SpecStats, Speculation};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Prompt positions per matrix pass unless [`SessionOptions::prefill_chunk`] says otherwise.
 /// A 512-token prompt prefilled 5–13% faster in one chunk of 512 than in two of 256
@@ -300,6 +303,11 @@ impl Session {
             ignore_eos: false,
             remaining: usize::MAX,
             done: false,
+            spec: Speculation::Off,
+            spec_logits: Vec::new(),
+            pending: VecDeque::new(),
+            stats: SpecStats::default(),
+            governor: None,
         })
     }
 }
@@ -331,6 +339,11 @@ fn tokenizer_of(model: &Model) -> Result<&Tokenizer> {
 
 /// The iterator [`Session::generate`] returns: each `next()` samples a token from the current
 /// logits, appends it to the session (running the model once), and yields it with its text.
+///
+/// With [`speculate`](Generate::speculate), a step may run drafted tokens too and keep those
+/// the model agrees with; they are yielded by the following calls without running the model.
+/// Dropping the iterator before they are yielded takes them back out of the session, so that
+/// the session always holds exactly the tokens yielded.
 pub struct Generate<'a> {
     model: &'a Model,
     core: &'a mut Core,
@@ -340,6 +353,25 @@ pub struct Generate<'a> {
     ignore_eos: bool,
     remaining: usize,
     done: bool,
+    spec: Speculation,
+    /// The logits of a verify pass: (most drafted tokens + 1) rows.
+    spec_logits: Vec<f32>,
+    /// Kept tokens already in the session, not yet yielded, with their log-probabilities.
+    pending: VecDeque<(u32, f32)>,
+    stats: SpecStats,
+    /// Adapts the draft length, and pauses drafting when it does not pay.
+    governor: Option<Governor>,
+}
+
+impl Drop for Generate<'_> {
+    fn drop(&mut self) {
+        if !self.pending.is_empty() {
+            let keep = self.core.tokens.len() - self.pending.len();
+            self.core.tokens.truncate(keep);
+            // The logits follow the last kept token, which is no longer the last one.
+            self.core.logits_at = None;
+        }
+    }
 }
 
 impl std::fmt::Debug for Generate<'_> {
@@ -370,6 +402,133 @@ impl Generate<'_> {
     pub fn finish(mut self) -> String {
         self.decoder.finish()
     }
+
+    /// Drafts tokens as `spec` says and verifies them in one pass each, yielding exactly
+    /// the tokens plain decoding yields. The draft length then follows how many drafted
+    /// tokens the model keeps, and drafting pauses (for a while, longer each time) when the
+    /// kept tokens do not make up for what the extra rows of a pass cost, as timed here. [`Error::Config`] when the settings are out of
+    /// range; [`Error::Unsupported`] unless the sampler is greedy (temperature 0: this
+    /// version verifies greedy choices only); [`Error::AllocationRefused`] when the logits
+    /// of a verify pass cannot be had.
+    pub fn speculate(mut self, spec: Speculation) -> Result<Self> {
+        spec.validate()?;
+        if spec != Speculation::Off && !self.sampler.config().is_greedy() {
+            return Err(Error::Unsupported(
+                "speculative decoding with sampling (temperature > 0): only greedy decoding \
+                 is verified"
+                    .into(),
+            ));
+        }
+        // At 8 bits the kernels round a row met with others differently from a row alone,
+        // enough to change a greedy token now and then: drafts could then be kept where plain
+        // decoding would not have made them.
+        if spec != Speculation::Off
+            && self.model.decoder().act_precision() == qkv_kernels::quant::act::ActPrecision::Byte
+        {
+            return Err(Error::Unsupported(
+                "speculative decoding with 8-bit activations: a verify pass keeps exactly the \
+                 tokens of plain decoding only in the exact mode (16-bit activations: \
+                 `--act-bits 16`, ModelOptions::act_precision = ActPrecision::Wide)"
+                    .into(),
+            ));
+        }
+        let rows = spec.max_draft() + 1;
+        let len = rows.saturating_mul(self.model.vocab_size());
+        if self.spec_logits.len() < len {
+            self.spec_logits = crate::alloc::zeroed(len, || {
+                format!("the logits of a verify pass of {rows} rows")
+            })?;
+        }
+        self.spec = spec;
+        self.governor = (spec != Speculation::Off).then(|| Governor::new(spec.max_draft()));
+        Ok(self)
+    }
+
+    /// What speculation did so far: tokens drafted, and of those kept.
+    pub fn spec_stats(&self) -> SpecStats {
+        self.stats
+    }
+
+    /// Yields a token already in the session: counts it, marks the end at the end-of-sequence
+    /// token, and decodes its text.
+    fn emit(&mut self, id: u32, logprob: f32) -> Result<Piece> {
+        self.remaining -= 1;
+        if Some(id) == self.eos && !self.ignore_eos {
+            self.done = true;
+        }
+        let text = self.decoder.push(id).inspect_err(|_| self.done = true)?;
+        Ok(Piece { id, text, logprob })
+    }
+
+    /// Appends `sampled` and, when a draft follows it, runs them together and keeps the
+    /// drafted tokens the model's own choices agree with (queued in `pending`), leaving the
+    /// logits after the last kept token. Without a draft, one decode step.
+    fn advance(&mut self, sampled: &Sampled) -> Result<()> {
+        let core = &mut *self.core;
+        let n = core.tokens.len();
+        let is_eos = Some(sampled.id) == self.eos && !self.ignore_eos;
+        let room = core.state.capacity().saturating_sub(n + 1);
+        let (Speculation::Ngram(o), Some(governor)) = (self.spec, self.governor.as_mut()) else {
+            return core.prefill(self.model, &[sampled.id]);
+        };
+        let limit = governor.next_limit();
+        let most = if is_eos {
+            0
+        } else {
+            limit.min(room).min(self.remaining - 1)
+        };
+        core.tokens.push(sampled.id);
+        let found = ngram::find(&core.tokens, o.min_ngram, o.max_ngram, most);
+        if found.is_empty() {
+            core.tokens.pop();
+            let start = Instant::now();
+            core.prefill(self.model, &[sampled.id])?;
+            governor.record_step(start.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        let k = found.len();
+        core.tokens.extend_from_within(found);
+        let vocab = self.model.vocab_size();
+        let rows = &mut self.spec_logits[..(k + 1) * vocab];
+        let (state, pass) = (&mut core.state, &core.tokens[n..]);
+        let decoder = self.model.decoder();
+        // On the pool, as a decode step runs (see `Core::prefill`).
+        let start = Instant::now();
+        if let Err(e) = qkv_kernels::on_pool(|| decoder.forward_all(state, pass, n, rows)) {
+            core.tokens.truncate(n);
+            return Err(e);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        // Draft i is kept when the model's choice after the tokens before it is that very
+        // token; the sampler sees the history it would have seen stepping one by one.
+        let mut kept = 0;
+        while kept < k {
+            let row = &rows[kept * vocab..(kept + 1) * vocab];
+            let at = n + 1 + kept;
+            // A row the sampler refuses (non-finite logits) is left for the next call to
+            // report, at its position, as plain decoding would.
+            let Ok(choice) = self.sampler.sample(row, &core.tokens[..at]) else {
+                break;
+            };
+            if choice.id != core.tokens[at] {
+                break;
+            }
+            self.pending.push_back((choice.id, choice.logprob));
+            kept += 1;
+            if Some(choice.id) == self.eos && !self.ignore_eos {
+                break;
+            }
+        }
+        core.logits
+            .copy_from_slice(&rows[kept * vocab..(kept + 1) * vocab]);
+        core.tokens.truncate(n + 1 + kept);
+        core.logits_at = Some(core.tokens.len());
+        self.stats.draft_tokens += k;
+        self.stats.accepted_tokens += kept;
+        self.stats.verify_passes += 1;
+        governor.record_pass(k, kept, secs);
+        Ok(())
+    }
 }
 
 impl Iterator for Generate<'_> {
@@ -378,6 +537,9 @@ impl Iterator for Generate<'_> {
     fn next(&mut self) -> Option<Result<Piece>> {
         if self.done || self.remaining == 0 {
             return None;
+        }
+        if let Some((id, logprob)) = self.pending.pop_front() {
+            return Some(self.emit(id, logprob));
         }
         let core = &mut *self.core;
         let capacity = core.state.capacity();
@@ -395,25 +557,10 @@ impl Iterator for Generate<'_> {
                 return Some(Err(at_position(e, core.tokens.len())));
             }
         };
-        self.remaining -= 1;
-        if Some(sampled.id) == self.eos && !self.ignore_eos {
-            self.done = true;
-        }
-        if let Err(e) = core.prefill(self.model, &[sampled.id]) {
+        if let Err(e) = self.advance(&sampled) {
             self.done = true;
             return Some(Err(e));
         }
-        let text = match self.decoder.push(sampled.id) {
-            Ok(t) => t,
-            Err(e) => {
-                self.done = true;
-                return Some(Err(e));
-            }
-        };
-        Some(Ok(Piece {
-            id: sampled.id,
-            text,
-            logprob: sampled.logprob,
-        }))
+        Some(self.emit(sampled.id, sampled.logprob))
     }
 }

@@ -56,13 +56,13 @@ fn a_state_made_by_another_model_is_refused() {
             cache: &mut own,
             tokens: &[1, 2],
             pos0: 0,
-            logits: true,
+            logits: 1,
         },
         Segment {
             cache: &mut foreign,
             tokens: &[3],
             pos0: 0,
-            logits: true,
+            logits: 1,
         },
     ];
     let mut logits = vec![0.0; 2 * 40];

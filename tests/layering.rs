@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 const SRC_LAYERS: &[&str] = &[
     "error",
     "alloc",
+    "speculative",
     "weights",
     "nn",
     "tokenizer",

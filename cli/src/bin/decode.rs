@@ -32,6 +32,7 @@ use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::KvType;
 use qkv::sample::SamplerConfig;
 use qkv::session::{Piece, Session, SessionOptions};
+use qkv::speculative::{NgramOptions, SpecStats, Speculation};
 use qkv::tokenizer::{ChatMessage, Tokenizer};
 use qkv::weights::{gguf, FloatType};
 use std::io::{IsTerminal, Read, Write};
@@ -214,6 +215,15 @@ struct RunArgs {
     /// the end, inside a character), then a stats object.
     #[arg(long)]
     json: bool,
+    /// Speculative decoding, greedy only (--temperature 0) and in the exact mode (16-bit
+    /// activations, the default): `ngram` drafts the tokens that
+    /// followed the latest earlier occurrence of the text's last few tokens (prompt lookup)
+    /// and checks them in one pass; the text is the same as without it.
+    #[arg(long, value_name = "KIND", value_parser = ["ngram"])]
+    spec: Option<String>,
+    /// Most tokens per draft with --spec, 1 to 7 (default 7).
+    #[arg(long = "spec-max", value_name = "N")]
+    spec_max: Option<usize>,
 }
 
 type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -473,6 +483,7 @@ const MAX_THREADS: usize = 1024;
 fn run(args: &RunArgs) -> AnyResult<()> {
     // Checked before anything is loaded, so a typo costs nothing.
     let config = sampler_config(args)?;
+    let spec = speculation(args, &config)?;
     set_threads(args.threads)?;
     let prompt = read_prompt(args)?;
     let Loaded {
@@ -491,7 +502,7 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         stdout: std::io::stdout().lock(),
         closed: false,
     };
-    let generated = generate(&mut session, tokenizer, config, args, &mut out)?;
+    let generated = generate(&mut session, tokenizer, config, spec, args, &mut out)?;
     let timing = Timing {
         load_ms,
         prompt_tokens: ids.len(),
@@ -513,6 +524,24 @@ fn sampler_config(args: &RunArgs) -> AnyResult<SamplerConfig> {
     };
     config.validate()?;
     Ok(config)
+}
+
+/// The speculation `--spec` and `--spec-max` ask for, checked against the sampler: drafts
+/// are verified for greedy decoding only.
+fn speculation(args: &RunArgs, config: &SamplerConfig) -> AnyResult<Speculation> {
+    let spec = match (args.spec.as_deref(), args.spec_max) {
+        (None, None) => return Ok(Speculation::Off),
+        (None, Some(_)) => return Err("--spec-max needs --spec".into()),
+        (Some(_), max) => Speculation::Ngram(NgramOptions {
+            max_draft: max.unwrap_or(NgramOptions::default().max_draft),
+            ..NgramOptions::default()
+        }),
+    };
+    spec.validate()?;
+    if !config.is_greedy() {
+        return Err("--spec verifies greedy decoding only: pass --temperature 0".into());
+    }
+    Ok(spec)
 }
 
 /// `--prompt`, or all of stdin; never empty.
@@ -626,6 +655,8 @@ struct Generated {
     secs: f64,
     /// The context's capacity, when generation stopped because it was full.
     full: Option<usize>,
+    /// Drafted and kept tokens (zeros without `--spec`).
+    spec: SpecStats,
 }
 
 /// Generates up to `-n` tokens after the prefilled prompt, writing each as it comes, then the
@@ -634,6 +665,7 @@ fn generate(
     session: &mut Session,
     tokenizer: &Tokenizer,
     config: SamplerConfig,
+    spec: Speculation,
     args: &RunArgs,
     out: &mut Out,
 ) -> AnyResult<Generated> {
@@ -642,7 +674,8 @@ fn generate(
     let mut stream = session
         .generate_tokens(&[], config)?
         .max_tokens(args.n)
-        .ignore_eos(args.ignore_eos);
+        .ignore_eos(args.ignore_eos)
+        .speculate(spec)?;
     let mut full = None;
     for piece in stream.by_ref() {
         let piece = match piece {
@@ -660,6 +693,7 @@ fn generate(
             break;
         }
     }
+    let spec = stream.spec_stats();
     let rest = stream.finish();
     let secs = gen_start.elapsed().as_secs_f64();
     if args.json {
@@ -676,6 +710,7 @@ fn generate(
         tokens: generated,
         secs,
         full,
+        spec,
     })
 }
 
@@ -735,6 +770,8 @@ fn report(
             "kv_type": session.kv_dtype().to_string(),
             "kv_bytes_per_token": model.decoder().kv_bytes_per_position(session.kv_dtype()),
             "peak_rss_bytes": peak_rss_bytes(),
+            "draft_tokens": generated.spec.draft_tokens,
+            "accepted_tokens": generated.spec.accepted_tokens,
         }});
         out.write(&format!("{stats}\n"))?;
     }

@@ -10,7 +10,7 @@ use qkv_kernels::{attention_many, linear_many, AttentionCall, AttentionMask, Que
 
 /// One sequence's share of a [`Decoder::forward_batch`] pass: `tokens` at absolute
 /// positions `pos0..pos0 + tokens.len()`, appended to `cache` (positions before `pos0` must
-/// be in it; later ones are forgotten first), with the logits of the last token wanted or not.
+/// be in it; later ones are forgotten first), with the logits of its last `logits` tokens.
 #[derive(Debug)]
 pub struct Segment<'a> {
     /// The sequence's KV cache.
@@ -19,8 +19,11 @@ pub struct Segment<'a> {
     pub tokens: &'a [u32],
     /// The absolute position of `tokens[0]`.
     pub pos0: usize,
-    /// Write the last token's logits (in segment order) into the pass's logits buffer.
-    pub logits: bool,
+    /// How many of the last tokens' logits to write into the pass's logits buffer (in
+    /// segment order, a row per token): 0 for a prompt chunk that predicts nothing yet, 1
+    /// for a decode step, more for a pass that verifies drafted tokens. At most
+    /// `tokens.len()`.
+    pub logits: usize,
 }
 
 impl Decoder {
@@ -43,9 +46,30 @@ impl Decoder {
         logits: Option<&mut [f32]>,
     ) -> Result<()> {
         match logits {
-            Some(l) => self.run(state, tokens, pos0, Logits::Last(l)),
-            None => self.run(state, tokens, pos0, Logits::None),
+            Some(l) => self.run(state, tokens, pos0, 1, l),
+            None => self.run(state, tokens, pos0, 0, &mut []),
         }
+    }
+
+    /// As [`forward`](Self::forward), but writes the logits of the last `rows` tokens:
+    /// `logits[i·vocab..(i+1)·vocab]` are those after `tokens[tokens.len() - rows + i]`. A
+    /// pass that verifies drafted tokens asks for those after the last accepted token and
+    /// after each draft. Errors as `forward` does, and with [`Error::Shape`] when `rows` is
+    /// 0 or more than `tokens.len()`, or `logits` is not `rows·vocab` long.
+    pub fn forward_tail(
+        &self,
+        state: &mut DecoderState,
+        tokens: &[u32],
+        pos0: usize,
+        rows: usize,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        if rows == 0 {
+            return Err(Error::Shape(
+                "decoder forward_tail: 0 rows of logits asked for".into(),
+            ));
+        }
+        self.run(state, tokens, pos0, rows, logits)
     }
 
     /// As [`forward`](Self::forward), but writes the logits of every token:
@@ -59,7 +83,7 @@ impl Decoder {
         pos0: usize,
         logits: &mut [f32],
     ) -> Result<()> {
-        self.run(state, tokens, pos0, Logits::All(logits))
+        self.run(state, tokens, pos0, tokens.len(), logits)
     }
 
     /// Runs `tokens` from position 0 of `state` (whatever its cache held is forgotten) and
@@ -91,7 +115,7 @@ impl Decoder {
                 cache: &mut *cache,
                 tokens: chunk,
                 pos0: pos,
-                logits: false,
+                logits: 0,
             }];
             self.layers(&mut seg, scratch)?;
             let rows = &mut out[pos * d..(pos + chunk.len()) * d];
@@ -102,32 +126,30 @@ impl Decoder {
         Ok(())
     }
 
+    /// The pass behind `forward`, `forward_tail` and `forward_all`: `tokens` in chunks of the
+    /// scratch's rows, and the logits of the last `wanted` tokens into `logits`.
     fn run(
         &self,
         state: &mut DecoderState,
         tokens: &[u32],
         pos0: usize,
-        mut logits: Logits<'_>,
+        wanted: usize,
+        logits: &mut [f32],
     ) -> Result<()> {
         let c = &self.config;
         let DecoderState { cache, scratch } = state;
         self.check_segment(cache, tokens, pos0)?;
-        let wanted = match &logits {
-            Logits::None => None,
-            Logits::Last(l) => Some((l.len(), c.vocab)),
-            Logits::All(l) => Some((l.len(), tokens.len().saturating_mul(c.vocab))),
-        };
-        if let Some((len, want)) = wanted.filter(|(len, want)| len != want) {
+        check_wanted(wanted, tokens.len())?;
+        let need = wanted.saturating_mul(c.vocab);
+        if logits.len() != need {
             return Err(Error::Shape(format!(
-                "logits buffer holds {len}, {} tokens of a {}-token vocabulary need {want}",
-                if matches!(logits, Logits::All(_)) {
-                    tokens.len()
-                } else {
-                    1
-                },
+                "logits buffer holds {}, {wanted} tokens of a {}-token vocabulary need {need}",
+                logits.len(),
                 c.vocab
             )));
         }
+        // The first token whose logits are wanted, counted from tokens[0].
+        let first = tokens.len() - wanted;
         // From here on, positions past pos0 no longer match the tokens before them.
         cache.filled = pos0;
         let mut pos = pos0;
@@ -136,19 +158,17 @@ impl Decoder {
                 cache: &mut *cache,
                 tokens: chunk,
                 pos0: pos,
-                logits: false,
+                logits: 0,
             }];
             self.layers(&mut seg, scratch)?;
-            if let Logits::All(all) = &mut logits {
-                let at = (pos - pos0) * c.vocab;
-                let n = chunk.len();
-                self.head(scratch, 0..n, n, &mut all[at..at + n * c.vocab])?;
+            // This chunk's share of the wanted tokens, as rows of the chunk.
+            let (start, end) = (pos - pos0, pos - pos0 + chunk.len());
+            let from = first.max(start);
+            if from < end {
+                let out = &mut logits[(from - first) * c.vocab..(end - first) * c.vocab];
+                self.head(scratch, from - start..end - start, end - from, out)?;
             }
             pos += chunk.len();
-        }
-        if let Logits::Last(logits) = logits {
-            let last = (tokens.len() - 1) % scratch.rows;
-            self.head(scratch, std::iter::once(last), 1, logits)?;
         }
         Ok(())
     }
@@ -156,8 +176,9 @@ impl Decoder {
     /// Runs many sequences' tokens as one pass: the rows of every segment go through each
     /// weight matrix together (so a step of `B` decoding sequences reads each weight once,
     /// not `B` times), while attention runs per segment over its own cache at its own
-    /// positions. `logits` receives, in segment order, one row of `vocab` logits per segment
-    /// that asks for them (of its last token).
+    /// positions. `logits` receives, in segment order, one row of `vocab` logits for each of
+    /// the last [`Segment::logits`] tokens of every segment, computed by one product with the
+    /// output head.
     ///
     /// Each segment is checked as [`forward`](Self::forward) checks its arguments, all before
     /// anything runs; the total rows must fit `scratch` ([`Error::Shape`]), and the same cache
@@ -173,12 +194,12 @@ impl Decoder {
     /// let mut logits = vec![0.0; 2 * 100];
     /// // A prompt of 3 tokens for `a` and of 5 for `b`, in one pass; then one step each.
     /// model.forward_batch(&mut [
-    ///     Segment { cache: &mut a, tokens: &[1, 2, 3], pos0: 0, logits: true },
-    ///     Segment { cache: &mut b, tokens: &[4, 5, 6, 7, 8], pos0: 0, logits: true },
+    ///     Segment { cache: &mut a, tokens: &[1, 2, 3], pos0: 0, logits: 1 },
+    ///     Segment { cache: &mut b, tokens: &[4, 5, 6, 7, 8], pos0: 0, logits: 1 },
     /// ], &mut scratch, &mut logits)?;
     /// model.forward_batch(&mut [
-    ///     Segment { cache: &mut a, tokens: &[9], pos0: 3, logits: true },
-    ///     Segment { cache: &mut b, tokens: &[9], pos0: 5, logits: true },
+    ///     Segment { cache: &mut a, tokens: &[9], pos0: 3, logits: 1 },
+    ///     Segment { cache: &mut b, tokens: &[9], pos0: 5, logits: 1 },
     /// ], &mut scratch, &mut logits)?;
     /// assert_eq!((a.filled(), b.filled()), (4, 6));
     /// # Ok::<(), qkv::Error>(())
@@ -193,8 +214,9 @@ impl Decoder {
         let (mut rows, mut wanted) = (0usize, 0usize);
         for seg in segments.iter() {
             self.check_segment(seg.cache, seg.tokens, seg.pos0)?;
+            check_wanted(seg.logits, seg.tokens.len())?;
             rows += seg.tokens.len();
-            wanted += usize::from(seg.logits);
+            wanted += seg.logits;
         }
         if rows > scratch.rows {
             return Err(Error::Shape(format!(
@@ -204,8 +226,8 @@ impl Decoder {
         }
         if logits.len() != wanted * c.vocab {
             return Err(Error::Shape(format!(
-                "logits buffer holds {}, {wanted} segments asking for logits of a {}-token \
-                 vocabulary need {}",
+                "logits buffer holds {}, {wanted} rows of logits asked for, of a {}-token \
+                 vocabulary, need {}",
                 logits.len(),
                 c.vocab,
                 wanted * c.vocab
@@ -219,14 +241,14 @@ impl Decoder {
         }
         self.layers(segments, scratch)?;
         if wanted > 0 {
-            let last_rows = segments
+            let tail_rows = segments
                 .iter()
                 .scan(0, |end, g| {
                     *end += g.tokens.len();
-                    Some((*end - 1, g.logits))
+                    Some(*end - g.logits..*end)
                 })
-                .filter_map(|(row, wants)| wants.then_some(row));
-            self.head(scratch, last_rows, wanted, logits)?;
+                .flatten();
+            self.head(scratch, tail_rows, wanted, logits)?;
         }
         Ok(())
     }
@@ -349,23 +371,32 @@ impl Decoder {
         let (mut q_rest, mut att_rest) = (&q[..], &mut att[..]);
         for seg in segments.iter() {
             let (n, pos0) = (seg.tokens.len(), seg.pos0);
-            let (q_seg, q_next) = q_rest.split_at(n * qd);
-            let (att_seg, att_next) = std::mem::take(&mut att_rest).split_at_mut(n * qd);
-            (q_rest, att_rest) = (q_next, att_next);
-            let seen = pos0 + n;
-            let mut mask = match window {
-                Some(w) => AttentionMask::sliding(pos0, w),
-                None => AttentionMask::causal(pos0),
-            };
-            mask.softcap = c.attn_softcap;
-            calls.push(AttentionCall {
-                q: QueryView::contiguous(q_seg, n, c.heads, c.head_dim),
-                k: seg.cache.keys.view(l, seen),
-                v: seg.cache.values.view(l, seen),
-                mask,
-                scale: Some(attn_scale),
-                out: att_seg,
-            });
+            // A verify pass's rows each attend as a decode step at their position would (the
+            // kernel's several-query path rounds differently from its one-query path), so
+            // that a drafted token is judged on the logits plain decoding computes there.
+            let per_row = seg.logits > 1 && n <= PER_ROW_ATTENTION_MAX_ROWS;
+            let (call_rows, calls_n) = if per_row { (1, n) } else { (n, 1) };
+            for i in 0..calls_n {
+                let (q_seg, q_next) = q_rest.split_at(call_rows * qd);
+                let (att_seg, att_next) =
+                    std::mem::take(&mut att_rest).split_at_mut(call_rows * qd);
+                (q_rest, att_rest) = (q_next, att_next);
+                let at = pos0 + i * call_rows;
+                let seen = at + call_rows;
+                let mut mask = match window {
+                    Some(w) => AttentionMask::sliding(at, w),
+                    None => AttentionMask::causal(at),
+                };
+                mask.softcap = c.attn_softcap;
+                calls.push(AttentionCall {
+                    q: QueryView::contiguous(q_seg, call_rows, c.heads, c.head_dim),
+                    k: seg.cache.keys.view(l, seen),
+                    v: seg.cache.values.view(l, seen),
+                    mask,
+                    scale: Some(attn_scale),
+                    out: att_seg,
+                });
+            }
         }
         let done = attention_many(&mut calls);
         s.calls = crate::alloc::recycle(calls);
@@ -458,13 +489,19 @@ impl Decoder {
     }
 }
 
-/// Which logits a forward pass writes.
-enum Logits<'a> {
-    None,
-    /// The last token's.
-    Last(&'a mut [f32]),
-    /// Every token's, one row each.
-    All(&'a mut [f32]),
+/// Up to this many rows, a segment that asks for the logits of more than one row (a pass
+/// verifying drafted tokens) attends one row per call, each as the decode step at its
+/// position does; the rows of longer ones (perplexity's chunks) attend together.
+const PER_ROW_ATTENTION_MAX_ROWS: usize = crate::speculative::MAX_DRAFT + 1;
+
+/// [`Error::Shape`] unless the logits of the last `wanted` of `tokens` tokens can be had.
+fn check_wanted(wanted: usize, tokens: usize) -> Result<()> {
+    if wanted > tokens {
+        return Err(Error::Shape(format!(
+            "logits of the last {wanted} tokens asked for, of a pass of {tokens}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

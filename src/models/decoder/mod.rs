@@ -53,6 +53,7 @@ use moe::{Ffn, GatedMlp};
 use crate::error::{Error, Result};
 use crate::nn::{Linear, RmsNorm};
 use crate::weights::{FloatType, MatrixOptions, Tensor, TensorSource, WeightFormat};
+use qkv_kernels::quant::act::ActPrecision;
 use qkv_kernels::rope::{inv_freq, RopeTable};
 
 /// The names of one block's tensors in a layout; `part` is the GGUF spelling.
@@ -138,6 +139,9 @@ pub struct Decoder {
     config: DecoderConfig,
     /// The KV cache's default dtype: f32 for a model whose matrices are f32, else f16.
     kv_dtype: FloatType,
+    /// The precision at which activations meet its interleaved quantized matrices
+    /// ([`MatrixOptions::act_precision`]).
+    act_precision: ActPrecision,
     embedding: Tensor,
     blocks: Vec<Block>,
     final_norm: RmsNorm,
@@ -409,6 +413,7 @@ impl Decoder {
             id: super::next_model_id(),
             config,
             kv_dtype,
+            act_precision: matrices.act_precision,
             embedding,
             blocks,
             final_norm,
@@ -511,6 +516,8 @@ impl Decoder {
             final_norm: ones(d)?,
             config,
             kv_dtype: dtype,
+            // Float matrices only: no activation is rounded.
+            act_precision: ActPrecision::Wide,
             embedding,
             blocks,
             output: None,
@@ -528,6 +535,12 @@ impl Decoder {
     /// else f16.
     pub fn kv_dtype(&self) -> FloatType {
         self.kv_dtype
+    }
+
+    /// The precision at which activations meet the interleaved quantized matrices
+    /// ([`ModelOptions::act_precision`](crate::load::ModelOptions::act_precision)).
+    pub fn act_precision(&self) -> ActPrecision {
+        self.act_precision
     }
 
     /// The storage format of each weight matrix, and how many bytes of matrices a decode

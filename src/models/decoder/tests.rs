@@ -357,7 +357,7 @@ fn a_batched_pass_gives_each_sequence_its_own_logits() {
                 cache,
                 tokens: if step == 0 { p } else { &toks[step - 1..step] },
                 pos0: if step == 0 { 0 } else { p.len() + step - 1 },
-                logits: true,
+                logits: 1,
             })
             .collect();
         model
@@ -378,7 +378,7 @@ fn a_batched_pass_gives_each_sequence_its_own_logits() {
                 cache: &mut caches[0],
                 tokens: &long,
                 pos0: 0,
-                logits: false,
+                logits: 0,
             }],
             &mut scratch,
             &mut [],
@@ -391,7 +391,7 @@ fn a_batched_pass_gives_each_sequence_its_own_logits() {
                 cache: &mut caches[0],
                 tokens: &[1],
                 pos0: 0,
-                logits: true,
+                logits: 1,
             }],
             &mut scratch,
             &mut [0.0; 3],

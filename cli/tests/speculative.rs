@@ -1,0 +1,128 @@
+//! `decode --spec ngram`: the same text, token for token, as without it at temperature 0, with
+//! the drafted and kept tokens in `--json`'s stats; sampling and bad settings refused. The
+//! tests named `network_…` run the default model and skip with a printed reason without it.
+//! Run in release mode: `cargo test --release -p qkv-cli --test speculative`.
+
+mod support;
+
+use serde_json::Value;
+use std::process::Output;
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The token lines (id, text, log-probability) and the stats of a `--json` run.
+fn run(args: &[&str], prompt: &str) -> (Vec<Value>, Value) {
+    // Speculation runs in the exact mode only (16-bit activations), and plain decoding
+    // with it, so that both runs round alike.
+    let mut all = vec![
+        "--temperature",
+        "0",
+        "--json",
+        "--ignore-eos",
+        "--act-bits",
+        "16",
+    ];
+    all.extend_from_slice(args);
+    let o = support::run_decode(&all, Some(prompt));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let mut lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let stats = lines.pop().unwrap();
+    (lines, stats["stats"].clone())
+}
+
+/// Same ids and texts; log-probabilities within `1e-2`: a verify pass computes a position's
+/// logits with the matrix kernels' several-row path, which rounds differently from the
+/// one-row path of a decode step (tests/speculative.rs in qkv says more).
+fn assert_same_tokens(got: &[Value], want: &[Value], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g["id"], w["id"], "{what}: token {i}");
+        assert_eq!(g["text"], w["text"], "{what}: token {i}");
+        if let (Some(g), Some(w)) = (g["logprob"].as_f64(), w["logprob"].as_f64()) {
+            assert!(
+                (g - w).abs() < 1e-2,
+                "{what}: token {i}: logprob {g} vs {w}"
+            );
+        }
+    }
+}
+
+const PASSAGE: &str = "The lighthouse keeper climbed the spiral stairs every evening at dusk, \
+    trimmed the wick, polished the great lens, and wrote the state of the sea in a leather \
+    logbook that had belonged to his grandfather.";
+
+#[test]
+fn network_spec_ngram_prints_what_plain_decoding_prints() {
+    let Some(_) = qkv_fetch::testing::default_gguf() else {
+        return;
+    };
+    let repeat = format!(
+        "Copy this passage exactly, twice.\n\nPassage: {PASSAGE}\n\nCopy 1: {PASSAGE}\n\nCopy 2:"
+    );
+    let open = "Write a short story about a fox who learns to play the violin.";
+    for (prompt, chat) in [(&repeat[..], false), (open, true)] {
+        let mut base = vec!["-n", "48"];
+        if chat {
+            base.push("--chat");
+        }
+        let (plain, plain_stats) = run(&base, prompt);
+        assert_eq!(plain_stats["draft_tokens"], 0, "{plain_stats}");
+        assert_eq!(plain_stats["accepted_tokens"], 0, "{plain_stats}");
+        for spec in [
+            &["--spec", "ngram"][..],
+            &["--spec", "ngram", "--spec-max", "3"],
+        ] {
+            let (fast, stats) = run(&[&base[..], spec].concat(), prompt);
+            assert_same_tokens(&fast, &plain, &format!("{spec:?} on {prompt:?}"));
+            let (drafted, kept) = (
+                stats["draft_tokens"].as_u64().unwrap(),
+                stats["accepted_tokens"].as_u64().unwrap(),
+            );
+            assert!(kept <= drafted, "{stats}");
+            if !chat {
+                // The copy is drafted from the passage, and the model copies it.
+                assert!(kept > 0, "{stats}");
+            }
+        }
+    }
+}
+
+#[test]
+fn spec_with_sampling_or_bad_settings_is_exit_1() {
+    let model = qkv::testing::synthetic::model_file(qkv::testing::synthetic::Storage::F16);
+    let model = model.to_str().unwrap();
+    for (args, needle) in [
+        (
+            &["--spec", "ngram", "--temperature", "0.7"][..],
+            "greedy decoding only",
+        ),
+        (
+            &["--spec-max", "4", "--temperature", "0"],
+            "--spec-max needs --spec",
+        ),
+        (
+            &["--spec", "ngram", "--spec-max", "0", "--temperature", "0"],
+            "draft",
+        ),
+        (&["--spec", "lookahead", "--temperature", "0"], "lookahead"),
+        (
+            &["--spec", "ngram", "--temperature", "0", "--act-bits", "8"],
+            "--act-bits 16",
+        ),
+    ] {
+        let o = support::run_decode(
+            &[&["--model", model, "--prompt", "hi"], args].concat(),
+            None,
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(needle), "{needle:?} not in {err:?}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -1,0 +1,520 @@
+//! Speculative decoding on the synthetic model (every weight format): the verify pass that
+//! runs drafted tokens as one matrix pass gives, row for row, the logits of decode steps;
+//! rejected tokens roll back in the f16, f32 and q8_0 caches; and speculative generation
+//! at temperature 0 yields exactly the tokens of plain decoding, there and on the default
+//! model (the tests named `network_…`, which skip with a printed reason without it).
+//! Run in release mode: `cargo test --release --test speculative`.
+
+mod common;
+
+use common::synthetic::{self, Storage};
+use qkv::kernels::quant::act::ActPrecision;
+use qkv::kernels::QuantFormat;
+use qkv::load::{Model, ModelOptions};
+use qkv::models::decoder::{KvType, Segment};
+use qkv::sample::{argmax, SamplerConfig};
+use qkv::session::{Session, SessionOptions};
+use qkv::speculative::{NgramOptions, SpecStats, Speculation, MAX_DRAFT};
+use std::sync::Arc;
+
+/// Speculation runs in the exact mode (16-bit activations) only: see
+/// `speculation_refuses_8_bit_activations`.
+fn exact() -> ModelOptions {
+    ModelOptions {
+        act_precision: ActPrecision::Wide,
+        ..ModelOptions::default()
+    }
+}
+
+fn load(storage: Storage) -> Arc<Model> {
+    let path = synthetic::model_file(storage);
+    Arc::new(Model::load(&path, &exact()).unwrap())
+}
+
+const KV_TYPES: [KvType; 3] = [KvType::F32, KvType::F16, KvType::Q8_0];
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// The logits after each of `steps`, run one decode step at a time after `prompt`.
+fn stepped(model: &Model, kv: KvType, prompt: &[u32], steps: &[u32]) -> Vec<Vec<f32>> {
+    let d = model.decoder();
+    let vocab = model.vocab_size();
+    let mut state = d.new_state(128, kv, 64).unwrap();
+    let mut logits = vec![0.0; vocab];
+    d.forward(&mut state, prompt, 0, Some(&mut logits)).unwrap();
+    steps
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            d.forward(&mut state, &[t], prompt.len() + i, Some(&mut logits))
+                .unwrap();
+            logits.clone()
+        })
+        .collect()
+}
+
+/// max |a − b| as a share of b's range.
+fn share_of_range(a: &[f32], b: &[f32]) -> f32 {
+    let (lo, hi) = b
+        .iter()
+        .fold((f32::MAX, f32::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    worst / (hi - lo)
+}
+
+/// Most a verify row's logits may differ from the decode step's, as a share of their range:
+/// the matrix kernels round a call of one row differently from a call of several (see
+/// `a_verify_pass_gives_the_bits_of_decode_steps`), and a q8_0 cache can then round such a
+/// key or value to another step of its 8-bit grid.
+fn row_tol(kv: KvType) -> f32 {
+    match kv {
+        KvType::Q8_0 => 2e-2,
+        _ => 2e-3,
+    }
+}
+
+/// A pass over k drafted tokens writes, for each, the logits a one-token step gives there,
+/// whatever the weight format and the cache's type, however many rows the pass holds (up to
+/// past the GEMV's row limit), and whether it asks for the last row only or all of them.
+#[test]
+fn a_verify_pass_gives_the_logits_of_decode_steps() {
+    let mut worst = [0.0f32; KV_TYPES.len()];
+    for storage in Storage::all() {
+        let model = load(storage);
+        let d = model.decoder();
+        let vocab = model.vocab_size();
+        let all = synthetic::text_tokens(model.tokenizer().unwrap(), 40);
+        let (prompt, draft) = all.split_at(17);
+        for (kv_at, kv) in KV_TYPES.into_iter().enumerate() {
+            let want = stepped(&model, kv, prompt, draft);
+            // Every draft length a verify pass may hold (MAX_DRAFT + 1 rows at most).
+            for k in 1..=MAX_DRAFT + 1 {
+                let mut state = d.new_state(128, kv, 64).unwrap();
+                let mut last = vec![0.0; vocab];
+                d.forward(&mut state, prompt, 0, Some(&mut last)).unwrap();
+                // The last `r` rows only, then every row.
+                for r in [1, k] {
+                    let mut got = vec![0.0; r * vocab];
+                    d.forward_tail(&mut state, &draft[..k], prompt.len(), r, &mut got)
+                        .unwrap();
+                    for (i, row) in got.chunks_exact(vocab).enumerate() {
+                        let at = k - r + i;
+                        let what = format!("{storage:?}, {kv}: row {at} of a {k}-row pass");
+                        let share = share_of_range(row, &want[at]);
+                        assert!(share < row_tol(kv), "{what}: {share}");
+                        assert_eq!(argmax(row), argmax(&want[at]), "{what}");
+                        if k == 1 {
+                            // One row is a decode step.
+                            assert_eq!(bits(row), bits(&want[at]), "{what}");
+                        }
+                        worst[kv_at] = worst[kv_at].max(share);
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("largest difference from the decode steps, as a share of the logits' range, by cache type {KV_TYPES:?}: {worst:?}");
+}
+
+/// What the kernels do not give yet: a row of a call of several rows gets other bits than the
+/// same row alone (the one-row GEMV accumulates in another order than the several-row
+/// tiles, in every weight format), so a verify row can differ from the decode step in the
+/// last bits, and greedy speculation could then pick another token at a near tie. Run with
+/// `--ignored` once the kernels make a row's bits independent of the call's row count.
+#[test]
+#[ignore = "the matrix kernels' one-row path rounds differently from their several-row path"]
+fn a_verify_pass_gives_the_bits_of_decode_steps() {
+    for storage in Storage::all() {
+        let model = load(storage);
+        let d = model.decoder();
+        let vocab = model.vocab_size();
+        let all = synthetic::text_tokens(model.tokenizer().unwrap(), 40);
+        let (prompt, draft) = all.split_at(17);
+        for kv in KV_TYPES {
+            let want = stepped(&model, kv, prompt, draft);
+            let mut state = d.new_state(128, kv, 64).unwrap();
+            d.forward(&mut state, prompt, 0, None).unwrap();
+            let mut got = vec![0.0; draft.len() * vocab];
+            d.forward_all(&mut state, draft, prompt.len(), &mut got)
+                .unwrap();
+            for (i, row) in got.chunks_exact(vocab).enumerate() {
+                assert_eq!(bits(row), bits(&want[i]), "{storage:?}, {kv}: row {i}");
+            }
+        }
+    }
+}
+
+/// A batched pass gives each segment the logits of its last `logits` rows, in order, equal
+/// to those of the sequence run alone.
+#[test]
+fn a_batched_pass_returns_the_tail_rows_of_each_segment() {
+    let model = load(Storage::F16);
+    let d = model.decoder();
+    let vocab = model.vocab_size();
+    let all = synthetic::text_tokens(model.tokenizer().unwrap(), 40);
+    let want_a = stepped(&model, KvType::F16, &all[..10], &all[10..15]);
+    let want_b = stepped(&model, KvType::F16, &all[20..27], &all[27..30]);
+    let mut a = d.new_cache(64, KvType::F16).unwrap();
+    let mut b = d.new_cache(64, KvType::F16).unwrap();
+    let mut scratch = d.new_scratch(32).unwrap();
+    let mut logits = vec![0.0; 2 * vocab];
+    d.forward_batch(
+        &mut [
+            Segment {
+                cache: &mut a,
+                tokens: &all[..10],
+                pos0: 0,
+                logits: 1,
+            },
+            Segment {
+                cache: &mut b,
+                tokens: &all[20..27],
+                pos0: 0,
+                logits: 1,
+            },
+        ],
+        &mut scratch,
+        &mut logits,
+    )
+    .unwrap();
+    let mut logits = vec![0.0; (4 + 3) * vocab];
+    d.forward_batch(
+        &mut [
+            Segment {
+                cache: &mut a,
+                tokens: &all[10..15],
+                pos0: 10,
+                logits: 4,
+            },
+            Segment {
+                cache: &mut b,
+                tokens: &all[27..30],
+                pos0: 7,
+                logits: 3,
+            },
+        ],
+        &mut scratch,
+        &mut logits,
+    )
+    .unwrap();
+    let rows: Vec<&[f32]> = logits.chunks_exact(vocab).collect();
+    for i in 0..4 {
+        let share = share_of_range(rows[i], &want_a[1 + i]);
+        assert!(share < row_tol(KvType::F16), "a, row {}: {share}", 1 + i);
+    }
+    for i in 0..3 {
+        let share = share_of_range(rows[4 + i], &want_b[i]);
+        assert!(share < row_tol(KvType::F16), "b, row {i}: {share}");
+    }
+    // More rows than the segment has, or a buffer of another size: typed errors.
+    for (n, len) in [(4, 4 * vocab), (1, 2 * vocab)] {
+        let err = d
+            .forward_batch(
+                &mut [Segment {
+                    cache: &mut a,
+                    tokens: &all[15..18],
+                    pos0: 15,
+                    logits: n,
+                }],
+                &mut scratch,
+                &mut vec![0.0; len],
+            )
+            .unwrap_err();
+        assert!(matches!(err, qkv::Error::Shape(_)), "{err}");
+    }
+    assert_eq!(a.filled(), 15, "a refused pass runs nothing");
+    let mut state = d.new_state(64, KvType::F16, 8).unwrap();
+    let err = d
+        .forward_tail(&mut state, &all[..3], 0, 0, &mut [])
+        .unwrap_err();
+    assert!(matches!(err, qkv::Error::Shape(_)), "{err}");
+}
+
+/// Rejected drafts roll back by running at an earlier position: what follows is computed as
+/// if they had never been there, bit for bit, in every cache type; and a prefix kept after
+/// the rollback serves another continuation as a fresh sequence would.
+#[test]
+fn rejected_drafts_roll_back_in_every_cache() {
+    for storage in [
+        Storage::F32,
+        Storage::F16,
+        Storage::Quant(QuantFormat::Q4_K),
+    ] {
+        let model = load(storage);
+        let d = model.decoder();
+        let vocab = model.vocab_size();
+        let all = synthetic::text_tokens(model.tokenizer().unwrap(), 60);
+        let prompt = &all[..12];
+        // Two tokens kept, then a pass of 5 drafts the model rejects, then the true tokens.
+        let kept = [101u32, 7];
+        let rejected: Vec<u32> = (0..5).map(|i| 40 + 7 * i).collect();
+        let after = &all[30..36];
+        let other: Vec<u32> = (0..4).map(|i| 90 + 3 * i).collect();
+        for kv in KV_TYPES {
+            let want = stepped(&model, kv, prompt, &[&kept[..], after].concat());
+            let want_other = stepped(&model, kv, prompt, &[&kept[..1], &other].concat());
+            let mut state = d.new_state(128, kv, 64).unwrap();
+            let mut one = vec![0.0; vocab];
+            d.forward(&mut state, prompt, 0, None).unwrap();
+            let mut pos = prompt.len();
+            for &t in &kept {
+                d.forward(&mut state, &[t], pos, Some(&mut one)).unwrap();
+                pos += 1;
+            }
+            let mut verify = vec![0.0; rejected.len() * vocab];
+            d.forward_all(&mut state, &rejected, pos, &mut verify)
+                .unwrap();
+            assert_eq!(state.cache().filled(), pos + rejected.len());
+            // Rewind past the rejected tokens and go on stepping.
+            for (i, &t) in after.iter().enumerate() {
+                d.forward(&mut state, &[t], pos, Some(&mut one)).unwrap();
+                pos += 1;
+                assert_eq!(
+                    bits(&one),
+                    bits(&want[kept.len() + i]),
+                    "{storage:?}, {kv}: step {i} after the rollback"
+                );
+            }
+            assert_eq!(state.cache().filled(), pos);
+            // Prefix reuse after the rollback: keep the prompt and the first kept token, and
+            // continue another way.
+            for (i, &t) in other.iter().enumerate() {
+                let pos = prompt.len() + 1 + i;
+                d.forward(&mut state, &[t], pos, Some(&mut one)).unwrap();
+                assert_eq!(
+                    bits(&one),
+                    bits(&want_other[1 + i]),
+                    "{storage:?}, {kv}: step {i} on the reused prefix"
+                );
+            }
+        }
+    }
+}
+
+/// `n` tokens generated greedily after `prompt` (past the end of text), speculating or not,
+/// with the speculation's statistics; the session's tokens are checked to be the prompt and
+/// those yielded.
+fn generate(
+    model: &Arc<Model>,
+    kv: KvType,
+    prompt: &[u32],
+    n: usize,
+    config: SamplerConfig,
+    spec: Speculation,
+) -> (Vec<u32>, SpecStats) {
+    let options = SessionOptions {
+        context: Some(256),
+        kv_dtype: Some(kv),
+        ..SessionOptions::default()
+    };
+    let mut session = Session::new(model.clone(), options).unwrap();
+    let mut stream = session
+        .generate_tokens(prompt, config)
+        .unwrap()
+        .max_tokens(n)
+        .ignore_eos(true)
+        .speculate(spec)
+        .unwrap();
+    let ids: Vec<u32> = stream.by_ref().map(|p| p.unwrap().id).collect();
+    let stats = stream.spec_stats();
+    drop(stream);
+    assert_eq!(&session.tokens()[..prompt.len()], prompt);
+    assert_eq!(&session.tokens()[prompt.len()..], &ids[..]);
+    (ids, stats)
+}
+
+fn ngram(max_draft: usize, min_ngram: usize, max_ngram: usize) -> Speculation {
+    Speculation::Ngram(NgramOptions {
+        max_draft,
+        min_ngram,
+        max_ngram,
+    })
+}
+
+/// At temperature 0, speculative generation yields exactly the tokens of plain decoding,
+/// in every weight format and cache type, on a prompt that repeats itself (drafts are
+/// found and kept) and on one that does not; with the repetition penalty too, which reads
+/// the kept drafts as history.
+#[test]
+fn greedy_speculation_yields_the_tokens_of_plain_decoding() {
+    for storage in Storage::all() {
+        let model = load(storage);
+        let repeating = synthetic::text_tokens(model.tokenizer().unwrap(), 90);
+        let scattered: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 260).collect();
+        let penalised = SamplerConfig {
+            repeat_penalty: 1.3,
+            ..SamplerConfig::greedy()
+        };
+        for kv in KV_TYPES {
+            for (prompt, config) in [
+                (&repeating, SamplerConfig::greedy()),
+                (&scattered, SamplerConfig::greedy()),
+                (&repeating, penalised.clone()),
+            ] {
+                let (plain, none) =
+                    generate(&model, kv, prompt, 60, config.clone(), Speculation::Off);
+                assert_eq!(none, SpecStats::default());
+                for spec in [ngram(7, 2, 4), ngram(3, 1, 2), ngram(MAX_DRAFT, 1, 6)] {
+                    let (fast, stats) = generate(&model, kv, prompt, 60, config.clone(), spec);
+                    assert_eq!(fast, plain, "{storage:?}, {kv}, {spec:?}, {config:?}");
+                    assert!(stats.accepted_tokens <= stats.draft_tokens, "{stats:?}");
+                }
+            }
+        }
+        // The repeating prompt does give drafts the model keeps (the test exercises them).
+        let (_, stats) = generate(
+            &model,
+            KvType::F16,
+            &repeating,
+            60,
+            SamplerConfig::greedy(),
+            ngram(7, 1, 4),
+        );
+        assert!(
+            stats.draft_tokens > 0 && stats.verify_passes > 0,
+            "{stats:?}"
+        );
+    }
+}
+
+/// Kept drafts are yielded one per call; an iterator dropped before they all are leaves the
+/// session holding exactly the tokens yielded, and generation goes on from there as plain
+/// decoding would.
+#[test]
+fn a_dropped_stream_takes_back_the_drafts_it_did_not_yield() {
+    let model = load(Storage::F32);
+    let prompt = synthetic::text_tokens(model.tokenizer().unwrap(), 90);
+    let (plain, _) = generate(
+        &model,
+        KvType::F32,
+        &prompt,
+        40,
+        SamplerConfig::greedy(),
+        Speculation::Off,
+    );
+    let mut session = Session::new(model.clone(), SessionOptions::default()).unwrap();
+    let mut got = Vec::new();
+    for take in [1, 2, 3, 5, 8, 21] {
+        let ids = if got.is_empty() { &prompt[..] } else { &[][..] };
+        let mut stream = session
+            .generate_tokens(ids, SamplerConfig::greedy())
+            .unwrap()
+            .ignore_eos(true)
+            .speculate(ngram(7, 1, 4))
+            .unwrap();
+        got.extend(stream.by_ref().take(take).map(|p| p.unwrap().id));
+        drop(stream);
+        assert_eq!(session.tokens().len(), prompt.len() + got.len());
+    }
+    assert_eq!(got, plain);
+}
+
+/// Sampling with speculation, and settings out of range, are typed errors.
+/// At 8 bits a row met with others rounds differently from a row alone, enough to change a
+/// greedy token on the default model: speculation is refused there, with an error that
+/// names the exact mode.
+#[test]
+fn speculation_refuses_8_bit_activations() {
+    let path = synthetic::model_file(Storage::Quant(qkv::kernels::QuantFormat::Q4_0));
+    let bytes = ModelOptions {
+        act_precision: ActPrecision::Byte,
+        ..ModelOptions::default()
+    };
+    let model = Arc::new(Model::load(&path, &bytes).unwrap());
+    let mut session = Session::new(model, SessionOptions::default()).unwrap();
+    let err = session
+        .generate_tokens(&[1, 2, 3], SamplerConfig::greedy())
+        .unwrap()
+        .speculate(ngram(4, 1, 2))
+        .unwrap_err();
+    assert!(
+        matches!(&err, qkv::Error::Unsupported(m) if m.contains("--act-bits 16")),
+        "{err}"
+    );
+}
+
+#[test]
+fn speculation_refuses_sampling_and_bad_settings() {
+    let model = load(Storage::F32);
+    let mut session = Session::new(model.clone(), SessionOptions::default()).unwrap();
+    let sampled = SamplerConfig {
+        temperature: 0.7,
+        ..SamplerConfig::default()
+    };
+    let err = session
+        .generate_tokens(&[1, 2, 3], sampled.clone())
+        .unwrap()
+        .speculate(ngram(4, 1, 2))
+        .unwrap_err();
+    assert!(matches!(err, qkv::Error::Unsupported(_)), "{err}");
+    // Off is fine with sampling.
+    assert!(session
+        .generate_tokens(&[], sampled)
+        .unwrap()
+        .speculate(Speculation::Off)
+        .is_ok());
+    for bad in [
+        ngram(0, 1, 2),
+        ngram(MAX_DRAFT + 1, 1, 2),
+        ngram(4, 0, 2),
+        ngram(4, 3, 2),
+    ] {
+        let err = session
+            .generate_tokens(&[], SamplerConfig::greedy())
+            .unwrap()
+            .speculate(bad)
+            .unwrap_err();
+        assert!(matches!(err, qkv::Error::Config(_)), "{bad:?}: {err}");
+    }
+}
+
+/// The default model, or `None` (a skip printed) when it cannot be had.
+fn default_model() -> Option<Arc<Model>> {
+    let path = common::default_gguf()?;
+    Some(Arc::new(Model::load(&path, &exact()).unwrap()))
+}
+
+/// On the default model, greedy speculation yields the tokens plain decoding yields, on a
+/// prompt that copies a passage (most drafts are kept) and on an open-ended one, with the
+/// model's own (f16) cache and with q8_0.
+#[test]
+fn network_greedy_speculation_yields_the_tokens_of_plain_decoding() {
+    let Some(model) = default_model() else {
+        return;
+    };
+    let tok = model.tokenizer().unwrap();
+    let passage = "The lighthouse keeper climbed the spiral stairs every evening at dusk, \
+        trimmed the wick, polished the great lens, and wrote the state of the sea in a \
+        leather logbook that had belonged to his grandfather.";
+    let copy = format!(
+        "Copy this passage exactly, twice.\n\nPassage: {passage}\n\nCopy 1: {passage}\n\nCopy 2:"
+    );
+    let open = "Once upon a time, in a small village by the mountains, there lived a";
+    for (text, copies) in [(&copy[..], true), (open, false)] {
+        let prompt = tok.encode(text).unwrap();
+        for kv in [KvType::F16, KvType::Q8_0] {
+            let (plain, _) = generate(
+                &model,
+                kv,
+                &prompt,
+                64,
+                SamplerConfig::greedy(),
+                Speculation::Off,
+            );
+            for spec in [ngram(7, 2, 4), ngram(4, 1, 3)] {
+                let (fast, stats) =
+                    generate(&model, kv, &prompt, 64, SamplerConfig::greedy(), spec);
+                assert_eq!(fast, plain, "{kv}, {spec:?} on {text:?}");
+                if copies {
+                    assert!(stats.accepted_tokens > 16, "{kv}, {spec:?}: {stats:?}");
+                }
+            }
+        }
+    }
+}
