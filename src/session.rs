@@ -419,19 +419,6 @@ impl Generate<'_> {
                     .into(),
             ));
         }
-        // At 8 bits the kernels round a row met with others differently from a row alone,
-        // enough to change a greedy token now and then: drafts could then be kept where plain
-        // decoding would not have made them.
-        if spec != Speculation::Off
-            && self.model.decoder().act_precision() == qkv_kernels::quant::act::ActPrecision::Byte
-        {
-            return Err(Error::Unsupported(
-                "speculative decoding with 8-bit activations: a verify pass keeps exactly the \
-                 tokens of plain decoding only in the exact mode (16-bit activations: \
-                 `--act-bits 16`, ModelOptions::act_precision = ActPrecision::Wide)"
-                    .into(),
-            ));
-        }
         let rows = spec.max_draft() + 1;
         let len = rows.saturating_mul(self.model.vocab_size());
         if self.spec_logits.len() < len {

@@ -1,5 +1,6 @@
-//! Speculative decoding on the synthetic model (every weight format): the verify pass that
-//! runs drafted tokens as one matrix pass gives, row for row, the logits of decode steps;
+//! Speculative decoding on the synthetic model (every weight format, both precisions of
+//! the activations): the verify pass that runs drafted tokens as one matrix pass gives,
+//! row for row, the logits of decode steps bit for bit;
 //! rejected tokens roll back in the f16, f32 and q8_0 caches; and speculative generation
 //! at temperature 0 yields exactly the tokens of plain decoding, there and on the default
 //! model (the tests named `network_…`, which skip with a printed reason without it).
@@ -12,24 +13,26 @@ use qkv::kernels::quant::act::ActPrecision;
 use qkv::kernels::QuantFormat;
 use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::{KvType, Segment};
-use qkv::sample::{argmax, SamplerConfig};
+use qkv::sample::SamplerConfig;
 use qkv::session::{Session, SessionOptions};
 use qkv::speculative::{NgramOptions, SpecStats, Speculation, MAX_DRAFT};
 use std::sync::Arc;
 
-/// Speculation runs in the exact mode (16-bit activations) only: see
-/// `speculation_refuses_8_bit_activations`.
-fn exact() -> ModelOptions {
-    ModelOptions {
-        act_precision: ActPrecision::Wide,
+fn load_at(storage: Storage, act_precision: ActPrecision) -> Arc<Model> {
+    let path = synthetic::model_file(storage);
+    let options = ModelOptions {
+        act_precision,
         ..ModelOptions::default()
-    }
+    };
+    Arc::new(Model::load(&path, &options).unwrap())
 }
 
+/// The model at the default precision.
 fn load(storage: Storage) -> Arc<Model> {
-    let path = synthetic::model_file(storage);
-    Arc::new(Model::load(&path, &exact()).unwrap())
+    load_at(storage, ModelOptions::default().act_precision)
 }
+
+const PRECISIONS: [ActPrecision; 2] = [ActPrecision::Wide, ActPrecision::Byte];
 
 const KV_TYPES: [KvType; 3] = [KvType::F32, KvType::F16, KvType::Q8_0];
 
@@ -55,96 +58,38 @@ fn stepped(model: &Model, kv: KvType, prompt: &[u32], steps: &[u32]) -> Vec<Vec<
         .collect()
 }
 
-/// max |a − b| as a share of b's range.
-fn share_of_range(a: &[f32], b: &[f32]) -> f32 {
-    let (lo, hi) = b
-        .iter()
-        .fold((f32::MAX, f32::MIN), |(l, h), &x| (l.min(x), h.max(x)));
-    let worst = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
-    worst / (hi - lo)
-}
-
-/// Most a verify row's logits may differ from the decode step's, as a share of their range:
-/// the matrix kernels round a call of one row differently from a call of several (see
-/// `a_verify_pass_gives_the_bits_of_decode_steps`), and a q8_0 cache can then round such a
-/// key or value to another step of its 8-bit grid.
-fn row_tol(kv: KvType) -> f32 {
-    match kv {
-        KvType::Q8_0 => 2e-2,
-        _ => 2e-3,
-    }
-}
-
-/// A pass over k drafted tokens writes, for each, the logits a one-token step gives there,
-/// whatever the weight format and the cache's type, however many rows the pass holds (up to
-/// past the GEMV's row limit), and whether it asks for the last row only or all of them.
+/// A pass over k drafted tokens writes, for each, exactly the logits a one-token step gives
+/// there (bit for bit), whatever the weight format, the activations' precision and the
+/// cache's type, for every length a verify pass may have, and whether it asks for the last
+/// row only or all of them.
 #[test]
-fn a_verify_pass_gives_the_logits_of_decode_steps() {
-    let mut worst = [0.0f32; KV_TYPES.len()];
-    for storage in Storage::all() {
-        let model = load(storage);
-        let d = model.decoder();
-        let vocab = model.vocab_size();
-        let all = synthetic::text_tokens(model.tokenizer().unwrap(), 40);
-        let (prompt, draft) = all.split_at(17);
-        for (kv_at, kv) in KV_TYPES.into_iter().enumerate() {
-            let want = stepped(&model, kv, prompt, draft);
-            // Every draft length a verify pass may hold (MAX_DRAFT + 1 rows at most).
-            for k in 1..=MAX_DRAFT + 1 {
-                let mut state = d.new_state(128, kv, 64).unwrap();
-                let mut last = vec![0.0; vocab];
-                d.forward(&mut state, prompt, 0, Some(&mut last)).unwrap();
-                // The last `r` rows only, then every row.
-                for r in [1, k] {
-                    let mut got = vec![0.0; r * vocab];
-                    d.forward_tail(&mut state, &draft[..k], prompt.len(), r, &mut got)
-                        .unwrap();
-                    for (i, row) in got.chunks_exact(vocab).enumerate() {
-                        let at = k - r + i;
-                        let what = format!("{storage:?}, {kv}: row {at} of a {k}-row pass");
-                        let share = share_of_range(row, &want[at]);
-                        assert!(share < row_tol(kv), "{what}: {share}");
-                        assert_eq!(argmax(row), argmax(&want[at]), "{what}");
-                        if k == 1 {
-                            // One row is a decode step.
-                            assert_eq!(bits(row), bits(&want[at]), "{what}");
-                        }
-                        worst[kv_at] = worst[kv_at].max(share);
-                    }
-                }
-            }
-        }
-    }
-    eprintln!("largest difference from the decode steps, as a share of the logits' range, by cache type {KV_TYPES:?}: {worst:?}");
-}
-
-/// What the kernels do not give yet: a row of a call of several rows gets other bits than the
-/// same row alone (the one-row GEMV accumulates in another order than the several-row
-/// tiles, in every weight format), so a verify row can differ from the decode step in the
-/// last bits, and greedy speculation could then pick another token at a near tie. Run with
-/// `--ignored` once the kernels make a row's bits independent of the call's row count.
-#[test]
-#[ignore = "the matrix kernels' one-row path rounds differently from their several-row path"]
 fn a_verify_pass_gives_the_bits_of_decode_steps() {
     for storage in Storage::all() {
-        let model = load(storage);
-        let d = model.decoder();
-        let vocab = model.vocab_size();
-        let all = synthetic::text_tokens(model.tokenizer().unwrap(), 40);
-        let (prompt, draft) = all.split_at(17);
-        for kv in KV_TYPES {
-            let want = stepped(&model, kv, prompt, draft);
-            let mut state = d.new_state(128, kv, 64).unwrap();
-            d.forward(&mut state, prompt, 0, None).unwrap();
-            let mut got = vec![0.0; draft.len() * vocab];
-            d.forward_all(&mut state, draft, prompt.len(), &mut got)
-                .unwrap();
-            for (i, row) in got.chunks_exact(vocab).enumerate() {
-                assert_eq!(bits(row), bits(&want[i]), "{storage:?}, {kv}: row {i}");
+        for precision in PRECISIONS {
+            let model = load_at(storage, precision);
+            let d = model.decoder();
+            let vocab = model.vocab_size();
+            let all = synthetic::text_tokens(model.tokenizer().unwrap(), 40);
+            let (prompt, draft) = all.split_at(17);
+            for kv in KV_TYPES {
+                let want = stepped(&model, kv, prompt, draft);
+                for k in 1..=MAX_DRAFT + 1 {
+                    let mut state = d.new_state(128, kv, 64).unwrap();
+                    d.forward(&mut state, prompt, 0, None).unwrap();
+                    for r in [1, k] {
+                        let mut got = vec![0.0; r * vocab];
+                        d.forward_tail(&mut state, &draft[..k], prompt.len(), r, &mut got)
+                            .unwrap();
+                        for (i, row) in got.chunks_exact(vocab).enumerate() {
+                            let at = k - r + i;
+                            assert_eq!(
+                                bits(row),
+                                bits(&want[at]),
+                                "{storage:?}, {precision}, {kv}: row {at} of a {k}-row pass"
+                            );
+                        }
+                    }
+                }
             }
         }
     }
@@ -205,12 +150,10 @@ fn a_batched_pass_returns_the_tail_rows_of_each_segment() {
     .unwrap();
     let rows: Vec<&[f32]> = logits.chunks_exact(vocab).collect();
     for i in 0..4 {
-        let share = share_of_range(rows[i], &want_a[1 + i]);
-        assert!(share < row_tol(KvType::F16), "a, row {}: {share}", 1 + i);
+        assert_eq!(bits(rows[i]), bits(&want_a[1 + i]), "a, row {}", 1 + i);
     }
     for i in 0..3 {
-        let share = share_of_range(rows[4 + i], &want_b[i]);
-        assert!(share < row_tol(KvType::F16), "b, row {i}: {share}");
+        assert_eq!(bits(rows[4 + i]), bits(&want_b[i]), "b, row {i}");
     }
     // More rows than the segment has, or a buffer of another size: typed errors.
     for (n, len) in [(4, 4 * vocab), (1, 2 * vocab)] {
@@ -343,8 +286,11 @@ fn ngram(max_draft: usize, min_ngram: usize, max_ngram: usize) -> Speculation {
 /// the kept drafts as history.
 #[test]
 fn greedy_speculation_yields_the_tokens_of_plain_decoding() {
-    for storage in Storage::all() {
-        let model = load(storage);
+    for (storage, precision) in Storage::all()
+        .into_iter()
+        .flat_map(|s| PRECISIONS.map(|p| (s, p)))
+    {
+        let model = load_at(storage, precision);
         let repeating = synthetic::text_tokens(model.tokenizer().unwrap(), 90);
         let scattered: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 260).collect();
         let penalised = SamplerConfig {
@@ -362,7 +308,10 @@ fn greedy_speculation_yields_the_tokens_of_plain_decoding() {
                 assert_eq!(none, SpecStats::default());
                 for spec in [ngram(7, 2, 4), ngram(3, 1, 2), ngram(MAX_DRAFT, 1, 6)] {
                     let (fast, stats) = generate(&model, kv, prompt, 60, config.clone(), spec);
-                    assert_eq!(fast, plain, "{storage:?}, {kv}, {spec:?}, {config:?}");
+                    assert_eq!(
+                        fast, plain,
+                        "{storage:?}, {precision}, {kv}, {spec:?}, {config:?}"
+                    );
                     assert!(stats.accepted_tokens <= stats.draft_tokens, "{stats:?}");
                 }
             }
@@ -416,29 +365,6 @@ fn a_dropped_stream_takes_back_the_drafts_it_did_not_yield() {
 }
 
 /// Sampling with speculation, and settings out of range, are typed errors.
-/// At 8 bits a row met with others rounds differently from a row alone, enough to change a
-/// greedy token on the default model: speculation is refused there, with an error that
-/// names the exact mode.
-#[test]
-fn speculation_refuses_8_bit_activations() {
-    let path = synthetic::model_file(Storage::Quant(qkv::kernels::QuantFormat::Q4_0));
-    let bytes = ModelOptions {
-        act_precision: ActPrecision::Byte,
-        ..ModelOptions::default()
-    };
-    let model = Arc::new(Model::load(&path, &bytes).unwrap());
-    let mut session = Session::new(model, SessionOptions::default()).unwrap();
-    let err = session
-        .generate_tokens(&[1, 2, 3], SamplerConfig::greedy())
-        .unwrap()
-        .speculate(ngram(4, 1, 2))
-        .unwrap_err();
-    assert!(
-        matches!(&err, qkv::Error::Unsupported(m) if m.contains("--act-bits 16")),
-        "{err}"
-    );
-}
-
 #[test]
 fn speculation_refuses_sampling_and_bad_settings() {
     let model = load(Storage::F32);
@@ -474,20 +400,24 @@ fn speculation_refuses_sampling_and_bad_settings() {
     }
 }
 
-/// The default model, or `None` (a skip printed) when it cannot be had.
-fn default_model() -> Option<Arc<Model>> {
-    let path = common::default_gguf()?;
-    Some(Arc::new(Model::load(&path, &exact()).unwrap()))
-}
-
-/// On the default model, greedy speculation yields the tokens plain decoding yields, on a
-/// prompt that copies a passage (most drafts are kept) and on an open-ended one, with the
-/// model's own (f16) cache and with q8_0.
+/// On the default model, at both precisions of its activations, greedy speculation yields
+/// the tokens plain decoding yields, on a prompt that copies a passage (most drafts are
+/// kept) and on an open-ended one, with the model's own (f16) cache and with q8_0.
 #[test]
 fn network_greedy_speculation_yields_the_tokens_of_plain_decoding() {
-    let Some(model) = default_model() else {
+    let Some(path) = common::default_gguf() else {
         return;
     };
+    for act_precision in PRECISIONS {
+        let options = ModelOptions {
+            act_precision,
+            ..ModelOptions::default()
+        };
+        greedy_on_the_default_model(&Arc::new(Model::load(&path, &options).unwrap()));
+    }
+}
+
+fn greedy_on_the_default_model(model: &Arc<Model>) {
     let tok = model.tokenizer().unwrap();
     let passage = "The lighthouse keeper climbed the spiral stairs every evening at dusk, \
         trimmed the wick, polished the great lens, and wrote the state of the sea in a \
@@ -500,7 +430,7 @@ fn network_greedy_speculation_yields_the_tokens_of_plain_decoding() {
         let prompt = tok.encode(text).unwrap();
         for kv in [KvType::F16, KvType::Q8_0] {
             let (plain, _) = generate(
-                &model,
+                model,
                 kv,
                 &prompt,
                 64,
@@ -508,8 +438,7 @@ fn network_greedy_speculation_yields_the_tokens_of_plain_decoding() {
                 Speculation::Off,
             );
             for spec in [ngram(7, 2, 4), ngram(4, 1, 3)] {
-                let (fast, stats) =
-                    generate(&model, kv, &prompt, 64, SamplerConfig::greedy(), spec);
+                let (fast, stats) = generate(model, kv, &prompt, 64, SamplerConfig::greedy(), spec);
                 assert_eq!(fast, plain, "{kv}, {spec:?} on {text:?}");
                 if copies {
                     assert!(stats.accepted_tokens > 16, "{kv}, {spec:?}: {stats:?}");

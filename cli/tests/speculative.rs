@@ -111,10 +111,6 @@ fn spec_with_sampling_or_bad_settings_is_exit_1() {
             "draft",
         ),
         (&["--spec", "lookahead", "--temperature", "0"], "lookahead"),
-        (
-            &["--spec", "ngram", "--temperature", "0", "--act-bits", "8"],
-            "--act-bits 16",
-        ),
     ] {
         let o = support::run_decode(
             &[&["--model", model, "--prompt", "hi"], args].concat(),

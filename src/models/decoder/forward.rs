@@ -371,10 +371,8 @@ impl Decoder {
         let (mut q_rest, mut att_rest) = (&q[..], &mut att[..]);
         for seg in segments.iter() {
             let (n, pos0) = (seg.tokens.len(), seg.pos0);
-            // A verify pass's rows each attend as a decode step at their position would (the
-            // kernel's several-query path rounds differently from its one-query path), so
-            // that a drafted token is judged on the logits plain decoding computes there.
-            let per_row = seg.logits > 1 && n <= PER_ROW_ATTENTION_MAX_ROWS;
+            // Short segments' rows each attend as a decode step at their position would.
+            let per_row = n <= PER_ROW_ATTENTION_MAX_ROWS;
             let (call_rows, calls_n) = if per_row { (1, n) } else { (n, 1) };
             for i in 0..calls_n {
                 let (q_seg, q_next) = q_rest.split_at(call_rows * qd);
@@ -489,9 +487,11 @@ impl Decoder {
     }
 }
 
-/// Up to this many rows, a segment that asks for the logits of more than one row (a pass
-/// verifying drafted tokens) attends one row per call, each as the decode step at its
-/// position does; the rows of longer ones (perplexity's chunks) attend together.
+/// Up to this many rows, a segment attends one row per call, each as the decode step at its
+/// position does (the kernel's several-query path sums in another order than its
+/// one-query path), so that a verify pass of drafted tokens, or a prompt's short last
+/// chunk, gets the bits of decode steps; longer segments (prompts, perplexity's chunks)
+/// attend together.
 const PER_ROW_ATTENTION_MAX_ROWS: usize = crate::speculative::MAX_DRAFT + 1;
 
 /// [`Error::Shape`] unless the logits of the last `wanted` of `tokens` tokens can be had.
