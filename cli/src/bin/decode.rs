@@ -134,8 +134,8 @@ struct PerplexityArgs {
     /// llama.cpp's `-ctk q8_0 -ctv q8_0`); default: the weights' compute dtype.
     #[arg(long = "kv-type", value_name = "TYPE")]
     kv_type: Option<KvType>,
-    /// Activations meet interleaved weights as 8-bit or 16-bit integers (default 16, the
-    /// exact mode).
+    /// Activations meet interleaved weights as 8-bit or 16-bit integers (default 8; 16 is
+    /// the exact mode).
     #[arg(long = "act-bits", value_name = "BITS", env = "QKV_ACT_BITS")]
     act_bits: Option<ActPrecision>,
     /// Worker threads (default: one per core).
@@ -199,7 +199,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 0)]
     depth: usize,
     /// Activations meet interleaved weights (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) as 8-bit or 16-bit
-    /// integers (default 16, the exact mode); 8 is faster on prompts, as llama.cpp does.
+    /// integers (default 8, as llama.cpp does; 16 is the exact mode, slower on prompts).
     #[arg(long = "act-bits", value_name = "BITS", env = "QKV_ACT_BITS")]
     act_bits: Option<ActPrecision>,
     /// Benchmarking: run the prompt once, untimed, then start over, so that the figures

@@ -91,13 +91,11 @@ pub fn reads_tiles(format: QuantFormat) -> bool {
 }
 
 /// The precision at which activations meet interleaved weights unless a caller asks for
-/// the other one (a model's options, `--act-bits`): 16 bits ([`ActPrecision::Wide`]), the
-/// exact mode. 8 bits ([`ActPrecision::Byte`], as llama.cpp's CPU kernels) loses no more
-/// than llama.cpp does and reads prompts faster, but some of its one-row kernels (Q4_K,
-/// Q6_K) sum in another order than their tiles, so a greedy answer could change with the
-/// rows a request happens to share a pass with (a cached prefix, a batch): it becomes the
-/// default once a row's bits no longer depend on them.
-pub const DEFAULT_ACT_PRECISION: ActPrecision = ActPrecision::Wide;
+/// the other one (a model's options, `--act-bits`): 8 bits ([`ActPrecision::Byte`], as
+/// llama.cpp's CPU kernels), which reads prompts fastest and loses no more than llama.cpp
+/// does. 16 bits ([`ActPrecision::Wide`]) is the exact mode, whose rounding stays far below
+/// the weights' own. At either, a row gets the same bits whatever rows share its pass.
+pub const DEFAULT_ACT_PRECISION: ActPrecision = ActPrecision::Byte;
 
 /// The bytes of an interleaved `[n, k]` matrix of `format` (the same as in GGUF's layout),
 /// or an error naming what does not fit: a format without an interleaved layout, `n` not a

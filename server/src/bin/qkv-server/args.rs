@@ -30,8 +30,8 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) threads: Option<usize>,
     /// Activations meet interleaved weights (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) as 8-bit or 16-bit
-    /// integers (default 16, the exact mode); 8 is faster on prompts and batched steps, as
-    /// llama.cpp does.
+    /// integers (default 8, as llama.cpp does; 16 is the exact mode, slower on prompts and
+    /// batched steps).
     #[arg(long = "act-bits", value_name = "BITS", env = "QKV_ACT_BITS")]
     pub(crate) act_bits: Option<qkv::kernels::quant::act::ActPrecision>,
     /// Most sequences generated at once.
