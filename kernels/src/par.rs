@@ -51,13 +51,11 @@ pub(crate) fn par_elems(len: usize) -> Option<usize> {
 /// A model's step hands work to the pool dozens of times per layer. Called from outside the
 /// pool, each hand-off puts the caller to sleep until the work is done; and between two
 /// hand-offs the pool's idle threads soon go to sleep themselves, so each hand-off also
-/// waits for them to be woken. On a virtual machine a wake-up takes 15–50 µs: an empty
-/// two-way split cost 16 µs from outside the pool and 0.1–7 µs from inside it (measured on
-/// the 2-vCPU Zen 4 guests). So `f` runs on a worker, where a split queues its work
+/// waits for them to be woken, which on a virtual machine takes tens of microseconds, against
+/// a few from inside the pool. So `f` runs on a worker, where a split queues its work
 /// locally, and every other worker spins looking for work (through
-/// [`rayon::yield_now`]) until `f` returns. Spinning uses those cores only while `f` runs.
-/// On the 2-thread guests this took 1B-shaped Q4_0 decode from 1.93 to 1.99 busy cores and
-/// made it ~5% faster (median of 10 alternated pairs).
+/// [`rayon::yield_now`]) until `f` returns. Spinning uses those cores only while `f` runs,
+/// and keeps a decode step's cores busy between its hand-offs.
 ///
 /// Inside the pool already, `f` simply runs. A spinning thread may take up work that another
 /// caller handed the pool (another session's step on another thread); `f`'s return then
@@ -126,9 +124,8 @@ const MAX_RUNS: usize = 256;
 ///
 /// This is the split for streaming weights from memory: a thread that moves on to the next
 /// piece of its own range keeps the hardware prefetcher's stream going, where handing out
-/// pieces in turn from one counter made every thread restart its stream at every piece. On
-/// the Zen 4 hosts, one 288 MB Q4_0 matrix on 2 threads went from 29–36 to 45–51 GB/s when
-/// the memory allowed 55–63 (`RAYON_NUM_THREADS=2`, alternated).
+/// pieces in turn from one counter made every thread restart its stream at every piece, and
+/// left a large matrix well short of the memory's rate.
 pub(crate) fn runs(pieces: usize, workers: usize, f: impl Fn(usize) + Sync) {
     use rayon::prelude::*;
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -82,7 +82,7 @@ impl Isa {
     /// vectors takes the 512-bit one when the CPU has AVX-512 F/BW/VL and runs its
     /// operations at full width. Where they are split in halves the 256-bit kernels do the
     /// same work in as many operations without the wider registers' costs (the quantized
-    /// GEMV measured slower at 512 bits on Zen 4). Kernels that exist only in one width
+    /// GEMV is slower at 512 bits on Zen 4). Kernels that exist only in one width
     /// check their features alone.
     pub const fn prefer_512(self) -> bool {
         self.avx512 && self.full_width_512
@@ -241,21 +241,16 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// How far ahead of a one-row f16/f32 GEMV's weight stream [`prefetch_far`] asks for its
+    /// How far ahead of the f16/f32 GEMV's weight stream [`prefetch_far`] asks for its
     /// bytes: 16 KiB.
     ///
-    /// On the Zen 4 hosts the f16 row kernel, left to the hardware prefetcher, waits on
-    /// memory for part of every row: its time per byte from memory was the sum of its time
-    /// in L2 and the read bandwidth's, not the larger of the two. Asked for 16 KiB ahead into
-    /// L2 (`prefetcht1`), 1B-shaped f16 matrices from memory went 19 → 27 GB/s on one
-    /// thread and 19.5–29 → 27–31 on two (`gemv_stream 1b f16`, alternated). Nearer (4–8
-    /// KiB) gained less and farther (32 KiB) no more; into L1 (`prefetcht0`, which holds one of the
-    /// core's few L1 miss buffers for a whole trip to memory) it gained nothing. The
-    /// quantized kernels keep their near `prefetcht0`: this one gained nothing on Q4_0, Q8_0
-    /// or the experts' Q8_0 matrices in whole decode steps, and halved the Q4_K and Q6_K
-    /// kernels' rates (they leave lines of each column, Q4_K its 128-byte header, to the
-    /// hardware prefetcher, which the far prefetches displaced; with the header covered,
-    /// Q4_K ran as it does today).
+    /// Left to the hardware prefetcher, the f16 kernel waited on memory for part of every
+    /// row: its time per byte from memory was the sum of its time in L2 and the read
+    /// bandwidth's, not the larger of the two. 16 KiB ahead into L2 (`prefetcht1`) hides
+    /// that; nearer gained less, farther no more, and into L1 (`prefetcht0`, which holds one
+    /// of the core's few L1 miss buffers for a whole trip to memory) nothing. The quantized
+    /// kernels keep their near `prefetcht0`: far prefetches displaced the lines they leave
+    /// to the hardware prefetcher and slowed Q4_K and Q6_K.
     pub const FAR_AHEAD: usize = 16 * 1024;
 
     /// Asks for the cache line holding `p` into L2 (`prefetcht1`). Never faults, whatever

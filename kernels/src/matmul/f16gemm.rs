@@ -17,20 +17,11 @@
 //! Each output is one FMA chain over `k` in order, starting from the bias (or zero): the
 //! sum of the scalar reference in the same order, with the bias added first.
 //!
-//! Replaced widening panels of 4 MiB and calling the gemm crate on them, which packed `x`
-//! again for every panel on every thread (16 times per call at k = 8192). At the 1B shapes
-//! (`gemm_rows f16 -- 512`, one thread, FMA probe 88–90 GFLOP/s, i.e. 44–45 GMAC/s): 40–42
-//! GMAC/s, 92% of the peak, against 37–39 (85%) before. In a 512-token F16 prefill the
-//! profile went from gemm's micro-kernel 84%, its packing 7% and our widening 2% to this
-//! micro-kernel 92% and packing `x` 1.5%; attention is 2%.
-//!
-//! The 512-bit tile and packing `x` in the order it is stored (sequential writes, 6 rows
-//! read at once), Zen 4, prefill of 512 tokens on 2 threads, alternated three times against
-//! the 256-bit tile with the old packing: SmolLM2 F16 685–756 → 776–784 tokens/s, 1B-shaped
-//! F16 91–96 → 92–101 (the 512-bit tile alone). Packing fell from 5.9% to 2.3% of
-//! SmolLM2's prefill. Tried and not kept: no packing at all (the
-//! tile broadcasting straight from 6 rows of `x`: 1B 94–98 → 89–90 tokens/s), 12-row tiles
-//! and `KC` of 128 or 512 (no better, one thread).
+//! Why not the gemm crate on widened panels of `W`: it packed `x` again for every panel on
+//! every thread (16 times per call at k = 8192); this kernel packs `x` once, in the order it
+//! is stored, and reaches about 92% of the FMA peak at the 1B shapes
+//! ([BENCHMARKS.md](../../../BENCHMARKS.md), Kernels). Broadcasting straight from unpacked
+//! rows of `x` was slower; 12-row tiles and other `KC` were no better.
 
 use crate::par::SharedOut;
 use crate::simd::avx2::transpose8;

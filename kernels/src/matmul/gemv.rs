@@ -247,7 +247,7 @@ unsafe fn gemv_columns(
                 Weights::F32(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
                 Weights::F16(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
                 Weights::Quant(..) | Weights::QuantX8(..) => unreachable!("handled above"),
-                Weights::F32T(_) => unreachable!("F32T always goes to gemm (gemv_rows)"),
+                Weights::F32T(_) => unreachable!("F32T always goes to gemm (`plan`)"),
             }
         }
         return;
@@ -256,7 +256,7 @@ unsafe fn gemv_columns(
         Weights::F32(w) => w[i],
         Weights::F16(w) => w[i].to_f32(),
         Weights::Quant(..) | Weights::QuantX8(..) => unreachable!("handled above"),
-        Weights::F32T(_) => unreachable!("F32T always goes to gemm (gemv_rows)"),
+        Weights::F32T(_) => unreachable!("F32T always goes to gemm (`plan`)"),
     };
     for j in j0..j1 {
         for i in 0..m {
@@ -338,15 +338,14 @@ mod gemv_avx2 {
         }
     }
 
-    /// Rows of `W` per block of [`tiles`]: a multiple of 3 (the tile's width), as many as
+    /// Rows of `W` per block of [`columns`]: a multiple of 3 (the tile's width), as many as
     /// fit in [`W_BLOCK_BYTES`] for rows of `k` elements of `size` bytes, and at least 3.
     fn w_block_rows(k: usize, size: usize) -> usize {
         (W_BLOCK_BYTES / (k * size).max(1)).max(3) / 3 * 3
     }
 
-    /// The bytes of `W` in a block of [`tiles`]: with 4 rows of `x` (9 KiB at k = 576) it
-    /// stays within L1 and L2's nearest reach. 24 and 96 KiB measured the same, within the
-    /// host's noise.
+    /// The bytes of `W` in a block of [`columns`]: with 4 rows of `x` (9 KiB at k = 576) it
+    /// stays within L1 and L2's nearest reach (24 to 96 KiB ran alike).
     const W_BLOCK_BYTES: usize = 48 << 10;
 
     /// `y[i0 + r, j0 + c] = x[i0 + r, :]·W[j0 + c, :] + b[j0 + c]` for `r < R`, `c < C`.

@@ -62,28 +62,63 @@ pub const QUANT_GEMV_MAX_ROWS: usize = 16;
 /// Up to this many rows, and while `x` holds no more than [`ONE_PASS_X_ELEMS`], f32 and f16
 /// weights (`[n, k]`) meet all rows of `x` in one pass of the GEMV's split of `W`'s rows, in
 /// register tiles of 4 rows of `x` by 3 of `W`, rather than going to a GEMM that widens `W`
-/// (f16: our own, with its 6 × 32 tiles; f32: the gemm crate). `gemm_rows f16`, 2 threads,
-/// GMAC/s, one pass against the f16 GEMM: at SmolLM2's shapes (k = 576 and 1536) 93–100
-/// against 54–87 at 96 and 128 rows, 98–99 against 83–102 at 256 (its output matrix); at
-/// 1B's k = 2048, 77–92 against 88–95 at 128 rows, even within the host's noise.
+/// (f16: our own, with its 6 × 32 tiles; f32: the gemm crate): up to here the one pass
+/// was as fast or faster in `gemm_rows f16` ([BENCHMARKS.md](../../BENCHMARKS.md), Kernels),
+/// and a row's bits stay those of a decode step.
 pub const FLOAT_ONE_PASS_MAX_ROWS: usize = 256;
 
 /// Elements of `x` (`m·k`) one pass over `W` keeps at most: every block of `W` in a thread's
 /// piece walks all of the call's `x`, so beyond what L2 holds (1 MiB of f32, 0.6 MiB of
 /// 16-bit activations with their byte split, 0.35 MiB at 8 bits) `x` comes from L3 or
-/// memory. f32 and f16 weights take the GEMM past it (at k = 8192, f16, 2 threads: one pass
-/// 67–73 GMAC/s at 32 rows and 70–71 at 64, where the GEMM gives 57–65 and 73–84);
-/// interleaved weights take taller `x` in chunks (`one_pass_chunk_rows`).
+/// memory. f32 and f16 weights take the GEMM past it, where it starts to win; interleaved
+/// weights take taller `x` in chunks (`one_pass_chunk_rows`).
 pub const ONE_PASS_X_ELEMS: usize = 1 << 18;
 
-/// True when `m` rows against `w` run through the GEMV's split of `W`'s rows rather than
-/// gemm: up to [`GEMV_MAX_ROWS`] rows for every format but [`Weights::F32T`]; up to
-/// [`QUANT_GEMV_MAX_ROWS`] for quantized weights; and all rows in one pass where
-/// [`one_pass`] says so.
-fn gemv_rows(w: Weights<'_>, m: usize, k: usize) -> bool {
-    one_pass(w, m, k)
-        || !matches!(w, Weights::F32T(_)) && m <= GEMV_MAX_ROWS
-        || (w.is_quantized() && m <= QUANT_GEMV_MAX_ROWS)
+/// How [`linear`] runs `m` rows of `x` against a matrix: decided in one place, [`plan`], from
+/// the weights' kind and layout, `m`, `k` and the CPU, then carried out as it says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// The GEMV's split of `W`'s rows across the threads, `rows` rows of `x` per call: all
+    /// of them in one pass (up to a chunk of [`one_pass_chunk_rows`]) where [`one_pass`]
+    /// takes the matrix, else [`GEMV_MAX_ROWS`].
+    Gemv { rows: usize },
+    /// f32 weights (either layout) through the gemm crate.
+    F32Gemm,
+    /// f16 weights through our own blocked GEMM (AVX2, FMA, F16C).
+    F16Gemm,
+    /// Quantized weights (either layout) through the integer GEMM (AVX-512 VNNI).
+    IntGemm,
+    /// Anything else: panels of `W` widened to f32 for the gemm crate.
+    Panels,
+}
+
+/// The one dispatch decision of [`linear`] and [`linear_many`]: the GEMV where it reads
+/// `W` once for all rows ([`one_pass`]), for every format but [`Weights::F32T`] up to
+/// [`GEMV_MAX_ROWS`] rows and for quantized weights up to [`QUANT_GEMV_MAX_ROWS`]; past
+/// those, the GEMM of the weights' kind that this CPU runs.
+fn plan(w: Weights<'_>, m: usize, k: usize) -> Path {
+    if one_pass(w, m, k) {
+        return Path::Gemv {
+            rows: m.min(one_pass_chunk_rows(k)),
+        };
+    }
+    let gemv_max = match w {
+        Weights::F32T(_) => 0,
+        Weights::Quant(..) | Weights::QuantX8(..) => QUANT_GEMV_MAX_ROWS,
+        Weights::F32(_) | Weights::F16(_) => GEMV_MAX_ROWS,
+    };
+    if m <= gemv_max {
+        return Path::Gemv {
+            rows: GEMV_MAX_ROWS,
+        };
+    }
+    match w {
+        Weights::F32(_) | Weights::F32T(_) => Path::F32Gemm,
+        #[cfg(target_arch = "x86_64")]
+        Weights::F16(_) if f16gemm::available() => Path::F16Gemm,
+        Weights::Quant(..) | Weights::QuantX8(..) if quant::gemm::available() => Path::IntGemm,
+        _ => Path::Panels,
+    }
 }
 
 /// True when the GEMV takes all `m` rows of `x` in one pass over `w`, so that `W` is read
@@ -105,15 +140,9 @@ fn one_pass(w: Weights<'_>, m: usize, k: usize) -> bool {
 /// the integer GEMM: all rows where the GEMM does not run (without AVX-512 VNNI). Where it
 /// does, the GEMM reads GGUF's layout, so each of its panels first takes its rows apart
 /// again; at 8 bits the interleaved kernels (on `vpdpbusd` there) are faster at every
-/// count of rows measured, and at 16 bits until the GEMM's integer rate pays for that.
-/// `gemm_rows`, the 1B shapes, 2 threads, Zen 4 with AVX-512, GMAC/s interleaved against
-/// the GEMM. At 16 bits, with the panels taken apart on their own threads: Q4_0 142–157
-/// against 112–115 at 64 rows; Q4_K 129–148 against 107–109 at 64, 130–138 either way at
-/// 128; Q8_0 100–105 against 100–103 at 64, 102–105 against 126–138 at 128, 100–103
-/// against 150–161 at 256; Q6_K 67–87 against 61–71 at 512 (before its byte split). At 8 bits,
-/// 16 rows: Q4_0 200–251 against 33–36, Q4_K 176–231 against 35–38, Q6_K 144–161 against
-/// 5, Q8_0 121–140 against 10–11; 512 rows: Q4_0 213–256 against 144–176, Q4_K 164–214
-/// against 154–165, Q6_K 153–165 against 71–76, Q8_0 128–157 against 117–127.
+/// count of rows, and at 16 bits until the GEMM's integer rate pays for that, past about
+/// 64 rows except for Q6_K (`gemm_rows`; [BENCHMARKS.md](../../BENCHMARKS.md), Kernels).
+/// The GEMM gives a row the bits the interleaved kernels give it.
 fn x8_one_pass_max_rows(format: QuantFormat, precision: ActPrecision) -> usize {
     if !quant::gemm::available() || precision == ActPrecision::Byte {
         return usize::MAX;
@@ -124,25 +153,11 @@ fn x8_one_pass_max_rows(format: QuantFormat, precision: ActPrecision) -> usize {
     }
 }
 
-/// Rows of `x` per GEMV call: when every matrix takes them in one pass (see [`one_pass`]),
-/// all of them up to [`one_pass_chunk_rows`], else [`GEMV_MAX_ROWS`].
-fn gemv_step(all_one_pass: bool, m: usize, k: usize) -> usize {
-    if all_one_pass {
-        m.min(one_pass_chunk_rows(k))
-    } else {
-        GEMV_MAX_ROWS
-    }
-}
-
 /// Rows of `x` per one-pass GEMV call over interleaved weights for rows of `k` elements:
 /// about [`ONE_PASS_X_ELEMS`], never fewer than 64 (each chunk streams `W` again), and a
 /// multiple of the kernels' tile of 8 rows, so that every row meets the same tile (and
 /// gets the same bits) as in one call over all rows. Each group of `W` reads all of the
-/// call's `x`: taller `x` comes from memory instead of L2. `gemm_rows`, 1B shapes, 2
-/// threads, 2048 rows in one call against chunks (GMAC/s): at 8 bits Q4_K 160 → 229 and
-/// Q6_K 120 → 174 at 2048 × 8192 (`x` 16 MiB), 231 → 254 and 186 → 190 at 8192 × 2048; at
-/// 16 bits Q6_K (which never takes the integer GEMM) 75 → 111 at 2048 × 8192. At 512
-/// rows no shape lost (Q4_0 at 8 bits 233–277 → 250–287).
+/// call's `x`, so in one call taller `x` would come from memory instead of L2.
 fn one_pass_chunk_rows(k: usize) -> usize {
     (ONE_PASS_X_ELEMS / k.max(1)).max(64) / quant::act::TILE_ROWS * quant::act::TILE_ROWS
 }
@@ -155,10 +170,9 @@ pub enum Weights<'a> {
     /// 32-bit floats.
     F32(&'a [f32]),
     /// 32-bit floats stored transposed, `[k, n]`: one row per input feature. gemm reads this
-    /// layout in whole rows where `[n, k]` makes it gather one value from each row: on 2
-    /// threads, 1024 rows against k = 2048, n = 512 ran at 139 GFLOP/s stored `[n, k]` and
-    /// at 201 stored `[k, n]`. For weights that only ever meet many rows (encoders); every
-    /// call, even of one row, goes to gemm.
+    /// layout in whole rows where `[n, k]` makes it gather one value from each row, about
+    /// 1.4× faster. For weights that only ever meet many rows (encoders); every call, even
+    /// of one row, goes to gemm.
     F32T(&'a [f32]),
     /// IEEE half floats, widened to f32 inside the kernels.
     F16(&'a [f16]),
@@ -335,32 +349,30 @@ pub fn linear(
     n: usize,
 ) -> Result<()> {
     validate(y, x, w, bias, m, k, n)?;
-    if gemv_rows(w, m, k) {
-        let step = gemv_step(one_pass(w, m, k), m, k);
-        for (r0, rows) in (0..m).step_by(step).map(|r| (r, step.min(m - r))) {
-            let (xs, ys) = (&x[r0 * k..(r0 + rows) * k], &mut y[r0 * n..(r0 + rows) * n]);
-            gemv(ys, xs, w, bias, rows, k, n);
-        }
-    } else {
-        match w {
-            Weights::F32(w) => gemm_f32(y, x, Rhs::Rows(w), bias, m, k, n),
-            Weights::F32T(w) => gemm_f32(y, x, Rhs::Cols(w), bias, m, k, n),
-            #[cfg(target_arch = "x86_64")]
-            Weights::F16(w) if f16gemm::available() => f16gemm::gemm(y, x, w, bias, m, k, n),
-            Weights::Quant(format, blocks) if quant::gemm::available() => {
-                gemv::with_quantized(x, m, k, ActPrecision::Wide, false, |acts| {
-                    quant::gemm::gemm(y, acts, format, blocks, bias, n)
-                })?;
+    match (plan(w, m, k), w) {
+        (Path::Gemv { rows: step }, _) => {
+            for (r0, rows) in (0..m).step_by(step).map(|r| (r, step.min(m - r))) {
+                let (xs, ys) = (&x[r0 * k..(r0 + rows) * k], &mut y[r0 * n..(r0 + rows) * n]);
+                gemv(ys, xs, w, bias, rows, k, n);
             }
-            Weights::QuantX8(format, precision, packed) if quant::gemm::available() => {
-                // At the operand's precision, which the interleaved kernels use too, so that
-                // a row's result does not depend on how many rows came with it.
-                gemv::with_quantized(x, m, k, precision, false, |acts| {
-                    quant::gemm::gemm_interleaved(y, acts, format, packed, bias, n)
-                })?;
-            }
-            _ => gemm_panels(y, x, w, bias, m, k, n),
         }
+        (Path::F32Gemm, Weights::F32(w)) => gemm_f32(y, x, Rhs::Rows(w), bias, m, k, n),
+        (Path::F32Gemm, Weights::F32T(w)) => gemm_f32(y, x, Rhs::Cols(w), bias, m, k, n),
+        #[cfg(target_arch = "x86_64")]
+        (Path::F16Gemm, Weights::F16(w)) => f16gemm::gemm(y, x, w, bias, m, k, n),
+        (Path::IntGemm, Weights::Quant(format, blocks)) => {
+            gemv::with_quantized(x, m, k, ActPrecision::Wide, false, |acts| {
+                quant::gemm::gemm(y, acts, format, blocks, bias, n)
+            })?;
+        }
+        (Path::IntGemm, Weights::QuantX8(format, precision, packed)) => {
+            // At the operand's precision, which the interleaved kernels use too, so that
+            // a row's result does not depend on how many rows came with it.
+            gemv::with_quantized(x, m, k, precision, false, |acts| {
+                quant::gemm::gemm_interleaved(y, acts, format, packed, bias, n)
+            })?;
+        }
+        _ => gemm_panels(y, x, w, bias, m, k, n),
     }
     Ok(())
 }
@@ -418,16 +430,22 @@ pub fn linear_many(
     for p in projections.iter() {
         validate(p.y, x, p.w, p.bias, m, k, p.n)?;
     }
-    if !projections.iter().all(|p| gemv_rows(p.w, m, k)) || projections.len() > MAX_GROUP {
+    // The rows per GEMV call the group can share: the fewest any of its matrices takes, or
+    // none when one of them goes to a GEMM.
+    let step = projections
+        .iter()
+        .try_fold(usize::MAX, |step, p| match plan(p.w, m, k) {
+            Path::Gemv { rows } => Some(step.min(rows)),
+            _ => None,
+        });
+    let Some(step) = step.filter(|_| projections.len() <= MAX_GROUP) else {
         for p in projections.iter_mut() {
             linear(p.y, x, p.w, p.bias, m, k, p.n)?;
         }
         return Ok(());
-    }
-    // On the stack: the decode step allocates nothing. Groups of GEMV_MAX_ROWS rows, or all
-    // rows at once when every matrix takes them in one pass.
+    };
+    // On the stack: the decode step allocates nothing.
     let mut parts = [GemvPart::EMPTY; MAX_GROUP];
-    let step = gemv_step(projections.iter().all(|p| one_pass(p.w, m, k)), m, k);
     for r0 in (0..m).step_by(step) {
         let rows = step.min(m - r0);
         for (part, p) in parts.iter_mut().zip(projections.iter_mut()) {
@@ -496,9 +514,8 @@ fn gemm_raw(
     // Saturating: m·n and n·k fit (validated), their product with k need not.
     let parallel = threads > 1 && m.saturating_mul(n).saturating_mul(k) >= 1 << 16;
     // Up to a few threads and prompt-sized m, one single-threaded gemm call per block of
-    // columns beat the crate's own split: at m = 512 on SmolLM2's shapes, alternating, by
-    // 1–3% on the large ones and 7–20% at n = 192, and a whole 512-token prefill by 4–8%.
-    // Each call packs all of x, so very tall x or many threads keep gemm's split.
+    // columns beats the crate's own split, most at narrow n. Each call packs all of x, so
+    // very tall x or many threads keep gemm's split.
     let per = n.div_ceil(threads).div_ceil(16) * 16;
     if parallel && threads <= COLUMN_SPLIT_MAX_THREADS && m <= COLUMN_SPLIT_MAX_M && per >= 64 {
         let out = SharedOut(dst.as_mut_ptr());

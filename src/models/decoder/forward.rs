@@ -371,28 +371,27 @@ impl Decoder {
         let (mut q_rest, mut att_rest) = (&q[..], &mut att[..]);
         for seg in segments.iter() {
             let (n, pos0) = (seg.tokens.len(), seg.pos0);
-            // Short segments' rows each attend as a decode step at their position would.
-            let per_row = n <= PER_ROW_ATTENTION_MAX_ROWS;
-            let (call_rows, calls_n) = if per_row { (1, n) } else { (n, 1) };
-            for i in 0..calls_n {
-                let (q_seg, q_next) = q_rest.split_at(call_rows * qd);
-                let (att_seg, att_next) =
-                    std::mem::take(&mut att_rest).split_at_mut(call_rows * qd);
+            // Each row attends in a call of its own, as the decode step at its position does
+            // (the kernel's several-query path sums in another order than its one-query
+            // path), so that a row's bits never depend on how its sequence was cut into
+            // passes: a prompt read in chunks of any size, a cached prefix, a verify pass of
+            // drafted tokens. The calls all run in one pass over the threads.
+            for at in pos0..pos0 + n {
+                let (q_row, q_next) = q_rest.split_at(qd);
+                let (att_row, att_next) = std::mem::take(&mut att_rest).split_at_mut(qd);
                 (q_rest, att_rest) = (q_next, att_next);
-                let at = pos0 + i * call_rows;
-                let seen = at + call_rows;
                 let mut mask = match window {
                     Some(w) => AttentionMask::sliding(at, w),
                     None => AttentionMask::causal(at),
                 };
                 mask.softcap = c.attn_softcap;
                 calls.push(AttentionCall {
-                    q: QueryView::contiguous(q_seg, call_rows, c.heads, c.head_dim),
-                    k: seg.cache.keys.view(l, seen),
-                    v: seg.cache.values.view(l, seen),
+                    q: QueryView::contiguous(q_row, 1, c.heads, c.head_dim),
+                    k: seg.cache.keys.view(l, at + 1),
+                    v: seg.cache.values.view(l, at + 1),
                     mask,
                     scale: Some(attn_scale),
-                    out: att_seg,
+                    out: att_row,
                 });
             }
         }
@@ -486,13 +485,6 @@ impl Decoder {
         Ok(())
     }
 }
-
-/// Up to this many rows, a segment attends one row per call, each as the decode step at its
-/// position does (the kernel's several-query path sums in another order than its
-/// one-query path), so that a verify pass of drafted tokens, or a prompt's short last
-/// chunk, gets the bits of decode steps; longer segments (prompts, perplexity's chunks)
-/// attend together.
-const PER_ROW_ATTENTION_MAX_ROWS: usize = crate::speculative::MAX_DRAFT + 1;
 
 /// [`Error::Shape`] unless the logits of the last `wanted` of `tokens` tokens can be had.
 fn check_wanted(wanted: usize, tokens: usize) -> Result<()> {

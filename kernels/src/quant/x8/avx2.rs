@@ -169,9 +169,7 @@ impl Tiles for SplitVnni {
 /// lane's 4 products straight into its 32-bit sum, the work of a `maddubs` and an add in
 /// [`Bytes`], with nothing left to widen. Chunks alternate between two sums, so that each
 /// `vpdpbusd` does not wait on the one before. The integers are the same as [`Bytes`]'s.
-/// Only [`columns_vnni`] runs it, which enables the features. One row, weights in L2
-/// (`gemv_cached`, one thread, Zen 4 with AVX-512, 3 alternations), ns per 32 weights:
-/// Q4_0 0.52 → 0.44, Q4_1 0.56 → 0.47, Q4_K 0.56 → 0.50.
+/// Only [`columns_vnni`] runs it, which enables the features.
 struct Vnni;
 
 impl Tiles for Vnni {
@@ -384,9 +382,8 @@ unsafe fn q4_k<T: Tiles, const M: usize>(
                 continue;
             }
             // Several rows: group by group, its 8 chunks of nibbles taken apart once and met
-            // by every row of the tile while they sit in registers (2.2× the rate of the
-            // one-row pass at 512 rows). Group 2j is the low nibbles of the j-th run of 8
-            // chunks, group 2j + 1 the high ones.
+            // by every row of the tile while they sit in registers. Group 2j is the low
+            // nibbles of the j-th run of 8 chunks, group 2j + 1 the high ones.
             for g in 0..8 {
                 let q = base.add(128 + 256 * (g / 2));
                 if g % 2 == 0 {

@@ -21,26 +21,16 @@
 //!   is negative, zero where it is zero), the same products. A pair reaches 2·128·127 =
 //!   32512, so every `maddubs` is widened at once by a `madd` with ones.
 //!
-//! Rates (`gemm_rows`, the 1B shapes, 2 threads on a Zen 4 host without AVX-512, 16 → 8
-//! bits): Q6_K 37–38 → 59–62 GMAC/s from 16 to 512 rows of `x`, Q8_0 39–41 → 46–48. Q8_0
-//! gains less: its `madd` per `maddubs` leaves as many multiplies per product as the 16-bit
-//! kernel's. Widening Q8_0's sums with shifts instead (each lane's low half offset by 2¹⁵,
-//! the high halves summed apart) measured 37 GMAC/s: slower.
-//!
-//! One row of `x` (decode; `gemv_cached`, one thread, weights in L2, ns per 32 weights at 8
-//! bits): Q6_K 1.23 → 1.19 with its one-row kernel ([`q6_k_one`]), Q8_0 1.04. Both are
-//! bound by the count of vector instructions per weight vector, not by memory: Q6_K spends
-//! about 0.44 ns of its 1.19 taking the 6-bit values apart (with plain loads instead it ran
-//! 0.75) and 0.12 on the offset of 32; Q8_0 needs 6 per vector (shuffle, `abs`, `sign`,
-//! `maddubs`, `madd`, add). Tried for one row and not kept: Q8_0 two block columns per step
-//! with independent sums (1.04 → 1.03), Q6_K's offset from [`QuantizedActs::isum16`] in
-//! one vector per super-block instead of per block from the tile's sums (no change).
+//! Q8_0 gains less from 8 bits than Q6_K: its `madd` per `maddubs` leaves as many multiplies
+//! per product as the 16-bit kernel's (widening its sums with shifts instead was slower).
+//! For one row of `x` both kernels are bound by the count of vector instructions per
+//! weight vector, not by memory: Q6_K spends about a third of its time taking the 6-bit
+//! values apart, Q8_0 needs 6 per vector (shuffle, `abs`, `sign`, `maddubs`, `madd`, add).
 //!
 //! Where the CPU has AVX-512 VNNI, the `VNNI` variants take `vpdpbusd`, which sums each
 //! lane's 4 byte products straight into 32 bits: Q6_K's half-group then needs 4 of them
 //! and one 32-bit multiply by the scales (against 4 `maddubs`, 3 adds and 2 `madd`), Q8_0
-//! one per vector in place of `maddubs`, `madd` and add. `gemv_cached` as above, on a Zen 4
-//! host that shows AVX-512 (3 alternations): Q6_K 0.96 → 0.78 ns, Q8_0 0.80 → 0.67.
+//! one per vector in place of `maddubs`, `madd` and add.
 
 use super::avx2_i16::{q6_k_join, q6_k_values};
 use super::ROWS;

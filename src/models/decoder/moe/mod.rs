@@ -209,10 +209,9 @@ impl ExpertMatrices {
     /// Rows per product over `rows` rows: all of them, but for quantized matrices in GGUF's
     /// layout (the formats without an interleaved one: Q5_0, Q5_1, Q5_K) from 17 to 32
     /// rows, where the kernels would widen the matrix to f32 for gemm, two integer GEMV
-    /// passes of at most 16 rows cost less: an expert of 768 × 2048 (or 2048 × 768) took
-    /// 1.6–3.1 ms per pass in two GEMVs against 2.5–4.5 ms widened, Q8_0 at 17, 24 and 32
-    /// rows on 2 threads, measured before Q8_0 and Q6_K were interleaved (Q6_K mostly the
-    /// same). Where AVX-512 VNNI runs the integer GEMM, all rows at once.
+    /// passes of at most 16 rows cost less (an expert's matrix is small, and widening all of
+    /// it for a few rows costs more than a second pass). Where AVX-512 VNNI runs the
+    /// integer GEMM, all rows at once.
     fn step(&self, rows: usize) -> usize {
         let gguf = match self {
             ExpertMatrices::Each(v) => v
