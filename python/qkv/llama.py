@@ -94,6 +94,7 @@ class _Generator:
         response_format: Optional[dict[str, Any]] = None,
         grammar: Optional[str] = None,
         stream_options: Optional[dict[str, Any]] = None,
+        ignore_eos: Optional[bool] = None,
     ) -> str:
         if max_tokens is not None and max_tokens <= 0:
             max_tokens = None
@@ -113,6 +114,7 @@ class _Generator:
             response_format=response_format,
             grammar=grammar,
             stream_options=stream_options,
+            ignore_eos=ignore_eos,
         )
 
     def _chat_body(
@@ -134,6 +136,7 @@ class _Generator:
         top_logprobs: Optional[int] = None,
         parallel_tool_calls: Optional[bool] = None,
         stream_options: Optional[dict[str, Any]] = None,
+        ignore_eos: Optional[bool] = None,
     ) -> str:
         if max_tokens is not None and max_tokens <= 0:
             max_tokens = None
@@ -155,6 +158,7 @@ class _Generator:
             top_logprobs=top_logprobs,
             parallel_tool_calls=parallel_tool_calls,
             stream_options=stream_options,
+            ignore_eos=ignore_eos,
         )
 
     def _plan(self, route: str, body: Union[str, dict[str, Any]]) -> Any:
@@ -298,7 +302,8 @@ class Llama(_Generator):
         ``temperature`` (0.8; 0 is greedy), ``top_p``, ``top_k``, ``min_p``,
         ``repeat_penalty``, ``seed``, ``stop`` (a string or up to 4), ``stream``,
         ``logprobs`` (alternatives per token), ``response_format`` / ``grammar``
-        (constrained output).
+        (constrained output), ``ignore_eos``, ``stream_options={"include_usage": True}``.
+        Unknown keywords are a ``TypeError``.
 
         >>> import qkv
         >>> llm = qkv.Llama(qkv._native._synthetic_model(), n_ctx=128)

@@ -19,9 +19,7 @@ impl Embedder {
     #[pyo3(signature = (path, batch_size = 32))]
     fn new(py: Python<'_>, path: PathBuf, batch_size: usize) -> PyResult<Embedder> {
         let inner = py
-            .allow_threads(|| {
-                qkv::models::bert::Embedder::load(&path)?.with_batch_size(batch_size)
-            })
+            .allow_threads(|| qkv::models::bert::Embedder::load(&path)?.with_batch_size(batch_size))
             .map_err(|e| errors::err("ModelLoadError", e.to_string()))?;
         Ok(Embedder { inner })
     }

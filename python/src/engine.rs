@@ -401,7 +401,10 @@ impl Engine {
                 } => (
                     id,
                     "token",
-                    (token, text, logprob, top).into_pyobject(py)?.into_any().unbind(),
+                    (token, text, logprob, top)
+                        .into_pyobject(py)?
+                        .into_any()
+                        .unbind(),
                 ),
                 Out::Done {
                     id,

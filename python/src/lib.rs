@@ -39,7 +39,10 @@ fn set_threads(n: usize) -> PyResult<usize> {
             "n_threads {n}: must be between 1 and {MAX_THREADS}"
         )));
     }
-    match rayon::ThreadPoolBuilder::new().num_threads(n).build_global() {
+    match rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+    {
         Ok(()) => Ok(n),
         Err(_) if rayon::current_num_threads() == n => Ok(n),
         Err(_) => Err(errors::invalid(format!(

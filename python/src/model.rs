@@ -204,10 +204,16 @@ impl Model {
 /// Refuses what a plan cannot carry out: several choices, a logit bias.
 fn check_supported(p: &request::Params) -> Result<(), ApiError> {
     if p.n != 1 {
-        return Err(ApiError::invalid("n", "only one choice per request (`n: 1`)"));
+        return Err(ApiError::invalid(
+            "n",
+            "only one choice per request (`n: 1`)",
+        ));
     }
     if !p.logit_bias.is_empty() {
-        return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported here"));
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "`logit_bias` is not supported here",
+        ));
     }
     Ok(())
 }
@@ -341,7 +347,13 @@ impl Model {
     /// A chat request (a JSON object with OpenAI's `/v1/chat/completions` fields) read into a
     /// plan; `no_reasoning` renders the template with `enable_thinking: false`.
     #[pyo3(signature = (body, seed = 0, no_reasoning = false))]
-    fn plan_chat(&self, py: Python<'_>, body: &str, seed: u64, no_reasoning: bool) -> PyResult<Plan> {
+    fn plan_chat(
+        &self,
+        py: Python<'_>,
+        body: &str,
+        seed: u64,
+        no_reasoning: bool,
+    ) -> PyResult<Plan> {
         py.allow_threads(|| self.chat_plan(body, seed, no_reasoning))
             .map_err(from_api)
     }
@@ -392,7 +404,10 @@ impl Plan {
         parse: Option<(ToolFormat, Vec<String>)>,
     ) -> Result<Plan, ApiError> {
         if prompt.is_empty() {
-            return Err(ApiError::invalid("prompt", "the prompt encodes to no tokens"));
+            return Err(ApiError::invalid(
+                "prompt",
+                "the prompt encodes to no tokens",
+            ));
         }
         Ok(Plan {
             prompt,
@@ -465,9 +480,7 @@ fn pieces(ps: Vec<qkv_server::tool_stream::Piece>) -> Vec<PieceTuple> {
             Piece::Reasoning(t) => ("reasoning".to_string(), None, t),
             Piece::Content(t) => ("content".to_string(), None, t),
             Piece::CallStart { index, name } => ("call_start".to_string(), Some(index), name),
-            Piece::CallArgs { index, fragment } => {
-                ("call_args".to_string(), Some(index), fragment)
-            }
+            Piece::CallArgs { index, fragment } => ("call_args".to_string(), Some(index), fragment),
         })
         .collect()
 }

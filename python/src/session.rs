@@ -207,7 +207,10 @@ impl Session {
 
     /// The text held back at the end (an unfinished character, as U+FFFD).
     fn flush(&mut self) -> String {
-        self.run.as_mut().map(|r| r.text.finish()).unwrap_or_default()
+        self.run
+            .as_mut()
+            .map(|r| r.text.finish())
+            .unwrap_or_default()
     }
 
     /// Tokens of the prompt of the current generation.
