@@ -167,13 +167,13 @@ impl Session {
         run.generated += 1;
         run.remaining -= 1;
         let text = run.text.push(tokenizer, sampled.id);
-        let finish = if !run.ignore_eos && tokenizer.eos_id() == Some(sampled.id) {
-            Some("stop")
-        } else if run
+        let eos = !run.ignore_eos && tokenizer.eos_id() == Some(sampled.id);
+        // A constraint that is complete allows nothing more: the output ends as at EOS.
+        let complete = run
             .constraint
             .get_mut()
-            .is_ok_and(|c| c.as_ref().is_some_and(|c| c.is_complete()))
-        {
+            .is_ok_and(|c| c.as_ref().is_some_and(|c| c.is_complete()));
+        let finish = if eos || complete {
             Some("stop")
         } else if run.remaining == 0 {
             Some("length")
