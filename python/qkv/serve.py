@@ -21,7 +21,6 @@ when it died (see ``python/tests/test_ray_serve.py``).
 Needs ``pip install "ray[serve]"``.
 """
 
-from __future__ import annotations
 
 import json
 import os
