@@ -54,7 +54,7 @@ class StopText:
         return out
 
 
-TokenText = Callable[[int], str]
+TokenBytes = Callable[[int], bytes]
 
 
 class _Shaper:
@@ -63,10 +63,10 @@ class _Shaper:
     object_name = ""
     id_prefix = ""
 
-    def __init__(self, model: str, plan: Any, token_text: TokenText):
+    def __init__(self, model: str, plan: Any, token_bytes: TokenBytes):
         self.model = model
         self.plan = plan
-        self.token_text = token_text
+        self.token_bytes = token_bytes
         self.id = new_id(self.id_prefix)
         self.created = int(time.time())
         self.stop = StopText(list(plan.stop))
@@ -74,6 +74,9 @@ class _Shaper:
         self.tokens: list[tuple[int, float, list[tuple[int, float]]]] = []
         self.finish_reason: Optional[str] = None
         self.usage: dict[str, int] = {}
+
+    def token_text(self, tid: int) -> str:
+        return self.token_bytes(tid).decode("utf-8", errors="replace")
 
     def _push_text(self, text: str) -> tuple[str, bool]:
         out, hit = self.stop.push(text)
@@ -183,8 +186,8 @@ class ChatShaper(_Shaper):
     object_name = "chat.completion"
     id_prefix = "chatcmpl"
 
-    def __init__(self, model: str, plan: Any, token_text: TokenText):
-        super().__init__(model, plan, token_text)
+    def __init__(self, model: str, plan: Any, token_bytes: TokenBytes):
+        super().__init__(model, plan, token_bytes)
         self.parser = plan.reply_parser()
         self.sent_role = False
         self.calls_seen = False
@@ -193,14 +196,11 @@ class ChatShaper(_Shaper):
         return self._chunk({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
 
     def _entry(self, tid: int, lp: float, top: list[tuple[int, float]]) -> dict[str, Any]:
-        t = self.token_text(tid)
         return {
-            "token": t,
+            "token": self.token_text(tid),
             "logprob": lp,
-            "bytes": list(t.encode()),
-            "top_logprobs": [
-                {"token": self.token_text(i), "logprob": l, "bytes": list(self.token_text(i).encode())} for i, l in top
-            ],
+            "bytes": list(self.token_bytes(tid)),
+            "top_logprobs": [{"token": self.token_text(i), "logprob": l, "bytes": list(self.token_bytes(i))} for i, l in top],
         }
 
     def _pieces_to_deltas(self, pieces: list[tuple[str, Optional[int], str]]) -> list[dict[str, Any]]:

@@ -72,8 +72,8 @@ class _Generator:
         """Tokens in the vocabulary."""
         return self._model.n_vocab
 
-    def _token_text(self, tid: int) -> str:
-        return self._model.detokenize([tid]).decode("utf-8", errors="replace")
+    def _token_bytes(self, tid: int) -> bytes:
+        return self._model.detokenize([tid])
 
     # -- requests ---------------------------------------------------------------------
 
@@ -171,7 +171,7 @@ class _Generator:
 
     def _shaper(self, route: str, plan: Any) -> Any:
         cls = ChatShaper if route == "chat" else CompletionShaper
-        return cls(self.model_path, plan, self._token_text)
+        return cls(self.model_path, plan, self._token_bytes)
 
 
 class Llama(_Generator):
