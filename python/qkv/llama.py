@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from . import _native
 from ._shape import ChatShaper, CompletionShaper
@@ -343,7 +344,7 @@ class Llama(_Generator):
 
     # -- embeddings ---------------------------------------------------------------------
 
-    def embed(self, input: Union[str, list[str]]) -> np.ndarray:
+    def embed(self, input: Union[str, list[str]]) -> "np.ndarray":
         """The embeddings of ``input`` as a float32 array: shape ``(dim,)`` for one text,
         ``(len(input), dim)`` for a list."""
         if self._embedder is None:
@@ -355,6 +356,10 @@ class Llama(_Generator):
         texts = [input] if one else list(input)
         if not all(isinstance(t, str) for t in texts):
             raise InvalidRequestError("input: expected a string or a list of strings")
+        # numpy is imported here, not with the package: its BLAS threads stay out of
+        # processes that only generate.
+        import numpy as np
+
         raw = self._embedder.embed(texts)
         arr = np.frombuffer(raw, dtype="<f4").reshape(len(texts), self._embedder.dim)
         return arr[0] if one else arr
