@@ -1,7 +1,7 @@
 //! [`Engine`]: qkv's batch engine on a thread of its own. Requests are submitted from any
 //! Python thread; the engine thread runs one pass per step for all of them and posts what
 //! each step produced (tokens with their text, ends, failures) to an outbox, which
-//! [`Engine::poll`] drains with the GIL released. The Python side (`qkv.Engine`) hands the
+//! `Engine.poll` drains with the GIL released. The Python side (`qkv.Engine`) hands the
 //! events to each request's iterator or asyncio queue.
 
 use crate::errors::{self, from_qkv};
