@@ -416,6 +416,33 @@ macro_rules! dispatch {
             Qf::IQ4_XS => {
                 gemv::columns_with::<$isa, frame::IQ4_XS>($y, $acts, $w, $bias, $n, $j0, $j1)
             }
+            Qf::IQ2_XXS => {
+                gemv::columns_with::<$isa, frame::IQ2_XXS>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ2_XS => {
+                gemv::columns_with::<$isa, frame::IQ2_XS>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ2_S => {
+                gemv::columns_with::<$isa, frame::IQ2_S>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ3_XXS => {
+                gemv::columns_with::<$isa, frame::IQ3_XXS>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ3_S => {
+                gemv::columns_with::<$isa, frame::IQ3_S>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ1_S => {
+                gemv::columns_with::<$isa, frame::IQ1_S>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ1_M => {
+                gemv::columns_with::<$isa, frame::IQ1_M>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::TQ1_0 => {
+                gemv::columns_with::<$isa, frame::TQ1_0>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::TQ2_0 => {
+                gemv::columns_with::<$isa, frame::TQ2_0>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
         }
     }};
 }
@@ -446,6 +473,12 @@ pub(super) unsafe fn columns(
             // The formats without a one-row kernel take the general frame at m = 1 too.
             _ if acts.m != 1 => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
             Qf::Q2_K | Qf::Q3_K | Qf::IQ4_NL | Qf::IQ4_XS => {
+                dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1)
+            }
+            Qf::IQ2_XXS | Qf::IQ2_XS | Qf::IQ2_S | Qf::IQ3_XXS | Qf::IQ3_S => {
+                dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1)
+            }
+            Qf::IQ1_S | Qf::IQ1_M | Qf::TQ1_0 | Qf::TQ2_0 => {
                 dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1)
             }
             Qf::Q8_0 => one_row::<Small<Q8_0>>(y, acts, w, bias, n, j0, j1),
