@@ -470,25 +470,17 @@ pub(super) unsafe fn columns(
     // caller's contract (and, for `one_row`, m = 1, as matched).
     unsafe {
         match format {
-            // The formats without a one-row kernel take the general frame at m = 1 too.
-            _ if acts.m != 1 => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
-            Qf::Q2_K | Qf::Q3_K | Qf::IQ4_NL | Qf::IQ4_XS => {
-                dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1)
-            }
-            Qf::IQ2_XXS | Qf::IQ2_XS | Qf::IQ2_S | Qf::IQ3_XXS | Qf::IQ3_S => {
-                dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1)
-            }
-            Qf::IQ1_S | Qf::IQ1_M | Qf::TQ1_0 | Qf::TQ2_0 => {
-                dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1)
-            }
-            Qf::Q8_0 => one_row::<Small<Q8_0>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q4_0 => one_row::<Small<Q4_0>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q4_1 => one_row::<Small<Q4_1>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q5_0 => one_row::<Small<Q5_0>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q5_1 => one_row::<Small<Q5_1>>(y, acts, w, bias, n, j0, j1),
-            Qf::Q4_K => one_row::<Q4_K>(y, acts, w, bias, n, j0, j1),
-            Qf::Q5_K => one_row::<Q5_K>(y, acts, w, bias, n, j0, j1),
-            Qf::Q6_K => one_row::<Q6_K>(y, acts, w, bias, n, j0, j1),
+            Qf::Q8_0 if acts.m == 1 => one_row::<Small<Q8_0>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q4_0 if acts.m == 1 => one_row::<Small<Q4_0>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q4_1 if acts.m == 1 => one_row::<Small<Q4_1>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q5_0 if acts.m == 1 => one_row::<Small<Q5_0>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q5_1 if acts.m == 1 => one_row::<Small<Q5_1>>(y, acts, w, bias, n, j0, j1),
+            Qf::Q4_K if acts.m == 1 => one_row::<Q4_K>(y, acts, w, bias, n, j0, j1),
+            Qf::Q5_K if acts.m == 1 => one_row::<Q5_K>(y, acts, w, bias, n, j0, j1),
+            Qf::Q6_K if acts.m == 1 => one_row::<Q6_K>(y, acts, w, bias, n, j0, j1),
+            // m > 1, and the formats without a one-row kernel at m = 1 too, take the general
+            // frame (one expansion of it: each is every format's frame inlined).
+            _ => dispatch!(Avx2, format, y, acts, w, bias, n, j0, j1),
         }
     }
 }
