@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 /// Every file the references cover, by the kind `common::quant_model` takes.
-const KINDS: [&str; 14] = [
+const KINDS: [&str; 24] = [
     "Q4_1",
     "Q8_0",
     "Q4_0",
@@ -38,6 +38,16 @@ const KINDS: [&str; 14] = [
     "Q3_K_L",
     "IQ4_NL",
     "IQ4_XS",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ2_M",
+    "IQ1_S",
+    "IQ1_M",
+    "TQ1_0",
+    "TQ2_0",
 ];
 
 /// Types stored as plain numbers, not blocks: the script leaves them out too.

@@ -293,12 +293,11 @@ fn hostile_files_are_errors_not_panics() {
         "appears twice",
     );
     // A tensor of a type qkv parses but cannot load is a typed error at load, naming it.
-    for (code, ty, bytes) in [
-        (16u32, "IQ2_XXS", 66usize),
-        (18, "IQ3_XXS", 98),
-        (34, "TQ1_0", 54),
+    for (code, ty, block, bytes) in [
+        (9u32, "Q8_1", 32u64, 36usize),
+        (15, "Q8_K", 256, 292),
+        (39, "MXFP4", 32, 17),
     ] {
-        let block = 256;
         let raw = Raw::header(3, 1, 0)
             .tensor("w", &[block], code, 0)
             .pad_and_data(bytes.next_multiple_of(32));
@@ -311,12 +310,21 @@ fn hostile_files_are_errors_not_panics() {
             other => panic!("{ty}: {other:?}"),
         }
     }
-    // The low-bit K and IQ4 types load, in place, as their kernels' formats.
+    // The low-bit K, IQ and TQ types load, in place, as their kernels' formats.
     for (code, ty, elems, bytes) in [
         (10u32, "Q2_K", 256u64, 84usize),
         (11, "Q3_K", 256, 110),
         (20, "IQ4_NL", 32, 18),
         (23, "IQ4_XS", 256, 136),
+        (16, "IQ2_XXS", 256, 66),
+        (17, "IQ2_XS", 256, 74),
+        (22, "IQ2_S", 256, 82),
+        (18, "IQ3_XXS", 256, 98),
+        (21, "IQ3_S", 256, 110),
+        (19, "IQ1_S", 256, 50),
+        (29, "IQ1_M", 256, 56),
+        (34, "TQ1_0", 256, 54),
+        (35, "TQ2_0", 256, 66),
     ] {
         let raw = Raw::header(3, 1, 0)
             .tensor("w", &[elems], code, 0)

@@ -31,7 +31,8 @@ import numpy as np  # noqa: E402
 
 # The kinds tests/quantized_files.rs runs, besides the published Q4_1 file.
 KINDS = ("Q8_0", "Q4_0", "Q5_1", "Q4_K_M", "Q5_K_M", "Q6_K", "Q2_K", "Q2_K_PURE", "Q3_K_S",
-         "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS")
+         "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+         "IQ2_M", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0")
 
 # Types stored as plain numbers rather than blocks: not what this checks.
 Q = gguf.GGMLQuantizationType

@@ -37,6 +37,7 @@ OUT = ROOT / "tests/fixtures/quant"
 SEED = 20250607
 
 Q = gguf.GGMLQuantizationType
+IQ1_M_D = "IQ1_M d"
 # name -> (type, blocks to write, byte offsets of the f16 fields in a block)
 FORMATS = {
     "Q8_0": (Q.Q8_0, 24, [0]),
@@ -51,6 +52,16 @@ FORMATS = {
     "IQ4_NL": (Q.IQ4_NL, 24, [0]),
     "IQ4_XS": (Q.IQ4_XS, 8, [0]),
     "Q2_K": (Q.Q2_K, 8, [80, 82]),
+    "IQ2_XXS": (Q.IQ2_XXS, 8, [0]),
+    "IQ2_XS": (Q.IQ2_XS, 8, [0]),
+    "IQ2_S": (Q.IQ2_S, 8, [0]),
+    "IQ3_XXS": (Q.IQ3_XXS, 8, [0]),
+    "IQ3_S": (Q.IQ3_S, 8, [0]),
+    "IQ1_S": (Q.IQ1_S, 8, [0]),
+    # IQ1_M's f16 is the top nibbles of the 4 u16 scale words at 48–55 (word 0's lowest).
+    "IQ1_M": (Q.IQ1_M, 8, IQ1_M_D),
+    "TQ1_0": (Q.TQ1_0, 8, [52]),
+    "TQ2_0": (Q.TQ2_0, 8, [64]),
 }
 
 EXTREME = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF],
@@ -82,6 +93,12 @@ def main():
     for name, (qtype, nblocks, f16_at) in FORMATS.items():
         elems, size = gguf.GGML_QUANT_SIZES[qtype]
         blocks = rng.integers(0, 256, (nblocks, size), dtype=np.uint8)
+        if f16_at == IQ1_M_D:
+            d = scale_bits(rng, nblocks)
+            for w in range(4):
+                nib = ((d >> (4 * w)) & 0x0F).astype(np.uint8)
+                blocks[:, 49 + 2 * w] = (blocks[:, 49 + 2 * w] & 0x0F) | (nib << 4)
+            f16_at = []
         for at in f16_at:
             blocks[:, at:at + 2] = scale_bits(rng, nblocks).astype("<u2").view(np.uint8).reshape(nblocks, 2)
         values = gguf.quants.dequantize(blocks.reshape(-1), qtype).reshape(-1)

@@ -6,7 +6,9 @@
 Builds llama.cpp's tools once into $QKV_CACHE/llamacpp (tools/peers.py), then writes into
 $QKV_CACHE/llamacpp/models, with `llama-quantize`, SmolLM2-135M-Instruct.<T>.gguf for F16, F32,
 peers.py's QUANT_TYPES and LOW_BIT_TYPES, and the `--pure` files of PURE_TYPES (the quantized
-ones from the F32 file, itself the published Q4_1 file dequantized). Files already there are
+ones from the F32 file, itself the published Q4_1 file dequantized), and the IMATRIX_TYPES
+files (SmolLM2-135M-Instruct.<T>.gguf) with an importance matrix that `llama-imatrix`
+makes once from the F32 file on tools/perplexity_text.py's text. Files already there are
 kept. The published Q4_1 file
 must be in the cache first (`cargo run --release --bin decode -- --prompt Hi -n 1` fetches it).
 Prints the models directory on stdout.
@@ -30,6 +32,57 @@ LOW_BIT_TYPES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS")
 # (one type for every matrix, before the width's fallback) as SmolLM2-135M-Instruct.<T>_PURE.gguf:
 # ffn_down, the only matrices of width 1536, then hold Q2_K blocks.
 PURE_TYPES = ("Q2_K",)
+
+# The IQ and ternary types, made with an importance matrix (llama-quantize refuses IQ2_XXS,
+# IQ2_XS, IQ2_S, IQ1_S and IQ1_M without one). As with the low-bit K types, only the
+# matrices of width 1536 (ffn_down) can hold their 256-element blocks; the rest fall back.
+# llama-quantize's IQ2_S mix stores IQ2_XS blocks (even with `--pure`); IQ2_M's are IQ2_S.
+IMATRIX_TYPES = ("IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M",
+                 "TQ1_0", "TQ2_0")
+
+# Characters of tools/perplexity_text.py's text and 512-token chunks the importance matrix
+# is computed on (about a minute and a half on 2 threads).
+IMATRIX_CHARS, IMATRIX_CHUNKS = 60_000, 20
+
+
+def ensure_imatrix(lc: Path, quant: Path) -> Path:
+    """The F32 file's importance matrix from `llama-imatrix` (built beside llama-quantize and
+    kept once made)."""
+    target = lc / "models" / f"{b.MODEL_STEM}.imatrix.gguf"
+    if target.is_file():
+        return target
+    build = quant.parent.parent
+    tool = build / "bin" / "llama-imatrix"
+    if not tool.is_file():
+        b.log("building llama-imatrix")
+        b.run(["cmake", "--build", build, "--config", "Release", "-j2", "--target",
+               "llama-imatrix"])
+    text = lc / "imatrix.txt"
+    b.run([sys.executable, Path(__file__).resolve().parent / "perplexity_text.py", text,
+           "--chars", IMATRIX_CHARS])
+    src = lc / "models" / f"{b.MODEL_STEM}.F32.gguf"
+    tmp = target.with_suffix(".tmp")
+    b.log(f"importance matrix of {src.name} on {text.name}")
+    with open(lc / "imatrix.log", "w") as log:
+        b.run([tool, "-m", src, "-f", text, "-o", tmp, "-t", 2, "-c", 512, "--chunks",
+               IMATRIX_CHUNKS], stdout=log, stderr=subprocess.STDOUT)
+    tmp.rename(target)
+    return target
+
+
+def ensure_with_imatrix(lc: Path, quant: Path, imatrix: Path, ty: str) -> Path:
+    """The F32 file quantized to `ty`'s standard mix with the importance matrix."""
+    models = lc / "models"
+    target = models / f"{b.MODEL_STEM}.{ty}.gguf"
+    if not target.is_file():
+        src = models / f"{b.MODEL_STEM}.F32.gguf"
+        b.log(f"quantizing {src.name} -> {target.name} (--imatrix)")
+        tmp = target.with_suffix(".tmp")
+        with open(lc / f"quantize-{ty}.log", "w") as quant_log:
+            b.run([quant, "--allow-requantize", "--imatrix", imatrix, src, tmp, ty],
+                  stdout=quant_log, stderr=subprocess.STDOUT)
+        tmp.rename(target)
+    return target
 
 
 def ensure_pure(lc: Path, quant: Path, ty: str) -> Path:
@@ -61,6 +114,9 @@ def main():
         models = b.ensure_models(lc, cache, quant, None, kinds)
         for ty in PURE_TYPES:
             models[f"{ty.lower()}_pure"] = ensure_pure(lc, quant, ty)
+        imatrix = ensure_imatrix(lc, quant)
+        for ty in IMATRIX_TYPES:
+            models[ty.lower()] = ensure_with_imatrix(lc, quant, imatrix, ty)
         for kind, path in models.items():
             b.log(f"{kind}: {path} ({path.stat().st_size / 1e6:.1f} MB)")
         sys.stdout.flush()

@@ -144,8 +144,10 @@ fn network_decode_embed_writes_the_librarys_embeddings_in_order() {
 /// the file plus the KV cache plus 64 MiB (the matrices are the file's blocks, read in place).
 #[test]
 fn network_decode_runs_every_format_within_its_memory_bound() {
-    // Then the low-bit files, which between them run Q2_K, Q3_K, IQ4_NL and IQ4_XS blocks
-    // (tests/quantized_files.rs lists the formats each holds).
+    // Then the low-bit files, which between them run Q2_K, Q3_K, IQ4_NL and IQ4_XS blocks,
+    // and the importance-matrix files, which run IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S,
+    // IQ3_XXS, IQ3_S, TQ1_0 and TQ2_0 blocks (tests/quantized_files.rs lists the formats each
+    // holds).
     for kind in [
         "Q4_1",
         "Q8_0",
@@ -159,6 +161,15 @@ fn network_decode_runs_every_format_within_its_memory_bound() {
         "Q3_K_M",
         "IQ4_NL",
         "IQ4_XS",
+        "IQ3_XXS",
+        "IQ3_S",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ2_M",
+        "IQ1_S",
+        "IQ1_M",
+        "TQ1_0",
+        "TQ2_0",
     ] {
         let Some(path) = qkv_fetch::testing::quant_model(kind) else {
             continue;

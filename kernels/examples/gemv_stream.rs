@@ -6,7 +6,8 @@
 //! `cargo run --release -p qkv-kernels --example gemv_stream [1b|8b] [FORMATS] [REPS]`
 //!
 //! FORMATS is a comma list of `f16`, `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1`, `q2_k`, `q3_k`,
-//! `q4_k`, `q5_k`, `q6_k`, `iq4_nl`, `iq4_xs`, and `q4_0x8`, `q4_kx8` for those formats with their rows interleaved
+//! `q4_k`, `q5_k`, `q6_k`, `iq4_nl`, `iq4_xs`, `iq2_xxs`, `iq2_xs`, `iq2_s`, `iq3_xxs`,
+//! `iq3_s`, `iq1_s`, `iq1_m`, `tq1_0`, `tq2_0`, and `q4_0x8`, `q4_kx8` for those formats with their rows interleaved
 //! ([`qkv_kernels::quant::x8`]; default `f16,q8_0,q4_0x8,q4_kx8,q6_k`). For each format the example builds as many
 //! copies of one layer's seven matrices (Q, K, V, output, gate, up, down) as make at least
 //! 768 MB, then times, REPS times (default 7), a whole step of them on rayon's pool (Q/K/V

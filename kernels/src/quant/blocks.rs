@@ -23,9 +23,16 @@
 //!   IQ4_NL's blocks (`qs[16s..16s+16]`: low nibbles elements 0–15, high 16–31), each with
 //!   the 6-bit scale ([`iq4_xs_scale`]) less 32, times `d`; a nibble `q` stands for
 //!   [`IQ4_TABLE`]`[q]`.
+//!
+//! The lattice and ternary formats (IQ1_*, IQ2_*, IQ3_*, TQ1_0, TQ2_0) are in [`iq`].
 
 use super::QuantFormat;
 use half::f16;
+
+pub mod grids;
+pub mod iq;
+
+pub use iq::{iq1_m, iq1_s, iq2_s, iq2_xs, iq2_xxs, iq3_s, iq3_xxs, tq1_0, tq2_0};
 
 /// Widens the little-endian f16 at `at`.
 #[inline(always)]
@@ -48,6 +55,15 @@ pub fn decoder(format: QuantFormat) -> fn(&[u8], &mut [f32]) {
         QuantFormat::Q3_K => q3_k,
         QuantFormat::IQ4_NL => iq4_nl,
         QuantFormat::IQ4_XS => iq4_xs,
+        QuantFormat::IQ2_XXS => iq2_xxs,
+        QuantFormat::IQ2_XS => iq2_xs,
+        QuantFormat::IQ2_S => iq2_s,
+        QuantFormat::IQ3_XXS => iq3_xxs,
+        QuantFormat::IQ3_S => iq3_s,
+        QuantFormat::IQ1_S => iq1_s,
+        QuantFormat::IQ1_M => iq1_m,
+        QuantFormat::TQ1_0 => tq1_0,
+        QuantFormat::TQ2_0 => tq2_0,
     }
 }
 

@@ -536,6 +536,8 @@ unsafe fn run<W: Widen>(format: QuantFormat, src: &[u8], dst: &mut [f32]) {
             QuantFormat::Q3_K => q3_k::<W>(src, dst),
             QuantFormat::IQ4_NL => iq4_nl::<W>(src, dst),
             QuantFormat::IQ4_XS => iq4_xs::<W>(src, dst),
+            // One AVX2 decoder for the lattice and ternary formats, whatever `W`.
+            _ => super::frame::dequantize_lattice(format, src, dst),
         }
     }
 }

@@ -6,7 +6,12 @@
 //! A row of `W` is taken in chunks of up to [`CHUNK`] groups of 32; the kernels decode a
 //! chunk's scales once, then unpack each group once and meet it with their rows of `xq`.
 
+mod lattice;
 mod unpack;
+
+pub(in crate::quant) use lattice::dequantize as dequantize_lattice;
+pub(in crate::quant) use lattice::{IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS};
+pub(in crate::quant) use lattice::{TQ1_0, TQ2_0};
 
 pub(in crate::quant) use unpack::{
     bytes, iq4_lookup, k_pair, nibble_bytes, q2k_half, q3k_half, q6k_half, W2,

@@ -150,6 +150,7 @@ pub fn group(format: QuantFormat, block: &[u8], g: usize) -> Group {
             }
             out.a = [a; 2];
         }
+        _ => out.a = super::blocks::iq::group(format, block, g, &mut out.q),
     }
     out
 }

@@ -19,6 +19,12 @@
 //! | Q3_K   | 256   | 110   | 32 bytes of high bits, 64 of 2-bit pairs, 12 bytes of 6-bit scales, f16 `d`; `(d·(sc − 32))·q` per 16, `q` in −4..3 |
 //! | IQ4_NL | 32    | 18    | f16 `d`, 16 bytes of nibbles; `d·T[q]` with `T` the 16-entry table [`blocks::IQ4_TABLE`] |
 //! | IQ4_XS | 256   | 136   | f16 `d`, 2 + 4 bytes of 6-bit scales, 128 bytes of nibbles; `(d·(sc − 32))·T[q]` per 32 |
+//! | IQ2_XXS, IQ2_XS, IQ2_S | 256 | 66, 74, 82 | f16 `d`, signed points of 8 of a lattice ([`blocks::grids`]), 4-bit scales per 32 or 16 |
+//! | IQ3_XXS, IQ3_S | 256 | 98, 110 | f16 `d`, signed points of 4 of a lattice, 4-bit scales per 32 |
+//! | IQ1_S, IQ1_M | 256 | 50, 56 | ternary points of 8 shifted by ±1/8, 3-bit scales per 32 or 16 |
+//! | TQ1_0, TQ2_0 | 256 | 54, 66 | ternary digits (base 3, five to a byte; or 2 bits), f16 `d` |
+//!
+//! The last four rows' layouts are spelled out in [`blocks::iq`].
 //!
 //! In the 32-element formats byte `j` holds element `j` in its low nibble and element `j + 16`
 //! in its high nibble, and bit `j` of the high-bit word is element `j`'s fifth bit. The
@@ -72,11 +78,31 @@ pub enum QuantFormat {
     IQ4_NL,
     /// IQ4_NL's table in super-blocks of 256, with 6-bit signed scales per 32.
     IQ4_XS,
+    /// 2.06 bits: 8-value points of a 256-point lattice with 8-bit sign patterns, a 4-bit
+    /// scale per 32.
+    IQ2_XXS,
+    /// 2.31 bits: a 512-point lattice, 4-bit scales per 16.
+    IQ2_XS,
+    /// 2.56 bits: a 1024-point lattice, explicit signs, 4-bit scales per 16.
+    IQ2_S,
+    /// 3.06 bits: 4-value points of a 256-point lattice, a 4-bit scale per 32.
+    IQ3_XXS,
+    /// 3.44 bits: a 512-point lattice, explicit signs, 4-bit scales per 32.
+    IQ3_S,
+    /// 1.56 bits: 8-value ternary points of a 2048-point lattice shifted by ±1/8, a 3-bit
+    /// scale per 32.
+    IQ1_S,
+    /// 1.75 bits: IQ1_S's lattice with a shift per 8 and 3-bit scales per 16.
+    IQ1_M,
+    /// Ternary, 1.69 bits: base-3 digits five to a byte, one f16 scale per 256.
+    TQ1_0,
+    /// Ternary, 2.06 bits: 2-bit digits, one f16 scale per 256.
+    TQ2_0,
 }
 
 impl QuantFormat {
     /// Every format, in GGUF code order.
-    pub const ALL: [QuantFormat; 12] = [
+    pub const ALL: [QuantFormat; 21] = [
         QuantFormat::Q4_0,
         QuantFormat::Q4_1,
         QuantFormat::Q5_0,
@@ -87,20 +113,29 @@ impl QuantFormat {
         QuantFormat::Q4_K,
         QuantFormat::Q5_K,
         QuantFormat::Q6_K,
+        QuantFormat::IQ2_XXS,
+        QuantFormat::IQ2_XS,
+        QuantFormat::IQ3_XXS,
+        QuantFormat::IQ1_S,
         QuantFormat::IQ4_NL,
+        QuantFormat::IQ3_S,
+        QuantFormat::IQ2_S,
         QuantFormat::IQ4_XS,
+        QuantFormat::IQ1_M,
+        QuantFormat::TQ1_0,
+        QuantFormat::TQ2_0,
     ];
 
-    /// Elements per block (32, or 256 for the K-formats).
+    /// Elements per block (32 for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL, else 256).
     pub const fn block_elems(self) -> usize {
         match self {
-            QuantFormat::Q2_K
-            | QuantFormat::Q3_K
-            | QuantFormat::Q4_K
-            | QuantFormat::Q5_K
-            | QuantFormat::Q6_K
-            | QuantFormat::IQ4_XS => 256,
-            _ => 32,
+            QuantFormat::Q8_0
+            | QuantFormat::Q4_0
+            | QuantFormat::Q4_1
+            | QuantFormat::Q5_0
+            | QuantFormat::Q5_1
+            | QuantFormat::IQ4_NL => 32,
+            _ => 256,
         }
     }
 
@@ -119,6 +154,15 @@ impl QuantFormat {
             QuantFormat::Q3_K => 110,
             QuantFormat::IQ4_NL => 18,
             QuantFormat::IQ4_XS => 136,
+            QuantFormat::IQ2_XXS => 66,
+            QuantFormat::IQ2_XS => 74,
+            QuantFormat::IQ2_S => 82,
+            QuantFormat::IQ3_XXS => 98,
+            QuantFormat::IQ3_S => 110,
+            QuantFormat::IQ1_S => 50,
+            QuantFormat::IQ1_M => 56,
+            QuantFormat::TQ1_0 => 54,
+            QuantFormat::TQ2_0 => 66,
         }
     }
 
@@ -137,6 +181,15 @@ impl QuantFormat {
             QuantFormat::Q3_K => "Q3_K",
             QuantFormat::IQ4_NL => "IQ4_NL",
             QuantFormat::IQ4_XS => "IQ4_XS",
+            QuantFormat::IQ2_XXS => "IQ2_XXS",
+            QuantFormat::IQ2_XS => "IQ2_XS",
+            QuantFormat::IQ2_S => "IQ2_S",
+            QuantFormat::IQ3_XXS => "IQ3_XXS",
+            QuantFormat::IQ3_S => "IQ3_S",
+            QuantFormat::IQ1_S => "IQ1_S",
+            QuantFormat::IQ1_M => "IQ1_M",
+            QuantFormat::TQ1_0 => "TQ1_0",
+            QuantFormat::TQ2_0 => "TQ2_0",
         }
     }
 
@@ -231,14 +284,25 @@ impl QuantFormat {
     }
 
     /// Byte offsets of the f16 scale fields in every block: the places where a NaN or an
-    /// infinity would poison the block's values (for load-time checks).
+    /// infinity would poison the block's values (for load-time checks). IQ1_M has none: its
+    /// f16 is spread over the top nibbles of its scale words ([`blocks::iq::iq1_m_d_bits`]),
+    /// which [`QuantFormat::first_nonfinite_scale`] reads apart.
     pub fn scale_offsets(self) -> &'static [usize] {
         match self {
             QuantFormat::Q8_0
             | QuantFormat::Q4_0
             | QuantFormat::Q5_0
             | QuantFormat::IQ4_NL
-            | QuantFormat::IQ4_XS => &[0],
+            | QuantFormat::IQ4_XS
+            | QuantFormat::IQ2_XXS
+            | QuantFormat::IQ2_XS
+            | QuantFormat::IQ2_S
+            | QuantFormat::IQ3_XXS
+            | QuantFormat::IQ3_S
+            | QuantFormat::IQ1_S => &[0],
+            QuantFormat::IQ1_M => &[],
+            QuantFormat::TQ1_0 => &[52],
+            QuantFormat::TQ2_0 => &[64],
             QuantFormat::Q4_1 | QuantFormat::Q5_1 | QuantFormat::Q4_K | QuantFormat::Q5_K => {
                 &[0, 2]
             }
@@ -259,13 +323,18 @@ impl QuantFormat {
     /// dequantize to non-finite values. `None` when every scale is finite.
     pub fn first_nonfinite_scale(self, src: &[u8]) -> Option<(usize, usize)> {
         let offsets = self.scale_offsets();
+        // Exponent bits all ones: infinity or NaN.
+        let bad = |bits: u16| bits & 0x7C00 == 0x7C00;
         src.chunks_exact(self.block_bytes())
             .enumerate()
             .find_map(|(b, block)| {
+                if self == QuantFormat::IQ1_M {
+                    // Reported at the first scale word, which holds the f16's low nibble.
+                    return bad(blocks::iq::iq1_m_d_bits(block)).then_some((b, 48));
+                }
                 offsets.iter().copied().find_map(|o| {
-                    // Exponent bits all ones: infinity or NaN.
                     let bits = u16::from_le_bytes([block[o], block[o + 1]]);
-                    (bits & 0x7C00 == 0x7C00).then_some((b, o))
+                    bad(bits).then_some((b, o))
                 })
             })
     }
@@ -297,6 +366,15 @@ mod tests {
             (QuantFormat::Q3_K, 256, 110),
             (QuantFormat::IQ4_NL, 32, 18),
             (QuantFormat::IQ4_XS, 256, 136),
+            (QuantFormat::IQ2_XXS, 256, 66),
+            (QuantFormat::IQ2_XS, 256, 74),
+            (QuantFormat::IQ2_S, 256, 82),
+            (QuantFormat::IQ3_XXS, 256, 98),
+            (QuantFormat::IQ3_S, 256, 110),
+            (QuantFormat::IQ1_S, 256, 50),
+            (QuantFormat::IQ1_M, 256, 56),
+            (QuantFormat::TQ1_0, 256, 54),
+            (QuantFormat::TQ2_0, 256, 66),
         ];
         for (f, elems, bytes) in expected {
             assert_eq!((f.block_elems(), f.block_bytes()), (elems, bytes), "{f}");
@@ -307,13 +385,17 @@ mod tests {
     /// kernel reads.
     #[test]
     fn low_bit_formats_stay_in_file_layout() {
-        for f in [
-            QuantFormat::Q2_K,
-            QuantFormat::Q3_K,
-            QuantFormat::IQ4_NL,
-            QuantFormat::IQ4_XS,
-        ] {
-            assert!(!x8::supports(f), "{f}");
+        for f in QuantFormat::ALL {
+            if !matches!(
+                f,
+                QuantFormat::Q4_0
+                    | QuantFormat::Q4_1
+                    | QuantFormat::Q4_K
+                    | QuantFormat::Q6_K
+                    | QuantFormat::Q8_0
+            ) {
+                assert!(!x8::supports(f), "{f}");
+            }
         }
     }
 
@@ -348,5 +430,15 @@ mod tests {
         let mut q6 = vec![0u8; 210];
         q6[209] = 0x7E; // NaN in d
         assert_eq!(QuantFormat::Q6_K.first_nonfinite_scale(&q6), Some((0, 208)));
+        // IQ1_M's f16 is spread over the top nibbles of its 4 scale words: 0x7C00 has its
+        // exponent in the top two.
+        let mut iq1m = vec![0u8; 2 * 56];
+        assert_eq!(QuantFormat::IQ1_M.first_nonfinite_scale(&iq1m), None);
+        iq1m[56 + 53] = 0xC0;
+        iq1m[56 + 55] = 0x70;
+        assert_eq!(
+            QuantFormat::IQ1_M.first_nonfinite_scale(&iq1m),
+            Some((1, 48))
+        );
     }
 }

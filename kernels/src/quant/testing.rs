@@ -77,9 +77,29 @@ pub fn weight_blocks(format: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> 
             // Table values up to 127 (times scales up to 32 for IQ4_XS).
             QuantFormat::IQ4_NL => put(0, bits(D.0 - 0x1C00, D.1 - 0x1C00, false)),
             QuantFormat::IQ4_XS => put(0, bits(0x0400, 0x1000, false)),
+            // Lattice values up to 62 times scales up to 15.5 (IQ2: ·0.25, IQ3_XXS: ·0.5,
+            // IQ3_S: up to 31 times values up to 15; IQ1: up to 15 times 1.125).
+            QuantFormat::IQ2_XXS
+            | QuantFormat::IQ2_XS
+            | QuantFormat::IQ2_S
+            | QuantFormat::IQ3_XXS
+            | QuantFormat::IQ3_S => put(0, bits(D.0 - 0x1C00, D.1 - 0x1C00, false)),
+            QuantFormat::IQ1_S => put(0, bits(D.0 - 0x1000, D.1 - 0x1000, false)),
+            QuantFormat::IQ1_M => iq1_m_put_d(block, bits(D.0 - 0x1000, D.1 - 0x1000, false)),
+            QuantFormat::TQ1_0 => put(52, bits(D.0, D.1, false)),
+            QuantFormat::TQ2_0 => put(64, bits(D.0, D.1, false)),
         }
     }
     w
+}
+
+/// Writes the f16 bits `d` into an IQ1_M block: nibble `w` of `d` becomes the top nibble of
+/// scale word `w` (bytes 48–55).
+pub fn iq1_m_put_d(block: &mut [u8], d: u16) {
+    for w in 0..4 {
+        let at = 49 + 2 * w;
+        block[at] = (block[at] & 0x0F) | ((((d >> (4 * w)) & 0x0F) as u8) << 4);
+    }
 }
 
 /// `n` blocks of `format` whose scale fields are any finite f16, and in about a quarter of
@@ -106,6 +126,15 @@ pub fn any_blocks(format: QuantFormat, n: usize, rng: &mut Rng) -> Vec<u8> {
                 }
             };
             block[o..o + 2].copy_from_slice(&bits.to_le_bytes());
+        }
+        if format == QuantFormat::IQ1_M {
+            let bits = loop {
+                let b = rng.next_u64() as u16;
+                if f16::from_bits(b).is_finite() {
+                    break b;
+                }
+            };
+            iq1_m_put_d(block, bits);
         }
     }
     src

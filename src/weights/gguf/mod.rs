@@ -17,9 +17,10 @@
 //!
 //! As a [`TensorSource`], F32 and F16 tensors are zero-copy views of the map, and so are the
 //! quantized formats qkv's kernels run in place (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
-//! Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS: [`qkv_kernels::QuantFormat`]); BF16 is widened once, at
-//! load, to f32; other types (IQ2_*, IQ3_*, IQ1_*, TQ*, …) give [`Error::UnsupportedDType`]
-//! naming the tensor and its type.
+//! Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS,
+//! TQ1_0, TQ2_0: [`qkv_kernels::QuantFormat`]); BF16 is widened once, at load, to f32; other
+//! types (Q8_1, Q8_K, MXFP4, the integer types, …) give [`Error::UnsupportedDType`] naming
+//! the tensor and its type.
 //!
 //! [`write_gguf`] writes version 3 files with f32/f16 tensors, and [`convert`] turns any
 //! readable GGUF into such a file (what `decode convert` runs).
@@ -509,6 +510,15 @@ impl GgmlType {
             GgmlType::Q3_K => QuantFormat::Q3_K,
             GgmlType::IQ4_NL => QuantFormat::IQ4_NL,
             GgmlType::IQ4_XS => QuantFormat::IQ4_XS,
+            GgmlType::IQ2_XXS => QuantFormat::IQ2_XXS,
+            GgmlType::IQ2_XS => QuantFormat::IQ2_XS,
+            GgmlType::IQ2_S => QuantFormat::IQ2_S,
+            GgmlType::IQ3_XXS => QuantFormat::IQ3_XXS,
+            GgmlType::IQ3_S => QuantFormat::IQ3_S,
+            GgmlType::IQ1_S => QuantFormat::IQ1_S,
+            GgmlType::IQ1_M => QuantFormat::IQ1_M,
+            GgmlType::TQ1_0 => QuantFormat::TQ1_0,
+            GgmlType::TQ2_0 => QuantFormat::TQ2_0,
             _ => return None,
         })
     }
@@ -565,6 +575,15 @@ impl From<WeightFormat> for GgmlType {
                 QuantFormat::Q3_K => GgmlType::Q3_K,
                 QuantFormat::IQ4_NL => GgmlType::IQ4_NL,
                 QuantFormat::IQ4_XS => GgmlType::IQ4_XS,
+                QuantFormat::IQ2_XXS => GgmlType::IQ2_XXS,
+                QuantFormat::IQ2_XS => GgmlType::IQ2_XS,
+                QuantFormat::IQ2_S => GgmlType::IQ2_S,
+                QuantFormat::IQ3_XXS => GgmlType::IQ3_XXS,
+                QuantFormat::IQ3_S => GgmlType::IQ3_S,
+                QuantFormat::IQ1_S => GgmlType::IQ1_S,
+                QuantFormat::IQ1_M => GgmlType::IQ1_M,
+                QuantFormat::TQ1_0 => GgmlType::TQ1_0,
+                QuantFormat::TQ2_0 => GgmlType::TQ2_0,
             },
         }
     }

@@ -581,7 +581,7 @@ impl GgufFile {
                 None => Err(Error::UnsupportedDType {
                     name: name.to_owned(),
                     dtype: format!(
-                        "GGUF {other} (qkv runs F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS)"
+                        "GGUF {other} (qkv runs F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, TQ1_0 and TQ2_0)"
                     ),
                 }),
             },

@@ -17,7 +17,7 @@
 use super::NR;
 use crate::par::SharedOut;
 use crate::quant::act::{QuantizedActs, ACT_BLOCK};
-use crate::quant::frame::{Chunk, Format, Sink, Unpack, CHUNK};
+use crate::quant::frame::{self, Chunk, Format, Sink, Unpack, CHUNK};
 use crate::quant::frame::{
     IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0,
 };
@@ -128,6 +128,15 @@ unsafe fn panel_product(
         QuantFormat::Q3_K => with!(Q3_K),
         QuantFormat::IQ4_NL => with!(IQ4_NL),
         QuantFormat::IQ4_XS => with!(IQ4_XS),
+        QuantFormat::IQ2_XXS => with!(frame::IQ2_XXS),
+        QuantFormat::IQ2_XS => with!(frame::IQ2_XS),
+        QuantFormat::IQ2_S => with!(frame::IQ2_S),
+        QuantFormat::IQ3_XXS => with!(frame::IQ3_XXS),
+        QuantFormat::IQ3_S => with!(frame::IQ3_S),
+        QuantFormat::IQ1_S => with!(frame::IQ1_S),
+        QuantFormat::IQ1_M => with!(frame::IQ1_M),
+        QuantFormat::TQ1_0 => with!(frame::TQ1_0),
+        QuantFormat::TQ2_0 => with!(frame::TQ2_0),
     }
 }
 

@@ -415,6 +415,33 @@ macro_rules! dispatch {
             Qf::IQ4_XS => {
                 gemv::columns_with::<$isa, frame::IQ4_XS>($y, $acts, $w, $bias, $n, $j0, $j1)
             }
+            Qf::IQ2_XXS => {
+                gemv::columns_with::<$isa, frame::IQ2_XXS>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ2_XS => {
+                gemv::columns_with::<$isa, frame::IQ2_XS>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ2_S => {
+                gemv::columns_with::<$isa, frame::IQ2_S>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ3_XXS => {
+                gemv::columns_with::<$isa, frame::IQ3_XXS>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ3_S => {
+                gemv::columns_with::<$isa, frame::IQ3_S>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ1_S => {
+                gemv::columns_with::<$isa, frame::IQ1_S>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::IQ1_M => {
+                gemv::columns_with::<$isa, frame::IQ1_M>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::TQ1_0 => {
+                gemv::columns_with::<$isa, frame::TQ1_0>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
+            Qf::TQ2_0 => {
+                gemv::columns_with::<$isa, frame::TQ2_0>($y, $acts, $w, $bias, $n, $j0, $j1)
+            }
         }
     }};
 }
