@@ -9,14 +9,14 @@ prints the per-file pass/fail table of both.
 
 What it does, each step cached:
 1. llama.cpp: the sdist unpacked under $QKV_CACHE/llamacpp (as tools/peers.py
-   leaves it; fetched with pip when missing), and its `llama-server` target built once into
-   the same build directory (cmake, Release, -DLLAMA_BUILD_SERVER=ON, no web UI, -j2, nice).
+   leaves it; fetched with pip when missing), and, when the llama backend runs, its
+   `llama-server` target built once into the same build directory (cmake, Release, -DLLAMA_BUILD_SERVER=ON, no web UI, -j2, nice).
 2. qkv: `cargo build --release --bin qkv-server` (honours CARGO_TARGET_DIR).
 3. The tests' Python dependencies (pytest, wget, prometheus-client) with pip when missing.
 4. For each backend, pytest on the suite's files (`-m "not slow"`) with LLAMA_SERVER_BIN_PATH
-   set to tools/llamacpp_server_shim.py, which execs the backend on the local SmolLM2-135M
-   Instruct Q4_1 file (every preset: nothing can be downloaded here) and maps llama-server's
-   flags onto qkv-server's, logging the ones it has no equivalent for. Both backends run at
+   set to tools/llamacpp_server_shim.py, which execs the backend with the tests' own
+   command line, the model's download replaced by the local SmolLM2-135M Instruct Q4_1 file
+   (every preset: nothing can be downloaded here). Both backends run at
    once, on their own ports; tools/llamacpp_suite_plugin.py gives each server 300 s to
    start instead of 60 (llama-server's load is slow on a busy machine at nice 19).
 5. The table: per file, passed / failed (/ skipped) for both; then the tests that pass on
@@ -68,12 +68,13 @@ def cache_dir() -> Path:
     return Path.home() / ".cache" / "qkv"
 
 
-def ensure_llama_server(lc: Path) -> tuple[Path, Path]:
-    """Returns (llama-server, llama.cpp source), building the target once."""
+def ensure_llama_server(lc: Path, build_it: bool = True) -> tuple[Path, Path]:
+    """Returns (llama-server, llama.cpp source), building the target once (unpacking only,
+    without `build_it`: the tests come from the same source)."""
     src = lc / f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}" / "vendor" / "llama.cpp"
     build = src / "build"
     exe = build / "bin" / "llama-server"
-    if exe.is_file():
+    if exe.is_file() or (not build_it and (src / "CMakeLists.txt").is_file()):
         return exe, src
     lc.mkdir(parents=True, exist_ok=True)
     if not (src / "CMakeLists.txt").is_file():
@@ -189,7 +190,7 @@ def main():
     out = Path(a.out) if a.out else cache / "llamacpp_server_suite"
     out.mkdir(parents=True, exist_ok=True)
     if not a.report_only:
-        llama, src = ensure_llama_server(cache / "llamacpp")
+        llama, src = ensure_llama_server(cache / "llamacpp", "llama" in backends)
         tests = src / "tools" / "server" / "tests"
         servers = {"llama": llama}
         if "qkv" in backends:

@@ -39,7 +39,7 @@ fn raw_headers(s: &Server, request: &str) -> Vec<String> {
 
 #[test]
 fn header_names_go_out_in_title_case() {
-    let s = server(&["--cors-origins", "*"]);
+    let s = server(&["--cors-origins", "*", "--metrics"]);
     let h = raw_headers(
         &s,
         "OPTIONS /completions HTTP/1.1\r\nHost: localhost\r\nOrigin: web.mydomain.fr\r\n\
