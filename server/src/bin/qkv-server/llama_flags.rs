@@ -137,7 +137,10 @@ const TABLE: &[(&str, Kind)] = &[
     ("--mmproj", Refuse(VISION)),
     ("-mmu", Refuse(VISION)),
     ("--mmproj-url", Refuse(VISION)),
-    ("--media-path", Refuse(VISION)),
+    (
+        "--media-path",
+        Note(true, "qkv reads no media: every image or audio input is refused"),
+    ),
     ("--sleep-idle-seconds", Refuse("sleeping when idle")),
     ("--tools", Refuse(TOOLS)),
     ("--tools-runtime", Refuse(TOOLS)),

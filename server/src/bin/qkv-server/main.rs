@@ -105,8 +105,6 @@ pub struct AppState {
     pub grammars: Result<qkv_server::constraint::Grammars, String>,
     /// The flags the handlers read (template, defaults, `/props`, `/slots`).
     pub options: chat::ServeOptions,
-    /// `--reranking`: how the model scores documents (`None`: the rerank routes answer 501).
-    pub reranker: Option<rerank::Reranker>,
 }
 
 /// Who may call which route.
@@ -166,7 +164,9 @@ fn serve(args: Args) -> AnyResult<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     });
-    let (routes, what, worker) = if is_sentence_transformers(&path) {
+    let (routes, what, worker) = if qkv::models::bert::CrossEncoder::is_cross_encoder(&path) {
+        serve_cross_encoder(&args, &path, &shared)?
+    } else if is_sentence_transformers(&path) {
         if args.reranking || rank {
             return Err(format!(
                 "--reranking: {} is a sentence-transformers encoder; qkv-server reranks with a \
@@ -302,6 +302,21 @@ fn serve_encoder(args: &Args, path: &Path, shared: &Arc<Shared>) -> AnyResult<Se
     Ok((embed::routes(Arc::new(state)), what, None))
 }
 
+/// A BERT cross-encoder: the rerank routes, with or without `--reranking`.
+fn serve_cross_encoder(args: &Args, path: &Path, shared: &Arc<Shared>) -> AnyResult<Served> {
+    let cross = qkv::models::bert::CrossEncoder::load(path)?;
+    let positions = cross.bert().config().max_positions;
+    let context = args.ctx.unwrap_or(positions).min(positions);
+    let what = format!("a cross-encoder reranking pairs of up to {context} tokens");
+    let state = Arc::new(rerank::RerankState {
+        shared: shared.clone(),
+        scorer: Some(rerank::Scorer::Cross(Arc::new(cross))),
+        context,
+        model_name: shared.model_name.clone(),
+    });
+    Ok((rerank::routes(state), what, None))
+}
+
 /// A decoder: the batch engine's worker and the chat, completion and native routes.
 fn serve_decoder(
     args: &Args,
@@ -323,7 +338,7 @@ fn serve_decoder(
         return Err(format!("{}: the model has no tokenizer", path.display()).into());
     };
     let reranker = match reranking {
-        true => Some(rerank::Reranker::new(tokenizer)?),
+        true => Some(rerank::Reranker::new(tokenizer, model.vocab_size())?),
         false => None,
     };
     let ctx = args.context(model.config().context)?;
@@ -363,8 +378,13 @@ fn serve_decoder(
         max_sequences,
         pooling: args.embeddings.then_some(pooling),
     };
+    let rerank = Arc::new(rerank::RerankState {
+        shared: shared.clone(),
+        scorer: reranker.map(|r| rerank::Scorer::Decoder(model.clone(), r)),
+        context: ctx,
+        model_name: shared.model_name.clone(),
+    });
     let state = Arc::new(AppState {
-        reranker,
         options,
         grammars,
         model,
@@ -373,7 +393,11 @@ fn serve_decoder(
         worker: worker.clone(),
         shared: shared.clone(),
     });
-    Ok((decoder_routes(state), what, Some(worker)))
+    Ok((
+        decoder_routes(state).merge(rerank::routes(rerank)),
+        what,
+        Some(worker),
+    ))
 }
 
 /// Binds every address, serves `app` until SIGTERM or Ctrl-C, then drains: running
@@ -495,10 +519,6 @@ fn decoder_routes(state: Arc<AppState>) -> Router {
         .route("/slots", get(native::slots))
         .route("/v1/embeddings", post(embed_decoder::openai))
         .route("/embeddings", post(embed_decoder::native))
-        .route("/rerank", post(rerank::rerank))
-        .route("/reranking", post(rerank::rerank))
-        .route("/v1/rerank", post(rerank::rerank))
-        .route("/v1/reranking", post(rerank::rerank))
         .route("/v1/models", get(models::models))
         .route("/models", get(models::models))
         .route("/tokenize", post(tokenize))

@@ -1,8 +1,12 @@
-//! Reranking (`--reranking`): `POST /rerank`, `/reranking` and `/v1/rerank` score each
-//! document against a query with a decoder that answers yes or no, as Qwen3-Reranker does:
-//! the query and the document go into the reranker's prompt, the model reads it, and the
-//! score is the probability of `yes` against `no` at the last position
-//! (`σ(logit_yes − logit_no)`), in [0, 1].
+//! Reranking: `POST /rerank`, `/reranking` and `/v1/rerank` score each document against a
+//! query, with one of two kinds of model:
+//! - a decoder that answers yes or no, as Qwen3-Reranker does (`--reranking`): the query and
+//!   the document go into the reranker's prompt, the model reads it, and the score is the
+//!   probability of `yes` against `no` at the last position (`σ(logit_yes − logit_no)`), in
+//!   [0, 1];
+//! - a BERT cross-encoder ([`qkv::models::bert::CrossEncoder`], a Hugging Face directory of
+//!   `BertForSequenceClassification`): the pair is read together and the score is the
+//!   head's first logit, as llama-server reports it.
 //!
 //! Requests come in Jina's and Cohere's shape (`query`, `documents`, `top_n`,
 //! `return_documents`; answered with `results` of `index` and `relevance_score`, best
@@ -12,13 +16,15 @@
 //! sequence; generation goes on beside them on the engine thread.
 
 use crate::native::not_supported;
-use crate::{body, counted, AppState};
+use crate::{body, counted, Shared};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use qkv::load::Model;
+use qkv::models::bert::CrossEncoder;
 use qkv::tokenizer::{EncodeOptions, Tokenizer};
 use qkv::weights::FloatType;
 use qkv_server::body::Body;
@@ -39,11 +45,12 @@ pub struct Reranker {
 }
 
 impl Reranker {
-    /// The reranker of a model whose vocabulary spells `yes` and `no` as single tokens;
-    /// an error saying so otherwise.
-    pub fn new(tokenizer: &Tokenizer) -> Result<Reranker, String> {
+    /// The reranker of a model whose vocabulary spells `yes` and `no` as single tokens
+    /// (within the `vocab` logits the model gives); an error saying so otherwise.
+    pub fn new(tokenizer: &Tokenizer, vocab: usize) -> Result<Reranker, String> {
+        let within = |id: u32| (id as usize) < vocab;
         match (tokenizer.token_id("yes"), tokenizer.token_id("no")) {
-            (Some(yes), Some(no)) => Ok(Reranker { yes, no }),
+            (Some(yes), Some(no)) if within(yes) && within(no) => Ok(Reranker { yes, no }),
             _ => Err(
                 "--reranking: the model's vocabulary has no single `yes` and `no` \
                  tokens, which a decoder reranker answers with"
@@ -51,6 +58,25 @@ impl Reranker {
             ),
         }
     }
+}
+
+/// What scores the documents.
+pub enum Scorer {
+    /// A decoder answering yes or no.
+    Decoder(Arc<Model>, Reranker),
+    /// A BERT cross-encoder.
+    Cross(Arc<CrossEncoder>),
+}
+
+/// What the rerank routes see.
+pub struct RerankState {
+    pub shared: Arc<Shared>,
+    /// `None`: the server does not rerank (the routes answer 501).
+    pub scorer: Option<Scorer>,
+    /// Most tokens one document's prompt (or pair) may take.
+    pub context: usize,
+    /// The name answers report.
+    pub model_name: String,
 }
 
 /// The prompt the reranker reads for one document (Qwen3-Reranker's).
@@ -153,12 +179,72 @@ fn read(b: &Body) -> Result<Request, ApiError> {
     })
 }
 
-/// Each document's score and its prompt's token count, in the request's order.
-async fn score(state: &Arc<AppState>, r: &Request) -> Result<Vec<(f32, usize)>, ApiError> {
-    let reranker = state
-        .reranker
-        .ok_or_else(|| ApiError::status(StatusCode::NOT_IMPLEMENTED, "reranking is off"))?;
-    let tokenizer = state.model.tokenizer().expect("checked at start");
+/// A 400 unless the `i`th document's `n` tokens fit in `context`.
+fn fits(i: usize, n: usize, context: usize) -> Result<(), ApiError> {
+    if n <= context {
+        return Ok(());
+    }
+    let mut e = ApiError::exceeds_context(n, context);
+    e.message = format!(
+        "document {i} with the query is {n} tokens, more than the context of {context} positions"
+    );
+    Err(e)
+}
+
+/// Each document's score and token count, in the request's order, from a cross-encoder.
+async fn score_pairs(
+    state: &RerankState,
+    cross: &Arc<CrossEncoder>,
+    r: &Request,
+) -> Result<Vec<(f32, usize)>, ApiError> {
+    let mut pairs = Vec::with_capacity(r.documents.len());
+    for (i, d) in r.documents.iter().enumerate() {
+        let pair = cross.pair(&r.query, d)?;
+        fits(i, pair.0.len(), state.context)?;
+        pairs.push(pair);
+    }
+    let cross = cross.clone();
+    tokio::task::spawn_blocking(move || -> qkv::Result<Vec<(f32, usize)>> {
+        let logits = cross.logits(&pairs)?;
+        Ok(logits
+            .iter()
+            .zip(&pairs)
+            .map(|(l, (ids, _))| (l.first().copied().unwrap_or(0.0), ids.len()))
+            .collect())
+    })
+    .await
+    .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(ApiError::from)
+}
+
+/// Each document's score and its prompt's token count, in the request's order; counts the
+/// tokens and passes in the metrics.
+async fn score(state: &RerankState, r: &Request) -> Result<Vec<(f32, usize)>, ApiError> {
+    let out = match &state.scorer {
+        Some(Scorer::Decoder(m, y)) => score_decoder(state, m.clone(), *y, r).await?,
+        Some(Scorer::Cross(c)) => score_pairs(state, c, r).await?,
+        None => {
+            return Err(ApiError::status(
+                StatusCode::NOT_IMPLEMENTED,
+                "reranking is off",
+            ))
+        }
+    };
+    let m = &state.shared.metrics;
+    let tokens: usize = out.iter().map(|&(_, n)| n).sum();
+    m.prompt_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+    m.steps.fetch_add(out.len() as u64, Ordering::Relaxed);
+    Ok(out)
+}
+
+/// Each document's score and its prompt's token count, from a decoder answering yes or no.
+async fn score_decoder(
+    state: &RerankState,
+    model: Arc<Model>,
+    reranker: Reranker,
+    r: &Request,
+) -> Result<Vec<(f32, usize)>, ApiError> {
+    let tokenizer = model.tokenizer().expect("checked at start");
     let options = EncodeOptions {
         add_special: false,
         parse_special: true,
@@ -166,25 +252,15 @@ async fn score(state: &Arc<AppState>, r: &Request) -> Result<Vec<(f32, usize)>, 
     let mut seqs = Vec::with_capacity(r.documents.len());
     for (i, d) in r.documents.iter().enumerate() {
         let ids = tokenizer.encode_with(&prompt(&r.instruction, &r.query, d), options)?;
-        if ids.len() > state.context {
-            let mut e = ApiError::exceeds_context(ids.len(), state.context);
-            e.message = format!(
-                "document {i} with the query is {} tokens, more than the context of {} \
-                 positions",
-                ids.len(),
-                state.context
-            );
-            return Err(e);
-        }
+        fits(i, ids.len(), state.context)?;
         seqs.push(ids);
     }
-    let st = state.clone();
-    let out = tokio::task::spawn_blocking(move || -> qkv::Result<Vec<(f32, usize)>> {
+    tokio::task::spawn_blocking(move || -> qkv::Result<Vec<(f32, usize)>> {
         let _one = PASS.lock().unwrap_or_else(|p| p.into_inner());
-        let decoder = st.model.decoder();
+        let decoder = model.decoder();
         let longest = seqs.iter().map(Vec::len).max().unwrap_or(1);
         let mut run = decoder.new_state(longest, FloatType::F32, longest.min(512))?;
-        let mut logits = vec![0f32; st.model.vocab_size()];
+        let mut logits = vec![0f32; model.vocab_size()];
         seqs.iter()
             .map(|ids| {
                 decoder.forward(&mut run, ids, 0, Some(&mut logits))?;
@@ -194,20 +270,16 @@ async fn score(state: &Arc<AppState>, r: &Request) -> Result<Vec<(f32, usize)>, 
             .collect()
     })
     .await
-    .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    let m = &state.shared.metrics;
-    let tokens: usize = out.iter().map(|&(_, n)| n).sum();
-    m.prompt_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
-    m.steps.fetch_add(out.len() as u64, Ordering::Relaxed);
-    Ok(out)
+    .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(ApiError::from)
 }
 
 /// `POST /rerank`, `/reranking` and `/v1/rerank`.
 pub async fn rerank(
-    State(state): State<Arc<AppState>>,
+    State(state): State<Arc<RerankState>>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Response {
-    if state.reranker.is_none() {
+    if state.scorer.is_none() {
         return counted(
             &state.shared,
             body(&state.shared, raw).map(|_| {
@@ -253,6 +325,17 @@ pub async fn rerank(
     }
     .await;
     counted(&state.shared, r)
+}
+
+/// The rerank routes over `state`.
+pub fn routes(state: Arc<RerankState>) -> axum::Router {
+    use axum::routing::post;
+    axum::Router::new()
+        .route("/rerank", post(rerank))
+        .route("/reranking", post(rerank))
+        .route("/v1/rerank", post(rerank))
+        .route("/v1/reranking", post(rerank))
+        .with_state(state)
 }
 
 #[cfg(test)]
