@@ -200,3 +200,31 @@ fn a_preflight_is_answered_as_llama_server_does_by_default() {
         assert!(lines.iter().any(|l| l == want), "{want} not in {lines:?}");
     }
 }
+
+#[test]
+fn sleep_idle_seconds_frees_the_caches_until_a_request_comes() {
+    let (s, _) = Server::spawn_env(
+        &["-m", &synthetic(), "--sleep-idle-seconds", "1", "--metrics"],
+        &[],
+    )
+    .unwrap();
+    let sleeping = |s: &Server| props(s)["is_sleeping"].as_bool().unwrap();
+    assert!(!sleeping(&s));
+    let r = s.json("/completion", &json!({"prompt": "the cat", "n_predict": 3}));
+    assert_eq!(r["tokens_predicted"], 3);
+    let t = std::time::Instant::now();
+    while !sleeping(&s) {
+        assert!(t.elapsed().as_secs() < 20, "the server did not go to sleep");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Reading routes answer without waking it; a generation wakes it and is served.
+    let (status, metrics) = s.get("/metrics");
+    assert_eq!(status, 200);
+    assert_eq!(s.get("/metrics").1, metrics);
+    assert_eq!(s.get("/v1/models").0, 200);
+    assert!(sleeping(&s));
+    let r = s.json("/completion", &json!({"prompt": "the cat", "n_predict": 3}));
+    assert_eq!(r["tokens_predicted"], 3);
+    assert!(!sleeping(&s));
+    assert!(Server::spawn(&["-m", &synthetic(), "--sleep-idle-seconds", "-5"]).is_err());
+}

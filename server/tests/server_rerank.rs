@@ -66,6 +66,15 @@ fn cross_encoder_logits_equal_transformers() {
         &json!({"query": "q", "documents": [long]}),
     );
     assert_eq!(status, 400, "{text}");
+    // Models and tokenize answer; generation is a 400 saying what the model is.
+    let (status, text) = s.get("/v1/models");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("\"n_embd\":32"), "{text}");
+    let t = s.json("/tokenize", &json!({"content": "hello world"}));
+    assert!(!t["tokens"].as_array().unwrap().is_empty(), "{t}");
+    let (status, text) = s.call("POST", "/v1/completions", &json!({"prompt": "a"}));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("cross-encoder"), "{text}");
 }
 
 /// The server's scores for the reference's cases against its `key`.

@@ -184,6 +184,11 @@ pub(crate) struct Args {
     /// `rank` is `--reranking`'s.
     #[arg(long, value_name = "none|mean|cls|last|rank", default_value = "last")]
     pub(crate) pooling: String,
+    /// After this many seconds without a request, free the idle KV caches (and the prompt
+    /// prefixes they hold) until the next request, as llama-server's sleep; `/props` then
+    /// says `is_sleeping` (-1, the default: never).
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub(crate) sleep_idle_seconds: Option<i64>,
     /// Serve `POST /rerank`, `/reranking` and `/v1/rerank` (also `--rerank`, or `--pooling
     /// rank`): a decoder that answers yes or no, as Qwen3-Reranker, scores each document.
     #[arg(long)]

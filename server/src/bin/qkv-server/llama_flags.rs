@@ -141,7 +141,6 @@ const TABLE: &[(&str, Kind)] = &[
         "--media-path",
         Note(true, "qkv reads no media: every image or audio input is refused"),
     ),
-    ("--sleep-idle-seconds", Refuse("sleeping when idle")),
     ("--tools", Refuse(TOOLS)),
     ("--tools-runtime", Refuse(TOOLS)),
     ("--mcp-servers-config", Refuse(TOOLS)),

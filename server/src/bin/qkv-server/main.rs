@@ -314,7 +314,7 @@ fn serve_cross_encoder(args: &Args, path: &Path, shared: &Arc<Shared>) -> AnyRes
         context,
         model_name: shared.model_name.clone(),
     });
-    Ok((rerank::routes(state), what, None))
+    Ok((rerank::cross_routes(state), what, None))
 }
 
 /// A decoder: the batch engine's worker and the chat, completion and native routes.
@@ -357,7 +357,13 @@ fn serve_decoder(
     )?;
     let what = format!("{} sequences of {ctx} positions", engine.max_running());
     let max_sequences = engine.max_running();
-    let worker = Worker::spawn(engine, metrics);
+    let sleep_after = match args.sleep_idle_seconds {
+        None | Some(-1) => None,
+        Some(s) => Some(Duration::from_secs(u64::try_from(s).map_err(|_| {
+            format!("--sleep-idle-seconds {s}: give a number of seconds, or -1")
+        })?)),
+    };
+    let worker = Worker::spawn(engine, metrics, sleep_after);
     let grammars = qkv_server::constraint::Grammars::new(model.clone());
     if let Err(e) = &grammars {
         eprintln!("qkv-server: no constrained output: {e}");

@@ -338,6 +338,74 @@ pub fn routes(state: Arc<RerankState>) -> axum::Router {
         .with_state(state)
 }
 
+/// A cross-encoder server's routes: the rerank routes, `/v1/models` (and `/models`),
+/// `/tokenize` and `/detokenize`; the generation and embedding routes answer a 400 saying
+/// the model is a reranker.
+pub fn cross_routes(state: Arc<RerankState>) -> axum::Router {
+    use axum::routing::{get, post};
+    let models = axum::Router::new()
+        .route("/v1/models", get(cross_models))
+        .route("/models", get(cross_models))
+        .route("/tokenize", post(cross_tokenize))
+        .route("/detokenize", post(cross_detokenize))
+        .route("/v1/chat/completions", post(not_a_decoder))
+        .route("/chat/completions", post(not_a_decoder))
+        .route("/v1/completions", post(not_a_decoder))
+        .route("/completion", post(not_a_decoder))
+        .route("/completions", post(not_a_decoder))
+        .route("/v1/embeddings", post(not_a_decoder))
+        .route("/embeddings", post(not_a_decoder))
+        .with_state(state.clone());
+    routes(state).merge(models)
+}
+
+fn cross(state: &RerankState) -> Option<&CrossEncoder> {
+    match &state.scorer {
+        Some(Scorer::Cross(c)) => Some(c),
+        _ => None,
+    }
+}
+
+async fn cross_models(State(state): State<Arc<RerankState>>) -> Json<Value> {
+    let meta = cross(&state).map_or(json!({}), |c| {
+        let cfg = c.bert().config();
+        json!({"n_ctx": state.context, "n_vocab": cfg.vocab_size, "n_embd": cfg.hidden_size})
+    });
+    crate::models::model_list(&state.shared, meta)
+}
+
+async fn cross_tokenize(
+    State(state): State<Arc<RerankState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    match cross(&state) {
+        Some(c) => crate::tokenize_with(&state.shared, c.tokenizer(), raw),
+        None => not_supported("no tokenizer"),
+    }
+}
+
+async fn cross_detokenize(
+    State(state): State<Arc<RerankState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    match cross(&state) {
+        Some(c) => crate::detokenize_with(&state.shared, c.tokenizer(), raw),
+        None => not_supported("no tokenizer"),
+    }
+}
+
+/// A route a cross-encoder cannot answer.
+async fn not_a_decoder(
+    State(state): State<Arc<RerankState>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Response {
+    let why = format!(
+        "`{}` is a cross-encoder reranker: it serves POST /v1/rerank only",
+        state.model_name
+    );
+    crate::unsupported(&state.shared, raw, why)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
