@@ -399,6 +399,22 @@ impl Engine {
         self.queue.is_empty() && self.running() == 0
     }
 
+    /// Frees the KV caches of an idle engine (nothing running or waiting) but the first,
+    /// and forgets the prefixes they held, so that an idle server gives their memory back;
+    /// later requests make caches again as they need them. Returns how many caches were
+    /// freed (0 when the engine is not idle).
+    pub fn release_caches(&mut self) -> usize {
+        if !self.is_idle() {
+            return 0;
+        }
+        let freed = self.slots.len().saturating_sub(1);
+        self.slots.truncate(1);
+        if let Some(first) = self.slots.first_mut() {
+            first.tokens.clear();
+        }
+        freed
+    }
+
     /// Queues a request. Errors, with nothing queued: [`Error::Shape`] for an empty prompt
     /// or `max_tokens` 0, [`Error::TokenOutOfRange`] for an id outside the vocabulary,
     /// [`Error::ContextFull`] when the prompt and `max_tokens` do not fit the context,

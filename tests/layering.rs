@@ -88,6 +88,7 @@ const SERVER_LAYERS: &[&str] = &[
 /// The modules of the `qkv-server` binary (beside its main.rs), lowest layer first (main.rs
 /// says the same in prose).
 const SERVER_BIN_LAYERS: &[&str] = &[
+    "llama_flags",
     "args",
     "cors",
     "listen",
@@ -98,6 +99,7 @@ const SERVER_BIN_LAYERS: &[&str] = &[
     "openai",
     "native",
     "embed_decoder",
+    "rerank",
     "translate",
     "anthropic",
     "responses",

@@ -45,7 +45,9 @@ fn streamed_text(chunks: &[Value]) -> String {
 
 #[test]
 fn network_routes_streaming_and_stop_strings() {
-    let Some(s) = Server::start(&[]) else { return };
+    let Some(s) = Server::start(&["--metrics"]) else {
+        return;
+    };
     assert_eq!(s.call("GET", "/health", &json!({})).0, 200);
     let (status, models) = s.call("GET", "/v1/models", &json!({}));
     assert_eq!(status, 200);
@@ -254,7 +256,7 @@ fn bad_requests_get_openai_errors() {
 /// (the engine's own queue and cancelling run offline in tests/engine.rs).
 #[test]
 fn network_a_full_queue_refuses_and_a_vanished_client_frees_its_slot() {
-    let Some(s) = Server::start(&["--max-sequences", "1", "--queue", "1"]) else {
+    let Some(s) = Server::start(&["--max-sequences", "1", "--queue", "1", "--metrics"]) else {
         return;
     };
     let long = |stream: bool| {

@@ -23,6 +23,7 @@ fn api_keys_guard_every_route_but_health() {
         "sk-cli",
         "--api-key-file",
         file.to_str().unwrap(),
+        "--metrics",
     ])
     .unwrap();
     let completion = json!({"prompt": "the cat", "max_tokens": 2, "temperature": 0});
@@ -94,7 +95,7 @@ fn metrics_public_opens_metrics_and_nothing_else() {
     assert_401(s.get("/v1/models"), "models");
     assert_eq!(s.with_key(Some("sk-1")).get("/v1/models").0, 200);
     // Without any key the flag changes nothing: everything is open.
-    let open = Server::spawn(&["--model", &synthetic(), "--ctx", "256"]).unwrap();
+    let open = Server::spawn(&["--model", &synthetic(), "--ctx", "256", "--metrics"]).unwrap();
     assert_eq!(open.get("/metrics").0, 200);
     assert_eq!(open.get("/v1/models").0, 200);
 }
@@ -282,7 +283,7 @@ fn gauges_report_requests_and_kv_use_in_range() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // Without the flag, no vLLM names.
-    let plain = Server::spawn(&["--model", &synthetic(), "--ctx", "256"]).unwrap();
+    let plain = Server::spawn(&["--model", &synthetic(), "--ctx", "256", "--metrics"]).unwrap();
     let (_, m) = plain.get("/metrics");
     metric(&m, "qkv_kv_cache_usage_ratio");
     assert!(!m.contains("vllm:"), "{m}");

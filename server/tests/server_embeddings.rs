@@ -214,7 +214,7 @@ fn assert_same(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
 fn embeddings_equal_the_librarys() {
     let dir = tiny_encoder("equal");
     let path = dir.0.to_str().unwrap();
-    let s = Server::spawn(&["--model", path, "--model-name", "tiny-bert"]).unwrap();
+    let s = Server::spawn(&["--model", path, "--model-name", "tiny-bert", "--metrics"]).unwrap();
     let texts = [
         "the cat sat",
         "playing!",

@@ -458,9 +458,11 @@ fn hosts_metrics_and_slots_flags() {
     } else {
         eprintln!("skipped the ::1 check: no IPv6 loopback here");
     }
+    // /metrics as llama-server serves it: only with --metrics; /slots by default.
     let plain = server(&[]);
-    assert_eq!(plain.get("/metrics").0, 200);
+    assert_eq!(plain.get("/metrics").0, 501);
     assert_eq!(plain.get("/slots").0, 200);
+    assert_eq!(server(&["--metrics"]).get("/metrics").0, 200);
 }
 
 /// The status line and headers (lower-cased names) of a raw request.

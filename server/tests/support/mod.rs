@@ -56,9 +56,16 @@ impl Server {
     /// A server with exactly `args` (and `--port 0`), or what it printed on stderr when it
     /// exited before listening.
     pub fn spawn(args: &[&str]) -> Result<Server, String> {
+        Server::spawn_env(args, &[]).map(|(s, _)| s)
+    }
+
+    /// A server with exactly `args` (and `--port 0`) and the variables `env`, and what it
+    /// printed on stderr up to its listening line; or all it printed when it exited first.
+    pub fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Result<(Server, String), String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_qkv-server"))
             .args(["--port", "0"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -85,11 +92,14 @@ impl Server {
                 sink.clear();
             }
         });
-        Ok(Server {
-            child: Some(child),
-            port,
-            key: None,
-        })
+        Ok((
+            Server {
+                child: Some(child),
+                port,
+                key: None,
+            },
+            said,
+        ))
     }
 
     /// A client of a server started elsewhere (the process is not owned).

@@ -28,10 +28,12 @@
 //! ```
 
 pub(crate) mod config;
+mod cross;
 mod embedder;
 mod pooling;
 
 pub use config::{BertConfig, SentenceConfig};
+pub use cross::CrossEncoder;
 pub use embedder::{Embedder, SentenceEncoder, PASS_TOKENS};
 pub use pooling::{l2_normalize, Pooling, PoolingMode};
 
@@ -69,8 +71,9 @@ pub struct Bert {
     words: Embedding,
     /// `position_embeddings.weight`, `[max_positions, hidden]`.
     positions: Vec<f32>,
-    /// Row 0 of `token_type_embeddings.weight`: every token is in segment 0.
-    segment0: Vec<f32>,
+    /// `token_type_embeddings.weight`, `[type_vocab_size, hidden]`: row 0 for a single
+    /// text, row 1 for a pair's second text ([`Bert::forward_packed_pairs`]).
+    segments: Vec<f32>,
     embed_norm: LayerNorm,
     layers: Vec<BertLayer>,
 }
@@ -227,7 +230,7 @@ impl Bert {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Bert {
-            segment0: types[..d].to_vec(),
+            segments: types,
             words,
             positions,
             embed_norm,
@@ -284,6 +287,48 @@ impl Bert {
         lengths: &[usize],
         ws: &'w mut BertWorkspace,
     ) -> Result<&'w [f32]> {
+        self.check_packed(ids, lengths)?;
+        qkv_kernels::on_pool(|| self.run_packed(ids, None, lengths, ws))?;
+        Ok(&ws.x[..ids.len() * self.cfg.hidden_size])
+    }
+
+    /// As [`forward_packed`](Self::forward_packed), for pairs of texts read together (a
+    /// cross-encoder's query and document): `segments[i]` is the segment of `ids[i]`, 0 for
+    /// the first text, 1 for the second (Hugging Face's `token_type_ids`).
+    ///
+    /// Errors: those of `forward_packed`, and [`Error::Shape`] when `segments` is not as long
+    /// as `ids` or names a segment past `type_vocab_size`.
+    pub fn forward_packed_pairs<'w>(
+        &self,
+        ids: &[u32],
+        segments: &[u8],
+        lengths: &[usize],
+        ws: &'w mut BertWorkspace,
+    ) -> Result<&'w [f32]> {
+        if segments.len() != ids.len() {
+            return Err(Error::Shape(format!(
+                "bert: {} segments for {} ids",
+                segments.len(),
+                ids.len()
+            )));
+        }
+        if let Some(&s) = segments
+            .iter()
+            .find(|&&s| usize::from(s) >= self.cfg.type_vocab_size)
+        {
+            return Err(Error::Shape(format!(
+                "bert: segment {s}, past the model's {} (`type_vocab_size`)",
+                self.cfg.type_vocab_size
+            )));
+        }
+        self.check_packed(ids, lengths)?;
+        qkv_kernels::on_pool(|| self.run_packed(ids, Some(segments), lengths, ws))?;
+        Ok(&ws.x[..ids.len() * self.cfg.hidden_size])
+    }
+
+    /// [`Error::Shape`] unless `lengths` add up to `ids.len()`, each in
+    /// `1..=max_position_embeddings`.
+    fn check_packed(&self, ids: &[u32], lengths: &[usize]) -> Result<()> {
         let max = self.cfg.max_positions;
         if let Some(&l) = lengths.iter().find(|&&l| l == 0 || l > max) {
             return Err(Error::Shape(format!(
@@ -296,12 +341,17 @@ impl Bert {
                 ids.len()
             )));
         }
-        qkv_kernels::on_pool(|| self.run_packed(ids, lengths, ws))?;
-        Ok(&ws.x[..ids.len() * self.cfg.hidden_size])
+        Ok(())
     }
 
     /// The packed pass, on a rayon worker.
-    fn run_packed(&self, ids: &[u32], lengths: &[usize], ws: &mut BertWorkspace) -> Result<()> {
+    fn run_packed(
+        &self,
+        ids: &[u32],
+        segments: Option<&[u8]>,
+        lengths: &[usize],
+        ws: &mut BertWorkspace,
+    ) -> Result<()> {
         let d = self.cfg.hidden_size;
         let rows = ids.len();
         let BertWorkspace {
@@ -338,7 +388,9 @@ impl Bert {
                 .enumerate()
             {
                 let pos = &self.positions[p * d..(p + 1) * d];
-                for ((v, &s), &e) in r.iter_mut().zip(&self.segment0).zip(pos) {
+                let seg = segments.map_or(0, |s| usize::from(s[row + p]));
+                let seg = &self.segments[seg * d..(seg + 1) * d];
+                for ((v, &s), &e) in r.iter_mut().zip(seg).zip(pos) {
                     *v = (*v + s) + e;
                 }
             }
@@ -412,7 +464,7 @@ impl Bert {
         self.words.lookup_into(ids, delta)?;
         for (i, row) in delta.chunks_exact_mut(d).enumerate() {
             let pos = &self.positions[(i % t) * d..(i % t + 1) * d];
-            for ((v, &s), &p) in row.iter_mut().zip(&self.segment0).zip(pos) {
+            for ((v, &s), &p) in row.iter_mut().zip(&self.segments[..d]).zip(pos) {
                 *v = (*v + s) + p;
             }
         }

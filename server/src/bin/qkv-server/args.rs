@@ -1,7 +1,9 @@
 //! `qkv-server`'s command line.
 
-use clap::Parser;
+use crate::llama_flags;
+use clap::{CommandFactory, Parser};
 use qkv::engine::EngineOptions;
+use qkv::models::decoder::KvType;
 use std::path::PathBuf;
 
 // The flags of `qkv-server` (the routes are in main.rs's introduction). A plain comment:
@@ -14,7 +16,7 @@ use std::path::PathBuf;
 )]
 pub(crate) struct Args {
     /// A GGUF file or a Hugging Face directory; default: SmolLM2-135M-Instruct, fetched once.
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     pub(crate) model: Option<PathBuf>,
     /// Widen every weight matrix to this dtype at load (f16 or f32); by default each runs as
     /// stored, quantized blocks included.
@@ -26,9 +28,9 @@ pub(crate) struct Args {
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8080)]
     pub(crate) port: u16,
-    /// Worker threads for the model (default: one per core).
-    #[arg(long)]
-    pub(crate) threads: Option<usize>,
+    /// Worker threads for the model (default, or -1: one per core).
+    #[arg(short = 't', long, allow_negative_numbers = true)]
+    pub(crate) threads: Option<i64>,
     /// Activations meet interleaved weights (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) as 8-bit or 16-bit
     /// integers (default 8, as llama.cpp does; 16 is the exact mode, slower on prompts and
     /// batched steps).
@@ -37,17 +39,45 @@ pub(crate) struct Args {
     /// Most sequences generated at once.
     #[arg(long, default_value_t = 16)]
     pub(crate) max_sequences: usize,
+    /// llama-server's slots (`-np`): the most sequences generated at once, among which
+    /// `--ctx-size` is split unless `--kv-unified` (-1: llama-server's automatic choice,
+    /// here `--max-sequences` with a unified cache).
+    #[arg(
+        long,
+        value_name = "N",
+        allow_negative_numbers = true,
+        conflicts_with = "max_sequences"
+    )]
+    pub(crate) parallel: Option<i64>,
     /// Most megabytes all KV caches may take together (default: max-sequences caches).
     #[arg(long, value_name = "MB")]
     pub(crate) kv_budget: Option<usize>,
-    /// Positions per sequence (prompt and generated tokens).
-    #[arg(long, default_value_t = 2048)]
-    pub(crate) ctx: usize,
+    /// Positions per sequence (prompt and generated tokens); default 2048.
+    #[arg(long, conflicts_with = "ctx_size")]
+    pub(crate) ctx: Option<usize>,
+    /// llama-server's `-c`: positions of all slots together (0: the model's context), split
+    /// among `--parallel` slots unless `--kv-unified`.
+    #[arg(short = 'c', long, value_name = "N")]
+    pub(crate) ctx_size: Option<usize>,
+    /// Each sequence may fill the whole `--ctx-size`, as in llama-server's unified cache
+    /// (the default when `--parallel` is not given).
+    #[arg(long, overrides_with = "no_kv_unified")]
+    pub(crate) kv_unified: bool,
+    /// `--ctx-size` is split among the `--parallel` slots (the default with `--parallel`).
+    #[arg(long)]
+    pub(crate) no_kv_unified: bool,
     /// How the KV caches store keys and values: f32, f16 or q8_0 (Q8_0 blocks, as
     /// llama.cpp's `-ctk q8_0 -ctv q8_0`: about half the bytes of f16, so a --kv-budget holds
     /// twice the sequences); default: the weights' compute dtype.
     #[arg(long = "kv-type", value_name = "TYPE")]
     pub(crate) kv_type: Option<qkv::models::decoder::KvType>,
+    /// llama-server's `-ctk`: the keys' cache type (f32, f16 or q8_0; the same as the
+    /// values', which default to f16).
+    #[arg(long, value_name = "TYPE")]
+    pub(crate) cache_type_k: Option<String>,
+    /// llama-server's `-ctv`: the values' cache type (as the keys').
+    #[arg(long, value_name = "TYPE")]
+    pub(crate) cache_type_v: Option<String>,
     /// Most requests waiting for a free sequence; more get 429.
     #[arg(long, default_value_t = 64)]
     pub(crate) queue: usize,
@@ -59,6 +89,10 @@ pub(crate) struct Args {
     /// Most tokens a step runs when as many sequences read prompts as decode (a burst).
     #[arg(long, default_value_t = EngineOptions::default().prefill_step_tokens)]
     pub(crate) prefill_step_tokens: usize,
+    /// llama-server's `-b`: the most tokens one step runs (sets `--prefill-step-tokens`,
+    /// and caps `--step-tokens`).
+    #[arg(short = 'b', long, value_name = "N")]
+    pub(crate) batch_size: Option<usize>,
     /// Largest request body accepted, in KiB; larger ones get 413.
     #[arg(long, value_name = "KB", default_value_t = 1024)]
     pub(crate) body_limit: usize,
@@ -70,7 +104,7 @@ pub(crate) struct Args {
     /// llama-server's form: the model's names, comma-separated. `/v1/models` lists it once,
     /// as the first name in sorted order (the name responses report), with every name in
     /// `aliases`. Not with `--model-name`.
-    #[arg(long, value_name = "NAMES")]
+    #[arg(short = 'a', long, value_name = "NAMES")]
     pub(crate) alias: Option<String>,
     /// Tags `/v1/models` lists for the model, comma-separated.
     #[arg(long, value_name = "TAGS")]
@@ -78,34 +112,40 @@ pub(crate) struct Args {
     /// Seconds running requests get to finish after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 30)]
     pub(crate) grace: u64,
-    /// A key clients must send as `Authorization: Bearer KEY` (repeatable). With any key,
-    /// every route but `/health` needs one (`/metrics` too, unless `--metrics-public`).
+    /// A key clients must send as `Authorization: Bearer KEY` (repeatable, or several
+    /// comma-separated). With any key, every route but `/health` needs one (`/metrics`
+    /// too, unless `--metrics-public`).
     #[arg(long = "api-key", value_name = "KEY")]
     pub(crate) api_keys: Vec<String>,
     /// A file of keys, one per line (blank lines and lines starting with `#` are skipped);
     /// taken with any `--api-key`.
     #[arg(long, value_name = "PATH")]
     pub(crate) api_key_file: Option<PathBuf>,
-    /// Serve `/metrics` without a key even when keys are set.
+    /// Serve `/metrics` (Prometheus text, with llama-server's `llamacpp:` names too); without
+    /// it (or one of the `--metrics-…` flags) `/metrics` answers 501, as llama-server's does.
+    #[arg(long)]
+    pub(crate) metrics: bool,
+    /// Serve `/metrics` without a key even when keys are set (implies `--metrics`).
     #[arg(long)]
     pub(crate) metrics_public: bool,
     /// Also export the request and KV cache gauges under vLLM's names
-    /// (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:gpu_cache_usage_perc`).
+    /// (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:gpu_cache_usage_perc`);
+    /// implies `--metrics`.
     #[arg(long)]
     pub(crate) metrics_vllm_names: bool,
-    /// Also export llama-server's counters and gauges under its names (`llamacpp:…`).
+    /// Serve `/metrics` with llama-server's names (`llamacpp:…`): the same as `--metrics`.
     #[arg(long)]
     pub(crate) metrics_llamacpp_names: bool,
     /// Add `__verbose` (the prompt as text, the raw output) to every OpenAI-shaped answer,
     /// as llama-server's `--verbose` does.
-    #[arg(long)]
+    #[arg(short = 'v', long)]
     pub(crate) verbose: bool,
     /// Browser origins allowed to call the server (CORS), comma-separated: `*` for any,
     /// `localhost` for localhost, 127.0.0.1 and `[::1]` on any port, or origins as written.
-    /// Default: none (no CORS headers are sent).
+    /// Default: `*`, as llama-server's (the calling origin is echoed, with credentials).
     #[arg(long, value_name = "ORIGINS")]
     pub(crate) cors_origins: Option<String>,
-    /// Do not serve `/metrics` (it answers 501).
+    /// Do not serve `/metrics` (it answers 501; the default without `--metrics`).
     #[arg(long)]
     pub(crate) no_metrics: bool,
     /// Serve `GET /slots` (the default).
@@ -117,11 +157,11 @@ pub(crate) struct Args {
     /// The temperature of requests that set none (default 0.8).
     #[arg(long, value_name = "T")]
     pub(crate) temp: Option<f32>,
-    /// The sampling seed of requests that set none (default: a new one per request).
-    #[arg(long, value_name = "N")]
-    pub(crate) seed: Option<u64>,
+    /// The sampling seed of requests that set none (default, or -1: a new one per request).
+    #[arg(short = 's', long, value_name = "N", allow_negative_numbers = true)]
+    pub(crate) seed: Option<i128>,
     /// The most tokens a request generates when it does not say (-1: until the context).
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(short = 'n', long, value_name = "N", allow_negative_numbers = true)]
     pub(crate) n_predict: Option<i64>,
     /// A Jinja chat template to render chats with instead of the model's.
     #[arg(long, value_name = "PATH")]
@@ -141,6 +181,143 @@ pub(crate) struct Args {
     pub(crate) embeddings: bool,
     /// How `--embeddings` pools a sequence's hidden states: `last` (the default), `mean`,
     /// `cls` (the first token), or `none` (every token's, on `/embeddings` only).
-    #[arg(long, value_name = "none|mean|cls|last", default_value = "last")]
+    /// `rank` is `--reranking`'s.
+    #[arg(long, value_name = "none|mean|cls|last|rank", default_value = "last")]
     pub(crate) pooling: String,
+    /// After this many seconds without a request, free the idle KV caches (and the prompt
+    /// prefixes they hold) until the next request, as llama-server's sleep; `/props` then
+    /// says `is_sleeping` (-1, the default: never).
+    #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
+    pub(crate) sleep_idle_seconds: Option<i64>,
+    /// Serve `POST /rerank`, `/reranking` and `/v1/rerank` (also `--rerank`, or `--pooling
+    /// rank`): a decoder that answers yes or no, as Qwen3-Reranker, scores each document.
+    #[arg(long)]
+    pub(crate) reranking: bool,
+}
+
+impl Args {
+    /// The process's command line and environment read as llama-server's (llama_flags.rs),
+    /// then by clap; each note is printed on stderr. Exits with clap's message on a bad
+    /// line, or with the error naming a refused flag.
+    pub(crate) fn parse_llama() -> Args {
+        let command = Args::command();
+        let takes_value = |flag: &str| {
+            command.get_arguments().any(|a| {
+                let long = flag
+                    .strip_prefix("--")
+                    .is_some_and(|l| a.get_long() == Some(l));
+                let short = flag.len() == 2
+                    && flag.starts_with('-')
+                    && a.get_short().is_some_and(|c| flag.ends_with(c));
+                (long || short) && a.get_action().takes_values()
+            })
+        };
+        let env = |k: &str| std::env::var(k).ok();
+        match llama_flags::expand(std::env::args_os(), &env, &takes_value) {
+            Ok(e) => {
+                for n in &e.notes {
+                    eprintln!("qkv-server: note: {n}");
+                }
+                Args::parse_from(e.args)
+            }
+            Err(e) => {
+                eprintln!("qkv-server: error: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
+
+    /// How many sequences run at once: `--parallel` (as llama-server's `-np`), else
+    /// `--max-sequences`.
+    pub(crate) fn sequences(&self) -> Result<usize, String> {
+        match self.parallel {
+            Some(n) if n > 0 => usize::try_from(n).map_err(|_| format!("--parallel {n}: too many")),
+            Some(-1) | None => Ok(self.max_sequences),
+            Some(n) => Err(format!("--parallel {n}: give a count of slots, or -1")),
+        }
+    }
+
+    /// Positions per sequence, for a model of `model_context` positions: `--ctx`, else
+    /// llama-server's `--ctx-size` (0: the model's) split among the `--parallel` slots
+    /// unless the cache is unified (`--kv-unified`, or no `--parallel`), else 2048.
+    pub(crate) fn context(&self, model_context: usize) -> Result<usize, String> {
+        let per_sequence = match (self.ctx, self.ctx_size) {
+            (Some(c), _) => c,
+            (None, Some(total)) => {
+                let total = if total == 0 { model_context } else { total };
+                let unified = self.kv_unified || (self.parallel.is_none() && !self.no_kv_unified);
+                if unified {
+                    total
+                } else {
+                    total / self.sequences()?
+                }
+            }
+            (None, None) => 2048,
+        };
+        if per_sequence == 0 {
+            return Err(format!(
+                "--ctx-size {}: fewer positions than the {} slots",
+                self.ctx_size.unwrap_or(0),
+                self.sequences()?
+            ));
+        }
+        Ok(per_sequence.min(model_context))
+    }
+
+    /// The KV cache's type: `--kv-type`, or llama-server's `-ctk`/`-ctv` (each f16 when the
+    /// other is given alone), which must agree, since qkv stores keys and values alike.
+    pub(crate) fn kv_cache_type(&self) -> Result<Option<KvType>, String> {
+        if self.cache_type_k.is_none() && self.cache_type_v.is_none() {
+            return Ok(self.kv_type);
+        }
+        let k = self.cache_type_k.as_deref().unwrap_or("f16");
+        let v = self.cache_type_v.as_deref().unwrap_or("f16");
+        let parse = |flag: &str, t: &str| -> Result<KvType, String> {
+            t.parse::<KvType>().map_err(|_| {
+                format!(
+                    "{flag} {t}: qkv-server does not support this cache type (it has {})",
+                    KvType::NAMES.join(", ")
+                )
+            })
+        };
+        let (kt, vt) = (parse("--cache-type-k", k)?, parse("--cache-type-v", v)?);
+        if kt != vt {
+            return Err(format!(
+                "--cache-type-k {k} with --cache-type-v {v}: qkv-server does not support \
+                 keys and values of different types"
+            ));
+        }
+        match self.kv_type {
+            Some(t) if t != kt => Err(format!("--kv-type and --cache-type-k {k} disagree")),
+            _ => Ok(Some(kt)),
+        }
+    }
+
+    /// Whether `/metrics` is served: `--metrics` or one of its options, and not
+    /// `--no-metrics`.
+    pub(crate) fn metrics_on(&self) -> bool {
+        !self.no_metrics
+            && (self.metrics
+                || self.metrics_public
+                || self.metrics_vllm_names
+                || self.metrics_llamacpp_names)
+    }
+
+    /// `--step-tokens` and `--prefill-step-tokens`, with llama-server's `--batch-size`.
+    pub(crate) fn step_tokens(&self) -> (usize, usize) {
+        match self.batch_size {
+            Some(b) => (self.step_tokens.min(b.max(1)), b.max(1)),
+            None => (self.step_tokens, self.prefill_step_tokens),
+        }
+    }
+
+    /// The default sampling seed (`None`: a new one per request, as `--seed -1`).
+    pub(crate) fn seed(&self) -> Result<Option<u64>, String> {
+        match self.seed {
+            None | Some(-1) => Ok(None),
+            Some(s) => u64::try_from(s)
+                .map(Some)
+                .map_err(|_| format!("--seed {s}: give 0 to 2^64-1, or -1")),
+        }
+    }
 }

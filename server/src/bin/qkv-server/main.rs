@@ -26,8 +26,8 @@
 //!
 //! The request bodies are read by the `qkv_server` library. This file holds what every
 //! route shares ([`AppState`], [`Shared`], reading a body, counting an answer) and the
-//! router; its modules import only downward, from the bottom: `args`, `cors`, `listen`,
-//! `named_templates`, `worker`, `models`, `chat`, `openai`, `native`, `embed_decoder`,
+//! router; its modules import only downward, from the bottom: `llama_flags`, `args`, `cors`, `listen`,
+//! `named_templates`, `worker`, `models`, `chat`, `openai`, `native`, `embed_decoder`, `rerank`,
 //! `translate`, `anthropic`, `responses`, `embed` (`tests/layering.rs` checks it).
 
 #![forbid(unsafe_code)]
@@ -39,10 +39,12 @@ mod cors;
 mod embed;
 mod embed_decoder;
 mod listen;
+mod llama_flags;
 mod models;
 mod named_templates;
 mod native;
 mod openai;
+mod rerank;
 mod responses;
 mod translate;
 mod worker;
@@ -55,7 +57,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use clap::Parser;
 use openai::Kind;
 use qkv::engine::{Engine, EngineOptions};
 use qkv::load::{Model, ModelOptions};
@@ -115,7 +116,7 @@ struct Auth {
 }
 
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
+    let args = Args::parse_llama();
     match serve(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -136,7 +137,9 @@ fn serve(args: Args) -> AnyResult<()> {
     // The keys first: a bad key file stops the server before any model is fetched or loaded.
     let auth = auth(&args)?;
     check_sampling_flags(&args)?;
-    let pooling = qkv_server::embedding::Pooling::parse(&args.pooling)?;
+    // `--pooling rank` is llama-server's way of saying `--reranking`.
+    let rank = args.pooling == "rank";
+    let pooling = qkv_server::embedding::Pooling::parse(if rank { "last" } else { &args.pooling })?;
     let template = chat_template(&args)?;
     let hosts = hosts(&args)?;
     let path = match &args.model {
@@ -156,21 +159,41 @@ fn serve(args: Args) -> AnyResult<()> {
         metrics: metrics.clone(),
         draining: AtomicBool::new(false),
         vllm_names: args.metrics_vllm_names,
-        llamacpp_names: args.metrics_llamacpp_names,
+        llamacpp_names: args.metrics_on(),
         started: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     });
-    let (routes, what, worker) = if is_sentence_transformers(&path) {
+    let (routes, what, worker) = if qkv::models::bert::CrossEncoder::is_cross_encoder(&path) {
+        serve_cross_encoder(&args, &path, &shared)?
+    } else if is_sentence_transformers(&path) {
+        if args.reranking || rank {
+            return Err(format!(
+                "--reranking: {} is a sentence-transformers encoder; qkv-server reranks with a \
+                 decoder that answers yes or no (as Qwen3-Reranker)",
+                path.display()
+            )
+            .into());
+        }
         serve_encoder(&args, &path, &shared)?
     } else {
-        serve_decoder(&args, &path, &shared, metrics, template, pooling)?
+        let reranking = args.reranking || rank;
+        serve_decoder(
+            &args,
+            &path,
+            &shared,
+            metrics,
+            template,
+            (pooling, reranking),
+        )?
     };
     let app = router(
         routes,
         shared.clone(),
         auth.clone(),
-        Arc::new(cors::Cors::parse(args.cors_origins.as_deref())),
+        Arc::new(cors::Cors::parse(Some(
+            args.cors_origins.as_deref().unwrap_or("*"),
+        ))),
         args.body_limit.saturating_mul(1024),
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -184,20 +207,32 @@ fn serve(args: Args) -> AnyResult<()> {
 
 /// `--threads`: the process's pool.
 fn set_up_process(args: &Args) -> AnyResult<()> {
-    if let Some(n) = args.threads {
-        if n == 0 || n > 1024 {
-            return Err(format!("--threads {n}: give 1 to 1024").into());
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()?;
+    match args.threads {
+        None | Some(-1) => {}
+        Some(n @ 1..=1024) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n as usize)
+            .build_global()?,
+        Some(n) => return Err(format!("--threads {n}: give 1 to 1024, or -1").into()),
     }
     Ok(())
 }
 
 /// The API keys (`--api-key`, `--api-key-file`) and who may read `/metrics`.
 fn auth(args: &Args) -> AnyResult<Arc<Auth>> {
-    let mut keys = args.api_keys.clone();
+    // llama-server's form: several keys in one `--api-key`, comma-separated. An empty
+    // `--api-key` stays, to be refused: it must not turn the key check off unnoticed.
+    let mut keys: Vec<String> = args
+        .api_keys
+        .iter()
+        .flat_map(|k| {
+            let mut parts: Vec<&str> = k.split(',').filter(|p| !p.is_empty()).collect();
+            if parts.is_empty() {
+                parts.push(k);
+            }
+            parts
+        })
+        .map(str::to_owned)
+        .collect();
     if let Some(file) = &args.api_key_file {
         keys.extend(
             qkv_server::auth::read_key_file(file).map_err(|e| format!("--api-key-file {e}"))?,
@@ -206,7 +241,7 @@ fn auth(args: &Args) -> AnyResult<Arc<Auth>> {
     Ok(Arc::new(Auth {
         keys: ApiKeys::new(keys).map_err(|e| format!("--api-key: {e}"))?,
         metrics_public: args.metrics_public,
-        metrics: !args.no_metrics,
+        metrics: args.metrics_on(),
     }))
 }
 
@@ -218,6 +253,9 @@ fn check_sampling_flags(args: &Args) -> AnyResult<()> {
     if args.temp.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
         return Err("--temp: give a temperature in [0, 2]".into());
     }
+    args.seed()?;
+    args.sequences()?;
+    args.kv_cache_type()?;
     Ok(())
 }
 
@@ -264,6 +302,21 @@ fn serve_encoder(args: &Args, path: &Path, shared: &Arc<Shared>) -> AnyResult<Se
     Ok((embed::routes(Arc::new(state)), what, None))
 }
 
+/// A BERT cross-encoder: the rerank routes, with or without `--reranking`.
+fn serve_cross_encoder(args: &Args, path: &Path, shared: &Arc<Shared>) -> AnyResult<Served> {
+    let cross = qkv::models::bert::CrossEncoder::load(path)?;
+    let positions = cross.bert().config().max_positions;
+    let context = args.ctx.unwrap_or(positions).min(positions);
+    let what = format!("a cross-encoder reranking pairs of up to {context} tokens");
+    let state = Arc::new(rerank::RerankState {
+        shared: shared.clone(),
+        scorer: Some(rerank::Scorer::Cross(Arc::new(cross))),
+        context,
+        model_name: shared.model_name.clone(),
+    });
+    Ok((rerank::cross_routes(state), what, None))
+}
+
 /// A decoder: the batch engine's worker and the chat, completion and native routes.
 fn serve_decoder(
     args: &Args,
@@ -271,7 +324,7 @@ fn serve_decoder(
     shared: &Arc<Shared>,
     metrics: Arc<Metrics>,
     template: Option<(String, String)>,
-    pooling: qkv_server::embedding::Pooling,
+    (pooling, reranking): (qkv_server::embedding::Pooling, bool),
 ) -> AnyResult<Served> {
     let options = ModelOptions {
         dtype: args.dtype,
@@ -281,25 +334,36 @@ fn serve_decoder(
         interleave: std::env::var_os("QKV_NO_INTERLEAVE").is_none_or(|v| v == "0"),
     };
     let model = Arc::new(Model::load(path, &options)?);
-    if model.tokenizer().is_none() {
+    let Some(tokenizer) = model.tokenizer() else {
         return Err(format!("{}: the model has no tokenizer", path.display()).into());
-    }
-    let ctx = args.ctx.min(model.config().context);
+    };
+    let reranker = match reranking {
+        true => Some(rerank::Reranker::new(tokenizer, model.vocab_size())?),
+        false => None,
+    };
+    let ctx = args.context(model.config().context)?;
+    let (step_tokens, prefill_step_tokens) = args.step_tokens();
     let engine = Engine::new(
         model.clone(),
         EngineOptions {
-            max_sequences: args.max_sequences,
+            max_sequences: args.sequences()?,
             context: ctx,
             kv_budget: args.kv_budget.map(|mb| mb.saturating_mul(1 << 20)),
-            step_tokens: args.step_tokens,
-            prefill_step_tokens: args.prefill_step_tokens,
+            step_tokens,
+            prefill_step_tokens,
             queue: args.queue,
-            kv_dtype: args.kv_type,
+            kv_dtype: args.kv_cache_type()?,
         },
     )?;
     let what = format!("{} sequences of {ctx} positions", engine.max_running());
     let max_sequences = engine.max_running();
-    let worker = Worker::spawn(engine, metrics);
+    let sleep_after = match args.sleep_idle_seconds {
+        None | Some(-1) => None,
+        Some(s) => Some(Duration::from_secs(u64::try_from(s).map_err(|_| {
+            format!("--sleep-idle-seconds {s}: give a number of seconds, or -1")
+        })?)),
+    };
+    let worker = Worker::spawn(engine, metrics, sleep_after);
     let grammars = qkv_server::constraint::Grammars::new(model.clone());
     if let Err(e) = &grammars {
         eprintln!("qkv-server: no constrained output: {e}");
@@ -313,13 +377,19 @@ fn serve_decoder(
             .filter(|&n| n > 0),
         temperature: args.temp,
         verbose: args.verbose,
-        seed: args.seed,
+        seed: args.seed()?,
         slots: !args.no_slots,
-        metrics: !args.no_metrics,
+        metrics: args.metrics_on(),
         model_path: path.display().to_string(),
         max_sequences,
         pooling: args.embeddings.then_some(pooling),
     };
+    let rerank = Arc::new(rerank::RerankState {
+        shared: shared.clone(),
+        scorer: reranker.map(|r| rerank::Scorer::Decoder(model.clone(), r)),
+        context: ctx,
+        model_name: shared.model_name.clone(),
+    });
     let state = Arc::new(AppState {
         options,
         grammars,
@@ -329,7 +399,11 @@ fn serve_decoder(
         worker: worker.clone(),
         shared: shared.clone(),
     });
-    Ok((decoder_routes(state), what, Some(worker)))
+    Ok((
+        decoder_routes(state).merge(rerank::routes(rerank)),
+        what,
+        Some(worker),
+    ))
 }
 
 /// Binds every address, serves `app` until SIGTERM or Ctrl-C, then drains: running

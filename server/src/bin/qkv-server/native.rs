@@ -390,7 +390,7 @@ pub async fn props(State(state): State<Arc<AppState>>) -> Response {
         "build_info": FINGERPRINT,
         "endpoint_slots": o.slots,
         "endpoint_metrics": o.metrics,
-        "is_sleeping": false,
+        "is_sleeping": state.shared.metrics.sleeping.load(Ordering::SeqCst),
     }))
     .into_response()
 }

@@ -6,9 +6,9 @@
 
 use qkv::engine::{Engine, Event, FinishReason, GenRequest, SeqId, TokenConstraint};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 /// What the engine thread reports to a request.
@@ -57,13 +57,15 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts the engine thread, which keeps `metrics`.
-    pub fn spawn(engine: Engine, metrics: Arc<Metrics>) -> Worker {
+    /// Starts the engine thread, which keeps `metrics`; after `sleep_after` without work
+    /// (`--sleep-idle-seconds`) it frees the idle KV caches and says so in
+    /// `metrics.sleeping` until the next request.
+    pub fn spawn(engine: Engine, metrics: Arc<Metrics>, sleep_after: Option<Duration>) -> Worker {
         let (tx, rx) = mpsc::channel();
         let m = metrics.clone();
         std::thread::Builder::new()
             .name("qkv-engine".into())
-            .spawn(move || run(engine, rx, &m))
+            .spawn(move || run(engine, rx, &m, sleep_after))
             .expect("spawning the engine thread");
         Worker { cmd: tx, metrics }
     }
@@ -109,16 +111,33 @@ struct Client {
     last_token: Option<Instant>,
 }
 
-fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics) {
+fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics, sleep_after: Option<Duration>) {
     let mut clients: HashMap<SeqId, Client> = HashMap::new();
     let mut events = Vec::new();
     loop {
-        // Idle: wait for work. Busy: take what arrived and keep stepping.
+        // Idle: wait for work (and, with `--sleep-idle-seconds`, go to sleep when none comes
+        // in time). Busy: take what arrived and keep stepping.
         if engine.is_idle() {
-            match rx.recv() {
-                Ok(cmd) => handle(&mut engine, &mut clients, cmd),
-                Err(_) => return,
+            let cmd = match sleep_after.filter(|_| !m.sleeping.load(Ordering::SeqCst)) {
+                Some(after) => match rx.recv_timeout(after) {
+                    Ok(cmd) => cmd,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        let freed = engine.release_caches();
+                        m.sleeping.store(true, Ordering::SeqCst);
+                        eprintln!("qkv-server: idle: sleeping ({freed} KV caches freed)");
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                },
+                None => match rx.recv() {
+                    Ok(cmd) => cmd,
+                    Err(_) => return,
+                },
+            };
+            if matches!(cmd, Cmd::Submit { .. }) {
+                m.sleeping.store(false, Ordering::SeqCst);
             }
+            handle(&mut engine, &mut clients, cmd);
         }
         while let Ok(cmd) = rx.try_recv() {
             handle(&mut engine, &mut clients, cmd);
@@ -427,6 +446,8 @@ pub struct Metrics {
     pub inter_token_recent: Recent,
     pub step_seconds: Histogram,
     pub batch: Histogram,
+    /// The engine is asleep (`--sleep-idle-seconds`): its idle KV caches are freed.
+    pub sleeping: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -445,6 +466,7 @@ impl Default for Metrics {
             kv_used: AtomicU64::new(0),
             kv_capacity: AtomicU64::new(0),
             max_batch: AtomicU64::new(0),
+            sleeping: AtomicBool::new(false),
             ttft: Histogram::new(SECONDS),
             inter_token: Histogram::new(SECONDS),
             ttft_recent: Recent::new(),
