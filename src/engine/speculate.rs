@@ -152,6 +152,13 @@ impl Engine {
     /// per drafted token too, as many as a step's budget lets the drafts take.
     pub(super) fn prepare_speculation(&mut self, request: &GenRequest) -> Result<()> {
         request.speculation.validate()?;
+        if matches!(request.speculation, Speculation::Draft(_)) {
+            return Err(Error::Unsupported(
+                "speculative decoding with a draft model in the batch engine: it drafts by \
+                 n-gram lookup"
+                    .into(),
+            ));
+        }
         if !request.sampler.is_greedy() {
             return Err(Error::Unsupported(
                 "speculative decoding with sampling (temperature > 0): only greedy decoding \

@@ -15,7 +15,7 @@ use qkv::kernels::QuantFormat;
 use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::KvType;
 use qkv::sample::SamplerConfig;
-use qkv::speculative::{NgramOptions, SpecStats, Speculation, MAX_DRAFT};
+use qkv::speculative::{DraftOptions, NgramOptions, SpecStats, Speculation, MAX_DRAFT};
 use qkv::Error;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -390,6 +390,10 @@ fn speculation_refuses_sampling_and_bad_settings() {
         let err = e.submit(request(&[1, 2, 3], 4, bad)).unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{bad:?}: {err}");
     }
+    // The engine drafts by n-gram lookup; a draft model is the session's.
+    let drafted = request(&[1, 2, 3], 4, Speculation::Draft(DraftOptions::default()));
+    let err = e.submit(drafted).unwrap_err();
+    assert!(matches!(err, Error::Unsupported(_)), "{err}");
     assert_eq!(e.queued(), 0);
 }
 
