@@ -437,7 +437,8 @@ impl Engine {
     /// or `max_tokens` 0, [`Error::TokenOutOfRange`] for an id outside the vocabulary,
     /// [`Error::ContextFull`] when the prompt and `max_tokens` do not fit the context,
     /// [`Error::Config`] for sampler or speculation settings out of range,
-    /// [`Error::Unsupported`] for speculation with sampling (temperature > 0),
+    /// [`Error::Unsupported`] for speculation with sampling (temperature > 0) or with a
+    /// draft model (the engine drafts by n-gram lookup),
     /// [`Error::AllocationRefused`] when the logits of verify passes cannot be had,
     /// [`Error::QueueFull`] when the queue is full.
     pub fn submit(&mut self, request: GenRequest) -> Result<SeqId> {

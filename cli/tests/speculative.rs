@@ -1,5 +1,6 @@
-//! `decode --spec ngram`: the same text, token for token, as without it at temperature 0, with
-//! the drafted and kept tokens in `--json`'s stats; sampling and bad settings refused. The
+//! `decode --spec ngram` and `decode --spec draft --model-draft FILE`: the same text, token
+//! for token, as without them at temperature 0, with the drafted and kept tokens in
+//! `--json`'s stats; sampling and bad settings refused. The
 //! tests named `network_…` run the default model and skip with a printed reason without it.
 //! Run in release mode: `cargo test --release -p qkv-cli --test speculative`.
 
