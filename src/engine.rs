@@ -23,6 +23,12 @@
 //!   token is checked against it, and only when it is refused are the logits masked to the
 //!   tokens it allows and sampled again, so that the full mask is paid for only on the
 //!   steps that need it. A constraint that is complete ends its sequence.
+//! - A greedy sequence may speculate ([`GenRequest::speculation`]): its last token and a
+//!   draft of the tokens that may follow run as one segment of the step's pass, with logits
+//!   for each, and the drafts the model's own choices agree with are kept, with the choice
+//!   after them: several tokens for one read of the weights, exactly those of plain
+//!   decoding. The cache forgets the rejected drafts' positions; each sequence's drafting
+//!   adapts to what it keeps and pauses when it does not pay (`speculate.rs`).
 //!
 //! Once every slot's cache exists, a step that admits no new sequence allocates nothing
 //! but the events it returns.
@@ -53,11 +59,15 @@ use crate::error::{Error, Result};
 use crate::load::Model;
 use crate::models::decoder::{KvCache, KvType, Scratch, Segment};
 use crate::sample::{Sampler, SamplerConfig};
+use crate::speculative::{SpecStats, Speculation};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 mod after_pass;
+mod speculate;
 use after_pass::{read_prompt_chunk, sample_next};
+use speculate::SpecState;
 
 /// How an [`Engine`] is sized.
 #[derive(Clone, Debug)]
@@ -71,7 +81,8 @@ pub struct EngineOptions {
     pub kv_budget: Option<usize>,
     /// Most tokens one step runs while more sequences decode than read their prompts
     /// (decode tokens first, then prompt chunks): what bounds the inter-token latency of
-    /// running streams when a new prompt arrives. Decode tokens always run, even past it.
+    /// running streams when a new prompt arrives. Decode tokens always run, even past it;
+    /// the drafts of speculating sequences take what they leave, before prompt chunks.
     /// When several prompts read at once, each may take this many tokens of a step (all of
     /// them together at most [`prefill_step_tokens`](Self::prefill_step_tokens)), so that
     /// a burst that lands among many running streams is not read at a trickle.
@@ -119,6 +130,9 @@ pub struct GenRequest {
     pub ignore_eos: bool,
     /// Report the log-probabilities of this many most likely tokens at each step (0: none).
     pub top_logprobs: usize,
+    /// Whether to draft tokens and verify them in the step's pass (greedy sampling only):
+    /// the tokens are those of plain decoding, several per pass when drafts are kept.
+    pub speculation: Speculation,
 }
 
 impl GenRequest {
@@ -131,6 +145,7 @@ impl GenRequest {
             max_tokens,
             ignore_eos: false,
             top_logprobs: 0,
+            speculation: Speculation::Off,
         }
     }
 }
@@ -196,6 +211,8 @@ pub enum Event {
         cached_tokens: usize,
         /// Tokens generated.
         generated: usize,
+        /// What speculation did for it: tokens drafted, of those kept, verify passes.
+        spec: SpecStats,
     },
     /// A sequence's prompt advanced: `read` of its `total` prompt tokens are in its cache,
     /// `cached` of them reused from an earlier sequence. Sent when the sequence takes a slot
@@ -236,6 +253,8 @@ struct Running {
     next: Option<u32>,
     cancelled: bool,
     constraint: Option<Box<dyn TokenConstraint>>,
+    /// Its speculation, when it speculates.
+    spec: Option<SpecState>,
 }
 
 /// A KV cache and what it holds.
@@ -265,15 +284,23 @@ pub struct Engine {
     segments: Vec<Segment<'static>>,
     /// A row of logits masked by a sequence's constraint.
     masked: Vec<f32>,
+    /// What speculation did, over every sequence so far.
+    spec_totals: SpecStats,
 }
 
-/// One segment of a step's pass: which slot runs, how many of its tokens, and whether the
-/// last one's logits are wanted (a decode token, or the last chunk of a prompt).
+/// One segment of a step's pass: which slot runs, how many of its tokens, and how many of
+/// the last ones' logits are wanted (a decode token and its drafts, or the last chunk of a
+/// prompt).
 #[derive(Clone, Copy, Debug)]
 struct Planned {
     slot: usize,
     tokens: usize,
-    logits: bool,
+    logits: usize,
+    /// A decode token (with `drafted` drafts after it), not a prompt chunk.
+    decode: bool,
+    drafted: usize,
+    /// Of the drafts, how many the model kept (known after the pass).
+    kept: usize,
 }
 
 /// A request waiting for a slot, with its constraint.
@@ -346,6 +373,7 @@ impl Engine {
             plan: Vec::with_capacity(max_slots),
             segments: Vec::with_capacity(max_slots),
             masked: Vec::new(),
+            spec_totals: SpecStats::default(),
             model,
             options,
             kv_dtype,
@@ -394,6 +422,12 @@ impl Engine {
         self.max_slots.saturating_mul(self.options.context)
     }
 
+    /// What speculation did over every sequence so far: tokens drafted, of those kept,
+    /// verify passes (a sequence's own share comes in its [`Event::Done`]).
+    pub fn spec_stats(&self) -> SpecStats {
+        self.spec_totals
+    }
+
     /// True when nothing runs and nothing waits.
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.running() == 0
@@ -418,8 +452,11 @@ impl Engine {
     /// Queues a request. Errors, with nothing queued: [`Error::Shape`] for an empty prompt
     /// or `max_tokens` 0, [`Error::TokenOutOfRange`] for an id outside the vocabulary,
     /// [`Error::ContextFull`] when the prompt and `max_tokens` do not fit the context,
-    /// [`Error::Config`] for sampler settings out of range, [`Error::QueueFull`] when the
-    /// queue is full.
+    /// [`Error::Config`] for sampler or speculation settings out of range,
+    /// [`Error::Unsupported`] for speculation with sampling (temperature > 0) or with a
+    /// draft model (the engine drafts by n-gram lookup),
+    /// [`Error::AllocationRefused`] when the logits of verify passes cannot be had,
+    /// [`Error::QueueFull`] when the queue is full.
     pub fn submit(&mut self, request: GenRequest) -> Result<SeqId> {
         self.submit_constrained(request, None)
     }
@@ -449,6 +486,9 @@ impl Engine {
             });
         }
         request.sampler.validate()?;
+        if request.speculation != Speculation::Off {
+            self.prepare_speculation(&request)?;
+        }
         if self.queue.len() >= self.options.queue {
             return Err(Error::QueueFull {
                 capacity: self.options.queue,
@@ -497,8 +537,16 @@ impl Engine {
         if !self.plan_step() {
             return Ok(());
         }
-        self.run_pass()?;
+        let start = Instant::now();
+        let ran = self.run_pass();
+        let secs = start.elapsed().as_secs_f64();
+        if let Err(e) = ran {
+            // Take the drafts back out: the sequences stand as before the step.
+            self.drop_drafts();
+            return Err(e);
+        }
         self.take_results(events);
+        speculate::govern(&mut self.slots, &self.plan, secs);
         Ok(())
     }
 
@@ -512,11 +560,21 @@ impl Engine {
                 self.plan.push(Planned {
                     slot: i,
                     tokens: 1,
-                    logits: true,
+                    logits: 1,
+                    decode: true,
+                    drafted: 0,
+                    kept: 0,
                 });
                 // Decode tokens always run (the scratch holds max_running rows at least).
                 budget = budget.saturating_sub(1);
             }
+        }
+        // Drafts of the speculating sequences, from what the decode tokens leave of the
+        // budget, before prompt chunks.
+        for p in &mut self.plan {
+            let k = speculate::draft(&mut self.slots[p.slot], self.options.context, budget);
+            budget -= k;
+            (p.tokens, p.logits, p.drafted) = (1 + k, 1 + k, k);
         }
         // A step's prompt tokens delay the decoding sequences and speed up the ones still
         // reading. When no fewer are reading than decoding (nobody decodes, or a burst of
@@ -530,7 +588,8 @@ impl Engine {
             .filter(|s| s.running.as_ref().is_some_and(|r| r.next.is_none()))
             .count();
         let decoding = self.plan.len();
-        let prefill = self.options.prefill_step_tokens.saturating_sub(decoding);
+        let decode_rows: usize = self.plan.iter().map(|p| p.tokens).sum();
+        let prefill = self.options.prefill_step_tokens.saturating_sub(decode_rows);
         if reading >= decoding {
             budget = budget.max(prefill);
         } else {
@@ -546,7 +605,10 @@ impl Engine {
                 self.plan.push(Planned {
                     slot: i,
                     tokens: n,
-                    logits: n == left,
+                    logits: usize::from(n == left),
+                    decode: false,
+                    drafted: 0,
+                    kept: 0,
                 });
             }
         }
@@ -560,13 +622,14 @@ impl Engine {
     fn run_pass(&mut self) -> Result<()> {
         let vocab = self.model.vocab_size();
         let decoder = self.model.decoder();
-        let wanted = self.plan.iter().filter(|p| p.logits).count();
+        let wanted: usize = self.plan.iter().map(|p| p.logits).sum();
         let mut segments = crate::alloc::recycle(std::mem::take(&mut self.segments));
         let mut plan = self.plan.iter().peekable();
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(&Planned {
                 tokens: n,
                 logits: wants,
+                drafted,
                 ..
             }) = plan.next_if(|p| p.slot == i)
             else {
@@ -574,7 +637,8 @@ impl Engine {
             };
             let r = slot.running.as_ref().expect("planned slots run");
             let (tokens, pos0): (&[u32], usize) = if r.next.is_some() {
-                let last = slot.tokens.len() - 1;
+                // The token to run, and the drafts after it.
+                let last = slot.tokens.len() - 1 - drafted;
                 (&slot.tokens[last..], last)
             } else {
                 (&r.request.prompt[r.read..r.read + n], r.read)
@@ -583,7 +647,7 @@ impl Engine {
                 cache: &mut slot.cache,
                 tokens,
                 pos0,
-                logits: usize::from(wants),
+                logits: wants,
             });
         }
         // On a rayon worker, the others kept awake (`on_pool`), so that the kernels'
@@ -601,17 +665,17 @@ impl Engine {
         let vocab = self.model.vocab_size();
         let eos_id = self.model.tokenizer().and_then(|t| t.eos_id());
         let mut row = 0;
-        for &Planned {
-            slot: i,
-            tokens: n,
-            logits: wants,
-        } in &self.plan
-        {
-            let slot = &mut self.slots[i];
-            read_prompt_chunk(slot, n, events);
-            if wants {
-                let logits = &self.logits[row * vocab..(row + 1) * vocab];
-                row += 1;
+        for p in &mut self.plan {
+            let slot = &mut self.slots[p.slot];
+            read_prompt_chunk(slot, p.tokens, events);
+            let logits = &self.logits[row * vocab..(row + p.logits) * vocab];
+            row += p.logits;
+            if p.drafted > 0 {
+                p.kept = speculate::verify(slot, logits, &mut self.masked, eos_id, events);
+                self.spec_totals.draft_tokens += p.drafted;
+                self.spec_totals.accepted_tokens += p.kept;
+                self.spec_totals.verify_passes += 1;
+            } else if p.logits > 0 {
                 sample_next(slot, logits, &mut self.masked, eos_id, events);
             }
         }
@@ -639,6 +703,7 @@ impl Engine {
                     prompt_tokens: request.prompt.len(),
                     cached_tokens: 0,
                     generated: 0,
+                    spec: SpecStats::default(),
                 });
                 continue;
             }
@@ -687,6 +752,7 @@ impl Engine {
                 next: None,
                 cancelled: false,
                 constraint,
+                spec: SpecState::new(request.speculation),
                 request,
             });
             events.push(Event::Prompt {
@@ -708,6 +774,7 @@ fn done(r: &Running, reason: FinishReason) -> Event {
         prompt_tokens: r.request.prompt.len(),
         cached_tokens: r.cached,
         generated: r.generated,
+        spec: r.spec.as_ref().map_or_else(SpecStats::default, |s| s.stats),
     }
 }
 

@@ -307,8 +307,76 @@ impl Session {
             pending: VecDeque::new(),
             stats: SpecStats::default(),
             governor: None,
+            draft: None,
         })
     }
+}
+
+/// [`Error::Config`] naming both models unless `draft` has the vocabulary of `target` (the
+/// same number of tokens, and the same bytes for each token where both have a tokenizer):
+/// a draft model's tokens must mean what the target's do.
+pub fn check_draft_vocabulary(target: &Model, draft: &Model) -> Result<()> {
+    let name = |m: &Model| {
+        if m.path().as_os_str().is_empty() {
+            "a model built in memory".to_string()
+        } else {
+            m.path().display().to_string()
+        }
+    };
+    let (n, m) = (target.vocab_size(), draft.vocab_size());
+    let differs = match (target.tokenizer(), draft.tokenizer()) {
+        _ if n != m => Some(format!("{m} tokens against {n}")),
+        (Some(a), Some(b)) => (0..n as u32)
+            .find(|&id| a.token_bytes(id).ok() != b.token_bytes(id).ok())
+            .map(|id| format!("token {id} differs")),
+        _ => None,
+    };
+    match differs {
+        None => Ok(()),
+        Some(why) => Err(Error::Config(format!(
+            "speculation: the draft model {} has another vocabulary than the model {} \
+             ({why})",
+            name(draft),
+            name(target)
+        ))),
+    }
+}
+
+/// Appends to `tokens` up to `most` greedy tokens of the draft model after them, run on
+/// `draft` (a session on it, which first takes the tokens it does not hold yet); returns
+/// how many. Fewer when the draft session's cache ends, none when it cannot run: a draft is
+/// only ever a guess.
+fn draft_from(draft: &mut Session, tokens: &mut Vec<u32>, most: usize) -> usize {
+    let n = tokens.len();
+    // The draft session holds n + most - 1 tokens at the end.
+    let most = most.min((draft.capacity() + 1).saturating_sub(n));
+    if most == 0 {
+        return 0;
+    }
+    let same = draft
+        .tokens()
+        .iter()
+        .zip(tokens.iter())
+        .take_while(|(a, b)| a == b)
+        .count();
+    // What the draft session lacks of the tokens already in this one's cache runs as one
+    // chunk (the prompt, as this session read it), the newest token as a step of its own:
+    // the draft model then computes what this one does, bit for bit when it is this model.
+    let keep = same.min(n - 1);
+    let caught_up = draft.truncate(keep).is_ok()
+        && (keep == n - 1 || draft.prefill(&tokens[keep..n - 1]).is_ok())
+        && draft.step(tokens[n - 1]).is_ok();
+    if !caught_up {
+        return 0;
+    }
+    for i in 0..most {
+        let t = crate::sample::argmax(draft.logits());
+        tokens.push(t);
+        if i + 1 < most && draft.step(t).is_err() {
+            return i + 1;
+        }
+    }
+    most
 }
 
 /// `e` with the position of the logits it is about, when it is about logits (they follow the
@@ -360,6 +428,8 @@ pub struct Generate<'a> {
     stats: SpecStats,
     /// Adapts the draft length, and pauses drafting when it does not pay.
     governor: Option<Governor>,
+    /// The session of the draft model, with [`Speculation::Draft`].
+    draft: Option<&'a mut Session>,
 }
 
 impl Drop for Generate<'_> {
@@ -411,6 +481,11 @@ impl Generate<'_> {
     /// of a verify pass cannot be had.
     pub fn speculate(mut self, spec: Speculation) -> Result<Self> {
         spec.validate()?;
+        if matches!(spec, Speculation::Draft(_)) && self.draft.is_none() {
+            return Err(Error::Config(
+                "speculation with a draft model needs its session: speculate_with_draft".into(),
+            ));
+        }
         if spec != Speculation::Off && !self.sampler.config().is_greedy() {
             return Err(Error::Unsupported(
                 "speculative decoding with sampling (temperature > 0): only greedy decoding \
@@ -454,7 +529,7 @@ impl Generate<'_> {
         let n = core.tokens.len();
         let is_eos = Some(sampled.id) == self.eos && !self.ignore_eos;
         let room = core.state.capacity().saturating_sub(n + 1);
-        let (Speculation::Ngram(o), Some(governor)) = (self.spec, self.governor.as_mut()) else {
+        let Some(governor) = self.governor.as_mut() else {
             return core.prefill(self.model, &[sampled.id]);
         };
         let limit = governor.next_limit();
@@ -463,23 +538,34 @@ impl Generate<'_> {
         } else {
             limit.min(room).min(self.remaining - 1)
         };
+        // A pass is timed from its drafting on: a draft model's steps are part of its cost.
+        let start = Instant::now();
         core.tokens.push(sampled.id);
-        let found = ngram::find(&core.tokens, o.min_ngram, o.max_ngram, most);
-        if found.is_empty() {
+        let k = match self.spec {
+            Speculation::Ngram(o) => {
+                let found = ngram::find(&core.tokens, o.min_ngram, o.max_ngram, most);
+                let k = found.len();
+                core.tokens.extend_from_within(found);
+                k
+            }
+            Speculation::Draft(_) => match self.draft.as_deref_mut() {
+                Some(d) if most > 0 => draft_from(d, &mut core.tokens, most),
+                _ => 0,
+            },
+            Speculation::Off => 0,
+        };
+        if k == 0 {
             core.tokens.pop();
             let start = Instant::now();
             core.prefill(self.model, &[sampled.id])?;
             governor.record_step(start.elapsed().as_secs_f64());
             return Ok(());
         }
-        let k = found.len();
-        core.tokens.extend_from_within(found);
         let vocab = self.model.vocab_size();
         let rows = &mut self.spec_logits[..(k + 1) * vocab];
         let (state, pass) = (&mut core.state, &core.tokens[n..]);
         let decoder = self.model.decoder();
         // On the pool, as a decode step runs (see `Core::prefill`).
-        let start = Instant::now();
         if let Err(e) = qkv_kernels::on_pool(|| decoder.forward_all(state, pass, n, rows)) {
             core.tokens.truncate(n);
             return Err(e);
@@ -514,6 +600,30 @@ impl Generate<'_> {
         self.stats.verify_passes += 1;
         governor.record_pass(k, kept, secs);
         Ok(())
+    }
+}
+
+impl<'a> Generate<'a> {
+    /// As [`speculate`](Self::speculate), drafting with a second, smaller model of the same
+    /// vocabulary: `spec` is [`Speculation::Draft`], and `draft` a session on the draft
+    /// model (of a context at least this session's, else drafting stops where its cache
+    /// ends), which follows this sequence: each draft is its greedy tokens after the
+    /// sequence's. The tokens yielded are still exactly those of plain decoding. Errors as
+    /// `speculate`, and [`Error::Config`] when `spec` is another kind or when the draft
+    /// model's vocabulary is not this model's ([`check_draft_vocabulary`], naming both).
+    pub fn speculate_with_draft(
+        mut self,
+        spec: Speculation,
+        draft: &'a mut Session,
+    ) -> Result<Self> {
+        if !matches!(spec, Speculation::Draft(_)) {
+            return Err(Error::Config(format!(
+                "speculation: {spec:?} is not drafting with a model"
+            )));
+        }
+        check_draft_vocabulary(self.model, draft.model())?;
+        self.draft = Some(draft);
+        self.speculate(spec)
     }
 }
 

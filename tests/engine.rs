@@ -8,6 +8,8 @@
 //! KV budget bounds the running sequences.
 
 mod common;
+#[path = "engine/speculative.rs"]
+mod speculative;
 
 use qkv::engine::{Engine, EngineOptions, Event, FinishReason, GenRequest, SeqId};
 use qkv::load::{Model, ModelOptions};

@@ -75,6 +75,7 @@ const SERVER_LAYERS: &[&str] = &[
     "body",
     "auth",
     "native_fields",
+    "speculative",
     "request",
     "embedding",
     "structured",

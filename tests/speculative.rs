@@ -15,7 +15,7 @@ use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::{KvType, Segment};
 use qkv::sample::SamplerConfig;
 use qkv::session::{Session, SessionOptions};
-use qkv::speculative::{NgramOptions, SpecStats, Speculation, MAX_DRAFT};
+use qkv::speculative::{DraftOptions, NgramOptions, SpecStats, Speculation, MAX_DRAFT};
 use std::sync::Arc;
 
 fn load_at(storage: Storage, act_precision: ActPrecision) -> Arc<Model> {
@@ -446,4 +446,121 @@ fn greedy_on_the_default_model(model: &Arc<Model>) {
             }
         }
     }
+}
+
+/// `n` greedy tokens after `prompt`, drafted by `draft` (a model of the same vocabulary),
+/// with the speculation's statistics.
+fn generate_drafted(
+    model: &Arc<Model>,
+    draft: &Arc<Model>,
+    kv: KvType,
+    prompt: &[u32],
+    n: usize,
+    max_draft: usize,
+) -> (Vec<u32>, SpecStats) {
+    let options = SessionOptions {
+        context: Some(256),
+        kv_dtype: Some(kv),
+        ..SessionOptions::default()
+    };
+    let mut session = Session::new(model.clone(), options.clone()).unwrap();
+    let mut drafter = Session::new(draft.clone(), options).unwrap();
+    let mut stream = session
+        .generate_tokens(prompt, SamplerConfig::greedy())
+        .unwrap()
+        .max_tokens(n)
+        .ignore_eos(true)
+        .speculate_with_draft(Speculation::Draft(DraftOptions { max_draft }), &mut drafter)
+        .unwrap();
+    let ids: Vec<u32> = stream.by_ref().map(|p| p.unwrap().id).collect();
+    let stats = stream.spec_stats();
+    drop(stream);
+    assert_eq!(&session.tokens()[prompt.len()..], &ids[..]);
+    (ids, stats)
+}
+
+/// Drafting with a second model of the same vocabulary yields exactly the tokens of plain
+/// decoding (the synthetic model's Q4_0 file drafting for its other files); a model
+/// drafting for itself has every draft kept, its decode steps giving the verify pass's
+/// bits.
+#[test]
+fn drafting_with_a_second_model_yields_the_tokens_of_plain_decoding() {
+    let other = load(Storage::Quant(QuantFormat::Q4_0));
+    for storage in [Storage::F32, Storage::Quant(QuantFormat::Q4_K)] {
+        for precision in PRECISIONS {
+            let model = load_at(storage, precision);
+            let prompt = synthetic::text_tokens(model.tokenizer().unwrap(), 50);
+            for kv in [KvType::F16, KvType::Q8_0] {
+                let config = SamplerConfig::greedy();
+                let (plain, _) = generate(&model, kv, &prompt, 40, config, Speculation::Off);
+                for (draft, max_draft) in [(&other, MAX_DRAFT), (&other, 2), (&model, 4)] {
+                    let (fast, stats) = generate_drafted(&model, draft, kv, &prompt, 40, max_draft);
+                    let what = format!("{storage:?}, {precision}, {kv}, {max_draft}");
+                    assert_eq!(fast, plain, "{what}");
+                    assert!(stats.draft_tokens > 0, "{what}: {stats:?}");
+                    if Arc::ptr_eq(draft, &model) {
+                        assert_eq!(stats.accepted_tokens, stats.draft_tokens, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A draft model of another vocabulary is refused, naming both models; drafting with a
+/// model needs its session.
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() {
+    use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
+    let model = load(Storage::F32);
+    let config = DecoderConfig::llama(16, 2, 4, 2, 32, 50, 256, WeightLayout::Gguf);
+    let small = Decoder::synthetic(config, 7, qkv::weights::FloatType::F32).unwrap();
+    let small = Arc::new(Model::from_parts(small, None));
+    let mut session = Session::new(model.clone(), SessionOptions::default()).unwrap();
+    let mut drafter = Session::new(small, SessionOptions::default()).unwrap();
+    let spec = Speculation::Draft(DraftOptions::default());
+    let err = session
+        .generate_tokens(&[1, 2, 3], SamplerConfig::greedy())
+        .unwrap()
+        .speculate_with_draft(spec, &mut drafter)
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, qkv::Error::Config(_)), "{msg}");
+    assert!(
+        msg.contains("a model built in memory") && msg.contains("synthetic-F32"),
+        "{msg}"
+    );
+    let err = session
+        .generate_tokens(&[], SamplerConfig::greedy())
+        .unwrap()
+        .speculate(spec)
+        .unwrap_err();
+    assert!(matches!(err, qkv::Error::Config(_)), "{err}");
+}
+
+/// The default model drafting for itself: every draft kept, the tokens of plain decoding.
+#[test]
+fn network_the_default_model_drafting_for_itself_keeps_every_draft() {
+    let Some(path) = common::default_gguf() else {
+        return;
+    };
+    let model = Arc::new(Model::load(&path, &ModelOptions::default()).unwrap());
+    let prompt = model
+        .tokenizer()
+        .unwrap()
+        .encode("Once upon a time, in a small village by the mountains, there lived a")
+        .unwrap();
+    let kv = model.decoder().kv_dtype().into();
+    let (plain, _) = generate(
+        &model,
+        kv,
+        &prompt,
+        48,
+        SamplerConfig::greedy(),
+        Speculation::Off,
+    );
+    let (fast, stats) = generate_drafted(&model, &model, kv, &prompt, 48, MAX_DRAFT);
+    assert_eq!(fast, plain);
+    assert!(stats.draft_tokens > 0, "{stats:?}");
+    assert_eq!(stats.accepted_tokens, stats.draft_tokens, "{stats:?}");
 }

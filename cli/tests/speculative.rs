@@ -1,5 +1,6 @@
-//! `decode --spec ngram`: the same text, token for token, as without it at temperature 0, with
-//! the drafted and kept tokens in `--json`'s stats; sampling and bad settings refused. The
+//! `decode --spec ngram` and `decode --spec draft --model-draft FILE`: the same text, token
+//! for token, as without them at temperature 0, with the drafted and kept tokens in
+//! `--json`'s stats; sampling and bad settings refused. The
 //! tests named `network_…` run the default model and skip with a printed reason without it.
 //! Run in release mode: `cargo test --release -p qkv-cli --test speculative`.
 
@@ -120,5 +121,48 @@ fn spec_with_sampling_or_bad_settings_is_exit_1() {
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(needle), "{needle:?} not in {err:?}");
         assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// `--spec draft --model-draft FILE`: a second model of the same vocabulary drafts (the
+/// synthetic model's Q4_0 file for its f32 one), and the text is plain decoding's; a model
+/// drafting for itself has every draft kept.
+#[test]
+fn spec_draft_prints_what_plain_decoding_prints() {
+    use qkv::testing::synthetic::{model_file, Storage};
+    let target = model_file(Storage::F32);
+    let other = model_file(Storage::Quant(qkv::kernels::QuantFormat::Q4_0));
+    let (target, other) = (target.to_str().unwrap(), other.to_str().unwrap());
+    let prompt = "the cat sat on the mat and then there was another one in the garden. ";
+    let base = ["--model", target, "-n", "40"];
+    let (plain, _) = run(&base, prompt);
+    for (draft, all_kept) in [(other, false), (target, true)] {
+        let args = [&base[..], &["--spec", "draft", "--model-draft", draft]].concat();
+        let (fast, stats) = run(&args, prompt);
+        assert_same_tokens(&fast, &plain, &format!("drafted by {draft}"));
+        let (drafted, kept) = (
+            stats["draft_tokens"].as_u64().unwrap(),
+            stats["accepted_tokens"].as_u64().unwrap(),
+        );
+        assert!(drafted > 0 && kept <= drafted, "{stats}");
+        if all_kept {
+            assert_eq!(kept, drafted, "{stats}");
+        }
+    }
+    for (args, needle) in [
+        (&["--spec", "draft"][..], "--model-draft"),
+        (&["--model-draft", other], "--spec draft"),
+    ] {
+        let o = support::run_decode(
+            &[
+                &["--model", target, "--prompt", "hi", "--temperature", "0"],
+                args,
+            ]
+            .concat(),
+            None,
+        );
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(needle), "{needle:?} not in {err:?}");
     }
 }

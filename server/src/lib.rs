@@ -20,6 +20,8 @@
 //!   under `tool_choice: "auto"` once a call starts;
 //! - [`native_fields`]: llama-server's own request fields (`/completion`'s prompt forms,
 //!   `n_predict`, `n_probs`, `logit_bias`, …) and the logit bias applied in the engine;
+//! - [`speculative`]: the server's default speculation (`--spec`) and a request's
+//!   (`speculative.n_max`, …);
 //! - [`compat`]: Anthropic Messages and OpenAI Responses requests rewritten as chat
 //!   bodies;
 //! - [`auth`]: the API keys, from the command line or a key file, checked in constant time.
@@ -29,7 +31,7 @@
 //! ## Layers
 //!
 //! Modules import only downward, and never in a circle. From the bottom: [`error`],
-//! [`body`], [`auth`], [`native_fields`], [`request`], [`embedding`],
+//! [`body`], [`auth`], [`native_fields`], [`speculative`], [`request`], [`embedding`],
 //! [`structured`], [`tools`], [`tool_stream`], [`constraint`], [`strict_calls`], [`compat`];
 //! each uses only those before it. This file only declares. The binary's modules are layered
 //! the same way (its main.rs lists them), and no two modules of the library and the binary
@@ -47,6 +49,7 @@ pub mod embedding;
 pub mod error;
 pub mod native_fields;
 pub mod request;
+pub mod speculative;
 pub mod strict_calls;
 pub mod structured;
 pub mod tool_stream;

@@ -57,6 +57,8 @@ pub struct Params {
     /// llama-server's `return_progress`: a streamed reply also sends a `prompt_progress`
     /// chunk when the prompt takes its slot and after each chunk of it is read.
     pub return_progress: bool,
+    /// Speculative decoding asked for (`speculative`, `speculative.n_max`, …).
+    pub speculative: crate::speculative::SpecFields,
 }
 
 /// The most choices (`n`) one request may ask for.
@@ -182,6 +184,7 @@ pub fn params(b: &Body, chat: bool, seed: impl FnOnce() -> u64) -> Result<Params
         logit_bias: crate::native_fields::logit_bias(b, "logit_bias")?,
         verbose: b.bool("verbose", false)?,
         return_progress: b.bool("return_progress", false)?,
+        speculative: crate::speculative::spec_fields(b)?,
     })
 }
 

@@ -56,14 +56,14 @@ pub(super) fn read_prompt_chunk(slot: &mut Slot, n: usize, events: &mut Vec<Even
 
 /// Samples a slot's next token from its row of `logits` and reports it; the sequence
 /// finishes (at its end of sequence, a complete constraint or its token limit) or fails
-/// alone when sampling fails.
+/// alone when sampling fails. Returns the token, or `None` when it failed.
 pub(super) fn sample_next(
     slot: &mut Slot,
     logits: &[f32],
     masked: &mut Vec<f32>,
     eos_id: Option<u32>,
     events: &mut Vec<Event>,
-) {
+) -> Option<u32> {
     let r = slot.running.as_mut().expect("planned slots run");
     let recent = &slot.tokens[slot
         .tokens
@@ -89,7 +89,7 @@ pub(super) fn sample_next(
                 seq,
                 error: e.to_string(),
             });
-            return;
+            return None;
         }
     };
     r.generated += 1;
@@ -122,4 +122,5 @@ pub(super) fn sample_next(
             r.next = Some(sampled.id);
         }
     }
+    Some(sampled.id)
 }

@@ -76,11 +76,26 @@ impl Governor {
     /// A verify pass of `drafted` tokens (and the one before them) took `secs` and kept
     /// `kept` of them.
     pub(crate) fn record_pass(&mut self, drafted: usize, kept: usize, secs: f64) {
+        self.record_shared_pass(drafted, kept, Some((secs, drafted)));
+    }
+
+    /// A verify pass ran `drafted` tokens of this sequence and kept `kept` of them, in a
+    /// pass shared with other sequences (a batched step): `timing` is the whole pass's
+    /// seconds and the drafted rows of every sequence in it, so that each drafted row is
+    /// charged its share of what the pass cost over a one-row-per-sequence step; `None`
+    /// when the pass cannot be timed as such (it read prompt chunks too).
+    pub(crate) fn record_shared_pass(
+        &mut self,
+        drafted: usize,
+        kept: usize,
+        timing: Option<(f64, usize)>,
+    ) {
         if drafted == 0 {
             return;
         }
-        if let Some(step) = self.step_secs {
-            self.row_secs = ema(self.row_secs, ((secs - step) / drafted as f64).max(0.0));
+        if let (Some(step), Some((secs, rows))) = (self.step_secs, timing) {
+            let row = (secs - step) / rows.max(drafted) as f64;
+            self.row_secs = ema(self.row_secs, row.max(0.0));
         }
         self.acceptance = ema(self.acceptance, kept as f64 / drafted as f64);
         self.passes += 1;
@@ -161,6 +176,21 @@ mod tests {
             g.record_pass(k, k / 2, 0.010 + 0.001 * k as f64);
         }
         assert!(!g.is_paused());
+    }
+
+    #[test]
+    fn a_shared_pass_charges_each_drafted_row_its_share() {
+        // Three sequences drafted 4 rows each in a pass that took 6 ms more than a step of
+        // one row each: every drafted row cost 0.5 ms, whoever drafted it.
+        let mut g = Governor::new(4);
+        g.record_step(0.010);
+        g.record_shared_pass(4, 2, Some((0.016, 12)));
+        assert!((g.row_secs.unwrap() - 0.0005).abs() < 1e-12);
+        // A pass that read prompts too is not timed; what was kept still counts.
+        g.record_shared_pass(4, 0, None);
+        assert!((g.row_secs.unwrap() - 0.0005).abs() < 1e-12);
+        assert_eq!(g.passes, 2);
+        assert_eq!(g.next_limit(), 1);
     }
 
     #[test]

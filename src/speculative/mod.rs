@@ -5,8 +5,9 @@
 //!
 //! It is lossless: a drafted token is kept only when the model's own choice at its position
 //! is that very token, and the model's choice after the last kept one comes from the same
-//! pass. This slice drafts by n-gram lookup over the sequence itself ([`ngram`]) and
-//! verifies greedy decoding only (temperature 0); [`Session`](crate::session::Session)'s
+//! pass. Drafts come from n-gram lookup over the sequence itself ([`ngram`]) or from a
+//! second, smaller model ([`Speculation::Draft`]), and only greedy decoding (temperature 0)
+//! is verified; [`Session`](crate::session::Session)'s
 //! generation refuses it with sampling. While a sequence generates, the draft length
 //! follows what the model keeps, and drafting pauses when the kept tokens do not make up
 //! for the cost of the pass's extra rows, timed on this machine against a one-row step.
@@ -33,6 +34,26 @@ pub enum Speculation {
     /// Prompt-lookup drafting: the tokens that followed the most recent earlier occurrence
     /// of the sequence's last n tokens ([`ngram::draft`]).
     Ngram(NgramOptions),
+    /// Drafting with a second, smaller model of the same vocabulary: its greedy tokens,
+    /// from a session of its own that follows the sequence (see
+    /// [`Generate::speculate_with_draft`](crate::session::Generate::speculate_with_draft)).
+    Draft(DraftOptions),
+}
+
+/// The settings of drafting with a second model. `Default`: drafts of up to
+/// [`MAX_DRAFT`] tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftOptions {
+    /// Most tokens per draft, 1..=[`MAX_DRAFT`].
+    pub max_draft: usize,
+}
+
+impl Default for DraftOptions {
+    fn default() -> Self {
+        DraftOptions {
+            max_draft: MAX_DRAFT,
+        }
+    }
 }
 
 /// The settings of n-gram drafting. `Default`: drafts of up to [`MAX_DRAFT`] tokens, after a
@@ -82,6 +103,13 @@ impl Speculation {
         match self {
             Speculation::Off => Ok(()),
             Speculation::Ngram(o) => o.validate(),
+            Speculation::Draft(o) if !(1..=MAX_DRAFT).contains(&o.max_draft) => {
+                Err(Error::Config(format!(
+                    "speculation: a draft of at most {} tokens is not in 1..={MAX_DRAFT}",
+                    o.max_draft
+                )))
+            }
+            Speculation::Draft(_) => Ok(()),
         }
     }
 
@@ -90,6 +118,7 @@ impl Speculation {
         match self {
             Speculation::Off => 0,
             Speculation::Ngram(o) => o.max_draft,
+            Speculation::Draft(o) => o.max_draft,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! decode [--model PATH] [--prompt TEXT | text on stdin] [-n N] [--chat] [--temperature T]
 //!        [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N]
 //!        [--seed S] [--threads N] [--dtype f16|f32] [--ctx N] [--depth N] [--warmup]
-//!        [--act-bits 8|16]
+//!        [--act-bits 8|16] [--spec ngram|draft [--model-draft FILE]] [--spec-max N]
 //!        [--ignore-eos] [--json]
 //! decode convert IN OUT --dtype f16|f32
 //! decode perplexity --file TEXT [--model PATH] [--ctx N] [--kl-base FILE] [--dtype f16|f32]
@@ -32,7 +32,7 @@ use qkv::load::{Model, ModelOptions};
 use qkv::models::decoder::KvType;
 use qkv::sample::SamplerConfig;
 use qkv::session::{Piece, Session, SessionOptions};
-use qkv::speculative::{NgramOptions, SpecStats, Speculation};
+use qkv::speculative::{DraftOptions, NgramOptions, SpecStats, Speculation};
 use qkv::tokenizer::{ChatMessage, Tokenizer};
 use qkv::weights::{gguf, FloatType};
 use std::io::{IsTerminal, Read, Write};
@@ -218,9 +218,15 @@ struct RunArgs {
     /// Speculative decoding, greedy only (--temperature 0) and in the exact mode (16-bit
     /// activations, the default): `ngram` drafts the tokens that
     /// followed the latest earlier occurrence of the text's last few tokens (prompt lookup)
-    /// and checks them in one pass; the text is the same as without it.
-    #[arg(long, value_name = "KIND", value_parser = ["ngram"])]
+    /// and checks them in one pass; the text is the same as without it. `draft` drafts
+    /// with the greedy tokens of a second, smaller model of the same vocabulary
+    /// (--model-draft).
+    #[arg(long, value_name = "KIND", value_parser = ["ngram", "draft"])]
     spec: Option<String>,
+    /// The draft model of --spec draft (a GGUF file or a Hugging Face directory, loaded as
+    /// --model is); its vocabulary must be the model's.
+    #[arg(long = "model-draft", value_name = "FILE")]
+    model_draft: Option<PathBuf>,
     /// Most tokens per draft with --spec, 1 to 7 (default 7).
     #[arg(long = "spec-max", value_name = "N")]
     spec_max: Option<usize>,
@@ -502,7 +508,9 @@ fn run(args: &RunArgs) -> AnyResult<()> {
         stdout: std::io::stdout().lock(),
         closed: false,
     };
-    let generated = generate(&mut session, tokenizer, config, spec, args, &mut out)?;
+    let mut draft = draft_session(args, &model, &session)?;
+    let sessions = (&mut session, draft.as_mut());
+    let generated = generate(sessions, tokenizer, config, spec, args, &mut out)?;
     let timing = Timing {
         load_ms,
         prompt_tokens: ids.len(),
@@ -529,9 +537,15 @@ fn sampler_config(args: &RunArgs) -> AnyResult<SamplerConfig> {
 /// The speculation `--spec` and `--spec-max` ask for, checked against the sampler: drafts
 /// are verified for greedy decoding only.
 fn speculation(args: &RunArgs, config: &SamplerConfig) -> AnyResult<Speculation> {
+    if args.model_draft.is_some() != (args.spec.as_deref() == Some("draft")) {
+        return Err("--spec draft and --model-draft FILE go together".into());
+    }
     let spec = match (args.spec.as_deref(), args.spec_max) {
         (None, None) => return Ok(Speculation::Off),
         (None, Some(_)) => return Err("--spec-max needs --spec".into()),
+        (Some("draft"), max) => Speculation::Draft(DraftOptions {
+            max_draft: max.unwrap_or(DraftOptions::default().max_draft),
+        }),
         (Some(_), max) => Speculation::Ngram(NgramOptions {
             max_draft: max.unwrap_or(NgramOptions::default().max_draft),
             ..NgramOptions::default()
@@ -603,6 +617,25 @@ fn load(args: &RunArgs) -> AnyResult<Loaded> {
     })
 }
 
+/// With `--model-draft`: a session on the draft model (loaded as the model is, its
+/// vocabulary checked against the model's), of the model session's context.
+fn draft_session(args: &RunArgs, model: &Model, session: &Session) -> AnyResult<Option<Session>> {
+    let Some(path) = &args.model_draft else {
+        return Ok(None);
+    };
+    let draft = Arc::new(Model::load(
+        path,
+        &model_options(args.dtype, args.act_bits),
+    )?);
+    qkv::session::check_draft_vocabulary(model, &draft)?;
+    let options = SessionOptions {
+        context: Some(session.capacity().min(draft.config().context)),
+        kv_dtype: args.kv_type,
+        prefill_chunk: None,
+    };
+    Ok(Some(Session::new(draft, options)?))
+}
+
 /// The prompt's token ids, wrapped in the chat template as a user message with `--chat`.
 fn prompt_ids(tokenizer: &Tokenizer, prompt: String, chat: bool) -> AnyResult<Vec<u32>> {
     let text = if chat {
@@ -662,7 +695,7 @@ struct Generated {
 /// Generates up to `-n` tokens after the prefilled prompt, writing each as it comes, then the
 /// text held back at the end.
 fn generate(
-    session: &mut Session,
+    (session, draft): (&mut Session, Option<&mut Session>),
     tokenizer: &Tokenizer,
     config: SamplerConfig,
     spec: Speculation,
@@ -671,11 +704,14 @@ fn generate(
 ) -> AnyResult<Generated> {
     let gen_start = Instant::now();
     let mut generated = 0usize;
-    let mut stream = session
+    let stream = session
         .generate_tokens(&[], config)?
         .max_tokens(args.n)
-        .ignore_eos(args.ignore_eos)
-        .speculate(spec)?;
+        .ignore_eos(args.ignore_eos);
+    let mut stream = match draft {
+        Some(d) => stream.speculate_with_draft(spec, d)?,
+        None => stream.speculate(spec)?,
+    };
     let mut full = None;
     for piece in stream.by_ref() {
         let piece = match piece {

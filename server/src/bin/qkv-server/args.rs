@@ -193,6 +193,23 @@ pub(crate) struct Args {
     /// rank`): a decoder that answers yes or no, as Qwen3-Reranker, scores each document.
     #[arg(long)]
     pub(crate) reranking: bool,
+    // Speculative decoding (qkv_server::speculative): the default of requests that do not
+    // say, with llama-server's spellings as aliases.
+    /// Speculative decoding for greedy requests that do not say: `ngram` (drafts looked up
+    /// in the prompt and the text so far, verified in one pass: the same tokens, faster on
+    /// text that copies its input) or `off` (the default). llama-server's `--spec-type`
+    /// names are taken too (`ngram-simple`, `ngram-map-k`, `ngram-mod`, `ngram-cache`:
+    /// n-gram lookup; `none`: off).
+    #[arg(long = "spec", visible_alias = "spec-type", value_name = "ngram|off")]
+    pub(crate) spec: Option<String>,
+    /// Most tokens per draft, 1 to 7 (default 7); alone, turns `--spec ngram` on. A request
+    /// may ask for fewer (`speculative.n_max`).
+    #[arg(
+        long = "spec-max",
+        visible_aliases = ["draft-max", "spec-draft-n-max"],
+        value_name = "N"
+    )]
+    pub(crate) spec_max: Option<usize>,
 }
 
 impl Args {

@@ -35,6 +35,8 @@ pub struct ServeOptions {
     pub max_sequences: usize,
     /// `--embeddings`: how embeddings pool the hidden states (`None`: not served).
     pub pooling: Option<qkv_server::embedding::Pooling>,
+    /// `--spec`, `--spec-max`: the speculation of greedy requests that do not say.
+    pub speculation: qkv::speculative::Speculation,
 }
 
 /// The chat template the server renders with: `--chat-template-file`'s, else the model's.

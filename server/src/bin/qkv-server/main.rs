@@ -383,6 +383,7 @@ fn serve_decoder(
         model_path: path.display().to_string(),
         max_sequences,
         pooling: args.embeddings.then_some(pooling),
+        speculation: qkv_server::speculative::server_default(args.spec.as_deref(), args.spec_max)?,
     };
     let rerank = Arc::new(rerank::RerankState {
         shared: shared.clone(),

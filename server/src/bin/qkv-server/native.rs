@@ -15,6 +15,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use qkv::speculative::Speculation;
 use qkv::tokenizer::{EncodeOptions, Tokenizer};
 use qkv_server::body::Body;
 use qkv_server::error::ApiError;
@@ -367,6 +368,7 @@ fn default_params(state: &AppState) -> Value {
         "repeat_penalty": d.repeat_penalty, "repeat_last_n": d.repeat_last_n,
         "stream": false, "n_probs": 0, "ignore_eos": false,
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+        "speculative.n_max": o.speculation.max_draft(),
     })
 }
 
@@ -377,7 +379,8 @@ pub async fn props(State(state): State<Arc<AppState>>) -> Response {
     let o = &state.options;
     Json(json!({
         "default_generation_settings": {
-            "id": 0, "id_task": -1, "n_ctx": state.context, "speculative": false,
+            "id": 0, "id_task": -1, "n_ctx": state.context,
+            "speculative": o.speculation != Speculation::Off,
             "is_processing": false, "params": default_params(&state),
         },
         "total_slots": o.max_sequences,
@@ -402,9 +405,10 @@ pub async fn slots(State(state): State<Arc<AppState>>) -> Response {
         return not_supported("the slots endpoint is off (--no-slots)");
     }
     let running = state.shared.metrics.running.load(Ordering::Relaxed) as usize;
+    let speculative = state.options.speculation != Speculation::Off;
     let list: Vec<Value> = (0..state.options.max_sequences)
         .map(|i| {
-            json!({"id": i, "id_task": -1, "n_ctx": state.context, "speculative": false,
+            json!({"id": i, "id_task": -1, "n_ctx": state.context, "speculative": speculative,
                    "is_processing": i < running})
         })
         .collect();

@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use qkv::engine::{FinishReason, GenRequest, SeqId};
+use qkv::speculative::SpecStats;
 use qkv_server::error::ApiError;
 use qkv_server::request::Params;
 use serde_json::{json, Map, Value};
@@ -129,6 +130,11 @@ pub async fn start(
         max_tokens,
         ignore_eos: p.ignore_eos,
         top_logprobs: if p.logprobs { p.top_logprobs } else { 0 },
+        speculation: qkv_server::speculative::resolve(
+            state.options.speculation,
+            &p.speculative,
+            p.sampler.is_greedy(),
+        ),
     };
     let submitted = Instant::now();
     let (seq, rx) = state.worker.submit(request, constraint).await?;
@@ -175,6 +181,7 @@ pub async fn start(
         cached_tokens: 0,
         prompt,
         progress_since: None,
+        spec: SpecStats::default(),
     })
 }
 
@@ -276,6 +283,8 @@ pub struct Run {
     pub prompt: Vec<u32>,
     /// When the first report of the prompt's progress came (`return_progress`).
     progress_since: Option<Instant>,
+    /// What speculation did for it, once it is done.
+    pub spec: SpecStats,
 }
 
 /// A generated token, its log-probability and the most likely alternatives.
@@ -310,7 +319,7 @@ impl Run {
         // The first token comes with the prompt's last pass: the generation's time spans
         // the steps after it, one fewer than the tokens.
         let steps = predicted_n.saturating_sub(1);
-        json!({
+        let mut t = json!({
             "cache_n": self.cached_tokens,
             "prompt_n": prompt_n,
             "prompt_ms": prompt_ms,
@@ -320,7 +329,13 @@ impl Run {
             "predicted_ms": predicted_ms,
             "predicted_per_token_ms": per(predicted_ms, steps),
             "predicted_per_second": rate(predicted_ms, steps),
-        })
+        });
+        // As llama-server: the draft counts only when the request speculated.
+        if self.spec.draft_tokens > 0 {
+            t["draft_n"] = json!(self.spec.draft_tokens);
+            t["draft_n_accepted"] = json!(self.spec.accepted_tokens);
+        }
+        t
     }
 
     /// The prompt as text, each token as the model spells it (special tokens included).
@@ -414,8 +429,10 @@ impl Run {
                     prompt_tokens,
                     cached_tokens,
                     generated,
+                    spec,
                 }) => {
                     self.guard.armed = false;
+                    self.spec = spec;
                     self.text.push_str(&String::from_utf8_lossy(&self.pending));
                     self.pending.clear();
                     self.cached_tokens = cached_tokens;
@@ -518,9 +535,11 @@ impl Run {
                     prompt_tokens,
                     cached_tokens,
                     generated,
+                    spec,
                     ..
                 }) => {
                     self.guard.armed = false;
+                    self.spec = spec;
                     self.cached_tokens = cached_tokens;
                     self.usage = Some(usage(prompt_tokens, cached_tokens, generated));
                 }

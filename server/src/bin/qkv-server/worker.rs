@@ -5,6 +5,7 @@
 //! model, and a slow reader only grows its own channel (bounded by its `max_tokens`).
 
 use qkv::engine::{Engine, Event, FinishReason, GenRequest, SeqId, TokenConstraint};
+use qkv::speculative::SpecStats;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -26,6 +27,8 @@ pub enum Out {
         prompt_tokens: usize,
         cached_tokens: usize,
         generated: usize,
+        /// What speculation did for it: tokens drafted, kept, verify passes.
+        spec: SpecStats,
     },
     /// The sequence failed.
     Failed(String),
@@ -205,7 +208,14 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics, sleep_after: Op
                     prompt_tokens,
                     cached_tokens,
                     generated,
+                    spec,
                 } => {
+                    m.spec_draft_tokens
+                        .fetch_add(spec.draft_tokens as u64, Ordering::Relaxed);
+                    m.spec_accepted_tokens
+                        .fetch_add(spec.accepted_tokens as u64, Ordering::Relaxed);
+                    m.spec_drafts
+                        .fetch_add(spec.verify_passes as u64, Ordering::Relaxed);
                     m.prompt_tokens
                         .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
                     if reason == FinishReason::Cancelled {
@@ -220,6 +230,7 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics, sleep_after: Op
                                 prompt_tokens,
                                 cached_tokens,
                                 generated,
+                                spec,
                             })
                             .ok();
                     }
@@ -431,6 +442,11 @@ pub struct Metrics {
     pub disconnects: AtomicU64,
     pub cancelled: AtomicU64,
     pub steps: AtomicU64,
+    /// Speculative decoding, over finished sequences: tokens drafted, of those kept, and
+    /// drafts (verify passes).
+    pub spec_draft_tokens: AtomicU64,
+    pub spec_accepted_tokens: AtomicU64,
+    pub spec_drafts: AtomicU64,
     pub running: AtomicU64,
     pub queued: AtomicU64,
     /// KV cache positions the running sequences hold, and all that may be held at once.
@@ -461,6 +477,9 @@ impl Default for Metrics {
             disconnects: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             steps: AtomicU64::new(0),
+            spec_draft_tokens: AtomicU64::new(0),
+            spec_accepted_tokens: AtomicU64::new(0),
+            spec_drafts: AtomicU64::new(0),
             running: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             kv_used: AtomicU64::new(0),
@@ -510,7 +529,7 @@ impl Metrics {
     /// The counters and gauges llama-server exports (`llamacpp:…`, with `--metrics` there),
     /// from qkv's own: prompt tokens read (cached ones apart), tokens generated, the
     /// seconds each took (time to first token, and between tokens), engine steps, and the
-    /// running and waiting requests. qkv has no speculative decoding: those counters are 0.
+    /// running and waiting requests, and the tokens speculative decoding drafted and kept.
     pub fn render_llamacpp(&self) -> String {
         use std::fmt::Write;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
@@ -567,20 +586,20 @@ impl Metrics {
             (
                 "spec_decode_num_draft_tokens_total",
                 "counter",
-                "draft tokens (no speculative decoding in qkv)",
-                0.0,
+                "tokens drafted by speculative decoding",
+                load(&self.spec_draft_tokens),
             ),
             (
                 "spec_decode_num_accepted_tokens_total",
                 "counter",
-                "accepted draft tokens (none in qkv)",
-                0.0,
+                "drafted tokens the model kept",
+                load(&self.spec_accepted_tokens),
             ),
             (
                 "spec_decode_num_drafts_total",
                 "counter",
-                "drafts (none in qkv)",
-                0.0,
+                "drafts verified",
+                load(&self.spec_drafts),
             ),
             (
                 "prompt_tokens_seconds",
@@ -665,6 +684,21 @@ impl Metrics {
                 &self.cancelled,
             ),
             ("qkv_steps_total", "engine steps", &self.steps),
+            (
+                "qkv_spec_draft_tokens_total",
+                "tokens drafted by speculative decoding (finished sequences)",
+                &self.spec_draft_tokens,
+            ),
+            (
+                "qkv_spec_accepted_tokens_total",
+                "drafted tokens the model kept (finished sequences)",
+                &self.spec_accepted_tokens,
+            ),
+            (
+                "qkv_spec_drafts_total",
+                "drafts verified, one pass each (finished sequences)",
+                &self.spec_drafts,
+            ),
         ];
         for (name, help, v) in counters {
             let _ = writeln!(
