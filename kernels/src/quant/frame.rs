@@ -14,7 +14,7 @@ pub(in crate::quant) use lattice::{IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, 
 pub(in crate::quant) use lattice::{TQ1_0, TQ2_0};
 
 pub(in crate::quant) use unpack::{
-    bytes, iq4_lookup, k_pair, nibble_bytes, q2k_half, q3k_half, q6k_half, W2,
+    bit_bytes, bytes, iq4_lookup, k_pair, nibble_bytes, q2k_half, q3k_half, q6k_half, W2,
 };
 
 use core::arch::x86_64::*;

@@ -56,7 +56,7 @@ pub(in crate::quant) unsafe fn nibble_bytes(p: *const u8) -> __m256i {
 /// # Safety
 /// The caller must have AVX2.
 #[inline(always)]
-pub(super) unsafe fn bit_bytes(h: u32) -> __m256i {
+pub(in crate::quant) unsafe fn bit_bytes(h: u32) -> __m256i {
     // SAFETY: the caller has AVX2 (this function's contract); these intrinsics only compute on
     // registers.
     unsafe {
