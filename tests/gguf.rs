@@ -564,10 +564,14 @@ fn quantized_tensors_round_trip_and_bad_scales_are_refused() {
             state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             *b = (state >> 24) as u8;
         }
-        // Finite scales: 0.5 (f16 0x3800) in every scale field.
+        // Finite scales: 0.5 (f16 0x3800) in every scale field (IQ1_M's spread over the top
+        // nibbles of its scale words).
         for block in data.chunks_exact_mut(format.block_bytes()) {
             for &o in format.scale_offsets() {
                 block[o..o + 2].copy_from_slice(&[0x00, 0x38]);
+            }
+            if format == QuantFormat::IQ1_M {
+                qkv_kernels::quant::testing::iq1_m_put_d(block, 0x3800);
             }
         }
         let path = dir.join(format!("{format}.gguf"));
@@ -582,11 +586,14 @@ fn quantized_tensors_round_trip_and_bad_scales_are_refused() {
         assert_eq!(t.to_f32_vec().unwrap(), want, "{format}");
 
         // The second block of the last row gets an infinite scale (f16 0x7C00), then a NaN.
-        for bits in [[0x00u8, 0x7C], [0x01, 0x7E]] {
+        for bits in [0x7C00u16, 0x7E01] {
             let mut bad = data.clone();
-            let at = (rows * k / format.block_elems() - 1) * format.block_bytes()
-                + format.scale_offsets()[0];
-            bad[at..at + 2].copy_from_slice(&bits);
+            let last = (rows * k / format.block_elems() - 1) * format.block_bytes();
+            let block = &mut bad[last..last + format.block_bytes()];
+            match format.scale_offsets().first() {
+                Some(&o) => block[o..o + 2].copy_from_slice(&bits.to_le_bytes()),
+                None => qkv_kernels::quant::testing::iq1_m_put_d(block, bits),
+            }
             write_gguf(&path, &[], &[("w".into(), vec![rows, k], fmt, &bad[..])]).unwrap();
             let f = GgufFile::open(&path).unwrap();
             match f.tensor("w") {
