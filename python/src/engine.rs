@@ -198,6 +198,7 @@ fn run(mut engine: qkv::engine::Engine, rx: Receiver<Cmd>, shared: Arc<Shared>) 
                         prompt_tokens,
                         cached_tokens,
                         generated,
+                        ..
                     } => {
                         if let Some((id, mut text)) = seqs.remove(&seq) {
                             ids.remove(&id);
