@@ -112,7 +112,7 @@ fn setup() -> (tokio::runtime::Runtime, Arc<AppState>) {
         model,
         model_name: "tiny".into(),
         context: CONTEXT,
-        worker: worker::Worker::spawn(engine, Arc::new(worker::Metrics::default())),
+        worker: worker::Worker::spawn(engine, Arc::new(worker::Metrics::default()), None),
         options: chat::ServeOptions::default(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
