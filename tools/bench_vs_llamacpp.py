@@ -313,7 +313,7 @@ def main():
          plain(f16, 512, 0),
          qkv_prompt(f16, 512, 512), prefill_at(f16, 256.5)),
         ("pp512_d2048_f16", "prefill pp512 @ d2048, f16", "≥ 1.3×",
-         plain(f16, 512, 0, 2048),
+         [("llama.cpp", lc_run(f16, 512, 0, 2048))],
          qkv_pp_at_depth_bench if args.pp_depth == "bench"
          else qkv_prompt(f16, 512, 2048 + 512, 2048), prefill_at(f16, 2048 + 256.5)),
     ]
