@@ -105,6 +105,7 @@ const SERVER_BIN_LAYERS: &[&str] = &[
     "anthropic",
     "responses",
     "embed",
+    "router",
 ];
 
 /// The workspace root.

@@ -8,10 +8,15 @@ source: nothing can be downloaded here, so `--hf-repo`, `--hf-file`, `--model-ur
 `--model` (and their short forms) become one `--model QKV_SHIM_MODEL`, the local file both
 servers run (the default SmolLM2-135M-Instruct Q4_1). qkv-server reads llama-server's flags
 itself: there is no mapping here.
+
+A router started with no model and no `--models-dir`/`--models-preset` serves llama-server's
+download cache; here the cache is stood in for by a preset file that names the models the
+router tests ask for (ROUTER_CACHE), each the same local file.
 """
 
 import os
 import sys
+import tempfile
 
 # llama-server's flags that say where the model comes from; each takes a value.
 MODEL_FLAGS = {"--model", "-m", "--hf-repo", "-hf", "-hfr", "--hf-file", "-hff",
@@ -39,6 +44,23 @@ def with_local_model(argv, model):
     return args
 
 
+# The cached models llama.cpp's router tests name (tests/unit/test_router.py).
+ROUTER_CACHE = ["ggml-org/tinygemma3-GGUF:Q8_0", "ggml-org/test-model-stories260K:F32",
+                "ggml-org/test-model-stories260K-infill:F32"]
+
+
+def with_stand_in_cache(args, model):
+    """`args` of a router over the download cache with a preset standing in for that cache."""
+    if "--model" in args or "--models-dir" in args or "--models-preset" in args:
+        return args
+    fd, path = tempfile.mkstemp(prefix="qkv-shim-cache-", suffix=".ini")
+    with os.fdopen(fd, "w") as f:
+        for name in ROUTER_CACHE:
+            f.write(f"[{name}]\nmodel = {model}\n\n")
+    log(f"router over the download cache -> --models-preset {path}")
+    return args + ["--models-preset", path]
+
+
 def main():
     backend = os.environ.get("QKV_SHIM_BACKEND")
     server = os.environ.get("QKV_SHIM_SERVER")
@@ -46,6 +68,8 @@ def main():
     if backend not in ("qkv", "llama") or not server or not model:
         sys.exit("shim: set QKV_SHIM_BACKEND (qkv or llama), QKV_SHIM_SERVER and QKV_SHIM_MODEL")
     args = with_local_model(sys.argv[1:], model)
+    if backend == "qkv":
+        args = with_stand_in_cache(args, model)
     log(f"exec {server} {' '.join(args)}")
     os.execv(server, [server, *args])
 

@@ -47,7 +47,7 @@ SHIM = REPO / "tools" / "llamacpp_server_shim.py"
 TARGET_FILES = ("test_basic", "test_completion", "test_chat_completion", "test_tokenize",
                 "test_security", "test_ignore_eos", "test_metrics", "test_embedding",
                 "test_tool_call", "test_template", "test_compat_anthropic",
-                "test_compat_oai_responses", "test_rerank")
+                "test_compat_oai_responses", "test_rerank", "test_router")
 TEST_DEPS = ("pytest==8.3.5", "wget==3.2", "prometheus-client==0.20.0", "filelock", "requests")
 # Ports of their own, away from the 8080 the tests default to (other servers may run there).
 PORTS = {"llama": "18480", "qkv": "18490"}

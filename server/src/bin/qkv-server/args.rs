@@ -210,6 +210,44 @@ pub(crate) struct Args {
         value_name = "N"
     )]
     pub(crate) spec_max: Option<usize>,
+    /// Router mode: serve every model of this directory (GGUF files, and subdirectories
+    /// holding one model), each started on its first request; give no `--model`.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) models_dir: Option<PathBuf>,
+    /// Router mode: the models of this INI file (llama-server's presets: a section per
+    /// model, keys are flags; `[*]` for all).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) models_preset: Option<PathBuf>,
+    /// Router mode: most models running at once (0: no limit); the least recently used idle
+    /// one is stopped to make room.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub(crate) models_max: usize,
+    /// Router mode: start a model on its first request (the default).
+    #[arg(long, overrides_with = "no_models_autoload")]
+    pub(crate) models_autoload: bool,
+    /// Router mode: start models only by `POST /models/load`.
+    #[arg(long)]
+    pub(crate) no_models_autoload: bool,
+    /// The command line as clap read it (after llama_flags.rs), program name first: router
+    /// mode passes it on to the instances.
+    #[arg(skip)]
+    pub(crate) argv: Vec<std::ffi::OsString>,
+}
+
+/// Whether a flag of qkv-server's (`--long` or `-s`) takes a value.
+pub(crate) fn takes_value() -> impl Fn(&str) -> bool {
+    let command = Args::command();
+    move |flag: &str| {
+        command.get_arguments().any(|a| {
+            let long = flag
+                .strip_prefix("--")
+                .is_some_and(|l| a.get_long() == Some(l));
+            let short = flag.len() == 2
+                && flag.starts_with('-')
+                && a.get_short().is_some_and(|c| flag.ends_with(c));
+            (long || short) && a.get_action().takes_values()
+        })
+    }
 }
 
 impl Args {
@@ -217,25 +255,16 @@ impl Args {
     /// then by clap; each note is printed on stderr. Exits with clap's message on a bad
     /// line, or with the error naming a refused flag.
     pub(crate) fn parse_llama() -> Args {
-        let command = Args::command();
-        let takes_value = |flag: &str| {
-            command.get_arguments().any(|a| {
-                let long = flag
-                    .strip_prefix("--")
-                    .is_some_and(|l| a.get_long() == Some(l));
-                let short = flag.len() == 2
-                    && flag.starts_with('-')
-                    && a.get_short().is_some_and(|c| flag.ends_with(c));
-                (long || short) && a.get_action().takes_values()
-            })
-        };
+        let takes_value = takes_value();
         let env = |k: &str| std::env::var(k).ok();
         match llama_flags::expand(std::env::args_os(), &env, &takes_value) {
             Ok(e) => {
                 for n in &e.notes {
                     eprintln!("qkv-server: note: {n}");
                 }
-                Args::parse_from(e.args)
+                let mut args = Args::parse_from(&e.args);
+                args.argv = e.args;
+                args
             }
             Err(e) => {
                 eprintln!("qkv-server: error: {e}");

@@ -22,7 +22,6 @@ use Kind::{Note, Refuse, Rename};
 const CPU: &str = "qkv runs on the CPU: there is nothing to offload";
 const NO_DOWNLOAD: &str = "downloading models (give --model a local GGUF file or directory)";
 const SPECULATIVE: &str = "speculative decoding with a draft model, or a draft minimum";
-const ROUTER: &str = "router mode (several models in one process)";
 const VISION: &str = "image and audio input";
 const TOOLS: &str = "built-in server tools and MCP servers";
 const PREFIX_CACHE: &str = "qkv's prefix cache lives in the KV cache budget (--kv-budget)";
@@ -115,11 +114,6 @@ const TABLE: &[(&str, Kind)] = &[
     ("--lora-init-without-apply", Refuse("LoRA adapters")),
     ("--control-vector", Refuse("control vectors")),
     ("--control-vector-scaled", Refuse("control vectors")),
-    ("--models-dir", Refuse(ROUTER)),
-    ("--models-max", Refuse(ROUTER)),
-    ("--models-preset", Refuse(ROUTER)),
-    ("--models-autoload", Refuse(ROUTER)),
-    ("--no-models-autoload", Refuse(ROUTER)),
     ("--slot-save-path", Refuse("saving slots to disk")),
     ("--grp-attn-n", Refuse("group attention (self-extend)")),
     ("--grp-attn-w", Refuse("group attention (self-extend)")),
@@ -240,6 +234,13 @@ const ENV: &[(&str, &str, bool, Option<&str>)] = &[
     ),
     ("LLAMA_ARG_MODELS_DIR", "--models-dir", true, None),
     ("LLAMA_ARG_MODELS_MAX", "--models-max", true, None),
+    ("LLAMA_ARG_MODELS_PRESET", "--models-preset", true, None),
+    (
+        "LLAMA_ARG_MODELS_AUTOLOAD",
+        "--models-autoload",
+        false,
+        Some("--no-models-autoload"),
+    ),
     ("LLAMA_ARG_SPEC_DRAFT_MODEL", "--model-draft", true, None),
     ("LLAMA_ARG_MMPROJ", "--mmproj", true, None),
 ];
@@ -475,10 +476,10 @@ mod tests {
             e.starts_with("--lora: qkv-server does not support LoRA"),
             "{e}"
         );
-        let e = run(&["--models-dir=/m"], &[]).unwrap_err();
-        assert!(e.starts_with("--models-dir:"), "{e}");
-        let e = run(&[], &[("LLAMA_ARG_MODELS_DIR", "/m")]).unwrap_err();
-        assert!(e.starts_with("LLAMA_ARG_MODELS_DIR: --models-dir:"), "{e}");
+        let e = run(&["--mmproj=/m"], &[]).unwrap_err();
+        assert!(e.starts_with("--mmproj:"), "{e}");
+        let e = run(&[], &[("LLAMA_ARG_MMPROJ", "/m")]).unwrap_err();
+        assert!(e.starts_with("LLAMA_ARG_MMPROJ: --mmproj:"), "{e}");
     }
 
     #[test]

@@ -28,7 +28,9 @@
 //! route shares ([`AppState`], [`Shared`], reading a body, counting an answer) and the
 //! router; its modules import only downward, from the bottom: `llama_flags`, `args`, `cors`, `listen`,
 //! `named_templates`, `worker`, `models`, `chat`, `openai`, `native`, `embed_decoder`, `rerank`,
-//! `translate`, `anthropic`, `responses`, `embed` (`tests/layering.rs` checks it).
+//! `translate`, `anthropic`, `responses`, `embed`, `router` (`tests/layering.rs` checks it).
+//! With `--models-dir` or `--models-preset` and no model, the process is a router over
+//! instances of its models instead (router/mod.rs).
 
 #![forbid(unsafe_code)]
 
@@ -46,6 +48,7 @@ mod native;
 mod openai;
 mod rerank;
 mod responses;
+mod router;
 mod translate;
 mod worker;
 
@@ -133,6 +136,7 @@ type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 type Served = (Router, String, Option<Worker>);
 
 fn serve(args: Args) -> AnyResult<()> {
+    router::watch_router();
     set_up_process(&args)?;
     // The keys first: a bad key file stops the server before any model is fetched or loaded.
     let auth = auth(&args)?;
@@ -142,6 +146,9 @@ fn serve(args: Args) -> AnyResult<()> {
     let pooling = qkv_server::embedding::Pooling::parse(if rank { "last" } else { &args.pooling })?;
     let template = chat_template(&args)?;
     let hosts = hosts(&args)?;
+    if router::wanted(&args)? {
+        return router::serve(args, auth, hosts);
+    }
     let path = match &args.model {
         Some(p) => p.clone(),
         None => qkv_fetch::default_model()?,
