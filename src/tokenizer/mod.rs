@@ -62,16 +62,9 @@
 //!   `aho-corasick` and `unicode-normalization`, which the workspace builds anyway or which
 //!   are small.
 //! - **It is not slower.** `python3 tools/tokenizer_speed.py` loads the same `tokenizer.json`
-//!   files in both (the Python `tokenizers` 0.23.3 package is the same Rust crate) and
-//!   encodes the same 237 KB of English (the license texts of /usr/share/common-licenses) as
-//!   one string; both give the same ids. Fastest of a few runs, on the shared 2-core host
-//!   (load average 8 at the time, so the figures are rough), 2026-11-27:
-//!
-//!   | tokenizer | load, qkv | load, `tokenizers` | encode, qkv | encode, `tokenizers` |
-//!   |---|---|---|---|---|
-//!   | SmolLM2-135M (byte-level BPE, 49,152 tokens) | 137 ms | 207 ms | 70 ms (3.4 MB/s) | 389 ms (0.6 MB/s) |
-//!   | all-MiniLM-L6-v2 (WordPiece, 30,522 tokens) | 24 ms | 50 ms | 37 ms (6.4 MB/s) | 248 ms (1.0 MB/s) |
-//!   | Llama 3 GGUF vocabulary (128,256 tokens; qkv only) | 848 ms | — | 76 ms (3.1 MB/s) | — |
+//!   files in both (the Python `tokenizers` package is the same Rust crate) and encodes the
+//!   same text; both give the same ids, and qkv loads and encodes faster (BENCHMARKS.md,
+//!   Tokenizers, embeddings and seq2seq).
 //!
 //! The byte-level BPE's look-ahead `\s+(?!\S)`, which `regex` lacks, is a two-line rule.
 //!

@@ -170,8 +170,8 @@ pub enum Weights<'a> {
     /// 32-bit floats.
     F32(&'a [f32]),
     /// 32-bit floats stored transposed, `[k, n]`: one row per input feature. gemm reads this
-    /// layout in whole rows where `[n, k]` makes it gather one value from each row, about
-    /// 1.4× faster. For weights that only ever meet many rows (encoders); every call, even
+    /// layout in whole rows where `[n, k]` makes it gather one value from each row, which
+    /// is faster. For weights that only ever meet many rows (encoders); every call, even
     /// of one row, goes to gemm.
     F32T(&'a [f32]),
     /// IEEE half floats, widened to f32 inside the kernels.

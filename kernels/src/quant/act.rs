@@ -158,8 +158,9 @@ pub struct QuantizedActs {
     /// rounded ones, `scale·Σq`, so that a weight's minimum meets the same rounded
     /// activations as the rest of the weight. (With the exact sum, each activation's
     /// rounding error would meet only the weight's offset from its block's minimum, 0 to 15
-    /// steps of a 4-bit scale, rather than the weight itself, about −8 to 7 steps: on the
-    /// default model that measured four times the KL divergence, 0.0121 against 0.0030.)
+    /// steps of a 4-bit scale, rather than the weight itself, about −8 to 7 steps, and the
+    /// default model's KL divergence from f32 grows several times over: BENCHMARKS.md,
+    /// Quality of the quantized paths.)
     pub sum: Vec<f32>,
     /// For up to [`HALF_SUMS_MAX_ROWS`] rows, the integer sum of `q` over each half-block of
     /// 16 elements (two per block, `m·k / 16`): the GEMV kernels take a format's offset

@@ -12,9 +12,8 @@
 //! trait, implemented here with two 256-bit registers ([`Avx2`]). The per-format loops are
 //! generic over it and `#[inline(always)]`, so an instance is compiled inside its ISA's
 //! `#[target_feature]` entry point. A 512-bit `Widen` (one `vpmovsxbd`/`vcvtdq2ps`/`vmulps`
-//! on zmm per 16 values) was measured on Zen 4 (which splits 512-bit operations in two) and
-//! was no clear gain: 2–10% faster on six formats, even on Q6_K, 14% slower on Q8_0 (best of
-//! four, 64 Ki values per call), so there is none.
+//! on zmm per 16 values) was tried on Zen 4, which splits 512-bit operations in two, and was
+//! no clear gain (faster on some formats, slower on Q8_0), so there is none.
 
 use super::blocks::{iq4_xs_scale, k_scale_min, q3_k_scale};
 use super::frame::{iq4_lookup, q2k_half, q3k_half};

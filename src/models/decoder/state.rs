@@ -95,8 +95,8 @@ impl std::str::FromStr for KvType {
 /// One cache tensor (all keys or all values), head-major within each layer:
 /// `[layer][kv_head][position][head_dim]`. Each head's positions are contiguous, so a decode
 /// step streams every head's history front to back, which is what the memory prefetcher
-/// follows best (with position-major rows, a decode attention call over 2048 positions
-/// took 2.3× as long). In Q8_0 blocks each position's row is `head_dim` rounded up to 32
+/// follows best (position-major rows made a decode attention call over 2048 positions
+/// much slower). In Q8_0 blocks each position's row is `head_dim` rounded up to 32
 /// values, with its scales in a parallel array of one per 32.
 pub(super) struct KvStore {
     data: KvBuf,

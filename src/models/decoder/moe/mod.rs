@@ -62,8 +62,7 @@ pub(super) enum ExpertMatrices {
     /// Every expert's matrix interleaved ([`Tensor::interleaved`]), end to end in one
     /// buffer that the kernel is asked to back with huge pages ([`Pages`]): a decode step streams
     /// `k` scattered experts, and with 4 KiB pages each of their pages costs a TLB miss and
-    /// stops the hardware prefetcher (8 Q4_K gate and up matrices of 768 × 2048 streamed in
-    /// a median 2.05 ms from huge pages against 2.66 ms from 4 KiB pages, 2 threads).
+    /// stops the hardware prefetcher (BENCHMARKS.md, Mixtures of experts).
     Bank(Box<Bank>),
 }
 
