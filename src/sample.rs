@@ -209,48 +209,95 @@ impl Sampler {
     /// can number; [`Error::NonFiniteLogits`] (with no position: the sampler does not know
     /// it) when a value is not finite (a model that produced NaN or ±∞), greedy or not.
     pub fn sample(&mut self, logits: &[f32], recent: &[u32]) -> Result<Sampled> {
-        if logits.is_empty() || u32::try_from(logits.len()).is_err() {
-            return Err(Error::Shape(format!(
-                "sampler: {} logits (need 1..=2^32)",
-                logits.len()
-            )));
-        }
-        if let Some(token) = first_non_finite(logits) {
-            return Err(Error::NonFiniteLogits {
-                sequence: None,
-                position: None,
-                token,
-                value: logits[token],
-            });
-        }
+        check_logits(logits)?;
         let c = &self.config;
         let penalty = c.repeat_penalty != 1.0 && c.repeat_last_n > 0;
         let id = if c.is_greedy() && !penalty {
             // The common greedy case reads the logits in place: no copy, no softmax.
             argmax(logits)
+        } else if self.prepare(logits, recent)? {
+            argmax(&self.work)
         } else {
-            self.work.clear();
-            self.work.extend_from_slice(logits);
-            if penalty {
-                let start = recent.len().saturating_sub(c.repeat_last_n);
-                apply_repeat_penalty(&mut self.work, &recent[start..], c.repeat_penalty)?;
-            }
-            if c.is_greedy() {
-                argmax(&self.work)
-            } else {
-                self.draw()
-            }
+            self.draw()
         };
         // The model's log-probability of `id`, from the raw logits.
         Ok(Sampled {
             id,
-            // ≤ 0 mathematically; rounding must not make it positive.
-            logprob: (logits[id as usize] - log_sum_exp(logits)).min(0.0),
+            logprob: logprob(logits, id),
         })
+    }
+
+    /// The probabilities [`sample`](Self::sample) draws from, given the same `logits` and
+    /// `recent`: written into `out` (one entry per logit, 0 for every token the filters
+    /// drop), summing to 1. Greedy sampling puts all of it on the token it takes. No random
+    /// number is drawn. What speculative sampling needs: the target's and the drafter's
+    /// distributions after every transform, to accept or replace a drafted token.
+    /// Errors as `sample`, and [`Error::Shape`] when `out` is not as long as `logits`.
+    pub fn distribution(&mut self, logits: &[f32], recent: &[u32], out: &mut [f32]) -> Result<()> {
+        if out.len() != logits.len() {
+            return Err(Error::Shape(format!(
+                "sampler: a distribution of {} entries for {} logits",
+                out.len(),
+                logits.len()
+            )));
+        }
+        check_logits(logits)?;
+        out.fill(0.0);
+        if self.prepare(logits, recent)? {
+            out[argmax(&self.work) as usize] = 1.0;
+            return Ok(());
+        }
+        let keep = self.filter();
+        let total: f32 = self.probs[..keep].iter().sum();
+        for (&id, &p) in self.ids[..keep].iter().zip(&self.probs[..keep]) {
+            out[id as usize] = p / total;
+        }
+        Ok(())
+    }
+
+    /// One token drawn from `probs` (non-negative weights, one per token, not all 0; they
+    /// need not sum to 1) with this sampler's random numbers; `None` when nothing has weight.
+    pub fn draw_from(&mut self, probs: &[f32]) -> Option<u32> {
+        draw_weighted(probs, self.rng.next_f32())
+    }
+
+    /// A uniform number in `[0, 1)` from this sampler's random numbers.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.next_f32()
+    }
+
+    /// Copies `logits` into `work` and applies the repetition penalty; true when the choice
+    /// is greedy (the argmax of `work`).
+    fn prepare(&mut self, logits: &[f32], recent: &[u32]) -> Result<bool> {
+        let c = &self.config;
+        let penalty = c.repeat_penalty != 1.0 && c.repeat_last_n > 0;
+        self.work.clear();
+        self.work.extend_from_slice(logits);
+        if penalty {
+            let start = recent.len().saturating_sub(c.repeat_last_n);
+            apply_repeat_penalty(&mut self.work, &recent[start..], c.repeat_penalty)?;
+        }
+        Ok(c.is_greedy())
     }
 
     /// Temperature, top-k, top-p, min-p and one draw over `self.work`.
     fn draw(&mut self) -> u32 {
+        let keep = self.filter();
+        let total: f32 = self.probs[..keep].iter().sum();
+        let mut target = self.rng.next_f32() * total;
+        for (k, &p) in self.probs[..keep].iter().enumerate() {
+            if target < p {
+                return self.ids[k];
+            }
+            target -= p;
+        }
+        self.ids[keep - 1]
+    }
+
+    /// Temperature, top-k, top-p and min-p over `self.work`: leaves the candidates in
+    /// `ids`, best first, their probabilities in `probs`, and returns how many of them
+    /// survive (≥ 1; a draw picks among the first that many, weighted by `probs`).
+    fn filter(&mut self) -> usize {
         let c = &self.config;
         let inv_t = 1.0 / c.temperature;
         // Shifted so that the largest is 0 before scaling: a small temperature then sends the
@@ -286,17 +333,51 @@ impl Sampler {
             Some(lse) => self.probs.iter_mut().for_each(|z| *z = (*z - lse).exp()),
             None => softmax_inplace(&mut self.probs),
         }
-        let keep = filtered_len(&self.probs, c.top_p, c.min_p);
-        let total: f32 = self.probs[..keep].iter().sum();
-        let mut target = self.rng.next_f32() * total;
-        for (k, &p) in self.probs[..keep].iter().enumerate() {
-            if target < p {
-                return self.ids[k];
-            }
-            target -= p;
-        }
-        self.ids[keep - 1]
+        filtered_len(&self.probs, c.top_p, c.min_p)
     }
+}
+
+/// The token `u` (uniform in `[0, 1)`) picks from `weights` by their running sum: token
+/// `i` for `u · total` in its share. `None` when no weight is positive.
+fn draw_weighted(weights: &[f32], u: f32) -> Option<u32> {
+    let total: f32 = weights.iter().sum();
+    if !(total > 0.0) {
+        return None;
+    }
+    let mut target = u * total;
+    let mut last = None;
+    for (i, &w) in weights.iter().enumerate() {
+        if w <= 0.0 {
+            continue;
+        }
+        if target < w {
+            return Some(i as u32);
+        }
+        target -= w;
+        last = Some(i as u32);
+    }
+    // Rounding left the target past the running sum: the last token with weight.
+    last
+}
+
+/// [`Error::Shape`] for empty logits or more than token ids can number,
+/// [`Error::NonFiniteLogits`] (no position) for a value that is not finite.
+fn check_logits(logits: &[f32]) -> Result<()> {
+    if logits.is_empty() || u32::try_from(logits.len()).is_err() {
+        return Err(Error::Shape(format!(
+            "sampler: {} logits (need 1..=2^32)",
+            logits.len()
+        )));
+    }
+    if let Some(token) = first_non_finite(logits) {
+        return Err(Error::NonFiniteLogits {
+            sequence: None,
+            position: None,
+            token,
+            value: logits[token],
+        });
+    }
+    Ok(())
 }
 
 /// Divides positive logits by `penalty` and multiplies negative ones, once per distinct
@@ -333,6 +414,12 @@ pub fn first_non_finite(logits: &[f32]) -> Option<usize> {
         return None;
     }
     logits.iter().position(|x| !x.is_finite())
+}
+
+/// `ln p(id)` under the softmax of `logits` (≤ 0, as rounding must not make it
+/// positive): the log-probability a [`Sampled`] reports.
+pub fn logprob(logits: &[f32], id: u32) -> f32 {
+    (logits[id as usize] - log_sum_exp(logits)).min(0.0)
 }
 
 /// The index of the largest value (the first on ties; NaN never wins; 0 if nothing is a
@@ -712,6 +799,75 @@ mod tests {
             .unwrap();
         assert_eq!(picked.id, 0);
         assert!(picked.logprob.is_finite());
+    }
+
+    /// `distribution` gives the probabilities `sample` draws from: the draws' frequencies
+    /// are within 5 standard errors of them, with every filter and the penalty, and greedy
+    /// sampling is one-hot on its choice.
+    #[test]
+    fn the_distribution_is_what_sample_draws_from() {
+        let logits: Vec<f32> = (0..12)
+            .map(|i| ((i * 7 % 12) as f32 * 0.4).sin() * 2.0)
+            .collect();
+        let recent = [3u32, 5, 3];
+        for config in [
+            free(1),
+            SamplerConfig {
+                top_k: 4,
+                ..free(2)
+            },
+            SamplerConfig {
+                top_p: 0.7,
+                ..free(3)
+            },
+            SamplerConfig {
+                min_p: 0.2,
+                temperature: 0.7,
+                ..free(4)
+            },
+            SamplerConfig {
+                repeat_penalty: 1.7,
+                top_k: 6,
+                top_p: 0.9,
+                ..free(5)
+            },
+            SamplerConfig {
+                repeat_penalty: 1.7,
+                ..SamplerConfig::greedy()
+            },
+        ] {
+            let mut s = Sampler::new(config.clone()).unwrap();
+            let mut p = vec![0.0; logits.len()];
+            s.distribution(&logits, &recent, &mut p).unwrap();
+            assert!(
+                (p.iter().sum::<f32>() - 1.0).abs() < 1e-5,
+                "{config:?}: {p:?}"
+            );
+            let n = 40_000;
+            let mut c = vec![0usize; logits.len()];
+            for _ in 0..n {
+                c[s.sample(&logits, &recent).unwrap().id as usize] += 1;
+            }
+            for (k, &want) in p.iter().enumerate() {
+                let got = c[k] as f64 / n as f64;
+                let se = (want as f64 * (1.0 - want as f64) / n as f64).sqrt();
+                assert!(
+                    (got - want as f64).abs() <= 5.0 * se + 1e-9,
+                    "{config:?}: token {k}: {got} against {want}"
+                );
+            }
+        }
+        let mut s = Sampler::new(free(1)).unwrap();
+        assert!(matches!(
+            s.distribution(&logits, &[], &mut [0.0; 3]),
+            Err(Error::Shape(_))
+        ));
+        assert!(matches!(
+            s.distribution(&[0.0, f32::NAN], &[], &mut [0.0; 2]),
+            Err(Error::NonFiniteLogits { .. })
+        ));
+        assert_eq!(s.draw_from(&[0.0, 0.0]), None);
+        assert_eq!(s.draw_from(&[0.0, 2.0, 0.0]), Some(1));
     }
 
     #[test]

@@ -35,6 +35,7 @@ fn ngram(max_draft: usize, min_ngram: usize, max_ngram: usize) -> Speculation {
         max_draft,
         min_ngram,
         max_ngram,
+        min_draft: 0,
     })
 }
 
