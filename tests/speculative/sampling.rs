@@ -16,7 +16,7 @@
 
 use super::{common, load};
 use common::synthetic::{self, Storage};
-use qkv::engine::{Engine, EngineOptions, Event, GenRequest, SeqId};
+use qkv::engine::{Engine, EngineOptions, Event, GenRequest, SeqId, TokenConstraint};
 use qkv::load::Model;
 use qkv::models::decoder::{Decoder, DecoderConfig, WeightLayout};
 use qkv::sample::{Rng, Sampler, SamplerConfig};
@@ -74,6 +74,9 @@ struct Rows {
     prompt_len: usize,
     sampler: Sampler,
     cache: HashMap<Vec<u32>, Vec<f32>>,
+    /// Sampled under [`Even`], as the engine samples under a constraint: a draw the
+    /// constraint refuses is drawn again from the masked logits.
+    even: bool,
 }
 
 impl Rows {
@@ -85,6 +88,7 @@ impl Rows {
             prompt_len: prompt.len(),
             sampler: Sampler::new(config).unwrap(),
             cache: HashMap::new(),
+            even: false,
         }
     }
 
@@ -103,6 +107,23 @@ impl Rows {
             self.sampler
                 .distribution(&logits, s.tokens(), &mut p)
                 .unwrap();
+            if self.even {
+                // P(x) = p(x)·[x allowed] + P(refused)·p_masked(x).
+                let refused: f32 = p.iter().skip(1).step_by(2).sum();
+                let mut masked = logits.clone();
+                Even.mask(&mut masked).unwrap();
+                let mut again = vec![0.0; logits.len()];
+                self.sampler
+                    .distribution(&masked, s.tokens(), &mut again)
+                    .unwrap();
+                for (i, x) in p.iter_mut().enumerate() {
+                    *x = if i % 2 == 0 {
+                        *x + refused * again[i]
+                    } else {
+                        0.0
+                    };
+                }
+            }
             self.cache.insert(prefix.to_vec(), p);
         }
         &self.cache[prefix]
@@ -110,10 +131,15 @@ impl Rows {
 
     /// The exact probability of every sequence of `T` tokens.
     fn joint(&mut self) -> HashMap<Vec<u32>, f64> {
+        self.joint_of(T)
+    }
+
+    /// The exact probability of every sequence of `len` tokens.
+    fn joint_of(&mut self, len: usize) -> HashMap<Vec<u32>, f64> {
         let mut out = HashMap::new();
         let mut stack = vec![(Vec::new(), 1.0f64)];
         while let Some((prefix, prob)) = stack.pop() {
-            if prefix.len() == T {
+            if prefix.len() == len {
                 out.insert(prefix, prob);
                 continue;
             }
@@ -374,6 +400,87 @@ fn the_engine_keeps_the_distribution_of_plain_sampling_with_sampled_drafts() {
         "kept {kept} of {drafted}"
     );
     assert_follows("the engine, drafted", &tally(samples.into_values()), &exact);
+}
+
+/// A constraint that allows the tokens of even id only.
+struct Even;
+
+impl TokenConstraint for Even {
+    fn allows(&mut self, token: u32) -> bool {
+        token % 2 == 0
+    }
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        logits
+            .iter_mut()
+            .skip(1)
+            .step_by(2)
+            .for_each(|l| *l = f32::MIN);
+        Ok(())
+    }
+    fn commit(&mut self, token: u32) -> Result<(), String> {
+        match token % 2 {
+            0 => Ok(()),
+            _ => Err(format!("token {token} is odd")),
+        }
+    }
+    fn is_complete(&self) -> bool {
+        false
+    }
+}
+
+/// The engine under a constraint: drafts drawn by the draft model without it are judged
+/// against the target's distribution with it (a refused draw drawn again from the masked
+/// row, as plain sampling does), so the first tokens follow plain constrained sampling's
+/// exact distribution; plain constrained sampling passes the same test.
+#[test]
+fn a_constrained_sequence_keeps_its_distribution_with_sampled_drafts() {
+    let model = load(Storage::F32);
+    let prompt = prompt(&model);
+    let len = 3;
+    let mut rows = Rows::new(&model, &prompt, config(0, 1.0));
+    rows.even = true;
+    let exact = rows.joint_of(len);
+    let mut e = Engine::new(
+        model.clone(),
+        EngineOptions {
+            max_sequences: 8,
+            context: 64,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    e.set_draft_model(drafter()).unwrap();
+    for spec in [Speculation::Off, two_drafts()] {
+        let mut samples: HashMap<SeqId, Vec<u32>> = HashMap::new();
+        let mut events = Vec::new();
+        for seed in 0..N as u64 {
+            let r = GenRequest {
+                ignore_eos: true,
+                speculation: spec,
+                ..GenRequest::new(prompt.clone(), config(seed, 1.0), len)
+            };
+            e.submit_constrained(r, Some(Box::new(Even))).unwrap();
+            while e.queued() >= 32 || (seed + 1 == N as u64 && !e.is_idle()) {
+                events.clear();
+                e.step(&mut events).unwrap();
+                for ev in &events {
+                    match ev {
+                        Event::Token { seq, token, .. } => {
+                            samples.entry(*seq).or_default().push(*token)
+                        }
+                        Event::Failed { error, .. } => panic!("{error}"),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        assert_eq!(samples.len(), N);
+        assert_follows(
+            &format!("{spec:?} under a constraint"),
+            &tally(samples.into_values()),
+            &exact,
+        );
+    }
 }
 
 /// The rule, simulated position by position from the exact rows of the target (`p`) and
