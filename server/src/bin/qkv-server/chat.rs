@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub pooling: Option<qkv_server::embedding::Pooling>,
     /// `--spec`, `--spec-max`: the speculation of greedy requests that do not say.
     pub speculation: qkv::speculative::Speculation,
+    /// `--model-draft`: whether requests may draft with a second model.
+    pub draft_model: bool,
 }
 
 /// The chat template the server renders with: `--chat-template-file`'s, else the model's.

@@ -21,7 +21,7 @@ use Kind::{Note, Refuse, Rename};
 
 const CPU: &str = "qkv runs on the CPU: there is nothing to offload";
 const NO_DOWNLOAD: &str = "downloading models (give --model a local GGUF file or directory)";
-const SPECULATIVE: &str = "speculative decoding with a draft model, or a draft minimum";
+const SPECULATIVE: &str = "synthetic speculative drafts";
 const ROUTER: &str = "router mode (several models in one process)";
 const VISION: &str = "image and audio input";
 const TOOLS: &str = "built-in server tools and MCP servers";
@@ -123,14 +123,11 @@ const TABLE: &[(&str, Kind)] = &[
     ("--slot-save-path", Refuse("saving slots to disk")),
     ("--grp-attn-n", Refuse("group attention (self-extend)")),
     ("--grp-attn-w", Refuse("group attention (self-extend)")),
-    ("-md", Refuse(SPECULATIVE)),
-    ("--model-draft", Refuse(SPECULATIVE)),
-    ("--spec-draft-n-min", Refuse(SPECULATIVE)),
+    ("-md", Rename("--model-draft")),
     ("--spec-synth-len", Refuse(SPECULATIVE)),
     ("--spec-synth-rates", Refuse(SPECULATIVE)),
     ("--draft", Rename("--draft-max")),
     ("--draft-n", Rename("--draft-max")),
-    ("--draft-min", Refuse(SPECULATIVE)),
     ("-mm", Refuse(VISION)),
     ("--mmproj", Refuse(VISION)),
     ("-mmu", Refuse(VISION)),
