@@ -140,23 +140,26 @@ fn spec_with_sampling_prints_what_plain_sampling_prints() {
     let other = model_file(Storage::Quant(qkv::kernels::QuantFormat::Q4_0));
     let (target, other) = (target.to_str().unwrap(), other.to_str().unwrap());
     let prompt = "the cat sat on the mat and then there was another one in the garden. ".repeat(3);
-    for seed in ["1", "7"] {
+    let mut ngram_drafts = 0;
+    for seed in ["1", "2", "7"] {
         let base = [
             "--model", target, "-n", "40", "--seed", seed, "--top-k", "0",
         ];
-        let (plain, _) = run_at("0.8", &base, &prompt);
-        let (fast, stats) = run_at("0.8", &[&base[..], &["--spec", "ngram"]].concat(), &prompt);
+        let (plain, _) = run_at("0.5", &base, &prompt);
+        let (fast, stats) = run_at("0.5", &[&base[..], &["--spec", "ngram"]].concat(), &prompt);
         assert_same_tokens(&fast, &plain, &format!("seed {seed}"));
-        assert!(stats["draft_tokens"].as_u64().unwrap() > 0, "{stats}");
+        ngram_drafts += stats["draft_tokens"].as_u64().unwrap();
         let args = [&base[..], &["--spec", "draft", "--model-draft", other]].concat();
-        let (drafted, stats) = run_at("0.8", &args, &prompt);
-        assert_eq!(drafted.len(), plain.len());
+        let (drafted, stats) = run_at("0.5", &args, &prompt);
+        let ids = |v: &[Value]| v.iter().filter(|l| l.get("id").is_some()).count();
+        assert_eq!(ids(&drafted), ids(&plain));
         let (d, k) = (
             stats["draft_tokens"].as_u64().unwrap(),
             stats["accepted_tokens"].as_u64().unwrap(),
         );
         assert!(d > 0 && k <= d, "{stats}");
     }
+    assert!(ngram_drafts > 0, "no n-gram draft was verified");
 }
 
 #[test]
