@@ -70,7 +70,8 @@ use std::time::Instant;
 
 mod after_pass;
 mod speculate;
-use after_pass::{read_prompt_chunk, sample_next};
+pub use after_pass::top_logprobs;
+use after_pass::{done, read_prompt_chunk, sample_next};
 use speculate::SpecState;
 
 /// How an [`Engine`] is sized.
@@ -787,33 +788,7 @@ impl Engine {
     }
 }
 
-/// The [`Event::Done`] of a sequence.
-fn done(r: &Running, reason: FinishReason) -> Event {
-    Event::Done {
-        seq: r.seq,
-        reason,
-        prompt_tokens: r.request.prompt.len(),
-        cached_tokens: r.cached,
-        generated: r.generated,
-        spec: r.spec.as_ref().map_or_else(SpecStats::default, |s| s.stats),
-    }
-}
-
 /// Length of the common prefix of two token sequences.
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// The `n` most likely tokens of `logits` with their log-probabilities, best first.
-pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
-    let lse = qkv_kernels::activation::log_sum_exp(logits);
-    let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
-    for (i, &l) in logits.iter().enumerate() {
-        if best.len() < n || best.last().is_some_and(|b| l > b.1) {
-            let at = best.partition_point(|b| b.1 >= l);
-            best.insert(at, (i as u32, l));
-            best.truncate(n);
-        }
-    }
-    best.into_iter().map(|(i, l)| (i, l - lse)).collect()
 }

@@ -1,9 +1,10 @@
 //! After a step's pass: each segment's prompt progress, and each sampled token with what
 //! it ends.
 
-use super::{done, top_logprobs, Event, FinishReason, Slot, TokenConstraint};
+use super::{Event, FinishReason, Running, Slot, TokenConstraint};
 use crate::error::{Error, Result};
 use crate::sample::Sampler;
+use crate::speculative::SpecStats;
 
 /// Samples a token from `logits`; with a constraint, checks that token, and when it is
 /// refused masks a copy of the logits (in `masked`) and samples again from it. The token
@@ -177,4 +178,30 @@ pub(super) fn report(
         }
     }
     sampled.id
+}
+
+/// The [`Event::Done`] of a sequence.
+pub(super) fn done(r: &Running, reason: FinishReason) -> Event {
+    Event::Done {
+        seq: r.seq,
+        reason,
+        prompt_tokens: r.request.prompt.len(),
+        cached_tokens: r.cached,
+        generated: r.generated,
+        spec: r.spec.as_ref().map_or_else(SpecStats::default, |s| s.stats),
+    }
+}
+
+/// The `n` most likely tokens of `logits` with their log-probabilities, best first.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let lse = qkv_kernels::activation::log_sum_exp(logits);
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if best.len() < n || best.last().is_some_and(|b| l > b.1) {
+            let at = best.partition_point(|b| b.1 >= l);
+            best.insert(at, (i as u32, l));
+            best.truncate(n);
+        }
+    }
+    best.into_iter().map(|(i, l)| (i, l - lse)).collect()
 }

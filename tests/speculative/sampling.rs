@@ -407,7 +407,7 @@ struct Even;
 
 impl TokenConstraint for Even {
     fn allows(&mut self, token: u32) -> bool {
-        token % 2 == 0
+        token.is_multiple_of(2)
     }
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         logits
