@@ -290,6 +290,68 @@ fn sampled_ngram_speculation_yields_the_tokens_of_plain_sampling() {
     assert!(drafted > 0, "no draft was verified");
 }
 
+/// n-gram drafts with sampling in the batch engine, sequences of several seeds batched:
+/// each gets the very tokens it gets without speculation.
+#[test]
+fn sampled_ngram_speculation_in_the_engine_yields_the_tokens_of_plain_sampling() {
+    let model = load(Storage::F32);
+    let prompt = synthetic::text_tokens(model.tokenizer().unwrap(), 90);
+    let spec = Speculation::Ngram(NgramOptions {
+        max_draft: 5,
+        min_ngram: 1,
+        max_ngram: 3,
+        min_draft: 0,
+    });
+    let run = |spec| {
+        let mut e = Engine::new(
+            model.clone(),
+            EngineOptions {
+                max_sequences: 6,
+                context: 256,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let seqs: Vec<SeqId> = (0..12)
+            .map(|seed| {
+                let c = SamplerConfig {
+                    top_k: 0,
+                    min_p: 0.02,
+                    temperature: 0.7,
+                    ..config(seed, 1.2)
+                };
+                let r = GenRequest {
+                    ignore_eos: true,
+                    speculation: spec,
+                    ..GenRequest::new(prompt.clone(), c, 24)
+                };
+                e.submit(r).unwrap()
+            })
+            .collect();
+        let mut tokens: HashMap<SeqId, Vec<u32>> = HashMap::new();
+        let mut drafted = 0;
+        let mut events = Vec::new();
+        while !e.is_idle() {
+            events.clear();
+            e.step(&mut events).unwrap();
+            for ev in &events {
+                match ev {
+                    Event::Token { seq, token, .. } => tokens.entry(*seq).or_default().push(*token),
+                    Event::Done { spec, .. } => drafted += spec.draft_tokens,
+                    Event::Failed { error, .. } => panic!("{error}"),
+                    Event::Prompt { .. } => {}
+                }
+            }
+        }
+        let ids: Vec<Vec<u32>> = seqs.iter().map(|s| tokens[s].clone()).collect();
+        (ids, drafted)
+    };
+    let (plain, _) = run(Speculation::Off);
+    let (fast, drafted) = run(spec);
+    assert!(drafted > 0, "no draft was verified");
+    assert_eq!(fast, plain);
+}
+
 /// A draft model's sampled drafts in a session: the first tokens follow plain sampling's
 /// exact distribution, with and without the repetition penalty, with a drafter close to the
 /// target (its weights rounded to f16: most drafts kept) and one far from it (random:
