@@ -23,12 +23,15 @@
 //!   token is checked against it, and only when it is refused are the logits masked to the
 //!   tokens it allows and sampled again, so that the full mask is paid for only on the
 //!   steps that need it. A constraint that is complete ends its sequence.
-//! - A greedy sequence may speculate ([`GenRequest::speculation`]): its last token and a
-//!   draft of the tokens that may follow run as one segment of the step's pass, with logits
-//!   for each, and the drafts the model's own choices agree with are kept, with the choice
-//!   after them: several tokens for one read of the weights, exactly those of plain
-//!   decoding. The cache forgets the rejected drafts' positions; each sequence's drafting
-//!   adapts to what it keeps and pauses when it does not pay (`speculate.rs`).
+//! - A sequence may speculate ([`GenRequest::speculation`]): its last token and a draft of
+//!   the tokens that may follow (n-gram lookup, or a draft model set with
+//!   [`Engine::set_draft_model`], on a KV cache of its own per slot) run as one segment of
+//!   the step's pass, with logits for each, and the drafts verification keeps are kept,
+//!   with the token after them: several tokens for one read of the weights. Greedy, they
+//!   are exactly those of plain decoding; sampling, drafts are kept or replaced by the
+//!   speculative-sampling rule, so the tokens have the distribution of plain sampling. The
+//!   cache forgets the rejected drafts' positions; each sequence's drafting adapts to what
+//!   it keeps and pauses when it does not pay (`speculate.rs`).
 //!
 //! Once every slot's cache exists, a step that admits no new sequence allocates nothing
 //! but the events it returns.
@@ -59,6 +62,7 @@ use crate::error::{Error, Result};
 use crate::load::Model;
 use crate::models::decoder::{KvCache, KvType, Scratch, Segment};
 use crate::sample::{Sampler, SamplerConfig};
+use crate::session::Session;
 use crate::speculative::{SpecStats, Speculation};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -66,7 +70,8 @@ use std::time::Instant;
 
 mod after_pass;
 mod speculate;
-use after_pass::{read_prompt_chunk, sample_next};
+pub use after_pass::top_logprobs;
+use after_pass::{done, read_prompt_chunk, sample_next};
 use speculate::SpecState;
 
 /// How an [`Engine`] is sized.
@@ -130,8 +135,9 @@ pub struct GenRequest {
     pub ignore_eos: bool,
     /// Report the log-probabilities of this many most likely tokens at each step (0: none).
     pub top_logprobs: usize,
-    /// Whether to draft tokens and verify them in the step's pass (greedy sampling only):
-    /// the tokens are those of plain decoding, several per pass when drafts are kept.
+    /// Whether to draft tokens and verify them in the step's pass: the tokens are those of
+    /// plain decoding when greedy, of its distribution when sampling, several per pass when
+    /// drafts are kept. [`Speculation::Draft`] needs [`Engine::set_draft_model`].
     pub speculation: Speculation,
 }
 
@@ -263,6 +269,8 @@ struct Slot {
     /// The tokens whose keys and values the cache holds, in order.
     tokens: Vec<u32>,
     running: Option<Running>,
+    /// The draft model's session of the sequences here that draft with it, once one has.
+    draft: Option<Session>,
 }
 
 /// Continuous batching over one shared [`Model`]; see the [module docs](self).
@@ -286,6 +294,10 @@ pub struct Engine {
     masked: Vec<f32>,
     /// What speculation did, over every sequence so far.
     spec_totals: SpecStats,
+    /// The model of [`Speculation::Draft`], if set.
+    draft_model: Option<Arc<Model>>,
+    /// Scratch of a row's length for verifying drafts drawn from a distribution.
+    spec_tmp: Vec<f32>,
 }
 
 /// One segment of a step's pass: which slot runs, how many of its tokens, and how many of
@@ -365,6 +377,7 @@ impl Engine {
                 cache: first,
                 tokens: Vec::new(),
                 running: None,
+                draft: None,
             }],
             max_slots,
             queue: VecDeque::new(),
@@ -374,6 +387,8 @@ impl Engine {
             segments: Vec::with_capacity(max_slots),
             masked: Vec::new(),
             spec_totals: SpecStats::default(),
+            draft_model: None,
+            spec_tmp: Vec::new(),
             model,
             options,
             kv_dtype,
@@ -445,6 +460,7 @@ impl Engine {
         self.slots.truncate(1);
         if let Some(first) = self.slots.first_mut() {
             first.tokens.clear();
+            first.draft = None;
         }
         freed
     }
@@ -452,9 +468,8 @@ impl Engine {
     /// Queues a request. Errors, with nothing queued: [`Error::Shape`] for an empty prompt
     /// or `max_tokens` 0, [`Error::TokenOutOfRange`] for an id outside the vocabulary,
     /// [`Error::ContextFull`] when the prompt and `max_tokens` do not fit the context,
-    /// [`Error::Config`] for sampler or speculation settings out of range,
-    /// [`Error::Unsupported`] for speculation with sampling (temperature > 0) or with a
-    /// draft model (the engine drafts by n-gram lookup),
+    /// [`Error::Config`] for sampler or speculation settings out of range or for a draft
+    /// model's speculation without one ([`set_draft_model`](Self::set_draft_model)),
     /// [`Error::AllocationRefused`] when the logits of verify passes cannot be had,
     /// [`Error::QueueFull`] when the queue is full.
     pub fn submit(&mut self, request: GenRequest) -> Result<SeqId> {
@@ -671,7 +686,8 @@ impl Engine {
             let logits = &self.logits[row * vocab..(row + p.logits) * vocab];
             row += p.logits;
             if p.drafted > 0 {
-                p.kept = speculate::verify(slot, logits, &mut self.masked, eos_id, events);
+                let (masked, tmp) = (&mut self.masked, &mut self.spec_tmp);
+                p.kept = speculate::verify(slot, logits, masked, tmp, eos_id, events);
                 self.spec_totals.draft_tokens += p.drafted;
                 self.spec_totals.accepted_tokens += p.kept;
                 self.spec_totals.verify_passes += 1;
@@ -729,6 +745,7 @@ impl Engine {
                         cache,
                         tokens: Vec::new(),
                         running: None,
+                        draft: None,
                     });
                     self.slots.len() - 1
                 }
@@ -739,6 +756,11 @@ impl Engine {
                 }
             };
             let s = &mut self.slots[slot];
+            if let (Speculation::Draft(_), Some(d)) = (request.speculation, &self.draft_model) {
+                speculate::draft_session(&mut s.draft, d, self.options.context)?;
+            }
+            let vocab = self.model.vocab_size();
+            let spec = SpecState::new(request.speculation, &request.sampler, vocab)?;
             let keep = reuse_len(s);
             s.tokens.truncate(keep);
             s.cache.truncate(keep);
@@ -752,7 +774,7 @@ impl Engine {
                 next: None,
                 cancelled: false,
                 constraint,
-                spec: SpecState::new(request.speculation),
+                spec,
                 request,
             });
             events.push(Event::Prompt {
@@ -766,33 +788,7 @@ impl Engine {
     }
 }
 
-/// The [`Event::Done`] of a sequence.
-fn done(r: &Running, reason: FinishReason) -> Event {
-    Event::Done {
-        seq: r.seq,
-        reason,
-        prompt_tokens: r.request.prompt.len(),
-        cached_tokens: r.cached,
-        generated: r.generated,
-        spec: r.spec.as_ref().map_or_else(SpecStats::default, |s| s.stats),
-    }
-}
-
 /// Length of the common prefix of two token sequences.
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// The `n` most likely tokens of `logits` with their log-probabilities, best first.
-pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
-    let lse = qkv_kernels::activation::log_sum_exp(logits);
-    let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
-    for (i, &l) in logits.iter().enumerate() {
-        if best.len() < n || best.last().is_some_and(|b| l > b.1) {
-            let at = best.partition_point(|b| b.1 >= l);
-            best.insert(at, (i as u32, l));
-            best.truncate(n);
-        }
-    }
-    best.into_iter().map(|(i, l)| (i, l - lse)).collect()
 }

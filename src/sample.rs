@@ -209,48 +209,95 @@ impl Sampler {
     /// can number; [`Error::NonFiniteLogits`] (with no position: the sampler does not know
     /// it) when a value is not finite (a model that produced NaN or ±∞), greedy or not.
     pub fn sample(&mut self, logits: &[f32], recent: &[u32]) -> Result<Sampled> {
-        if logits.is_empty() || u32::try_from(logits.len()).is_err() {
-            return Err(Error::Shape(format!(
-                "sampler: {} logits (need 1..=2^32)",
-                logits.len()
-            )));
-        }
-        if let Some(token) = first_non_finite(logits) {
-            return Err(Error::NonFiniteLogits {
-                sequence: None,
-                position: None,
-                token,
-                value: logits[token],
-            });
-        }
+        check_logits(logits)?;
         let c = &self.config;
         let penalty = c.repeat_penalty != 1.0 && c.repeat_last_n > 0;
         let id = if c.is_greedy() && !penalty {
             // The common greedy case reads the logits in place: no copy, no softmax.
             argmax(logits)
+        } else if self.prepare(logits, recent)? {
+            argmax(&self.work)
         } else {
-            self.work.clear();
-            self.work.extend_from_slice(logits);
-            if penalty {
-                let start = recent.len().saturating_sub(c.repeat_last_n);
-                apply_repeat_penalty(&mut self.work, &recent[start..], c.repeat_penalty)?;
-            }
-            if c.is_greedy() {
-                argmax(&self.work)
-            } else {
-                self.draw()
-            }
+            self.draw()
         };
         // The model's log-probability of `id`, from the raw logits.
         Ok(Sampled {
             id,
-            // ≤ 0 mathematically; rounding must not make it positive.
-            logprob: (logits[id as usize] - log_sum_exp(logits)).min(0.0),
+            logprob: logprob(logits, id),
         })
+    }
+
+    /// The probabilities [`sample`](Self::sample) draws from, given the same `logits` and
+    /// `recent`: written into `out` (one entry per logit, 0 for every token the filters
+    /// drop), summing to 1. Greedy sampling puts all of it on the token it takes. No random
+    /// number is drawn. What speculative sampling needs: the target's and the drafter's
+    /// distributions after every transform, to accept or replace a drafted token.
+    /// Errors as `sample`, and [`Error::Shape`] when `out` is not as long as `logits`.
+    pub fn distribution(&mut self, logits: &[f32], recent: &[u32], out: &mut [f32]) -> Result<()> {
+        if out.len() != logits.len() {
+            return Err(Error::Shape(format!(
+                "sampler: a distribution of {} entries for {} logits",
+                out.len(),
+                logits.len()
+            )));
+        }
+        check_logits(logits)?;
+        out.fill(0.0);
+        if self.prepare(logits, recent)? {
+            out[argmax(&self.work) as usize] = 1.0;
+            return Ok(());
+        }
+        let keep = self.filter();
+        let total: f32 = self.probs[..keep].iter().sum();
+        for (&id, &p) in self.ids[..keep].iter().zip(&self.probs[..keep]) {
+            out[id as usize] = p / total;
+        }
+        Ok(())
+    }
+
+    /// One token drawn from `probs` (non-negative weights, one per token, not all 0; they
+    /// need not sum to 1) with this sampler's random numbers; `None` when nothing has weight.
+    pub fn draw_from(&mut self, probs: &[f32]) -> Option<u32> {
+        draw_weighted(probs, self.rng.next_f32())
+    }
+
+    /// A uniform number in `[0, 1)` from this sampler's random numbers.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.next_f32()
+    }
+
+    /// Copies `logits` into `work` and applies the repetition penalty; true when the choice
+    /// is greedy (the argmax of `work`).
+    fn prepare(&mut self, logits: &[f32], recent: &[u32]) -> Result<bool> {
+        let c = &self.config;
+        let penalty = c.repeat_penalty != 1.0 && c.repeat_last_n > 0;
+        self.work.clear();
+        self.work.extend_from_slice(logits);
+        if penalty {
+            let start = recent.len().saturating_sub(c.repeat_last_n);
+            apply_repeat_penalty(&mut self.work, &recent[start..], c.repeat_penalty)?;
+        }
+        Ok(c.is_greedy())
     }
 
     /// Temperature, top-k, top-p, min-p and one draw over `self.work`.
     fn draw(&mut self) -> u32 {
+        let keep = self.filter();
+        let total: f32 = self.probs[..keep].iter().sum();
+        let mut target = self.rng.next_f32() * total;
+        for (k, &p) in self.probs[..keep].iter().enumerate() {
+            if target < p {
+                return self.ids[k];
+            }
+            target -= p;
+        }
+        self.ids[keep - 1]
+    }
+
+    /// Temperature, top-k, top-p and min-p over `self.work`: leaves the candidates in
+    /// `ids`, best first, their probabilities in `probs`, and returns how many of them
+    /// survive (≥ 1; a draw picks among the first that many, weighted by `probs`).
+    fn filter(&mut self) -> usize {
         let c = &self.config;
         let inv_t = 1.0 / c.temperature;
         // Shifted so that the largest is 0 before scaling: a small temperature then sends the
@@ -286,17 +333,51 @@ impl Sampler {
             Some(lse) => self.probs.iter_mut().for_each(|z| *z = (*z - lse).exp()),
             None => softmax_inplace(&mut self.probs),
         }
-        let keep = filtered_len(&self.probs, c.top_p, c.min_p);
-        let total: f32 = self.probs[..keep].iter().sum();
-        let mut target = self.rng.next_f32() * total;
-        for (k, &p) in self.probs[..keep].iter().enumerate() {
-            if target < p {
-                return self.ids[k];
-            }
-            target -= p;
-        }
-        self.ids[keep - 1]
+        filtered_len(&self.probs, c.top_p, c.min_p)
     }
+}
+
+/// The token `u` (uniform in `[0, 1)`) picks from `weights` by their running sum: token
+/// `i` for `u · total` in its share. `None` when no weight is positive.
+fn draw_weighted(weights: &[f32], u: f32) -> Option<u32> {
+    let total: f32 = weights.iter().sum();
+    if total.is_nan() || total <= 0.0 {
+        return None;
+    }
+    let mut target = u * total;
+    let mut last = None;
+    for (i, &w) in weights.iter().enumerate() {
+        if w <= 0.0 {
+            continue;
+        }
+        if target < w {
+            return Some(i as u32);
+        }
+        target -= w;
+        last = Some(i as u32);
+    }
+    // Rounding left the target past the running sum: the last token with weight.
+    last
+}
+
+/// [`Error::Shape`] for empty logits or more than token ids can number,
+/// [`Error::NonFiniteLogits`] (no position) for a value that is not finite.
+fn check_logits(logits: &[f32]) -> Result<()> {
+    if logits.is_empty() || u32::try_from(logits.len()).is_err() {
+        return Err(Error::Shape(format!(
+            "sampler: {} logits (need 1..=2^32)",
+            logits.len()
+        )));
+    }
+    if let Some(token) = first_non_finite(logits) {
+        return Err(Error::NonFiniteLogits {
+            sequence: None,
+            position: None,
+            token,
+            value: logits[token],
+        });
+    }
+    Ok(())
 }
 
 /// Divides positive logits by `penalty` and multiplies negative ones, once per distinct
@@ -334,6 +415,12 @@ pub fn first_non_finite(logits: &[f32]) -> Option<usize> {
     logits.iter().position(|x| !x.is_finite())
 }
 
+/// `ln p(id)` under the softmax of `logits` (≤ 0, as rounding must not make it
+/// positive): the log-probability a [`Sampled`] reports.
+pub fn logprob(logits: &[f32], id: u32) -> f32 {
+    (logits[id as usize] - log_sum_exp(logits)).min(0.0)
+}
+
 /// The index of the largest value (the first on ties; NaN never wins; 0 if nothing is a
 /// number). Vectorised: see [`qkv_kernels::activation::argmax`].
 pub fn argmax(x: &[f32]) -> u32 {
@@ -362,360 +449,4 @@ pub fn filtered_len(probs: &[f32], top_p: f32, min_p: f32) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn counts(config: SamplerConfig, logits: &[f32], draws: usize) -> Vec<usize> {
-        let mut s = Sampler::new(config).unwrap();
-        let mut c = vec![0; logits.len()];
-        for _ in 0..draws {
-            c[s.sample(logits, &[]).unwrap().id as usize] += 1;
-        }
-        c
-    }
-
-    fn free(seed: u64) -> SamplerConfig {
-        SamplerConfig {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repeat_penalty: 1.0,
-            repeat_last_n: 64,
-            seed,
-        }
-    }
-
-    #[test]
-    fn rng_is_deterministic_and_uniform() {
-        let a: Vec<u64> = (0..5)
-            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
-            .collect();
-        let b: Vec<u64> = (0..5)
-            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
-            .collect();
-        let c: Vec<u64> = (0..5)
-            .scan(Rng::new(43), |r, _| Some(r.next_u64()))
-            .collect();
-        assert_eq!(a, b);
-        assert_ne!(a, c);
-        let mut r = Rng::new(1);
-        let n = 100_000;
-        let mut mean = 0.0f64;
-        for _ in 0..n {
-            let x = r.next_f32();
-            assert!((0.0..1.0).contains(&x));
-            mean += x as f64 / n as f64;
-        }
-        assert!((mean - 0.5).abs() < 0.01, "{mean}");
-    }
-
-    #[test]
-    fn greedy_takes_the_argmax_and_reports_its_logprob() {
-        let logits = [1.0, 5.0, 2.0, 5.0 - 1e-3];
-        let s = Sampler::new(SamplerConfig::greedy())
-            .unwrap()
-            .sample(&logits, &[])
-            .unwrap();
-        assert_eq!(s.id, 1);
-        let lse = logits.iter().map(|x| x.exp()).sum::<f32>().ln();
-        assert!((s.logprob - (5.0 - lse)).abs() < 1e-5);
-    }
-
-    #[test]
-    fn temperature_sharpens_and_flattens() {
-        let logits = [0.0, 1.0];
-        let cold = counts(
-            SamplerConfig {
-                temperature: 0.25,
-                ..free(1)
-            },
-            &logits,
-            4000,
-        );
-        let hot = counts(
-            SamplerConfig {
-                temperature: 4.0,
-                ..free(1)
-            },
-            &logits,
-            4000,
-        );
-        // p(1) = σ(4) ≈ 0.98 when cold, σ(0.25) ≈ 0.56 when hot.
-        assert!(cold[1] > 3800, "{cold:?}");
-        assert!((2000..2600).contains(&hot[1]), "{hot:?}");
-    }
-
-    #[test]
-    fn unfiltered_sampling_follows_the_softmax() {
-        let logits = [0.0, (2.0f32).ln(), (3.0f32).ln()]; // p = 1/6, 2/6, 3/6
-        let c = counts(free(9), &logits, 60_000);
-        for (k, want) in [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0].iter().enumerate() {
-            let got = c[k] as f64 / 60_000.0;
-            assert!((got - want).abs() < 0.01, "{k}: {got} vs {want}");
-        }
-    }
-
-    #[test]
-    fn top_k_keeps_only_the_k_best() {
-        let logits = [3.0, 0.0, 2.9, 1.0, 2.8];
-        let c = counts(
-            SamplerConfig {
-                top_k: 2,
-                ..free(3)
-            },
-            &logits,
-            2000,
-        );
-        assert_eq!(c[1] + c[3] + c[4], 0, "{c:?}");
-        assert!(c[0] > 0 && c[2] > 0);
-        let c = counts(
-            SamplerConfig {
-                top_k: 1,
-                ..free(3)
-            },
-            &logits,
-            100,
-        );
-        assert_eq!(c[0], 100);
-    }
-
-    #[test]
-    fn top_p_keeps_the_nucleus() {
-        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 0.8, 0.0), 2);
-        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 0.81, 0.0), 3);
-        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 1.0, 0.0), 4);
-        assert_eq!(filtered_len(&[0.9, 0.1], 0.1, 0.0), 1);
-        let logits = [(0.5f32).ln(), (0.3f32).ln(), (0.15f32).ln(), (0.05f32).ln()];
-        let c = counts(
-            SamplerConfig {
-                top_p: 0.75, // 0.5 + 0.3 reach it; 0.8 itself would sit on a rounding edge
-                ..free(5)
-            },
-            &logits,
-            3000,
-        );
-        assert_eq!(c[2] + c[3], 0, "{c:?}");
-        assert!(c[0] > 0 && c[1] > 0, "the nucleus keeps both: {c:?}");
-    }
-
-    #[test]
-    fn min_p_drops_the_unlikely() {
-        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 1.0, 0.2), 3);
-        assert_eq!(filtered_len(&[0.5, 0.3, 0.15, 0.05], 1.0, 0.7), 1);
-        let logits = [(0.5f32).ln(), (0.3f32).ln(), (0.15f32).ln(), (0.05f32).ln()];
-        let c = counts(
-            SamplerConfig {
-                min_p: 0.5,
-                ..free(5)
-            },
-            &logits,
-            3000,
-        );
-        assert_eq!(c[2] + c[3], 0, "{c:?}");
-        assert!(c[1] > 0);
-    }
-
-    #[test]
-    fn top_p_sums_the_whole_vocabulary_before_min_p() {
-        // 0.5, 0.3 and twenty tokens of 0.01. Top-p 0.6 keeps 0.5 and 0.3 (0.5 alone falls
-        // short); min-p 0.05 then drops the 0.01s. Pruning by min-p first and renormalising
-        // would make 0.5 into 0.625 and let top-p keep it alone.
-        let mut logits = vec![(0.01f32).ln(); 22];
-        logits[0] = (0.5f32).ln();
-        logits[1] = (0.3f32).ln();
-        let config = SamplerConfig {
-            top_p: 0.6,
-            min_p: 0.05,
-            ..free(9)
-        };
-        let c = counts(config, &logits, 2000);
-        assert!(c[0] > 0 && c[1] > 0, "{c:?}");
-        assert_eq!(c[2..].iter().sum::<usize>(), 0, "{c:?}");
-        // With top-k on, top-p reads the top-k survivors renormalised, as documented.
-        let c = counts(
-            SamplerConfig {
-                top_k: 2,
-                top_p: 0.6,
-                ..free(9)
-            },
-            &logits,
-            2000,
-        );
-        assert!(c[0] > 0 && c[1] == 0, "{c:?}");
-    }
-
-    #[test]
-    fn repeat_penalty_pushes_recent_tokens_down_once() {
-        let mut l = [2.0, -1.0, 3.0];
-        apply_repeat_penalty(&mut l, &[0, 1, 0, 7], 2.0).unwrap();
-        assert_eq!(l, [1.0, -2.0, 3.0]);
-        for bad in [0.0, -2.0, f32::NAN, f32::INFINITY] {
-            assert!(matches!(
-                apply_repeat_penalty(&mut l, &[0], bad),
-                Err(Error::Config(_))
-            ));
-        }
-        assert_eq!(l, [1.0, -2.0, 3.0]);
-        assert_eq!(filtered_len(&[], 0.5, 0.5), 0);
-        assert_eq!(filtered_len(&[1.0], 0.0, 0.0), 1);
-        // Greedy with the penalty over the last 1 token only.
-        let config = SamplerConfig {
-            repeat_penalty: 10.0,
-            repeat_last_n: 1,
-            ..SamplerConfig::greedy()
-        };
-        let mut s = Sampler::new(config).unwrap();
-        assert_eq!(s.sample(&[5.0, 4.0], &[0]).unwrap().id, 1);
-        assert_eq!(s.sample(&[5.0, 4.0], &[0, 1]).unwrap().id, 0);
-    }
-
-    #[test]
-    fn same_seed_same_tokens_other_seed_other_tokens() {
-        let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
-        let run = |seed| -> Vec<u32> {
-            let mut s = Sampler::new(free(seed)).unwrap();
-            (0..50)
-                .map(|_| s.sample(&logits, &[]).unwrap().id)
-                .collect()
-        };
-        assert_eq!(run(11), run(11));
-        assert_ne!(run(11), run(12));
-    }
-
-    #[test]
-    fn bad_configurations_and_logits_are_errors() {
-        for bad in [
-            SamplerConfig {
-                temperature: -1.0,
-                ..free(0)
-            },
-            SamplerConfig {
-                temperature: f32::NAN,
-                ..free(0)
-            },
-            SamplerConfig {
-                temperature: f32::INFINITY,
-                ..free(0)
-            },
-            SamplerConfig {
-                top_p: 0.0,
-                ..free(0)
-            },
-            SamplerConfig {
-                top_p: 1.5,
-                ..free(0)
-            },
-            SamplerConfig {
-                top_p: f32::NAN,
-                ..free(0)
-            },
-            SamplerConfig {
-                min_p: -0.1,
-                ..free(0)
-            },
-            SamplerConfig {
-                min_p: f32::NAN,
-                ..free(0)
-            },
-            SamplerConfig {
-                min_p: 2.0,
-                ..free(0)
-            },
-            SamplerConfig {
-                repeat_penalty: 0.0,
-                ..free(0)
-            },
-            SamplerConfig {
-                repeat_penalty: -1.0,
-                ..free(0)
-            },
-            SamplerConfig {
-                repeat_penalty: f32::NAN,
-                ..free(0)
-            },
-        ] {
-            assert!(
-                matches!(Sampler::new(bad.clone()), Err(Error::Config(_))),
-                "{bad:?}"
-            );
-        }
-        let mut s = Sampler::new(SamplerConfig::default()).unwrap();
-        assert!(matches!(s.sample(&[], &[]), Err(Error::Shape(_))));
-    }
-
-    #[test]
-    fn non_finite_logits_are_refused_greedy_or_sampled() {
-        for config in [SamplerConfig::default(), SamplerConfig::greedy(), free(1)] {
-            let mut s = Sampler::new(config.clone()).unwrap();
-            for (logits, at) in [
-                (&[f32::NAN, 1.0][..], 0),
-                (&[0.0, 5.0, f32::INFINITY], 2),
-                (&[f32::NEG_INFINITY], 0),
-                (&[1.0, f32::NAN, f32::INFINITY], 1),
-            ] {
-                match s.sample(logits, &[]) {
-                    Err(Error::NonFiniteLogits {
-                        sequence: None,
-                        position: None,
-                        token,
-                        value,
-                    }) => {
-                        assert_eq!(token, at, "{config:?} {logits:?}");
-                        assert_eq!(value.to_bits(), logits[at].to_bits());
-                    }
-                    other => panic!("{config:?} {logits:?}: {other:?}"),
-                }
-            }
-        }
-        assert_eq!(first_non_finite(&[0.0, -1.0, 3.5]), None);
-        assert_eq!(first_non_finite(&[0.0, f32::NAN]), Some(1));
-    }
-
-    #[test]
-    fn extreme_but_valid_settings_give_a_token() {
-        let logits = [0.0, 0.0, 1e-30, -3.0];
-        // So cold that 1/t overflows: greedy.
-        let mut s = Sampler::new(SamplerConfig {
-            temperature: 1e-45,
-            ..free(3)
-        })
-        .unwrap();
-        assert_eq!(s.sample(&logits, &[]).unwrap().id, 2);
-        // Cold enough that the scaled logits overflow: still the best token, never NaN.
-        let mut s = Sampler::new(SamplerConfig {
-            temperature: 1e-37,
-            ..free(3)
-        })
-        .unwrap();
-        assert_eq!(s.sample(&[1e3, 2e3, -1e3], &[]).unwrap().id, 1);
-        // min-p with every logit equal keeps them all.
-        let c = counts(
-            SamplerConfig {
-                min_p: 1.0,
-                ..free(3)
-            },
-            &[0.0; 4],
-            400,
-        );
-        assert!(c.iter().all(|&n| n > 0), "{c:?}");
-        // A tiny penalty keeps the logits finite.
-        let cfg = SamplerConfig {
-            repeat_penalty: 1e-38,
-            temperature: 0.0,
-            ..free(3)
-        };
-        let picked = Sampler::new(cfg)
-            .unwrap()
-            .sample(&[3e3, 1.0], &[0])
-            .unwrap();
-        assert_eq!(picked.id, 0);
-        assert!(picked.logprob.is_finite());
-    }
-
-    #[test]
-    fn argmax_ignores_nan() {
-        assert_eq!(argmax(&[f32::NAN, 1.0, 0.5]), 1);
-        assert_eq!(argmax(&[0.0, 2.0, 2.0]), 1);
-    }
-}
+mod tests;

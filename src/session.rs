@@ -42,6 +42,7 @@ use crate::error::{Error, Result};
 use crate::load::Model;
 use crate::models::decoder::{DecoderState, KvType};
 use crate::sample::{Sampled, Sampler, SamplerConfig};
+use crate::speculative::sampling::{verify_draft, Verdict};
 use crate::speculative::{ngram, Governor, SpecStats, Speculation};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use std::collections::VecDeque;
@@ -308,6 +309,8 @@ impl Session {
             stats: SpecStats::default(),
             governor: None,
             draft: None,
+            forced: None,
+            drafter: None,
         })
     }
 }
@@ -342,11 +345,58 @@ pub fn check_draft_vocabulary(target: &Model, draft: &Model) -> Result<()> {
     }
 }
 
-/// Appends to `tokens` up to `most` greedy tokens of the draft model after them, run on
-/// `draft` (a session on it, which first takes the tokens it does not hold yet); returns
-/// how many. Fewer when the draft session's cache ends, none when it cannot run: a draft is
-/// only ever a guess.
-fn draft_from(draft: &mut Session, tokens: &mut Vec<u32>, most: usize) -> usize {
+/// How a draft model picks its tokens when the sequence samples: its own sampler (the
+/// sequence's settings, another seed) and the distributions it drew from, one row of the
+/// vocabulary per drafted token, which the verifier reads as `q`.
+pub(crate) struct DraftSampling {
+    /// The drafter's sampler.
+    pub(crate) sampler: Sampler,
+    /// `q`: the distribution each drafted token was drawn from, row after row.
+    pub(crate) q: Vec<f32>,
+    /// `p`, the target's distribution at the row being verified.
+    pub(crate) p: Vec<f32>,
+    /// Scratch of the rule's residual distribution.
+    pub(crate) residual: Vec<f32>,
+}
+
+/// What a drafter's seed is made from the sequence's: another stream of random numbers, so
+/// that the drafter's draws and the verifier's are not the same numbers.
+const DRAFT_SEED: u64 = 0x5DEE_CE66_D1CE_D00D;
+
+impl DraftSampling {
+    /// The drafting of a sequence sampled as `config` says, for drafts of up to `rows`
+    /// tokens over `vocab` tokens; `None` when `config` is greedy (the draft model's argmax
+    /// then, a draft the verifier compares with its own choices).
+    pub(crate) fn new(config: &SamplerConfig, rows: usize, vocab: usize) -> Result<Option<Self>> {
+        if config.is_greedy() {
+            return Ok(None);
+        }
+        let sampler = Sampler::new(SamplerConfig {
+            seed: config.seed ^ DRAFT_SEED,
+            ..config.clone()
+        })?;
+        let what = || format!("the draft distributions of {rows} rows");
+        Ok(Some(DraftSampling {
+            sampler,
+            q: crate::alloc::zeroed_for(&[rows, vocab], what)?,
+            p: crate::alloc::zeroed(vocab, || "a verified distribution".into())?,
+            residual: crate::alloc::zeroed(vocab, || "a residual distribution".into())?,
+        }))
+    }
+}
+
+/// Appends to `tokens` up to `most` tokens of the draft model after them, run on `draft` (a
+/// session on it, which first takes the tokens it does not hold yet); returns how many.
+/// Greedy tokens without `sampling`; with it, each drawn by its sampler from the draft
+/// model's distribution (penalties reading the tokens before it), which is kept as that
+/// token's row of `q`. Fewer when the draft session's cache ends, none when it cannot run:
+/// a draft is only ever a guess.
+pub(crate) fn draft_from(
+    draft: &mut Session,
+    tokens: &mut Vec<u32>,
+    most: usize,
+    mut sampling: Option<&mut DraftSampling>,
+) -> usize {
     let n = tokens.len();
     // The draft session holds n + most - 1 tokens at the end.
     let most = most.min((draft.capacity() + 1).saturating_sub(n));
@@ -369,8 +419,23 @@ fn draft_from(draft: &mut Session, tokens: &mut Vec<u32>, most: usize) -> usize 
     if !caught_up {
         return 0;
     }
+    let vocab = draft.logits().len();
     for i in 0..most {
-        let t = crate::sample::argmax(draft.logits());
+        let t = match sampling.as_deref_mut() {
+            None => crate::sample::argmax(draft.logits()),
+            Some(s) => {
+                let Some(q) = s.q.get_mut(i * vocab..(i + 1) * vocab) else {
+                    return i;
+                };
+                if s.sampler.distribution(draft.logits(), tokens, q).is_err() {
+                    return i;
+                }
+                match s.sampler.draw_from(q) {
+                    Some(t) => t,
+                    None => return i,
+                }
+            }
+        };
         tokens.push(t);
         if i + 1 < most && draft.step(t).is_err() {
             return i + 1;
@@ -430,6 +495,11 @@ pub struct Generate<'a> {
     governor: Option<Governor>,
     /// The session of the draft model, with [`Speculation::Draft`].
     draft: Option<&'a mut Session>,
+    /// The token verification chose for the position after the kept drafts (a rejected
+    /// draft's replacement), to yield next instead of sampling that row again.
+    forced: Option<Sampled>,
+    /// A draft model's sampling and the verifier's scratch, when the sequence samples.
+    drafter: Option<DraftSampling>,
 }
 
 impl Drop for Generate<'_> {
@@ -472,13 +542,16 @@ impl Generate<'_> {
         self.decoder.finish()
     }
 
-    /// Drafts tokens as `spec` says and verifies them in one pass each, yielding exactly
-    /// the tokens plain decoding yields. The draft length then follows how many drafted
+    /// Drafts tokens as `spec` says and verifies them in one pass each. Greedy, the tokens
+    /// are exactly those of plain decoding; sampling, drafts are kept or replaced by the
+    /// speculative-sampling rule ([`sampling`](crate::speculative::sampling)), so the
+    /// tokens have the distribution of plain sampling under the same settings (with n-gram
+    /// drafts, they are the very tokens plain sampling draws with the same seed), and the
+    /// same seed gives the same tokens. The draft length then follows how many drafted
     /// tokens the model keeps, and drafting pauses (for a while, longer each time) when the
-    /// kept tokens do not make up for what the extra rows of a pass cost, as timed here. [`Error::Config`] when the settings are out of
-    /// range; [`Error::Unsupported`] unless the sampler is greedy (temperature 0: this
-    /// version verifies greedy choices only); [`Error::AllocationRefused`] when the logits
-    /// of a verify pass cannot be had.
+    /// kept tokens do not make up for what the extra rows of a pass cost, as timed here.
+    /// [`Error::Config`] when the settings are out of range; [`Error::AllocationRefused`]
+    /// when the logits of a verify pass (or the draft distributions) cannot be had.
     pub fn speculate(mut self, spec: Speculation) -> Result<Self> {
         spec.validate()?;
         if matches!(spec, Speculation::Draft(_)) && self.draft.is_none() {
@@ -486,20 +559,18 @@ impl Generate<'_> {
                 "speculation with a draft model needs its session: speculate_with_draft".into(),
             ));
         }
-        if spec != Speculation::Off && !self.sampler.config().is_greedy() {
-            return Err(Error::Unsupported(
-                "speculative decoding with sampling (temperature > 0): only greedy decoding \
-                 is verified"
-                    .into(),
-            ));
-        }
         let rows = spec.max_draft() + 1;
-        let len = rows.saturating_mul(self.model.vocab_size());
+        let vocab = self.model.vocab_size();
+        let len = rows.saturating_mul(vocab);
         if self.spec_logits.len() < len {
             self.spec_logits = crate::alloc::zeroed(len, || {
                 format!("the logits of a verify pass of {rows} rows")
             })?;
         }
+        self.drafter = match spec {
+            Speculation::Draft(o) => DraftSampling::new(self.sampler.config(), o.max_draft, vocab)?,
+            _ => None,
+        };
         self.spec = spec;
         self.governor = (spec != Speculation::Off).then(|| Governor::new(spec.max_draft()));
         Ok(self)
@@ -522,8 +593,9 @@ impl Generate<'_> {
     }
 
     /// Appends `sampled` and, when a draft follows it, runs them together and keeps the
-    /// drafted tokens the model's own choices agree with (queued in `pending`), leaving the
-    /// logits after the last kept token. Without a draft, one decode step.
+    /// drafted tokens verification keeps (queued in `pending`), leaving the logits after
+    /// the last kept token, and in `forced` the token that replaces a rejected draft. Without
+    /// a draft, one decode step.
     fn advance(&mut self, sampled: &Sampled) -> Result<()> {
         let core = &mut *self.core;
         let n = core.tokens.len();
@@ -532,7 +604,7 @@ impl Generate<'_> {
         let Some(governor) = self.governor.as_mut() else {
             return core.prefill(self.model, &[sampled.id]);
         };
-        let limit = governor.next_limit();
+        let limit = self.spec.ask(governor.next_limit());
         let most = if is_eos {
             0
         } else {
@@ -549,13 +621,13 @@ impl Generate<'_> {
                 k
             }
             Speculation::Draft(_) => match self.draft.as_deref_mut() {
-                Some(d) if most > 0 => draft_from(d, &mut core.tokens, most),
+                Some(d) if most > 0 => draft_from(d, &mut core.tokens, most, self.drafter.as_mut()),
                 _ => 0,
             },
             Speculation::Off => 0,
         };
-        if k == 0 {
-            core.tokens.pop();
+        if k == 0 || k < self.spec.min_draft() {
+            core.tokens.truncate(n);
             let start = Instant::now();
             core.prefill(self.model, &[sampled.id])?;
             governor.record_step(start.elapsed().as_secs_f64());
@@ -571,23 +643,45 @@ impl Generate<'_> {
             return Err(e);
         }
         let secs = start.elapsed().as_secs_f64();
-        // Draft i is kept when the model's choice after the tokens before it is that very
-        // token; the sampler sees the history it would have seen stepping one by one.
         let mut kept = 0;
         while kept < k {
             let row = &rows[kept * vocab..(kept + 1) * vocab];
             let at = n + 1 + kept;
-            // A row the sampler refuses (non-finite logits) is left for the next call to
-            // report, at its position, as plain decoding would.
-            let Ok(choice) = self.sampler.sample(row, &core.tokens[..at]) else {
-                break;
+            let drafted = core.tokens[at];
+            // The sampler sees the history it would have seen stepping one by one. A row it
+            // refuses (non-finite logits) is left for the next call to report, at its
+            // position, as plain decoding would.
+            let verdict = match self.drafter.as_mut() {
+                // A draft drawn from q: the speculative-sampling rule against p.
+                Some(d) => match self.sampler.distribution(row, &core.tokens[..at], &mut d.p) {
+                    Ok(()) => {
+                        let q = &d.q[kept * vocab..(kept + 1) * vocab];
+                        verify_draft(&d.p, q, drafted, &mut self.sampler, &mut d.residual)
+                    }
+                    Err(_) => break,
+                },
+                // A draft that is not drawn at random (q one-hot): the model's own choice,
+                // drawn as plain decoding draws it, keeps it or replaces it.
+                None => match self.sampler.sample(row, &core.tokens[..at]) {
+                    Ok(c) if c.id == drafted => Verdict::Kept,
+                    Ok(c) => Verdict::Replaced(c.id),
+                    Err(_) => break,
+                },
             };
-            if choice.id != core.tokens[at] {
-                break;
-            }
-            self.pending.push_back((choice.id, choice.logprob));
+            let id = match verdict {
+                Verdict::Kept => drafted,
+                Verdict::Replaced(id) => {
+                    self.forced = Some(Sampled {
+                        id,
+                        logprob: crate::sample::logprob(row, id),
+                    });
+                    break;
+                }
+            };
+            self.pending
+                .push_back((id, crate::sample::logprob(row, id)));
             kept += 1;
-            if Some(choice.id) == self.eos && !self.ignore_eos {
+            if Some(id) == self.eos && !self.ignore_eos {
                 break;
             }
         }
@@ -607,8 +701,10 @@ impl<'a> Generate<'a> {
     /// As [`speculate`](Self::speculate), drafting with a second, smaller model of the same
     /// vocabulary: `spec` is [`Speculation::Draft`], and `draft` a session on the draft
     /// model (of a context at least this session's, else drafting stops where its cache
-    /// ends), which follows this sequence: each draft is its greedy tokens after the
-    /// sequence's. The tokens yielded are still exactly those of plain decoding. Errors as
+    /// ends), which follows this sequence: each draft is its tokens after the sequence's,
+    /// greedy when this sequence is, else drawn under the same sampler settings (another
+    /// seed) and verified by the speculative-sampling rule. Greedy, the tokens yielded are
+    /// still exactly those of plain decoding; sampling, they have its distribution. Errors as
     /// `speculate`, and [`Error::Config`] when `spec` is another kind or when the draft
     /// model's vocabulary is not this model's ([`check_draft_vocabulary`], naming both).
     pub fn speculate_with_draft(
@@ -637,6 +733,7 @@ impl Iterator for Generate<'_> {
         if let Some((id, logprob)) = self.pending.pop_front() {
             return Some(self.emit(id, logprob));
         }
+        let forced = self.forced.take();
         let core = &mut *self.core;
         let capacity = core.state.capacity();
         if core.tokens.len() >= capacity {
@@ -646,13 +743,14 @@ impl Iterator for Generate<'_> {
                 capacity,
             }));
         }
-        let sampled = match self.sampler.sample(&core.logits, &core.tokens) {
-            Ok(s) => s,
-            Err(e) => {
-                self.done = true;
-                return Some(Err(at_position(e, core.tokens.len())));
-            }
-        };
+        let sampled =
+            match forced.map_or_else(|| self.sampler.sample(&core.logits, &core.tokens), Ok) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(at_position(e, core.tokens.len())));
+                }
+            };
         if let Err(e) = self.advance(&sampled) {
             self.done = true;
             return Some(Err(e));

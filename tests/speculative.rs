@@ -7,6 +7,8 @@
 //! Run in release mode: `cargo test --release --test speculative`.
 
 mod common;
+#[path = "speculative/sampling.rs"]
+mod sampling;
 
 use common::synthetic::{self, Storage};
 use qkv::kernels::quant::act::ActPrecision;
@@ -277,6 +279,7 @@ fn ngram(max_draft: usize, min_ngram: usize, max_ngram: usize) -> Speculation {
         max_draft,
         min_ngram,
         max_ngram,
+        min_draft: 0,
     })
 }
 
@@ -364,27 +367,77 @@ fn a_dropped_stream_takes_back_the_drafts_it_did_not_yield() {
     assert_eq!(got, plain);
 }
 
-/// Sampling with speculation, and settings out of range, are typed errors.
+/// `min_draft`: drafts shorter than it are not verified (every verify pass runs at least
+/// that many), the tokens unchanged; shorter drafts are verified without it.
 #[test]
-fn speculation_refuses_sampling_and_bad_settings() {
+fn drafts_shorter_than_the_minimum_are_not_verified() {
+    let model = load(Storage::F32);
+    let prompt = synthetic::text_tokens(model.tokenizer().unwrap(), 90);
+    let run = |min_draft| {
+        let spec = Speculation::Ngram(NgramOptions {
+            max_draft: 6,
+            min_ngram: 1,
+            max_ngram: 3,
+            min_draft,
+        });
+        generate(
+            &model,
+            KvType::F32,
+            &prompt,
+            60,
+            SamplerConfig::greedy(),
+            spec,
+        )
+    };
+    let (plain, _) = generate(
+        &model,
+        KvType::F32,
+        &prompt,
+        60,
+        SamplerConfig::greedy(),
+        Speculation::Off,
+    );
+    let (any, all) = run(0);
+    let (long, some) = run(4);
+    assert_eq!(any, plain);
+    assert_eq!(long, plain);
+    assert!(some.verify_passes > 0, "{some:?}");
+    assert!(some.draft_tokens >= 4 * some.verify_passes, "{some:?}");
+    assert!(
+        all.draft_tokens < 4 * all.verify_passes,
+        "short drafts ran: {all:?}"
+    );
+}
+
+/// Settings out of range are typed errors: draft lengths, n-gram lengths, a minimum draft
+/// above the most; sampling is verified (tests/speculative/sampling.rs), not refused.
+#[test]
+fn speculation_refuses_bad_settings() {
     let model = load(Storage::F32);
     let mut session = Session::new(model.clone(), SessionOptions::default()).unwrap();
     let sampled = SamplerConfig {
         temperature: 0.7,
         ..SamplerConfig::default()
     };
-    let err = session
-        .generate_tokens(&[1, 2, 3], sampled.clone())
+    assert!(session
+        .generate_tokens(&[1, 2, 3], sampled)
         .unwrap()
         .speculate(ngram(4, 1, 2))
-        .unwrap_err();
-    assert!(matches!(err, qkv::Error::Unsupported(_)), "{err}");
-    // Off is fine with sampling.
-    assert!(session
-        .generate_tokens(&[], sampled)
-        .unwrap()
-        .speculate(Speculation::Off)
         .is_ok());
+    let above = Speculation::Ngram(NgramOptions {
+        min_draft: MAX_DRAFT + 1,
+        ..NgramOptions::default()
+    });
+    let draft_above = Speculation::Draft(DraftOptions {
+        max_draft: 3,
+        min_draft: 4,
+    });
+    for bad in [above, draft_above] {
+        assert!(
+            matches!(bad.validate(), Err(qkv::Error::Config(_))),
+            "{bad:?}"
+        );
+    }
     for bad in [
         ngram(0, 1, 2),
         ngram(MAX_DRAFT + 1, 1, 2),
@@ -470,7 +523,13 @@ fn generate_drafted(
         .unwrap()
         .max_tokens(n)
         .ignore_eos(true)
-        .speculate_with_draft(Speculation::Draft(DraftOptions { max_draft }), &mut drafter)
+        .speculate_with_draft(
+            Speculation::Draft(DraftOptions {
+                max_draft,
+                min_draft: 0,
+            }),
+            &mut drafter,
+        )
         .unwrap();
     let ids: Vec<u32> = stream.by_ref().map(|p| p.unwrap().id).collect();
     let stats = stream.spec_stats();

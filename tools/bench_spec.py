@@ -17,8 +17,8 @@ What it does:
    plain, with `--spec ngram`, and with `--spec draft --model-draft FILE` when given. The
    median generated tokens/s, the acceptance (kept / drafted) and whether each speculative
    text equals the plain one are printed, then a markdown table with the commands.
-4. With `--llama-server PATH`: the same prompts through llama-server's `/completion`
-   (rendered with qkv's template, so the tokens are the same), plain and with
+4. With `--llama-server PATH`: the same prompts through llama-server's
+   `/v1/chat/completions` (rendered with its own reading of the model's template), plain and with
    `--spec-type ngram-simple` (and `--model-draft` when given), its `timings` giving
    tokens/s, `draft_n` and `draft_n_accepted`.
 
@@ -30,6 +30,7 @@ everywhere.
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -179,6 +180,8 @@ def main():
     if args.only:
         keep = set(args.only.split(","))
         prompts = {k: v for k, v in prompts.items() if k in keep}
+    if not prompts:
+        ap.error(f"--only {args.only}: no such prompt (of {', '.join({**GROUNDED, **OPEN})})")
     settings = {"plain": [], "ngram": ["--spec", "ngram"]}
     if args.model_draft:
         settings["draft"] = ["--spec", "draft", "--model-draft", args.model_draft]
@@ -225,7 +228,7 @@ def main():
         print("| " + " | ".join(cells) + " |")
     print("\nCommands (first repetition of each setting):\n")
     for s in settings:
-        print("    " + " ".join(rows[0][s][3]))
+        print("    " + shlex.join(rows[0][s][3]))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 //! `decode --spec ngram` and `decode --spec draft --model-draft FILE`: the same text, token
 //! for token, as without them at temperature 0, with the drafted and kept tokens in
-//! `--json`'s stats; sampling and bad settings refused. The
+//! `--json`'s stats; with sampling and n-gram drafts, the same text as plain sampling with
+//! the same seed, and with a draft model, text of the right length; bad settings refused. The
 //! tests named `network_…` run the default model and skip with a printed reason without it.
 //! Run in release mode: `cargo test --release -p qkv-cli --test speculative`.
 
@@ -15,11 +16,16 @@ fn stderr(o: &Output) -> String {
 
 /// The token lines (id, text, log-probability) and the stats of a `--json` run.
 fn run(args: &[&str], prompt: &str) -> (Vec<Value>, Value) {
+    run_at("0", args, prompt)
+}
+
+/// As [`run`], at temperature `t` (seed and filters as `args` say).
+fn run_at(t: &str, args: &[&str], prompt: &str) -> (Vec<Value>, Value) {
     // Speculation runs in the exact mode only (16-bit activations), and plain decoding
     // with it, so that both runs round alike.
     let mut all = vec![
         "--temperature",
-        "0",
+        t,
         "--json",
         "--ignore-eos",
         "--act-bits",
@@ -95,16 +101,12 @@ fn network_spec_ngram_prints_what_plain_decoding_prints() {
 }
 
 #[test]
-fn spec_with_sampling_or_bad_settings_is_exit_1() {
+fn spec_with_bad_settings_is_exit_1() {
     let model = qkv::testing::synthetic::model_file(qkv::testing::synthetic::Storage::F16);
     let model = model.to_str().unwrap();
     for (args, needle) in [
         (
-            &["--spec", "ngram", "--temperature", "0.7"][..],
-            "greedy decoding only",
-        ),
-        (
-            &["--spec-max", "4", "--temperature", "0"],
+            &["--spec-max", "4", "--temperature", "0"][..],
             "--spec-max needs --spec",
         ),
         (
@@ -127,6 +129,39 @@ fn spec_with_sampling_or_bad_settings_is_exit_1() {
 /// `--spec draft --model-draft FILE`: a second model of the same vocabulary drafts (the
 /// synthetic model's Q4_0 file for its f32 one), and the text is plain decoding's; a model
 /// drafting for itself has every draft kept.
+/// Sampling: n-gram drafts are verified with plain sampling's own draws, so for a seed the
+/// text is the text of plain sampling; a sampled draft model's drafts are kept or replaced
+/// by the speculative-sampling rule (tested for its distribution in qkv's
+/// tests/speculative/sampling.rs), here the run and its counts.
+#[test]
+fn spec_with_sampling_prints_what_plain_sampling_prints() {
+    use qkv::testing::synthetic::{model_file, Storage};
+    let target = model_file(Storage::F32);
+    let other = model_file(Storage::Quant(qkv::kernels::QuantFormat::Q4_0));
+    let (target, other) = (target.to_str().unwrap(), other.to_str().unwrap());
+    let prompt = "the cat sat on the mat and then there was another one in the garden. ".repeat(3);
+    let mut ngram_drafts = 0;
+    for seed in ["1", "2", "7"] {
+        let base = [
+            "--model", target, "-n", "40", "--seed", seed, "--top-k", "0",
+        ];
+        let (plain, _) = run_at("0.5", &base, &prompt);
+        let (fast, stats) = run_at("0.5", &[&base[..], &["--spec", "ngram"]].concat(), &prompt);
+        assert_same_tokens(&fast, &plain, &format!("seed {seed}"));
+        ngram_drafts += stats["draft_tokens"].as_u64().unwrap();
+        let args = [&base[..], &["--spec", "draft", "--model-draft", other]].concat();
+        let (drafted, stats) = run_at("0.5", &args, &prompt);
+        let ids = |v: &[Value]| v.iter().filter(|l| l.get("id").is_some()).count();
+        assert_eq!(ids(&drafted), ids(&plain));
+        let (d, k) = (
+            stats["draft_tokens"].as_u64().unwrap(),
+            stats["accepted_tokens"].as_u64().unwrap(),
+        );
+        assert!(d > 0 && k <= d, "{stats}");
+    }
+    assert!(ngram_drafts > 0, "no n-gram draft was verified");
+}
+
 #[test]
 fn spec_draft_prints_what_plain_decoding_prints() {
     use qkv::testing::synthetic::{model_file, Storage};

@@ -2,11 +2,15 @@
 //! default model in the `network_…` test): the server default (`--spec`, llama-server's
 //! `--spec-type` / `--draft-max`), the per-request fields (`speculative.n_max` on
 //! `/completion`, `speculative` on the OpenAI routes), the same text with and without
-//! speculation, `timings.draft_n` / `draft_n_accepted` as llama-server reports them, and
-//! `/metrics` counters that add up to them.
+//! speculation (greedy, and sampled with n-gram drafts: the same seed gives the same text),
+//! `timings.draft_n` / `draft_n_accepted` as llama-server reports them, `/metrics`
+//! counters that add up to them, and a draft model (`--model-draft`, `-md`,
+//! `--spec-type draft-simple`; one of another vocabulary refused naming both files).
 
 mod support;
 
+use qkv::kernels::QuantFormat;
+use qkv::testing::synthetic::{model_file, Storage};
 use serde_json::{json, Value};
 use support::{metric, synthetic, Server};
 
@@ -62,10 +66,21 @@ fn a_server_default_speculates_greedy_requests_with_the_same_text() {
     assert_eq!(drafts(&plain), None, "n_max 0 turns it off");
     let (d3, a3) = drafts(&three).unwrap();
     assert!(d3 > 0 && a3 <= d3);
-    // Sampling runs plainly whatever the server's default.
-    let sampled = s.json("/completion", &body(json!({"temperature": 0.8, "seed": 5})));
-    assert_eq!(drafts(&sampled), None);
+    // Sampling speculates too: n-gram drafts are verified with plain sampling's own draws,
+    // so the same seed gives the same text.
+    let sampled_body = |n_max: u64| {
+        body(
+            json!({"temperature": 0.8, "seed": 5, "top_k": 0, "min_p": 0.02,
+                    "speculative.n_max": n_max}),
+        )
+    };
+    let sampled = s.json("/completion", &sampled_body(5));
+    let sampled_plain = s.json("/completion", &sampled_body(0));
+    assert_eq!(sampled["content"], sampled_plain["content"]);
+    let (ds, as_) = drafts(&sampled).expect("a sampled request speculates");
+    assert!(as_ <= ds);
     // The counters add up the requests' drafts.
+    let (d, a) = (d + ds, a + as_);
     let (_, text) = s.get("/metrics");
     assert_eq!(
         metric(&text, "qkv_spec_draft_tokens_total"),
@@ -167,6 +182,72 @@ fn bad_speculation_fields_and_flags_are_refused() {
         let err = Server::spawn(&args).err().expect("the server refuses");
         assert!(err.contains("--spec"), "{flags:?}: {err}");
     }
+}
+
+/// `--model-draft` (and llama-server's `-md`): requests draft with a second model of the
+/// vocabulary by default, greedy ones with the text of plain decoding, sampled ones too; a
+/// request may draft by n-gram lookup instead, or not at all; `--spec-min` reaches
+/// `/props`.
+#[test]
+fn a_draft_model_drafts_for_requests() {
+    let far = model_file(Storage::Quant(QuantFormat::Q4_0));
+    let far = far.to_str().unwrap();
+    for flag in ["--model-draft", "-md"] {
+        let s = server(&[flag, far, "--spec-min", "1"]);
+        let body = |extra: Value| {
+            let mut b = json!({"prompt": repeating(), "n_predict": 40, "temperature": 0,
+                               "ignore_eos": true});
+            b.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            b
+        };
+        let drafted = s.json("/completion", &body(json!({})));
+        let plain = s.json("/completion", &body(json!({"speculative": false})));
+        let ngram = s.json("/completion", &body(json!({"speculative": "ngram"})));
+        assert_eq!(drafted["content"], plain["content"], "{flag}");
+        assert_eq!(ngram["content"], plain["content"], "{flag}");
+        let (d, a) = drafts(&drafted).expect("the draft model drafts");
+        assert!(d > 0 && a <= d, "{d} {a}");
+        assert_eq!(drafts(&plain), None);
+        let sampled = s.json(
+            "/v1/completions",
+            &json!({"prompt": repeating(), "max_tokens": 30, "temperature": 0.9, "seed": 3,
+                    "speculative": "draft-simple"}),
+        );
+        assert!(drafts(&sampled).unwrap().0 > 0, "{sampled}");
+        let props: Value = serde_json::from_str(&s.get("/props").1).unwrap();
+        let settings = &props["default_generation_settings"];
+        assert_eq!(settings["speculative"], true);
+        assert_eq!(settings["params"]["speculative.n_min"], 1);
+    }
+    // Without a draft model, a request for one is a 400 naming the field.
+    let s = server(&[]);
+    let (status, text) = s.call(
+        "POST",
+        "/completion",
+        &json!({"prompt": "a", "speculative": "draft"}),
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("speculative"), "{text}");
+}
+
+/// A draft model of another vocabulary (the default model's, for the synthetic one) stops
+/// the server with an error naming both files.
+#[test]
+fn network_a_draft_model_of_another_vocabulary_is_refused() {
+    let Some(other) = qkv_fetch::testing::default_gguf() else {
+        return;
+    };
+    let model = synthetic();
+    let other = other.to_str().unwrap();
+    let err = Server::spawn(&["--model", model.as_str(), "--model-draft", other])
+        .err()
+        .expect("the server refuses");
+    assert!(
+        err.contains("vocabulary") && err.contains(other) && err.contains(model.as_str()),
+        "{err}"
+    );
 }
 
 /// On the default model: a request that copies its input keeps most drafts, with the text

@@ -3,17 +3,23 @@
 //! bound by reading the weights, so a pass of k + 1 rows costs little more than one row, and
 //! every drafted token the model agrees with is a step saved.
 //!
-//! It is lossless: a drafted token is kept only when the model's own choice at its position
-//! is that very token, and the model's choice after the last kept one comes from the same
-//! pass. Drafts come from n-gram lookup over the sequence itself ([`ngram`]) or from a
-//! second, smaller model ([`Speculation::Draft`]), and only greedy decoding (temperature 0)
-//! is verified; [`Session`](crate::session::Session)'s
-//! generation refuses it with sampling. While a sequence generates, the draft length
-//! follows what the model keeps, and drafting pauses when the kept tokens do not make up
-//! for the cost of the pass's extra rows, timed on this machine against a one-row step.
+//! It is lossless. Greedy (temperature 0): a drafted token is kept only when the model's
+//! own choice at its position is that very token, and the model's choice after the last
+//! kept one comes from the same pass, so the tokens are those of plain decoding. Sampling:
+//! drafted tokens are kept or replaced by the speculative-sampling rule ([`sampling`]), so
+//! the tokens have the distribution of plain sampling (and, with n-gram drafts, are the
+//! very tokens plain sampling draws with the same seed). Drafts come from n-gram lookup over
+//! the sequence itself ([`ngram`]) or from a second, smaller model
+//! ([`Speculation::Draft`]), which samples its drafts under the same sampler settings. While
+//! a sequence generates, the draft length follows what the model keeps, and drafting pauses
+//! when the kept tokens do not make up for the cost of the pass's extra rows, timed on this
+//! machine against a one-row step. Drafts shorter than a minimum
+//! ([`NgramOptions::min_draft`], [`DraftOptions::min_draft`]) are not verified: the token
+//! runs alone.
 
 mod governor;
 pub mod ngram;
+pub mod sampling;
 
 pub(crate) use governor::Governor;
 
@@ -41,19 +47,40 @@ pub enum Speculation {
 }
 
 /// The settings of drafting with a second model. `Default`: drafts of up to
-/// [`MAX_DRAFT`] tokens.
+/// [`MAX_DRAFT`] tokens, any length verified.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DraftOptions {
     /// Most tokens per draft, 1..=[`MAX_DRAFT`].
     pub max_draft: usize,
+    /// Fewest tokens a draft must hold to be verified, 0..=`max_draft` (0 and 1 verify any
+    /// draft); a shorter one is dropped and the token runs alone (llama-server's
+    /// `--spec-draft-n-min`, `speculative.n_min`). The governor's shorter draft lengths
+    /// are raised to it.
+    pub min_draft: usize,
 }
 
 impl Default for DraftOptions {
     fn default() -> Self {
         DraftOptions {
             max_draft: MAX_DRAFT,
+            min_draft: 0,
         }
     }
+}
+
+/// [`Error::Config`] unless `1 ≤ max ≤ MAX_DRAFT` and `min ≤ max`.
+fn check_lengths(min: usize, max: usize) -> Result<()> {
+    if !(1..=MAX_DRAFT).contains(&max) {
+        return Err(Error::Config(format!(
+            "speculation: a draft of at most {max} tokens is not in 1..={MAX_DRAFT}"
+        )));
+    }
+    if min > max {
+        return Err(Error::Config(format!(
+            "speculation: drafts of at least {min} tokens but at most {max}"
+        )));
+    }
+    Ok(())
 }
 
 /// The settings of n-gram drafting. `Default`: drafts of up to [`MAX_DRAFT`] tokens, after a
@@ -66,6 +93,8 @@ pub struct NgramOptions {
     pub min_ngram: usize,
     /// Longest suffix tried first, ≥ `min_ngram`.
     pub max_ngram: usize,
+    /// Fewest tokens a draft must hold to be verified, as [`DraftOptions::min_draft`].
+    pub min_draft: usize,
 }
 
 impl Default for NgramOptions {
@@ -74,6 +103,7 @@ impl Default for NgramOptions {
             max_draft: MAX_DRAFT,
             min_ngram: 2,
             max_ngram: 4,
+            min_draft: 0,
         }
     }
 }
@@ -81,12 +111,7 @@ impl Default for NgramOptions {
 impl NgramOptions {
     /// [`Error::Config`] naming the first setting out of its range.
     pub fn validate(&self) -> Result<()> {
-        if !(1..=MAX_DRAFT).contains(&self.max_draft) {
-            return Err(Error::Config(format!(
-                "speculation: a draft of at most {} tokens is not in 1..={MAX_DRAFT}",
-                self.max_draft
-            )));
-        }
+        check_lengths(self.min_draft, self.max_draft)?;
         if self.min_ngram == 0 || self.min_ngram > self.max_ngram {
             return Err(Error::Config(format!(
                 "speculation: n-grams of {} down to {} tokens (need max ≥ min ≥ 1)",
@@ -103,13 +128,26 @@ impl Speculation {
         match self {
             Speculation::Off => Ok(()),
             Speculation::Ngram(o) => o.validate(),
-            Speculation::Draft(o) if !(1..=MAX_DRAFT).contains(&o.max_draft) => {
-                Err(Error::Config(format!(
-                    "speculation: a draft of at most {} tokens is not in 1..={MAX_DRAFT}",
-                    o.max_draft
-                )))
-            }
-            Speculation::Draft(_) => Ok(()),
+            Speculation::Draft(o) => check_lengths(o.min_draft, o.max_draft),
+        }
+    }
+
+    /// Fewest tokens a draft must hold to be verified: 0 when off.
+    pub fn min_draft(&self) -> usize {
+        match self {
+            Speculation::Off => 0,
+            Speculation::Ngram(o) => o.min_draft,
+            Speculation::Draft(o) => o.min_draft,
+        }
+    }
+
+    /// The draft length to ask for when the governor allows `limit` tokens (0: no draft
+    /// this step): at least the minimum a draft must hold.
+    pub(crate) fn ask(&self, limit: usize) -> usize {
+        if limit == 0 {
+            0
+        } else {
+            limit.max(self.min_draft())
         }
     }
 

@@ -13,9 +13,10 @@ use qkv::engine::{Engine, EngineOptions, Event, FinishReason, GenRequest, SeqId}
 use qkv::kernels::quant::act::ActPrecision;
 use qkv::kernels::QuantFormat;
 use qkv::load::{Model, ModelOptions};
-use qkv::models::decoder::KvType;
+use qkv::models::decoder::{Decoder, DecoderConfig, KvType, WeightLayout};
 use qkv::sample::SamplerConfig;
 use qkv::speculative::{DraftOptions, NgramOptions, SpecStats, Speculation, MAX_DRAFT};
+use qkv::weights::FloatType;
 use qkv::Error;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ fn ngram(max_draft: usize, min_ngram: usize, max_ngram: usize) -> Speculation {
         max_draft,
         min_ngram,
         max_ngram,
+        min_draft: 0,
     })
 }
 
@@ -372,9 +374,12 @@ fn a_constrained_sequence_speculates_within_its_constraint() {
     }
 }
 
-/// Speculation with sampling, and settings out of range, are refused with typed errors.
+/// Settings out of range, and a draft model's speculation on an engine without one, are
+/// refused with typed errors; sampling is verified, not refused
+/// (tests/speculative/sampling.rs); a draft model of another vocabulary is refused naming
+/// both models.
 #[test]
-fn speculation_refuses_sampling_and_bad_settings() {
+fn speculation_refuses_bad_settings_and_a_missing_draft_model() {
     let m = load_at(Storage::F32, ActPrecision::Wide);
     let mut e = engine(&m, KvType::F32);
     let sampled = GenRequest {
@@ -384,17 +389,80 @@ fn speculation_refuses_sampling_and_bad_settings() {
         },
         ..request(&[1, 2, 3], 4, ngram(4, 1, 2))
     };
-    let err = e.submit(sampled).unwrap_err();
-    assert!(matches!(err, Error::Unsupported(_)), "{err}");
+    e.submit(sampled).unwrap();
     for bad in [ngram(0, 1, 2), ngram(MAX_DRAFT + 1, 1, 2), ngram(4, 3, 2)] {
         let err = e.submit(request(&[1, 2, 3], 4, bad)).unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{bad:?}: {err}");
     }
-    // The engine drafts by n-gram lookup; a draft model is the session's.
     let drafted = request(&[1, 2, 3], 4, Speculation::Draft(DraftOptions::default()));
     let err = e.submit(drafted).unwrap_err();
-    assert!(matches!(err, Error::Unsupported(_)), "{err}");
-    assert_eq!(e.queued(), 0);
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(err.to_string().contains("draft model"), "{err}");
+    assert_eq!(e.queued(), 1);
+    let config = DecoderConfig::llama(16, 1, 2, 1, 32, 50, 64, WeightLayout::Gguf);
+    let other = Model::from_parts(Decoder::synthetic(config, 1, FloatType::F32).unwrap(), None);
+    let err = e.set_draft_model(Arc::new(other)).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::Config(_)), "{text}");
+    assert!(
+        text.contains("a model built in memory") && text.contains(&m.path().display().to_string()),
+        "{text}"
+    );
+    assert!(e.draft_model().is_none());
+}
+
+/// Sequences drafting with a draft model (one close to the model, one far from it), batched
+/// with n-gram drafting and plain ones, greedy: each gets exactly the tokens it gets alone
+/// without speculation; the close drafter's drafts are mostly kept; the counts match the
+/// events.
+#[test]
+fn sequences_drafting_with_a_draft_model_get_the_tokens_they_get_alone() {
+    let m = load_at(Storage::F32, ActPrecision::Wide);
+    let kv = KvType::F32;
+    let tok = m.tokenizer().unwrap();
+    let repeating = synthetic::text_tokens(tok, 70);
+    let shifted = synthetic::text_tokens(tok, 90)[13..].to_vec();
+    let scattered: Vec<u32> = (0..30).map(|i| (i * 37 + 11) % 260).collect();
+    let draft = |max_draft| {
+        Speculation::Draft(DraftOptions {
+            max_draft,
+            min_draft: 0,
+        })
+    };
+    for (drafter, close) in [
+        (Storage::F16, true),
+        (Storage::Quant(QuantFormat::Q4_0), false),
+    ] {
+        let mut e = engine(&m, kv);
+        e.set_draft_model(load_at(drafter, ActPrecision::Wide))
+            .unwrap();
+        let n = 30;
+        let cases = [
+            (&scattered, draft(MAX_DRAFT)),
+            (&shifted, Speculation::Off),
+            (&repeating, draft(3)),
+            (&shifted, ngram(3, 2, 3)),
+        ];
+        let seqs: Vec<SeqId> = cases
+            .iter()
+            .map(|(p, s)| e.submit(request(p, n, *s)).unwrap())
+            .collect();
+        let (events, per_step) = run(&mut e);
+        let (tokens, done) = collect(&events);
+        for (&seq, (prompt, spec)) in seqs.iter().zip(cases) {
+            assert_eq!(
+                ids(&tokens, seq),
+                alone(&m, kv, prompt, n),
+                "{drafter:?}: {spec:?}"
+            );
+        }
+        check_counts(&e, &seqs, &done, &per_step);
+        let s = spec_of(&done, seqs[0]);
+        assert!(s.verify_passes > 0, "{drafter:?}: {s:?}");
+        if close {
+            assert!(s.accepted_tokens * 2 > s.draft_tokens, "{s:?}");
+        }
+    }
 }
 
 /// On the default model (as published, at both precisions): a prompt that copies a passage

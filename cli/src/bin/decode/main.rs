@@ -153,12 +153,13 @@ struct RunArgs {
     /// the end, inside a character), then a stats object.
     #[arg(long)]
     json: bool,
-    /// Speculative decoding, greedy only (--temperature 0) and in the exact mode (16-bit
-    /// activations, the default): `ngram` drafts the tokens that
-    /// followed the latest earlier occurrence of the text's last few tokens (prompt lookup)
-    /// and checks them in one pass; the text is the same as without it. `draft` drafts
-    /// with the greedy tokens of a second, smaller model of the same vocabulary
-    /// (--model-draft).
+    /// Speculative decoding, in the exact mode (16-bit activations, the default): `ngram`
+    /// drafts the tokens that followed the latest earlier occurrence of the text's last few
+    /// tokens (prompt lookup) and checks them in one pass; `draft` drafts with a second,
+    /// smaller model of the same vocabulary (--model-draft), its tokens sampled under the
+    /// same settings. Greedy, the text is the same as without it; sampling, drafts are kept
+    /// by the speculative-sampling rule, so the text has the distribution of plain sampling
+    /// (with `ngram`, the very text of the same --seed).
     #[arg(long, value_name = "KIND", value_parser = ["ngram", "draft"])]
     spec: Option<String>,
     /// The draft model of --spec draft (a GGUF file or a Hugging Face directory, loaded as
@@ -267,7 +268,7 @@ const MAX_THREADS: usize = 1024;
 fn run(args: &RunArgs) -> AnyResult<()> {
     // Checked before anything is loaded, so a typo costs nothing.
     let config = sampler_config(args)?;
-    let spec = speculation(args, &config)?;
+    let spec = speculation(args)?;
     set_threads(args.threads)?;
     let prompt = read_prompt(args)?;
     let Loaded {
@@ -312,9 +313,9 @@ fn sampler_config(args: &RunArgs) -> AnyResult<SamplerConfig> {
     Ok(config)
 }
 
-/// The speculation `--spec` and `--spec-max` ask for, checked against the sampler: drafts
-/// are verified for greedy decoding only.
-fn speculation(args: &RunArgs, config: &SamplerConfig) -> AnyResult<Speculation> {
+/// The speculation `--spec` and `--spec-max` ask for; with sampling, drafts are verified by
+/// the speculative-sampling rule, so the text has the distribution of plain sampling.
+fn speculation(args: &RunArgs) -> AnyResult<Speculation> {
     if args.model_draft.is_some() != (args.spec.as_deref() == Some("draft")) {
         return Err("--spec draft and --model-draft FILE go together".into());
     }
@@ -323,6 +324,7 @@ fn speculation(args: &RunArgs, config: &SamplerConfig) -> AnyResult<Speculation>
         (None, Some(_)) => return Err("--spec-max needs --spec".into()),
         (Some("draft"), max) => Speculation::Draft(DraftOptions {
             max_draft: max.unwrap_or(DraftOptions::default().max_draft),
+            ..DraftOptions::default()
         }),
         (Some(_), max) => Speculation::Ngram(NgramOptions {
             max_draft: max.unwrap_or(NgramOptions::default().max_draft),
@@ -330,9 +332,6 @@ fn speculation(args: &RunArgs, config: &SamplerConfig) -> AnyResult<Speculation>
         }),
     };
     spec.validate()?;
-    if !config.is_greedy() {
-        return Err("--spec verifies greedy decoding only: pass --temperature 0".into());
-    }
     Ok(spec)
 }
 

@@ -195,12 +195,18 @@ pub(crate) struct Args {
     pub(crate) reranking: bool,
     // Speculative decoding (qkv_server::speculative): the default of requests that do not
     // say, with llama-server's spellings as aliases.
-    /// Speculative decoding for greedy requests that do not say: `ngram` (drafts looked up
-    /// in the prompt and the text so far, verified in one pass: the same tokens, faster on
-    /// text that copies its input) or `off` (the default). llama-server's `--spec-type`
+    /// Speculative decoding for requests that do not say: `ngram` (drafts looked up in the
+    /// prompt and the text so far, verified in one pass: faster on text that copies its
+    /// input), `draft` (drafts of --model-draft) or `off` (the default, or `draft` with
+    /// --model-draft). Greedy requests get the tokens they get without it; sampled ones
+    /// the same distribution (the speculative-sampling rule). llama-server's `--spec-type`
     /// names are taken too (`ngram-simple`, `ngram-map-k`, `ngram-mod`, `ngram-cache`:
-    /// n-gram lookup; `none`: off).
-    #[arg(long = "spec", visible_alias = "spec-type", value_name = "ngram|off")]
+    /// n-gram lookup; `draft-simple`: the draft model; `none`: off).
+    #[arg(
+        long = "spec",
+        visible_alias = "spec-type",
+        value_name = "ngram|draft|off"
+    )]
     pub(crate) spec: Option<String>,
     /// Most tokens per draft, 1 to 7 (default 7); alone, turns `--spec ngram` on. A request
     /// may ask for fewer (`speculative.n_max`).
@@ -210,6 +216,19 @@ pub(crate) struct Args {
         value_name = "N"
     )]
     pub(crate) spec_max: Option<usize>,
+    /// Fewest tokens a draft must hold to be verified (default 0: any); a shorter draft is
+    /// dropped and the token runs alone. A request may say otherwise (`speculative.n_min`).
+    #[arg(
+        long = "spec-min",
+        visible_aliases = ["draft-min", "spec-draft-n-min"],
+        value_name = "N"
+    )]
+    pub(crate) spec_min: Option<usize>,
+    /// A draft model (GGUF file or Hugging Face directory, loaded as --model is) of the
+    /// model's vocabulary: requests that speculate draft with its tokens, each sequence on a
+    /// KV cache of its own (`-md`, as llama-server). Makes `--spec draft` the default.
+    #[arg(long = "model-draft", value_name = "FILE")]
+    pub(crate) model_draft: Option<PathBuf>,
     /// Router mode: serve every model of this directory (GGUF files, and subdirectories
     /// holding one model), each started on its first request; give no `--model`.
     #[arg(long, value_name = "DIR")]

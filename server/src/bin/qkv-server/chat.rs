@@ -35,8 +35,11 @@ pub struct ServeOptions {
     pub max_sequences: usize,
     /// `--embeddings`: how embeddings pool the hidden states (`None`: not served).
     pub pooling: Option<qkv_server::embedding::Pooling>,
-    /// `--spec`, `--spec-max`: the speculation of greedy requests that do not say.
+    /// `--spec`, `--spec-max`, `--spec-min`, `--model-draft`: the speculation of requests
+    /// that do not say.
     pub speculation: qkv::speculative::Speculation,
+    /// `--model-draft`: whether requests may draft with a second model.
+    pub draft_model: bool,
 }
 
 /// The chat template the server renders with: `--chat-template-file`'s, else the model's.

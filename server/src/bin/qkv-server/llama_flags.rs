@@ -21,7 +21,7 @@ use Kind::{Note, Refuse, Rename};
 
 const CPU: &str = "qkv runs on the CPU: there is nothing to offload";
 const NO_DOWNLOAD: &str = "downloading models (give --model a local GGUF file or directory)";
-const SPECULATIVE: &str = "speculative decoding with a draft model, or a draft minimum";
+const SPECULATIVE: &str = "synthetic speculative drafts";
 const VISION: &str = "image and audio input";
 const TOOLS: &str = "built-in server tools and MCP servers";
 const PREFIX_CACHE: &str = "qkv's prefix cache lives in the KV cache budget (--kv-budget)";
@@ -117,14 +117,11 @@ const TABLE: &[(&str, Kind)] = &[
     ("--slot-save-path", Refuse("saving slots to disk")),
     ("--grp-attn-n", Refuse("group attention (self-extend)")),
     ("--grp-attn-w", Refuse("group attention (self-extend)")),
-    ("-md", Refuse(SPECULATIVE)),
-    ("--model-draft", Refuse(SPECULATIVE)),
-    ("--spec-draft-n-min", Refuse(SPECULATIVE)),
+    ("-md", Rename("--model-draft")),
     ("--spec-synth-len", Refuse(SPECULATIVE)),
     ("--spec-synth-rates", Refuse(SPECULATIVE)),
     ("--draft", Rename("--draft-max")),
     ("--draft-n", Rename("--draft-max")),
-    ("--draft-min", Refuse(SPECULATIVE)),
     ("-mm", Refuse(VISION)),
     ("--mmproj", Refuse(VISION)),
     ("-mmu", Refuse(VISION)),

@@ -362,6 +362,13 @@ fn serve_decoder(
             kv_dtype: args.kv_cache_type()?,
         },
     )?;
+    let mut engine = engine;
+    if let Some(draft) = &args.model_draft {
+        // The draft model is loaded as the model is; one of another vocabulary is refused
+        // with an error naming both files.
+        engine.set_draft_model(Arc::new(Model::load(draft, &options)?))?;
+    }
+    let has_draft = engine.draft_model().is_some();
     let what = format!("{} sequences of {ctx} positions", engine.max_running());
     let max_sequences = engine.max_running();
     let sleep_after = match args.sleep_idle_seconds {
@@ -390,7 +397,13 @@ fn serve_decoder(
         model_path: path.display().to_string(),
         max_sequences,
         pooling: args.embeddings.then_some(pooling),
-        speculation: qkv_server::speculative::server_default(args.spec.as_deref(), args.spec_max)?,
+        speculation: qkv_server::speculative::server_default(
+            args.spec.as_deref(),
+            args.spec_max,
+            args.spec_min,
+            has_draft,
+        )?,
+        draft_model: has_draft,
     };
     let rerank = Arc::new(rerank::RerankState {
         shared: shared.clone(),

@@ -369,6 +369,7 @@ fn default_params(state: &AppState) -> Value {
         "stream": false, "n_probs": 0, "ignore_eos": false,
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
         "speculative.n_max": o.speculation.max_draft(),
+        "speculative.n_min": o.speculation.min_draft(),
     })
 }
 

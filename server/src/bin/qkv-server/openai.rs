@@ -123,6 +123,11 @@ pub async fn start(
             bias,
         )) as Box<dyn qkv::engine::TokenConstraint>)
     };
+    let speculation = qkv_server::speculative::resolve(
+        state.options.speculation,
+        &p.speculative,
+        state.options.draft_model,
+    )?;
     let prompt_tokens = prompt.len();
     let request = GenRequest {
         prompt: prompt.clone(),
@@ -130,11 +135,7 @@ pub async fn start(
         max_tokens,
         ignore_eos: p.ignore_eos,
         top_logprobs: if p.logprobs { p.top_logprobs } else { 0 },
-        speculation: qkv_server::speculative::resolve(
-            state.options.speculation,
-            &p.speculative,
-            p.sampler.is_greedy(),
-        ),
+        speculation,
     };
     let submitted = Instant::now();
     let (seq, rx) = state.worker.submit(request, constraint).await?;
