@@ -65,8 +65,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod after_pass;
+mod shift;
+mod slots;
 mod speculate;
 use after_pass::{read_prompt_chunk, sample_next};
+pub use slots::SavedSlot;
 use speculate::SpecState;
 
 /// How an [`Engine`] is sized.
@@ -133,6 +136,17 @@ pub struct GenRequest {
     /// Whether to draft tokens and verify them in the step's pass (greedy sampling only):
     /// the tokens are those of plain decoding, several per pass when drafts are kept.
     pub speculation: Speculation,
+    /// Run in this slot (`0..`[`Engine::max_running`]), as llama-server's `id_slot` asks:
+    /// the request waits until that slot is free, and reuses what it caches (a restored
+    /// [`Engine::restore_slot`] file, say). `None`: any free slot, the one sharing the
+    /// longest prefix with the prompt first.
+    pub slot: Option<usize>,
+    /// Context shift, with the number of leading tokens to keep (llama-server's `n_keep`,
+    /// at most the context less 4): when the sequence's tokens fill its context, the tokens
+    /// after the first `n_keep` are halved (the older half dropped) and the rest are run
+    /// again at their new positions, so that it goes on generating (see
+    /// [`Event::Shifted`]). `None`: the prompt and `max_tokens` must fit the context.
+    pub context_shift: Option<usize>,
 }
 
 impl GenRequest {
@@ -146,6 +160,8 @@ impl GenRequest {
             ignore_eos: false,
             top_logprobs: 0,
             speculation: Speculation::Off,
+            slot: None,
+            context_shift: None,
         }
     }
 }
@@ -229,6 +245,18 @@ pub enum Event {
         /// Tokens of the prompt.
         total: usize,
     },
+    /// A sequence with [`GenRequest::context_shift`] filled its context: the `dropped`
+    /// tokens after its first `kept` were forgotten, and the tokens after them are run again
+    /// at their new positions before it samples its next token (exactly as a sequence
+    /// whose prompt were the shifted tokens would).
+    Shifted {
+        /// The sequence.
+        seq: SeqId,
+        /// Leading tokens kept in place.
+        kept: usize,
+        /// Tokens dropped after them.
+        dropped: usize,
+    },
     /// A sequence failed (its logits were not finite, say); no event about it follows.
     Failed {
         /// The sequence.
@@ -243,6 +271,9 @@ struct Running {
     seq: SeqId,
     request: GenRequest,
     sampler: Sampler,
+    /// Tokens of the request's prompt (`request.prompt` is replaced by the tokens to run
+    /// again after a context shift).
+    prompt_len: usize,
     /// Prompt tokens already in the cache.
     read: usize,
     /// How many of them came from the cache of an earlier sequence.
@@ -477,13 +508,20 @@ impl Engine {
         if let Some(&id) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::TokenOutOfRange { id, vocab });
         }
-        // The last generated token is never run, so prompt + max_tokens − 1 positions.
-        let needed = request.prompt.len().saturating_add(request.max_tokens - 1);
+        // The last generated token is never run, so prompt + max_tokens − 1 positions; with
+        // context shift, the prompt and one token.
+        let needed = match request.context_shift {
+            None => request.prompt.len().saturating_add(request.max_tokens - 1),
+            Some(_) => request.prompt.len() + 1,
+        };
         if needed > self.options.context {
             return Err(Error::ContextFull {
                 needed,
                 capacity: self.options.context,
             });
+        }
+        if let Some(slot) = request.slot {
+            self.check_slot(slot)?;
         }
         request.sampler.validate()?;
         if request.speculation != Speculation::Off {
@@ -534,6 +572,7 @@ impl Engine {
     pub fn step(&mut self, events: &mut Vec<Event>) -> Result<()> {
         self.retire_cancelled(events);
         self.admit(events)?;
+        shift::shift_full(&mut self.slots, self.options.context, events);
         if !self.plan_step() {
             return Ok(());
         }
@@ -718,25 +757,40 @@ impl Engine {
                 common_prefix(cached, &request.prompt).min(request.prompt.len() - 1)
             };
             let best = free.max_by_key(|(_, s)| reuse_len(s)).map(|(i, _)| i);
-            let slot = match best {
-                Some(i) if reuse_len(&self.slots[i]) > 0 || self.slots.len() >= self.max_slots => i,
-                _ if self.slots.len() < self.max_slots => {
-                    let cache = self
-                        .model
-                        .decoder()
-                        .new_cache(self.options.context, self.kv_dtype)?;
-                    self.slots.push(Slot {
-                        cache,
-                        tokens: Vec::new(),
-                        running: None,
-                    });
-                    self.slots.len() - 1
-                }
-                Some(i) => i,
-                None => {
+            let slot = match (request.slot, best) {
+                // A pinned request waits for its slot (and keeps its place in the queue).
+                (Some(i), _) if self.slots.get(i).is_some_and(|s| s.running.is_some()) => {
                     self.queue.push_front((seq, request, constraint));
                     break;
                 }
+                (Some(i), _) => {
+                    self.make_slots(i + 1)?;
+                    i
+                }
+                (None, best) => match best {
+                    Some(i)
+                        if reuse_len(&self.slots[i]) > 0 || self.slots.len() >= self.max_slots =>
+                    {
+                        i
+                    }
+                    _ if self.slots.len() < self.max_slots => {
+                        let cache = self
+                            .model
+                            .decoder()
+                            .new_cache(self.options.context, self.kv_dtype)?;
+                        self.slots.push(Slot {
+                            cache,
+                            tokens: Vec::new(),
+                            running: None,
+                        });
+                        self.slots.len() - 1
+                    }
+                    Some(i) => i,
+                    None => {
+                        self.queue.push_front((seq, request, constraint));
+                        break;
+                    }
+                },
             };
             let s = &mut self.slots[slot];
             let keep = reuse_len(s);
@@ -746,6 +800,7 @@ impl Engine {
             s.running = Some(Running {
                 seq,
                 sampler: Sampler::new(request.sampler.clone())?,
+                prompt_len: total,
                 read: keep,
                 cached: keep,
                 generated: 0,
@@ -771,7 +826,7 @@ fn done(r: &Running, reason: FinishReason) -> Event {
     Event::Done {
         seq: r.seq,
         reason,
-        prompt_tokens: r.request.prompt.len(),
+        prompt_tokens: r.prompt_len,
         cached_tokens: r.cached,
         generated: r.generated,
         spec: r.spec.as_ref().map_or_else(SpecStats::default, |s| s.stats),

@@ -45,12 +45,15 @@ pub(super) fn read_prompt_chunk(slot: &mut Slot, n: usize, events: &mut Vec<Even
         slot.tokens
             .extend_from_slice(&r.request.prompt[r.read..r.read + n]);
         r.read += n;
-        events.push(Event::Prompt {
-            seq: r.seq,
-            cached: r.cached,
-            read: r.read,
-            total: r.request.prompt.len(),
-        });
+        // After a context shift the tokens run again are not the prompt's progress.
+        if r.generated == 0 {
+            events.push(Event::Prompt {
+                seq: r.seq,
+                cached: r.cached,
+                read: r.read,
+                total: r.prompt_len,
+            });
+        }
     }
 }
 
