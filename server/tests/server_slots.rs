@@ -166,11 +166,13 @@ fn the_context_ends_a_sequence_or_shifts_as_asked() {
     let r = ask(&plain, -1);
     assert_eq!(r["timings"]["predicted_n"], 48 - n);
     assert_eq!(r["truncated"], true);
-    let r = ask(&plain, 100);
-    assert_eq!(
-        (r["timings"]["predicted_n"].as_u64(), &r["truncated"]),
-        (Some(48 - n), &json!(true))
+    // A limit past the context is refused without shift.
+    let (status, body) = plain.call(
+        "POST",
+        "/completion",
+        &json!({"prompt": prompt, "n_predict": 100}),
     );
+    assert_eq!(status, 400, "{body}");
     let r = ask(&plain, 5);
     assert_eq!(
         (r["timings"]["predicted_n"].as_u64(), &r["truncated"]),

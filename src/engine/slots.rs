@@ -1,6 +1,7 @@
-//! A slot's tokens and KV cache as bytes, to keep a conversation's cache across restarts
-//! (llama-server's `/slots/{id}?action=save|restore|erase`), and the slots requests are
-//! pinned to ([`GenRequest::slot`](super::GenRequest)).
+//! Slots: how waiting requests take them (the free slot that shares the longest prefix
+//! with the prompt, or the one a request is pinned to, [`GenRequest::slot`](super::GenRequest)),
+//! and a slot's tokens and KV cache as bytes, to keep a conversation's cache across restarts
+//! (llama-server's `/slots/{id}?action=save|restore|erase`).
 //!
 //! The bytes (all integers little-endian):
 //!
@@ -21,10 +22,13 @@
 //! or shape, of another version, truncated, padded or corrupt are refused with
 //! [`Error::SlotState`] naming which, and the slot keeps what it had.
 
-use super::{Engine, Slot};
+use super::speculate::SpecState;
+use super::{common_prefix, Engine, Event, FinishReason, Running, Slot};
 use crate::alloc::{fnv1a, FNV_START};
 use crate::error::{Error, Result};
 use crate::models::decoder::KvType;
+use crate::sample::Sampler;
+use crate::speculative::SpecStats;
 
 const MAGIC: &[u8; 8] = b"QKVSLOT\0";
 const VERSION: u32 = 1;
@@ -64,6 +68,96 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 impl Engine {
+    /// Moves waiting requests into free slots, reusing the cached prefix of the slot that
+    /// shares the longest one with each prompt.
+    pub(super) fn admit(&mut self, events: &mut Vec<Event>) -> Result<()> {
+        while let Some((seq, request, constraint)) = self.queue.pop_front() {
+            if request.max_tokens == 0 {
+                // Cancelled while waiting.
+                events.push(Event::Done {
+                    seq,
+                    reason: FinishReason::Cancelled,
+                    prompt_tokens: request.prompt.len(),
+                    cached_tokens: 0,
+                    generated: 0,
+                    spec: SpecStats::default(),
+                });
+                continue;
+            }
+            let free = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.running.is_none());
+            // At least the prompt's last token runs again, for its logits.
+            let reuse_len = |s: &Slot| {
+                let cached = &s.tokens[..s.tokens.len().min(s.cache.filled())];
+                common_prefix(cached, &request.prompt).min(request.prompt.len() - 1)
+            };
+            let best = free.max_by_key(|(_, s)| reuse_len(s)).map(|(i, _)| i);
+            let slot = match (request.slot, best) {
+                // A pinned request waits for its slot (and keeps its place in the queue).
+                (Some(i), _) if self.slots.get(i).is_some_and(|s| s.running.is_some()) => {
+                    self.queue.push_front((seq, request, constraint));
+                    break;
+                }
+                (Some(i), _) => {
+                    self.make_slots(i + 1)?;
+                    i
+                }
+                (None, best) => match best {
+                    Some(i)
+                        if reuse_len(&self.slots[i]) > 0 || self.slots.len() >= self.max_slots =>
+                    {
+                        i
+                    }
+                    _ if self.slots.len() < self.max_slots => {
+                        let cache = self
+                            .model
+                            .decoder()
+                            .new_cache(self.options.context, self.kv_dtype)?;
+                        self.slots.push(Slot {
+                            cache,
+                            tokens: Vec::new(),
+                            running: None,
+                        });
+                        self.slots.len() - 1
+                    }
+                    Some(i) => i,
+                    None => {
+                        self.queue.push_front((seq, request, constraint));
+                        break;
+                    }
+                },
+            };
+            let s = &mut self.slots[slot];
+            let keep = reuse_len(s);
+            s.tokens.truncate(keep);
+            s.cache.truncate(keep);
+            let total = request.prompt.len();
+            s.running = Some(Running {
+                seq,
+                sampler: Sampler::new(request.sampler.clone())?,
+                prompt_len: total,
+                read: keep,
+                cached: keep,
+                generated: 0,
+                next: None,
+                cancelled: false,
+                constraint,
+                spec: SpecState::new(request.speculation),
+                request,
+            });
+            events.push(Event::Prompt {
+                seq,
+                cached: keep,
+                read: keep,
+                total,
+            });
+        }
+        Ok(())
+    }
+
     /// [`Error::Slot`] unless `slot` is one of the engine's.
     pub(super) fn check_slot(&self, slot: usize) -> Result<()> {
         if slot >= self.max_slots {

@@ -207,6 +207,9 @@ fn an_erased_slot_reuses_nothing_and_a_pinned_request_waits_for_its_slot() {
     assert_eq!((cached(s1), cached(s2)), (0, prompt.len() - 1));
 }
 
+/// The tokens a shift left (the prompt of a fresh run), and the tokens generated after it.
+type Segment = (Vec<u32>, Vec<(u32, u32)>);
+
 /// Greedy tokens of `prompt` in a fresh engine without shift.
 fn fresh(m: &Arc<Model>, prompt: &[u32], n: usize) -> Vec<(u32, u32)> {
     let mut e = engine_kv(m, KvType::F32, 1);
@@ -245,7 +248,7 @@ fn a_context_shift_gives_the_tokens_of_the_shifted_prompt() {
         // Replay: the tokens as the sequence holds them (the pending one last), and after
         // each shift the tokens that follow until the next one.
         let mut cur = prompt.clone();
-        let mut segments: Vec<(Vec<u32>, Vec<(u32, u32)>)> = Vec::new();
+        let mut segments: Vec<Segment> = Vec::new();
         let mut shifts = 0;
         for ev in &events {
             match ev {

@@ -26,10 +26,10 @@
 //!
 //! The request bodies are read by the `qkv_server` library. This file holds what every
 //! route shares ([`AppState`], [`Shared`], reading a body, counting an answer) and the
-//! router; its modules import only downward, from the bottom: `llama_flags`, `args`, `cors`, `listen`,
-//! `named_templates`, `worker`, `models`, `chat`, `openai`, `native`, `infill`, `embed_decoder`, `rerank`,
-//! `slot_files`, `translate`, `anthropic`, `responses`, `embed` (`tests/layering.rs` checks
-//! it).
+//! router; its modules import only downward, from the bottom: `llama_flags`, `args`, `cors`,
+//! `listen`, `named_templates`, `worker`, `models`, `chat`, `openai`, `native`, `infill`,
+//! `slot_files`, `embed_decoder`, `rerank`, `translate`, `anthropic`, `responses`, `embed`
+//! (`tests/layering.rs` checks it).
 
 #![forbid(unsafe_code)]
 

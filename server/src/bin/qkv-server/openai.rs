@@ -108,14 +108,15 @@ pub async fn start(
     if prompt.len() >= state.context {
         return Err(ApiError::exceeds_context(prompt.len(), state.context));
     }
-    // As llama-server: without context shift a sequence stops when its cached tokens and
-    // the next one reach the context (prompt + generated = context), and says it was
-    // `truncated`; with it, the context shifts as often as the tokens asked for need.
+    // As llama-server: without context shift a sequence with no limit stops when its cached
+    // tokens and the next one reach the context (prompt + generated = context), and says it
+    // was `truncated`; with it, the context shifts as often as the tokens asked for need.
     let room = state.context.saturating_sub(prompt.len()).max(1);
     let shift = state.options.context_shift;
+    // A limit past the context is refused (by the engine) unless the context shifts.
     let (max_tokens, context_cut) = match p.max_tokens {
-        Some(n) if shift || n <= room => (n, false),
-        _ => (room, true),
+        Some(n) => (n, false),
+        None => (room, true),
     };
     let tokenizer = state.model.tokenizer().expect("checked at start");
     let context_shift = shift.then(|| {
