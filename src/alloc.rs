@@ -4,6 +4,20 @@
 use crate::error::{Error, Result};
 pub(crate) use qkv_kernels::pages::Pages;
 
+/// FNV-1a over `bytes`, continuing from `state` (start from [`FNV_START`]): a 64-bit
+/// checksum of saved state and a fingerprint of a model's identity, not a defence against
+/// a forger.
+pub(crate) fn fnv1a(mut state: u64, bytes: &[u8]) -> u64 {
+    for &b in bytes {
+        state ^= u64::from(b);
+        state = state.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    state
+}
+
+/// FNV-1a's offset basis.
+pub(crate) const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
 /// An empty vector of `U` that keeps `v`'s buffer when the two layouts agree, as for one
 /// type at two lifetimes (a vector of borrowing items kept between steps, empty, so that a
 /// step does not allocate): collecting an emptied `Vec` into one of the same layout reuses

@@ -69,9 +69,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod after_pass;
+mod shift;
+mod slots;
 mod speculate;
 pub use after_pass::top_logprobs;
 use after_pass::{done, read_prompt_chunk, sample_next};
+pub use slots::SavedSlot;
 use speculate::SpecState;
 
 /// How an [`Engine`] is sized.
@@ -139,6 +142,17 @@ pub struct GenRequest {
     /// plain decoding when greedy, of its distribution when sampling, several per pass when
     /// drafts are kept. [`Speculation::Draft`] needs [`Engine::set_draft_model`].
     pub speculation: Speculation,
+    /// Run in this slot (`0..`[`Engine::max_running`]), as llama-server's `id_slot` asks:
+    /// the request waits until that slot is free, and reuses what it caches (a restored
+    /// [`Engine::restore_slot`] file, say). `None`: any free slot, the one sharing the
+    /// longest prefix with the prompt first.
+    pub slot: Option<usize>,
+    /// Context shift, with the number of leading tokens to keep (llama-server's `n_keep`,
+    /// at most the context less 4): when the sequence's tokens fill its context, the tokens
+    /// after the first `n_keep` are halved (the older half dropped) and the rest are run
+    /// again at their new positions, so that it goes on generating (see
+    /// [`Event::Shifted`]). `None`: the prompt and `max_tokens` must fit the context.
+    pub context_shift: Option<usize>,
 }
 
 impl GenRequest {
@@ -152,6 +166,8 @@ impl GenRequest {
             ignore_eos: false,
             top_logprobs: 0,
             speculation: Speculation::Off,
+            slot: None,
+            context_shift: None,
         }
     }
 }
@@ -235,6 +251,18 @@ pub enum Event {
         /// Tokens of the prompt.
         total: usize,
     },
+    /// A sequence with [`GenRequest::context_shift`] filled its context: the `dropped`
+    /// tokens after its first `kept` were forgotten, and the tokens after them are run again
+    /// at their new positions before it samples its next token (exactly as a sequence
+    /// whose prompt were the shifted tokens would).
+    Shifted {
+        /// The sequence.
+        seq: SeqId,
+        /// Leading tokens kept in place.
+        kept: usize,
+        /// Tokens dropped after them.
+        dropped: usize,
+    },
     /// A sequence failed (its logits were not finite, say); no event about it follows.
     Failed {
         /// The sequence.
@@ -249,6 +277,9 @@ struct Running {
     seq: SeqId,
     request: GenRequest,
     sampler: Sampler,
+    /// Tokens of the request's prompt (`request.prompt` is replaced by the tokens to run
+    /// again after a context shift).
+    prompt_len: usize,
     /// Prompt tokens already in the cache.
     read: usize,
     /// How many of them came from the cache of an earlier sequence.
@@ -492,13 +523,20 @@ impl Engine {
         if let Some(&id) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::TokenOutOfRange { id, vocab });
         }
-        // The last generated token is never run, so prompt + max_tokens − 1 positions.
-        let needed = request.prompt.len().saturating_add(request.max_tokens - 1);
+        // The last generated token is never run, so prompt + max_tokens − 1 positions; with
+        // context shift, the prompt and one token.
+        let needed = match request.context_shift {
+            None => request.prompt.len().saturating_add(request.max_tokens - 1),
+            Some(_) => request.prompt.len() + 1,
+        };
         if needed > self.options.context {
             return Err(Error::ContextFull {
                 needed,
                 capacity: self.options.context,
             });
+        }
+        if let Some(slot) = request.slot {
+            self.check_slot(slot)?;
         }
         request.sampler.validate()?;
         if request.speculation != Speculation::Off {
@@ -549,6 +587,7 @@ impl Engine {
     pub fn step(&mut self, events: &mut Vec<Event>) -> Result<()> {
         self.retire_cancelled(events);
         self.admit(events)?;
+        shift::shift_full(&mut self.slots, self.options.context, events);
         if !self.plan_step() {
             return Ok(());
         }
@@ -705,86 +744,6 @@ impl Engine {
                 events.push(done(&r, FinishReason::Cancelled));
             }
         }
-    }
-
-    /// Moves waiting requests into free slots, reusing the cached prefix of the slot that
-    /// shares the longest one with each prompt.
-    fn admit(&mut self, events: &mut Vec<Event>) -> Result<()> {
-        while let Some((seq, request, constraint)) = self.queue.pop_front() {
-            if request.max_tokens == 0 {
-                // Cancelled while waiting.
-                events.push(Event::Done {
-                    seq,
-                    reason: FinishReason::Cancelled,
-                    prompt_tokens: request.prompt.len(),
-                    cached_tokens: 0,
-                    generated: 0,
-                    spec: SpecStats::default(),
-                });
-                continue;
-            }
-            let free = self
-                .slots
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.running.is_none());
-            // At least the prompt's last token runs again, for its logits.
-            let reuse_len = |s: &Slot| {
-                let cached = &s.tokens[..s.tokens.len().min(s.cache.filled())];
-                common_prefix(cached, &request.prompt).min(request.prompt.len() - 1)
-            };
-            let best = free.max_by_key(|(_, s)| reuse_len(s)).map(|(i, _)| i);
-            let slot = match best {
-                Some(i) if reuse_len(&self.slots[i]) > 0 || self.slots.len() >= self.max_slots => i,
-                _ if self.slots.len() < self.max_slots => {
-                    let cache = self
-                        .model
-                        .decoder()
-                        .new_cache(self.options.context, self.kv_dtype)?;
-                    self.slots.push(Slot {
-                        cache,
-                        tokens: Vec::new(),
-                        running: None,
-                        draft: None,
-                    });
-                    self.slots.len() - 1
-                }
-                Some(i) => i,
-                None => {
-                    self.queue.push_front((seq, request, constraint));
-                    break;
-                }
-            };
-            let s = &mut self.slots[slot];
-            if let (Speculation::Draft(_), Some(d)) = (request.speculation, &self.draft_model) {
-                speculate::draft_session(&mut s.draft, d, self.options.context)?;
-            }
-            let vocab = self.model.vocab_size();
-            let spec = SpecState::new(request.speculation, &request.sampler, vocab)?;
-            let keep = reuse_len(s);
-            s.tokens.truncate(keep);
-            s.cache.truncate(keep);
-            let total = request.prompt.len();
-            s.running = Some(Running {
-                seq,
-                sampler: Sampler::new(request.sampler.clone())?,
-                read: keep,
-                cached: keep,
-                generated: 0,
-                next: None,
-                cancelled: false,
-                constraint,
-                spec,
-                request,
-            });
-            events.push(Event::Prompt {
-                seq,
-                cached: keep,
-                read: keep,
-                total,
-            });
-        }
-        Ok(())
     }
 }
 

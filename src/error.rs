@@ -150,6 +150,18 @@ pub enum Error {
         /// Its value.
         value: f32,
     },
+    /// A saved slot (an [`Engine`](crate::engine::Engine) sequence's tokens and KV cache, as
+    /// [`Engine::save_slot`](crate::engine::Engine::save_slot) writes them) cannot be
+    /// restored: its bytes are truncated, corrupt or of another version, or it belongs to
+    /// another model or KV cache type or does not fit the context. Nothing is changed.
+    SlotState(String),
+    /// A slot operation named a slot that does not exist, or one that is running a sequence.
+    Slot {
+        /// The slot asked for.
+        slot: usize,
+        /// Why it cannot be used (`"does not exist (the engine has 2)"`, `"is busy"`).
+        why: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -180,6 +192,8 @@ impl fmt::Display for Error {
                 f,
                 "context full: {needed} positions needed, the cache holds {capacity}"
             ),
+            Error::SlotState(msg) => write!(f, "saved slot: {msg}"),
+            Error::Slot { slot, why } => write!(f, "slot {slot} {why}"),
             Error::QueueFull { capacity } => {
                 write!(f, "busy: {capacity} requests are already waiting")
             }

@@ -8,6 +8,8 @@
 //! KV budget bounds the running sequences.
 
 mod common;
+#[path = "engine/slots.rs"]
+mod slots;
 #[path = "engine/speculative.rs"]
 mod speculative;
 
@@ -115,7 +117,7 @@ fn collect(events: &[Event]) -> (Tokens, HashMap<SeqId, Event>) {
                 );
             }
             Event::Failed { seq, error } => panic!("{seq:?} failed: {error}"),
-            Event::Prompt { .. } => {}
+            Event::Prompt { .. } | Event::Shifted { .. } => {}
         }
     }
     (tokens, done)

@@ -99,6 +99,8 @@ const SERVER_BIN_LAYERS: &[&str] = &[
     "chat",
     "openai",
     "native",
+    "infill",
+    "slot_files",
     "embed_decoder",
     "rerank",
     "translate",

@@ -226,7 +226,7 @@ fn run(mut engine: qkv::engine::Engine, rx: Receiver<Cmd>, shared: Arc<Shared>) 
                             });
                         }
                     }
-                    Event::Prompt { .. } => {}
+                    Event::Prompt { .. } | Event::Shifted { .. } => {}
                 }
             }
         }

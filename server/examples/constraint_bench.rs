@@ -82,7 +82,7 @@ fn run(
                     tokens.push(token);
                 }
                 Event::Failed { error, .. } => panic!("{error}"),
-                Event::Done { .. } | Event::Prompt { .. } => {}
+                Event::Done { .. } | Event::Prompt { .. } | Event::Shifted { .. } => {}
             }
         }
     }

@@ -100,9 +100,12 @@ impl From<qkv::Error> for ApiError {
             E::QueueFull { .. } => ApiError::status(StatusCode::TOO_MANY_REQUESTS, e.to_string())
                 .with_code("queue_full"),
             E::ContextFull { needed, capacity } => ApiError::exceeds_context(*needed, *capacity),
-            E::TokenOutOfRange { .. } | E::Config(_) | E::Shape(_) | E::ChatTemplate { .. } => {
-                ApiError::status(StatusCode::BAD_REQUEST, e.to_string())
-            }
+            E::TokenOutOfRange { .. }
+            | E::Config(_)
+            | E::Shape(_)
+            | E::ChatTemplate { .. }
+            | E::SlotState(_)
+            | E::Slot { .. } => ApiError::status(StatusCode::BAD_REQUEST, e.to_string()),
             // The engine thread gone, or no memory for this request's cache now.
             E::Unsupported(_) | E::AllocationRefused { .. } => {
                 ApiError::status(StatusCode::SERVICE_UNAVAILABLE, e.to_string())

@@ -59,6 +59,11 @@ pub struct Params {
     pub return_progress: bool,
     /// Speculative decoding asked for (`speculative`, `speculative.n_max`, …).
     pub speculative: crate::speculative::SpecFields,
+    /// llama-server's `id_slot`: run in this slot (`None`, or -1: any).
+    pub id_slot: Option<usize>,
+    /// llama-server's `n_keep`: prompt tokens a context shift keeps (-1: all of the
+    /// prompt; `None`: the server's `--keep`).
+    pub n_keep: Option<i64>,
 }
 
 /// The most choices (`n`) one request may ask for.
@@ -185,6 +190,31 @@ pub fn params(b: &Body, chat: bool, seed: impl FnOnce() -> u64) -> Result<Params
         verbose: b.bool("verbose", false)?,
         return_progress: b.bool("return_progress", false)?,
         speculative: crate::speculative::spec_fields(b)?,
+        id_slot: match b.field("id_slot") {
+            None => None,
+            Some(v) => match v.as_i64() {
+                Some(-1) => None,
+                Some(n) if n >= 0 => Some(n as usize),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "id_slot",
+                        format!("`id_slot` must be -1 or a slot number, got {v}"),
+                    ))
+                }
+            },
+        },
+        n_keep: match b.field("n_keep") {
+            None => None,
+            Some(v) => match v.as_i64() {
+                Some(n) if n >= -1 => Some(n),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "n_keep",
+                        format!("`n_keep` must be -1 (the whole prompt) or a count, got {v}"),
+                    ))
+                }
+            },
+        },
     })
 }
 

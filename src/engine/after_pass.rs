@@ -46,12 +46,15 @@ pub(super) fn read_prompt_chunk(slot: &mut Slot, n: usize, events: &mut Vec<Even
         slot.tokens
             .extend_from_slice(&r.request.prompt[r.read..r.read + n]);
         r.read += n;
-        events.push(Event::Prompt {
-            seq: r.seq,
-            cached: r.cached,
-            read: r.read,
-            total: r.request.prompt.len(),
-        });
+        // After a context shift the tokens run again are not the prompt's progress.
+        if r.generated == 0 {
+            events.push(Event::Prompt {
+                seq: r.seq,
+                cached: r.cached,
+                read: r.read,
+                total: r.prompt_len,
+            });
+        }
     }
 }
 
@@ -185,7 +188,7 @@ pub(super) fn done(r: &Running, reason: FinishReason) -> Event {
     Event::Done {
         seq: r.seq,
         reason,
-        prompt_tokens: r.request.prompt.len(),
+        prompt_tokens: r.prompt_len,
         cached_tokens: r.cached,
         generated: r.generated,
         spec: r.spec.as_ref().map_or_else(SpecStats::default, |s| s.stats),

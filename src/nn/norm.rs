@@ -94,6 +94,11 @@ impl RmsNorm {
         self.weight.len()
     }
 
+    /// The weight applied (with `plus_one`, already `1 + w`).
+    pub fn weight(&self) -> &[f32] {
+        &self.weight
+    }
+
     /// Normalises every row of `x` into `out` (same length, a multiple of [`dim`](Self::dim)).
     pub fn forward_into(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
         qkv_kernels::norm::rms_norm(out, x, &self.weight, self.eps, self.dim())?;

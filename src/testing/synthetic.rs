@@ -268,6 +268,23 @@ pub fn model_file(storage: Storage) -> PathBuf {
     path
 }
 
+/// The model of [`model_file`] with `extra` metadata keys added (a vocabulary with
+/// fill-in-the-middle markers, say), written on first use as `synthetic-{storage}-{tag}.gguf`.
+pub fn model_file_with(storage: Storage, tag: &str, extra: Vec<(String, MetaValue)>) -> PathBuf {
+    let path = files_dir().join(format!("synthetic-{}-{tag}.gguf", storage.name()));
+    if !path.is_file() {
+        let tensors = file_bytes(storage);
+        let entries: Vec<(String, Vec<usize>, WeightFormat, &[u8])> = tensors
+            .iter()
+            .map(|(n, s, f, b)| (n.clone(), s.clone(), *f, &b[..]))
+            .collect();
+        let mut meta = metadata();
+        meta.extend(extra);
+        write_gguf(&path, &meta, &entries).unwrap();
+    }
+    path
+}
+
 /// `n` token ids of text-like input: the tokenizer's encoding of a fixed English passage,
 /// repeated as needed.
 pub fn text_tokens(tok: &crate::tokenizer::Tokenizer, n: usize) -> Vec<u32> {

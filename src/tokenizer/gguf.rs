@@ -420,6 +420,9 @@ pub(super) fn load(file: &GgufFile) -> Result<Parts> {
     } else {
         None
     };
+    let fim = quirks::fim_ids(&tokens, &|key| {
+        keys.has(key).then(|| file.get_u32(key).ok()).flatten()
+    });
     Ok(Parts {
         tokens,
         kinds,
@@ -435,6 +438,7 @@ pub(super) fn load(file: &GgufFile) -> Result<Parts> {
         sep: ids.sep,
         prefix,
         suffix,
+        fim,
         chat_template,
         source: file.path().display().to_string(),
     })

@@ -620,6 +620,7 @@ pub(super) fn load(path: &Path) -> Result<Parts> {
     }
     config.around(&specials, &mut prefix, &mut suffix)?;
     let Specials { bos, eos, pad, sep } = specials;
+    let fim = super::quirks::fim_ids(&tokens, &|_| None);
     Ok(Parts {
         tokens,
         kinds,
@@ -635,6 +636,7 @@ pub(super) fn load(path: &Path) -> Result<Parts> {
         sep,
         prefix,
         suffix,
+        fim,
         chat_template,
         source: path.display().to_string(),
     })

@@ -244,7 +244,28 @@ pub struct Tokenizer {
     strip_first_space: bool,
     /// Special tokens are cut out in llama.cpp's order (GGUF files), not Hugging Face's.
     llama_split: bool,
+    fim: FimTokens,
     chat_template: Option<String>,
+}
+
+/// A vocabulary's fill-in-the-middle markers, as llama.cpp finds them: the ids a GGUF file
+/// names (`tokenizer.ggml.fim_pre_token_id`, …), else the first of each marker's known
+/// texts in the vocabulary (`<|fim_prefix|>`, `<fim_prefix>`, `<PRE>`, …). `None` where
+/// neither gives one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FimTokens {
+    /// Before the code that precedes the hole.
+    pub prefix: Option<u32>,
+    /// Before the code that follows it.
+    pub suffix: Option<u32>,
+    /// Where the model writes the middle.
+    pub middle: Option<u32>,
+    /// Padding.
+    pub pad: Option<u32>,
+    /// Before a repository's name (repository-level prompts).
+    pub repo: Option<u32>,
+    /// Before each file's name (repository-level prompts).
+    pub file_sep: Option<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -396,6 +417,11 @@ impl Tokenizer {
     /// The separator token (`[SEP]` for BERT), if any.
     pub fn sep_id(&self) -> Option<u32> {
         self.sep
+    }
+
+    /// The fill-in-the-middle markers of the vocabulary.
+    pub fn fim(&self) -> FimTokens {
+        self.fim
     }
 
     /// True when [`encode`](Self::encode) puts a special token before the text: BOS for most

@@ -112,6 +112,8 @@ pub(crate) struct Parts {
     pub chat_template: Option<String>,
     /// Where the data came from, for error messages.
     pub source: String,
+    /// The fill-in-the-middle markers ([`super::FimTokens`]'s order).
+    pub fim: [Option<u32>; 6],
 }
 
 /// The largest vocabulary qkv builds (2^21 tokens, 8× the largest real ones): the tokenizer
@@ -541,6 +543,7 @@ impl Tokenizer {
             suffix,
             chat_template,
             source,
+            fim,
         } = p;
         let cx = Context {
             tokens: &tokens,
@@ -577,6 +580,14 @@ impl Tokenizer {
             suffix,
             strip_first_space,
             llama_split,
+            fim: super::FimTokens {
+                prefix: fim[0],
+                suffix: fim[1],
+                middle: fim[2],
+                pad: fim[3],
+                repo: fim[4],
+                file_sep: fim[5],
+            },
             chat_template,
         })
     }

@@ -101,6 +101,23 @@ const FIM: &[(&str, &[&str])] = &[
     ("tokenizer.ggml.fim_sep_token_id", &["<|file_sep|>"]),
 ];
 
+/// The fill-in-the-middle markers' ids in [`FIM`]'s order (prefix, suffix, middle, pad,
+/// repository, file separator), as llama.cpp finds them: the id the file names under the
+/// marker's key (`named`), else the first of the marker's texts the vocabulary holds.
+pub(crate) fn fim_ids(tokens: &[String], named: &dyn Fn(&str) -> Option<u32>) -> [Option<u32>; 6] {
+    let mut ids: HashMap<&str, u32> = HashMap::new();
+    for (i, t) in tokens.iter().enumerate() {
+        ids.insert(t.as_str(), i as u32);
+    }
+    let mut out = [None; 6];
+    for (o, (key, names)) in out.iter_mut().zip(FIM) {
+        *o = named(key)
+            .filter(|&i| (i as usize) < tokens.len())
+            .or_else(|| names.iter().find_map(|n| ids.get(n).copied()));
+    }
+    out
+}
+
 /// What the file says that the adjustments depend on.
 pub(crate) struct Context<'a> {
     /// `general.name`.

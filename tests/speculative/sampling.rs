@@ -339,7 +339,7 @@ fn sampled_ngram_speculation_in_the_engine_yields_the_tokens_of_plain_sampling()
                     Event::Token { seq, token, .. } => tokens.entry(*seq).or_default().push(*token),
                     Event::Done { spec, .. } => drafted += spec.draft_tokens,
                     Event::Failed { error, .. } => panic!("{error}"),
-                    Event::Prompt { .. } => {}
+                    Event::Prompt { .. } | Event::Shifted { .. } => {}
                 }
             }
         }
@@ -451,7 +451,7 @@ fn the_engine_keeps_the_distribution_of_plain_sampling_with_sampled_drafts() {
                         kept += spec.accepted_tokens;
                     }
                     Event::Failed { error, .. } => panic!("{error}"),
-                    Event::Prompt { .. } => {}
+                    Event::Prompt { .. } | Event::Shifted { .. } => {}
                 }
             }
         }

@@ -531,6 +531,33 @@ impl Decoder {
         &self.config
     }
 
+    /// A fingerprint of what this model computes, the same in every process that loads the
+    /// same file with the same options: its configuration, the formats of its matrices, its
+    /// activation precision and the weights of its norms (which differ between fine-tunes of
+    /// one shape). A saved KV cache carries it, and is refused by a model with another.
+    pub fn fingerprint(&self) -> u64 {
+        use crate::alloc::{fnv1a, FNV_START};
+        let described = format!(
+            "{:?}|{:?}|{:?}|{:?}",
+            self.config,
+            self.weight_formats(),
+            self.act_precision,
+            self.kv_dtype
+        );
+        let mut h = fnv1a(FNV_START, described.as_bytes());
+        let norms = self
+            .blocks
+            .iter()
+            .flat_map(|b| [&b.attn_norm, &b.ffn_norm])
+            .chain([&self.final_norm]);
+        for norm in norms {
+            for w in norm.weight() {
+                h = fnv1a(h, &w.to_le_bytes());
+            }
+        }
+        h
+    }
+
     /// The KV cache's default dtype: f32 when the matrices are f32 (as stored or widened),
     /// else f16.
     pub fn kv_dtype(&self) -> FloatType {

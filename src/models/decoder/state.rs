@@ -100,6 +100,7 @@ impl std::str::FromStr for KvType {
 /// values, with its scales in a parallel array of one per 32.
 pub(super) struct KvStore {
     data: KvBuf,
+    layers: usize,
     /// Positions each head holds.
     capacity: usize,
     heads: usize,
@@ -148,6 +149,7 @@ impl KvStore {
         };
         Ok(KvStore {
             data,
+            layers,
             capacity,
             heads,
             dim,
@@ -203,6 +205,95 @@ impl KvStore {
             row_stride: self.stride,
             head_stride: self.capacity * self.stride,
         }
+    }
+
+    /// Bytes that [`save`](Self::save) writes for `n` positions.
+    fn saved_bytes(&self, n: usize) -> usize {
+        let elems = self.layers * self.heads * n * self.stride;
+        match &self.data {
+            KvBuf::F32(_) => elems * 4,
+            KvBuf::F16(_) => elems * 2,
+            KvBuf::Q8_0 { .. } => elems + elems / kv_q8::BLOCK * 2,
+        }
+    }
+
+    /// The element ranges of positions `0..n` of every layer and head, in storage order.
+    fn spans(&self, n: usize) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let (layer, head) = (self.layer_len(), self.capacity * self.stride);
+        (0..self.layers * self.heads).map(move |lh| {
+            let at = (lh / self.heads) * layer + (lh % self.heads) * head;
+            at..at + n * self.stride
+        })
+    }
+
+    /// Appends positions `0..n` (at most `capacity`) of every layer and head to `out`,
+    /// little-endian: each head's rows as stored (Q8_0: the quants, then that head's scales).
+    fn save(&self, n: usize, out: &mut Vec<u8>) {
+        for span in self.spans(n) {
+            match &self.data {
+                KvBuf::F32(v) => v[span].iter().for_each(|x| out.extend(x.to_le_bytes())),
+                KvBuf::F16(v) => v[span]
+                    .iter()
+                    .for_each(|x| out.extend(x.to_bits().to_le_bytes())),
+                KvBuf::Q8_0 { q, d } => {
+                    let b = kv_q8::BLOCK;
+                    out.extend(q[span.clone()].iter().map(|&x| x as u8));
+                    d[span.start / b..span.end / b]
+                        .iter()
+                        .for_each(|x| out.extend(x.to_bits().to_le_bytes()));
+                }
+            }
+        }
+    }
+
+    /// Reads what [`save`](Self::save) wrote for `n` positions from the front of `bytes`
+    /// (which holds [`saved_bytes`](Self::saved_bytes)`(n)` at least), refusing a value that
+    /// is not finite; returns the rest of `bytes`. On an error the store may hold part of
+    /// the positions: the caller marks them empty.
+    fn load<'a>(&mut self, n: usize, mut bytes: &'a [u8]) -> Result<&'a [u8]> {
+        let bad = |what: &str| Error::SlotState(format!("a {what} in the KV cache is not finite"));
+        let spans: Vec<_> = self.spans(n).collect();
+        for span in spans {
+            match &mut self.data {
+                KvBuf::F32(v) => {
+                    let (head, rest) = bytes.split_at(span.len() * 4);
+                    for (x, b) in v[span].iter_mut().zip(head.chunks_exact(4)) {
+                        *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                        if !x.is_finite() {
+                            return Err(bad("value"));
+                        }
+                    }
+                    bytes = rest;
+                }
+                KvBuf::F16(v) => {
+                    let (head, rest) = bytes.split_at(span.len() * 2);
+                    for (x, b) in v[span].iter_mut().zip(head.chunks_exact(2)) {
+                        *x = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+                        if !x.is_finite() {
+                            return Err(bad("value"));
+                        }
+                    }
+                    bytes = rest;
+                }
+                KvBuf::Q8_0 { q, d } => {
+                    let blocks = span.len() / kv_q8::BLOCK;
+                    let (quants, rest) = bytes.split_at(span.len());
+                    let (scales, rest) = rest.split_at(blocks * 2);
+                    for (x, &b) in q[span.clone()].iter_mut().zip(quants) {
+                        *x = b as i8;
+                    }
+                    let at = span.start / kv_q8::BLOCK;
+                    for (x, b) in d[at..at + blocks].iter_mut().zip(scales.chunks_exact(2)) {
+                        *x = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+                        if !x.is_finite() {
+                            return Err(bad("Q8_0 scale"));
+                        }
+                    }
+                    bytes = rest;
+                }
+            }
+        }
+        Ok(bytes)
     }
 
     pub(super) fn kv_type(&self) -> KvType {
@@ -271,6 +362,54 @@ impl KvCache {
     /// Bytes held by the cache.
     pub fn bytes(&self) -> usize {
         self.keys.bytes() + self.values.bytes()
+    }
+
+    /// Bytes [`save_positions`](Self::save_positions) writes for `n` positions.
+    pub fn saved_bytes(&self, n: usize) -> usize {
+        self.keys.saved_bytes(n) + self.values.saved_bytes(n)
+    }
+
+    /// Appends the keys and then the values of positions `0..n` to `out`, little-endian, as
+    /// stored ([`kv_type`](Self::kv_type)): [`saved_bytes`](Self::saved_bytes)`(n)` bytes.
+    /// [`Error::ContextFull`] when `n` is past [`filled`](Self::filled).
+    pub fn save_positions(&self, n: usize, out: &mut Vec<u8>) -> Result<()> {
+        if n > self.filled {
+            return Err(Error::ContextFull {
+                needed: n,
+                capacity: self.filled,
+            });
+        }
+        out.reserve(self.saved_bytes(n));
+        self.keys.save(n, out);
+        self.values.save(n, out);
+        Ok(())
+    }
+
+    /// Replaces the cache's contents by `n` positions read from `bytes`, which must be
+    /// exactly what [`save_positions`](Self::save_positions) wrote for `n` positions of a
+    /// cache of the same model shape and KV type. [`Error::SlotState`] when `n` exceeds
+    /// the capacity, when the length is not that, or when a value is not finite; on an
+    /// error the cache is left empty.
+    pub fn load_positions(&mut self, n: usize, bytes: &[u8]) -> Result<()> {
+        self.filled = 0;
+        if n > self.capacity {
+            return Err(Error::SlotState(format!(
+                "{n} positions do not fit a KV cache of {}",
+                self.capacity
+            )));
+        }
+        let want = self.saved_bytes(n);
+        if bytes.len() != want {
+            return Err(Error::SlotState(format!(
+                "{n} positions of this KV cache ({}) take {want} bytes, the saved cache has {}",
+                self.kv_type(),
+                bytes.len()
+            )));
+        }
+        let rest = self.keys.load(n, bytes)?;
+        self.values.load(n, rest)?;
+        self.filled = n;
+        Ok(())
     }
 }
 

@@ -189,6 +189,30 @@ pub(crate) struct Args {
     /// says `is_sleeping` (-1, the default: never).
     #[arg(long, value_name = "SECONDS", allow_negative_numbers = true)]
     pub(crate) sleep_idle_seconds: Option<i64>,
+    /// Serve `POST /slots/{id}?action=save|restore|erase`, keeping saved slots (a slot's
+    /// tokens and KV cache) as files in this directory.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) slot_save_path: Option<PathBuf>,
+    /// When a sequence fills its context, keep its first `--keep` tokens (or the request's
+    /// `n_keep`), drop the older half of the rest and go on generating (off by default: a
+    /// full context ends the sequence, and a prompt longer than it is refused).
+    #[arg(long, overrides_with = "no_context_shift")]
+    pub(crate) context_shift: bool,
+    /// A full context ends the sequence (the default).
+    #[arg(long, overrides_with = "context_shift")]
+    pub(crate) no_context_shift: bool,
+    /// Tokens of the prompt a context shift keeps, for requests that do not say (`n_keep`;
+    /// default 0, -1: the whole prompt).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub(crate) keep: i64,
+    /// `/infill` in suffix-prefix-middle order (the default is prefix-suffix-middle).
+    #[arg(long)]
+    pub(crate) spm_infill: bool,
     /// Serve `POST /rerank`, `/reranking` and `/v1/rerank` (also `--rerank`, or `--pooling
     /// rank`): a decoder that answers yes or no, as Qwen3-Reranker, scores each document.
     #[arg(long)]

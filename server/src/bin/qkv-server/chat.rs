@@ -40,6 +40,17 @@ pub struct ServeOptions {
     pub speculation: qkv::speculative::Speculation,
     /// `--model-draft`: whether requests may draft with a second model.
     pub draft_model: bool,
+    /// `--slot-save-path`: where `POST /slots/{id}` keeps saved slots (`None`: the route
+    /// answers 501).
+    pub slot_save_path: Option<std::path::PathBuf>,
+    /// `--context-shift`, and `--keep`: the `n_keep` of requests that give none.
+    pub context_shift: bool,
+    pub n_keep: i64,
+    /// `--spm-infill`: `/infill` puts the suffix before the prefix.
+    pub spm_infill: bool,
+    /// llama-server's batch size (`--batch-size`, default 2048), which sizes `/infill`'s
+    /// prefix and suffix.
+    pub n_batch: usize,
 }
 
 /// The chat template the server renders with: `--chat-template-file`'s, else the model's.

@@ -69,7 +69,6 @@ const TABLE: &[(&str, Kind)] = &[
     ("--cache-idle-slots", Note(false, PREFIX_CACHE)),
     ("--no-cache-idle-slots", Note(false, PREFIX_CACHE)),
     ("--cache-prompt", Note(false, "qkv always caches prompt prefixes")),
-    ("--no-context-shift", Note(false, "qkv's default: a full context ends the sequence")),
     ("--no-mmproj", Note(false, "there is no projector to load")),
     ("--props", Note(false, "/props is always served")),
     ("--mlock", Note(false, "the weights are a read-only memory mapping")),
@@ -114,7 +113,6 @@ const TABLE: &[(&str, Kind)] = &[
     ("--lora-init-without-apply", Refuse("LoRA adapters")),
     ("--control-vector", Refuse("control vectors")),
     ("--control-vector-scaled", Refuse("control vectors")),
-    ("--slot-save-path", Refuse("saving slots to disk")),
     ("--grp-attn-n", Refuse("group attention (self-extend)")),
     ("--grp-attn-w", Refuse("group attention (self-extend)")),
     ("-md", Rename("--model-draft")),
@@ -138,11 +136,8 @@ const TABLE: &[(&str, Kind)] = &[
     ("--webui-mcp-proxy", Refuse(TOOLS)),
     ("-ag", Refuse(TOOLS)),
     ("--agent", Refuse(TOOLS)),
-    ("--context-shift", Refuse("context shift")),
     ("--cache-reuse", Refuse("reusing cache chunks by shifting them")),
-    ("--keep", Refuse("context shift (n_keep)")),
     ("--rerank", Rename("--reranking")),
-    ("--spm-infill", Refuse("infill")),
     ("--ssl-key-file", Refuse("TLS (put a TLS proxy in front)")),
     ("--ssl-cert-file", Refuse("TLS (put a TLS proxy in front)")),
     ("--api-prefix", Refuse("a path prefix for the routes")),
@@ -477,6 +472,26 @@ mod tests {
         assert!(e.starts_with("--mmproj:"), "{e}");
         let e = run(&[], &[("LLAMA_ARG_MMPROJ", "/m")]).unwrap_err();
         assert!(e.starts_with("LLAMA_ARG_MMPROJ: --mmproj:"), "{e}");
+    }
+
+    #[test]
+    fn slot_files_context_shift_and_infill_flags_are_qkv_servers_own() {
+        let line = [
+            "--slot-save-path",
+            "/tmp/slots",
+            "--keep",
+            "-1",
+            "--context-shift",
+            "--spm-infill",
+            "--no-context-shift",
+        ];
+        let e = run(&line, &[]).unwrap();
+        assert_eq!(strings(&e), line);
+        assert!(e.notes.is_empty(), "{:?}", e.notes);
+        let e = run(&[], &[("LLAMA_ARG_CONTEXT_SHIFT", "1")]).unwrap();
+        assert_eq!(strings(&e), ["--context-shift"]);
+        let e = run(&[], &[("LLAMA_ARG_NO_CONTEXT_SHIFT", "1")]).unwrap();
+        assert_eq!(strings(&e), ["--no-context-shift"]);
     }
 
     #[test]

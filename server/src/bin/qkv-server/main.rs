@@ -26,11 +26,11 @@
 //!
 //! The request bodies are read by the `qkv_server` library. This file holds what every
 //! route shares ([`AppState`], [`Shared`], reading a body, counting an answer) and the
-//! router; its modules import only downward, from the bottom: `llama_flags`, `args`, `cors`, `listen`,
-//! `named_templates`, `worker`, `models`, `chat`, `openai`, `native`, `embed_decoder`, `rerank`,
-//! `translate`, `anthropic`, `responses`, `embed`, `router` (`tests/layering.rs` checks it).
-//! With `--models-dir` or `--models-preset` and no model, the process is a router over
-//! instances of its models instead (router/mod.rs).
+//! router; its modules import only downward, from the bottom: `llama_flags`, `args`, `cors`,
+//! `listen`, `named_templates`, `worker`, `models`, `chat`, `openai`, `native`, `infill`,
+//! `slot_files`, `embed_decoder`, `rerank`, `translate`, `anthropic`, `responses`, `embed`,
+//! `router` (`tests/layering.rs` checks it). With `--models-dir` or `--models-preset` and no
+//! model, the process is a router over instances of its models instead (router/mod.rs).
 
 #![forbid(unsafe_code)]
 
@@ -40,6 +40,7 @@ mod chat;
 mod cors;
 mod embed;
 mod embed_decoder;
+mod infill;
 mod listen;
 mod llama_flags;
 mod models;
@@ -49,6 +50,7 @@ mod openai;
 mod rerank;
 mod responses;
 mod router;
+mod slot_files;
 mod translate;
 mod worker;
 
@@ -377,6 +379,11 @@ fn serve_decoder(
             format!("--sleep-idle-seconds {s}: give a number of seconds, or -1")
         })?)),
     };
+    if let Some(dir) = &args.slot_save_path {
+        // As llama-server: the directory is made when missing.
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("--slot-save-path {}: {e}", dir.display()))?;
+    }
     let worker = Worker::spawn(engine, metrics, sleep_after);
     let grammars = qkv_server::constraint::Grammars::new(model.clone());
     if let Err(e) = &grammars {
@@ -404,6 +411,11 @@ fn serve_decoder(
             has_draft,
         )?,
         draft_model: has_draft,
+        slot_save_path: args.slot_save_path.clone(),
+        context_shift: args.context_shift && !args.no_context_shift,
+        n_keep: args.keep,
+        spm_infill: args.spm_infill,
+        n_batch: args.batch_size.unwrap_or(2048).max(1),
     };
     let rerank = Arc::new(rerank::RerankState {
         shared: shared.clone(),
@@ -544,6 +556,8 @@ fn decoder_routes(state: Arc<AppState>) -> Router {
         )
         .route("/props", get(native::props))
         .route("/slots", get(native::slots))
+        .route("/slots/{id}", post(slot_files::post))
+        .route("/infill", post(infill::infill))
         .route("/v1/embeddings", post(embed_decoder::openai))
         .route("/embeddings", post(embed_decoder::native))
         .route("/v1/models", get(models::models))

@@ -90,7 +90,7 @@ pub async fn completion(
     let r = async {
         let b = body(&state.shared, raw)?;
         let f = fields::fields(&b)?;
-        let p = native_params(&state, &b, &f)?;
+        native_params(&state, &b, &f)?;
         let prompts = fields::prompts(&b)?;
         let tokenizer = state.model.tokenizer().expect("checked at start");
         let vocab = state.model.vocab_size();
@@ -98,6 +98,22 @@ pub async fn completion(
             .iter()
             .map(|parts| encode(tokenizer, parts, vocab))
             .collect::<Result<Vec<_>, _>>()?;
+        answer(&state, &b, ids).await
+    }
+    .await;
+    counted(&state.shared, r)
+}
+
+/// Generates from each of `ids` with the native fields and sampling parameters of `b`, and
+/// answers in llama-server's shapes (one object, a list of them, or a stream).
+pub async fn answer(
+    state: &Arc<AppState>,
+    b: &Body,
+    ids: Vec<Vec<u32>>,
+) -> Result<Response, ApiError> {
+    {
+        let f = fields::fields(b)?;
+        let p = native_params(state, b, &f)?;
         if ids.len() > 1 && p.stream {
             return Err(ApiError::invalid(
                 "prompt",
@@ -106,7 +122,7 @@ pub async fn completion(
         }
         let mut runs = Vec::with_capacity(ids.len());
         for prompt in ids {
-            let post = chat::completion_post(&state, &b)?;
+            let post = chat::completion_post(state, b)?;
             runs.push(
                 openai::start(state.clone(), Kind::Completion, prompt, p.clone(), post).await?,
             );
@@ -128,8 +144,6 @@ pub async fn completion(
             Json(Value::Array(answers)).into_response()
         })
     }
-    .await;
-    counted(&state.shared, r)
 }
 
 /// One `completion_probabilities` entry (llama-server's shape; with
@@ -230,7 +244,7 @@ fn final_object(run: &Run, content: &str, f: &Fields, stream: bool) -> Value {
         "generation_settings": settings(run, f),
         "prompt": run.prompt_text(),
         "has_new_line": run.text.contains('\n'),
-        "truncated": false,
+        "truncated": run.truncated,
         "stop_type": stop_type,
         "stopping_word": run.stop_word.clone().unwrap_or_default(),
         "tokens_cached": run.prompt_tokens + run.tokens.len(),

@@ -108,12 +108,26 @@ pub async fn start(
     if prompt.len() >= state.context {
         return Err(ApiError::exceeds_context(prompt.len(), state.context));
     }
-    let room = state.context.saturating_sub(prompt.len()) + 1;
-    let max_tokens = match p.max_tokens {
-        Some(n) => n,
-        None => room.max(1),
+    // As llama-server: without context shift a sequence with no limit stops when its cached
+    // tokens and the next one reach the context (prompt + generated = context), and says it
+    // was `truncated`; with it, the context shifts as often as the tokens asked for need.
+    let room = state.context.saturating_sub(prompt.len()).max(1);
+    let shift = state.options.context_shift;
+    // A limit past the context is refused (by the engine) unless the context shifts.
+    let (max_tokens, context_cut) = match p.max_tokens {
+        Some(n) => (n, false),
+        None => (room, true),
     };
     let tokenizer = state.model.tokenizer().expect("checked at start");
+    let context_shift = shift.then(|| {
+        let n_keep = match p.n_keep.unwrap_or(state.options.n_keep) {
+            -1 => prompt.len(),
+            n => usize::try_from(n).unwrap_or(0).min(prompt.len()),
+        };
+        // The beginning-of-text token is kept beside the n_keep tokens, as llama-server
+        // counts them.
+        n_keep + usize::from(tokenizer.adds_bos())
+    });
     let bias = resolve_bias(tokenizer, &p.logit_bias, state.model.vocab_size())?;
     let constraint = if bias.is_empty() {
         post.constraint
@@ -136,6 +150,8 @@ pub async fn start(
         ignore_eos: p.ignore_eos,
         top_logprobs: if p.logprobs { p.top_logprobs } else { 0 },
         speculation,
+        slot: p.id_slot,
+        context_shift,
     };
     let submitted = Instant::now();
     let (seq, rx) = state.worker.submit(request, constraint).await?;
@@ -183,6 +199,8 @@ pub async fn start(
         prompt,
         progress_since: None,
         spec: SpecStats::default(),
+        context_cut,
+        truncated: false,
     })
 }
 
@@ -286,6 +304,10 @@ pub struct Run {
     progress_since: Option<Instant>,
     /// What speculation did for it, once it is done.
     pub spec: SpecStats,
+    /// Its token limit is where the context ends (it asked for more, or for no limit).
+    context_cut: bool,
+    /// llama-server's `truncated`: its context shifted, or it ran to the end of it.
+    pub truncated: bool,
 }
 
 /// A generated token, its log-probability and the most likely alternatives.
@@ -398,6 +420,10 @@ impl Run {
                         progress: Some(self.progress(cached, read, total)),
                     })
                 }
+                Some(Out::Shifted) => {
+                    self.truncated = true;
+                    continue;
+                }
                 Some(Out::Token {
                     token,
                     logprob,
@@ -438,6 +464,9 @@ impl Run {
                     self.pending.clear();
                     self.cached_tokens = cached_tokens;
                     let text = self.release();
+                    if reason == FinishReason::Length && self.context_cut {
+                        self.truncated = true;
+                    }
                     if self.finished.is_none() {
                         self.eos = reason == FinishReason::Eos;
                         self.finished = Some(match reason {
@@ -545,6 +574,7 @@ impl Run {
                     self.usage = Some(usage(prompt_tokens, cached_tokens, generated));
                 }
                 Some(Out::Failed(_)) | None => break,
+                Some(Out::Shifted) => self.truncated = true,
                 Some(Out::Token { .. } | Out::Progress { .. }) => {}
             }
         }

@@ -32,6 +32,8 @@ pub enum Out {
     },
     /// The sequence failed.
     Failed(String),
+    /// Its context filled and was shifted (the request asked for context shift).
+    Shifted,
     /// Its prompt advanced: `read` of `total` tokens in the cache, `cached` of them reused.
     Progress {
         cached: usize,
@@ -50,6 +52,54 @@ enum Cmd {
     },
     Cancel(SeqId),
     CancelAll,
+    /// An operation on a slot's cache, done when no sequence runs in the slot.
+    Slot {
+        slot: usize,
+        op: SlotOp,
+        reply: oneshot::Sender<qkv::Result<SlotDone>>,
+    },
+}
+
+/// What `POST /slots/{id}` asks of a slot.
+pub enum SlotOp {
+    Save,
+    /// The saved bytes to put into it.
+    Restore(Vec<u8>),
+    Erase,
+}
+
+/// What a [`SlotOp`] did.
+pub enum SlotDone {
+    Saved(qkv::engine::SavedSlot),
+    /// Tokens restored.
+    Restored(usize),
+    /// Tokens forgotten.
+    Erased(usize),
+}
+
+/// A slot operation waiting for its slot's sequence to end.
+type SlotWait = (usize, SlotOp, oneshot::Sender<qkv::Result<SlotDone>>);
+
+/// Does `op` on `slot` now.
+fn slot_op(engine: &mut Engine, slot: usize, op: SlotOp) -> qkv::Result<SlotDone> {
+    match op {
+        SlotOp::Save => engine.save_slot(slot).map(SlotDone::Saved),
+        SlotOp::Restore(bytes) => engine.restore_slot(slot, &bytes).map(SlotDone::Restored),
+        SlotOp::Erase => engine.erase_slot(slot).map(SlotDone::Erased),
+    }
+}
+
+/// Does the waiting slot operations whose slots are free now.
+fn run_slot_ops(engine: &mut Engine, waiting: &mut Vec<SlotWait>) {
+    let mut i = 0;
+    while i < waiting.len() {
+        if engine.slot_busy(waiting[i].0) {
+            i += 1;
+            continue;
+        }
+        let (slot, op, reply) = waiting.remove(i);
+        reply.send(slot_op(engine, slot, op)).ok();
+    }
 }
 
 /// A handle on the engine thread; cheap to clone.
@@ -105,6 +155,16 @@ impl Worker {
     pub fn cancel_all(&self) {
         self.cmd.send(Cmd::CancelAll).ok();
     }
+
+    /// Saves, restores or erases a slot's cache, once no sequence runs in it.
+    pub async fn slot(&self, slot: usize, op: SlotOp) -> qkv::Result<SlotDone> {
+        let (reply, answer) = oneshot::channel();
+        let gone = || qkv::Error::Unsupported("the engine thread has stopped".into());
+        self.cmd
+            .send(Cmd::Slot { slot, op, reply })
+            .map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
 }
 
 /// A sequence the thread serves.
@@ -117,7 +177,9 @@ struct Client {
 fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics, sleep_after: Option<Duration>) {
     let mut clients: HashMap<SeqId, Client> = HashMap::new();
     let mut events = Vec::new();
+    let mut slot_ops: Vec<SlotWait> = Vec::new();
     loop {
+        run_slot_ops(&mut engine, &mut slot_ops);
         // Idle: wait for work (and, with `--sleep-idle-seconds`, go to sleep when none comes
         // in time). Busy: take what arrived and keep stepping.
         if engine.is_idle() {
@@ -140,11 +202,12 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics, sleep_after: Op
             if matches!(cmd, Cmd::Submit { .. }) {
                 m.sleeping.store(false, Ordering::SeqCst);
             }
-            handle(&mut engine, &mut clients, cmd);
+            handle(&mut engine, &mut clients, &mut slot_ops, cmd);
         }
         while let Ok(cmd) = rx.try_recv() {
-            handle(&mut engine, &mut clients, cmd);
+            handle(&mut engine, &mut clients, &mut slot_ops, cmd);
         }
+        run_slot_ops(&mut engine, &mut slot_ops);
         m.set_gauges(&engine);
         if engine.is_idle() {
             continue;
@@ -235,6 +298,11 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics, sleep_after: Op
                             .ok();
                     }
                 }
+                Event::Shifted { seq, .. } => {
+                    if let Some(c) = clients.get(&seq) {
+                        c.out.send(Out::Shifted).ok();
+                    }
+                }
                 Event::Failed { seq, error } => {
                     if let Some(c) = clients.remove(&seq) {
                         c.out.send(Out::Failed(error)).ok();
@@ -265,8 +333,14 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics, sleep_after: Op
     }
 }
 
-fn handle(engine: &mut Engine, clients: &mut HashMap<SeqId, Client>, cmd: Cmd) {
+fn handle(
+    engine: &mut Engine,
+    clients: &mut HashMap<SeqId, Client>,
+    slot_ops: &mut Vec<SlotWait>,
+    cmd: Cmd,
+) {
     match cmd {
+        Cmd::Slot { slot, op, reply } => slot_ops.push((slot, op, reply)),
         Cmd::Submit {
             request,
             constraint,
