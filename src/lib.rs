@@ -6,16 +6,17 @@
 //!
 //! - [`error`] and `alloc` (buffers whose allocation may be refused): the bottom, which
 //!   every layer may use;
-//! - [`speculative`]: drafting for speculative decoding (n-gram lookup) and the governor
-//!   that judges whether it pays;
 //! - [`weights`]: GGUF and safetensors files mapped into named tensor views that know how
 //!   they are stored (f32, f16, or GGUF quantized blocks run in place);
 //! - [`nn`]: Linear, norms, FFN, embeddings, masks and the attention modules of the seeds;
 //! - [`tokenizer`]: SentencePiece BPE, byte-level BPE and WordPiece, and chat templates;
 //! - [`models`]: one decoder for the Llama, Qwen, Mistral, Phi-3 and Gemma families
 //!   ([`models::decoder`]), BERT encoders ([`models::bert`]) and the seed-004 seq2seq Transformer;
-//! - [`sample`], [`load`], [`session`]: sampling, a model loaded from disk with its
-//!   tokenizer and shared by sessions, and per-conversation sessions with their KV caches;
+//! - [`sample`]: sampling;
+//! - [`speculative`]: drafting for speculative decoding (n-gram lookup), the governor that
+//!   judges whether it pays, and the speculative-sampling rule that keeps or replaces drafts;
+//! - [`load`], [`session`]: a model loaded from disk with its tokenizer and shared by
+//!   sessions, and per-conversation sessions with their KV caches;
 //! - [`engine`]: continuous batching of many sequences over one model, one pass per step;
 //! - [`perplexity`]: perplexity and KL divergence over a text, as `llama-perplexity` scores;
 //! - `testing` (only with the `testing` feature, for the tests of qkv and qkv-cli): the

@@ -38,12 +38,12 @@ use std::path::{Path, PathBuf};
 const SRC_LAYERS: &[&str] = &[
     "error",
     "alloc",
-    "speculative",
     "weights",
     "nn",
     "tokenizer",
     "models",
     "sample",
+    "speculative",
     "load",
     "session",
     "engine",
