@@ -57,7 +57,7 @@
 
 use crate::error::{Error, Result};
 use crate::load::Model;
-use crate::models::decoder::{KvCache, KvType, Scratch, Segment};
+use crate::models::decoder::{KvCache, KvType, ScaledLora, Scratch, Segment};
 use crate::sample::{Sampler, SamplerConfig};
 use crate::speculative::{SpecStats, Speculation};
 use std::collections::VecDeque;
@@ -133,6 +133,11 @@ pub struct GenRequest {
     /// Whether to draft tokens and verify them in the step's pass (greedy sampling only):
     /// the tokens are those of plain decoding, several per pass when drafts are kept.
     pub speculation: Speculation,
+    /// The LoRA adapters applied to this sequence, each at its scale (loaded for the
+    /// engine's model with [`Decoder::load_lora`](crate::models::decoder::Decoder::load_lora)):
+    /// sequences with different adapters, or none, share each step's pass. A cached prefix
+    /// is reused only from a sequence that ran under the same adapters and scales.
+    pub lora: Vec<ScaledLora>,
 }
 
 impl GenRequest {
@@ -146,6 +151,7 @@ impl GenRequest {
             ignore_eos: false,
             top_logprobs: 0,
             speculation: Speculation::Off,
+            lora: Vec::new(),
         }
     }
 }
@@ -262,6 +268,8 @@ struct Slot {
     cache: KvCache,
     /// The tokens whose keys and values the cache holds, in order.
     tokens: Vec<u32>,
+    /// The adapters they ran under.
+    lora: Vec<ScaledLora>,
     running: Option<Running>,
 }
 
@@ -364,6 +372,7 @@ impl Engine {
             slots: vec![Slot {
                 cache: first,
                 tokens: Vec::new(),
+                lora: Vec::new(),
                 running: None,
             }],
             max_slots,
@@ -486,6 +495,7 @@ impl Engine {
             });
         }
         request.sampler.validate()?;
+        self.model.decoder().check_lora(&request.lora)?;
         if request.speculation != Speculation::Off {
             self.prepare_speculation(&request)?;
         }
@@ -648,6 +658,7 @@ impl Engine {
                 tokens,
                 pos0,
                 logits: wants,
+                lora: &r.request.lora,
             });
         }
         // On a rayon worker, the others kept awake (`on_pool`), so that the kernels'
@@ -714,6 +725,9 @@ impl Engine {
                 .filter(|(_, s)| s.running.is_none());
             // At least the prompt's last token runs again, for its logits.
             let reuse_len = |s: &Slot| {
+                if !same_lora(&s.lora, &request.lora) {
+                    return 0;
+                }
                 let cached = &s.tokens[..s.tokens.len().min(s.cache.filled())];
                 common_prefix(cached, &request.prompt).min(request.prompt.len() - 1)
             };
@@ -728,6 +742,7 @@ impl Engine {
                     self.slots.push(Slot {
                         cache,
                         tokens: Vec::new(),
+                        lora: Vec::new(),
                         running: None,
                     });
                     self.slots.len() - 1
@@ -742,6 +757,7 @@ impl Engine {
             let keep = reuse_len(s);
             s.tokens.truncate(keep);
             s.cache.truncate(keep);
+            s.lora.clone_from(&request.lora);
             let total = request.prompt.len();
             s.running = Some(Running {
                 seq,
@@ -776,6 +792,17 @@ fn done(r: &Running, reason: FinishReason) -> Event {
         generated: r.generated,
         spec: r.spec.as_ref().map_or_else(SpecStats::default, |s| s.stats),
     }
+}
+
+/// Whether two sequences' adapters give the same keys and values: the same adapters at
+/// the same scales, in the same order, those at scale 0 aside.
+fn same_lora(a: &[ScaledLora], b: &[ScaledLora]) -> bool {
+    let on = |l: &&ScaledLora| l.scale != 0.0;
+    a.iter().filter(on).count() == b.iter().filter(on).count()
+        && a.iter()
+            .filter(on)
+            .zip(b.iter().filter(on))
+            .all(|(x, y)| Arc::ptr_eq(&x.adapter, &y.adapter) && x.scale == y.scale)
 }
 
 /// Length of the common prefix of two token sequences.
