@@ -466,7 +466,10 @@ fn network_lora_logits_match_peft() {
         }
     }
     // The converter's f16 and q8_0 files, against peft with A and B rounded as they hold them.
-    for (name, case) in [("first-f16.gguf", "first_1_f16"), ("first-q8_0.gguf", "first_1_q8_0")] {
+    for (name, case) in [
+        ("first-f16.gguf", "first_1_f16"),
+        ("first-q8_0.gguf", "first_1_q8_0"),
+    ] {
         let got = logits(vec![scaled(&load(name), 1.0)]);
         let want = read_logits(&dir.join(format!("{case}.bin")));
         let d = distance(&got, &want);

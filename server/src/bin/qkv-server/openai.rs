@@ -135,6 +135,7 @@ pub async fn start(
             &p.speculative,
             p.sampler.is_greedy(),
         ),
+        lora: state.lora.for_request(p.lora.as_deref())?,
     };
     let submitted = Instant::now();
     let (seq, rx) = state.worker.submit(request, constraint).await?;
