@@ -227,7 +227,7 @@ fn matrix(t: Tensor, rows: usize, cols: usize) -> Result<Tensor> {
 }
 
 impl Decoder {
-    /// Reads a LoRA adapter from a GGUF file (see the [`lora`](self::super::lora) module) and
+    /// Reads a LoRA adapter from a GGUF file (see the [`lora`](crate::models::decoder::lora) module) and
     /// checks it against this model: the file must say `general.type = adapter` and
     /// `adapter.type = lora` and name this model's architecture, and every tensor must pair
     /// an `A` and a `B` whose shapes fit the base matrix it names. Errors, all inside

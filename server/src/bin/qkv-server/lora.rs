@@ -80,7 +80,7 @@ impl Adapters {
 
     /// The scales `(id, scale)` of a list give, every other adapter at 0; a 400 naming
     /// `param` for an id the server does not have.
-    fn from_list(&self, list: &[(usize, f32)], param: &str) -> Result<Vec<f32>, ApiError> {
+    fn scales_of(&self, list: &[(usize, f32)], param: &str) -> Result<Vec<f32>, ApiError> {
         let mut scales = vec![0.0; self.list.len()];
         for &(id, scale) in list {
             let slot = scales.get_mut(id).ok_or_else(|| {
@@ -102,7 +102,7 @@ impl Adapters {
     /// with the base model's.
     pub fn for_request(&self, asked: Option<&[(usize, f32)]>) -> Result<Vec<ScaledLora>, ApiError> {
         let scales = match asked {
-            Some(list) => self.from_list(list, "lora")?,
+            Some(list) => self.scales_of(list, "lora")?,
             None => self.scales(),
         };
         Ok(self
@@ -164,7 +164,7 @@ pub async fn set(
             )
         })?;
         let list = qkv_server::request::lora_list(&value, "body")?;
-        let scales = state.lora.from_list(&list, "body")?;
+        let scales = state.lora.scales_of(&list, "body")?;
         *state.lora.scales.write().unwrap_or_else(|e| e.into_inner()) = scales;
         Ok(Json(json!({"success": true})).into_response())
     })();
