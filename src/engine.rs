@@ -60,7 +60,7 @@
 
 use crate::error::{Error, Result};
 use crate::load::Model;
-use crate::models::decoder::{KvCache, KvType, Scratch, Segment};
+use crate::models::decoder::{KvCache, KvType, ScaledLora, Scratch, Segment};
 use crate::sample::{Sampler, SamplerConfig};
 use crate::session::Session;
 use crate::speculative::{SpecStats, Speculation};
@@ -153,6 +153,11 @@ pub struct GenRequest {
     /// again at their new positions, so that it goes on generating (see
     /// [`Event::Shifted`]). `None`: the prompt and `max_tokens` must fit the context.
     pub context_shift: Option<usize>,
+    /// The LoRA adapters applied to this sequence, each at its scale (loaded for the
+    /// engine's model with [`Decoder::load_lora`](crate::models::decoder::Decoder::load_lora)):
+    /// sequences with different adapters, or none, share each step's pass. A cached prefix
+    /// is reused only from a sequence that ran under the same adapters and scales.
+    pub lora: Vec<ScaledLora>,
 }
 
 impl GenRequest {
@@ -168,6 +173,7 @@ impl GenRequest {
             speculation: Speculation::Off,
             slot: None,
             context_shift: None,
+            lora: Vec::new(),
         }
     }
 }
@@ -299,6 +305,8 @@ struct Slot {
     cache: KvCache,
     /// The tokens whose keys and values the cache holds, in order.
     tokens: Vec<u32>,
+    /// The adapters they ran under.
+    lora: Vec<ScaledLora>,
     running: Option<Running>,
     /// The draft model's session of the sequences here that draft with it, once one has.
     draft: Option<Session>,
@@ -407,6 +415,7 @@ impl Engine {
             slots: vec![Slot {
                 cache: first,
                 tokens: Vec::new(),
+                lora: Vec::new(),
                 running: None,
                 draft: None,
             }],
@@ -539,6 +548,7 @@ impl Engine {
             self.check_slot(slot)?;
         }
         request.sampler.validate()?;
+        self.model.decoder().check_lora(&request.lora)?;
         if request.speculation != Speculation::Off {
             self.prepare_speculation(&request)?;
         }
@@ -702,6 +712,7 @@ impl Engine {
                 tokens,
                 pos0,
                 logits: wants,
+                lora: &r.request.lora,
             });
         }
         // On a rayon worker, the others kept awake (`on_pool`), so that the kernels'
@@ -745,6 +756,17 @@ impl Engine {
             }
         }
     }
+}
+
+/// Whether two sequences' adapters give the same keys and values: the same adapters at
+/// the same scales, in the same order, those at scale 0 aside.
+fn same_lora(a: &[ScaledLora], b: &[ScaledLora]) -> bool {
+    let on = |l: &&ScaledLora| l.scale != 0.0;
+    a.iter().filter(on).count() == b.iter().filter(on).count()
+        && a.iter()
+            .filter(on)
+            .zip(b.iter().filter(on))
+            .all(|(x, y)| Arc::ptr_eq(&x.adapter, &y.adapter) && x.scale == y.scale)
 }
 
 /// Length of the common prefix of two token sequences.

@@ -40,7 +40,7 @@
 
 use crate::error::{Error, Result};
 use crate::load::Model;
-use crate::models::decoder::{DecoderState, KvType};
+use crate::models::decoder::{DecoderState, KvType, ScaledLora};
 use crate::sample::{Sampled, Sampler, SamplerConfig};
 use crate::speculative::sampling::{verify_draft, Verdict};
 use crate::speculative::{ngram, Governor, SpecStats, Speculation};
@@ -242,6 +242,44 @@ impl Session {
     /// Same errors as [`prefill`](Self::prefill).
     pub fn step(&mut self, token: u32) -> Result<&[f32]> {
         self.prefill(std::slice::from_ref(&token))
+    }
+
+    /// Applies LoRA adapters, each at its scale, to the session's passes from now on (an
+    /// empty list: the base model). The cached positions were made under the adapters
+    /// before, so the session starts again at position 0, as [`reset`](Self::reset) does.
+    /// [`Error::ForeignState`] for an adapter loaded for another model, [`Error::Config`]
+    /// for a scale that is not finite; the session is then left as it was.
+    ///
+    /// ```
+    /// use qkv::load::Model;
+    /// use qkv::models::decoder::{Decoder, DecoderConfig, ScaledLora, WeightLayout};
+    /// use qkv::session::{Session, SessionOptions};
+    /// use qkv::weights::FloatType;
+    /// use std::sync::Arc;
+    /// let config = DecoderConfig::llama(64, 2, 4, 2, 128, 100, 256, WeightLayout::Gguf);
+    /// let model = Arc::new(Model::from_parts(Decoder::synthetic(config, 7, FloatType::F32)?, None));
+    /// // Rank 4, alpha 8: applied at scale s, each delta is s · 8/4 · B·(A·x).
+    /// let adapter = Arc::new(model.decoder().synthetic_lora(4, 8.0, 1)?);
+    /// let options = SessionOptions { context: Some(64), ..SessionOptions::default() };
+    /// let mut session = Session::new(model.clone(), options)?;
+    /// let base = session.prefill(&[1, 2, 3])?.to_vec();
+    /// session.set_lora(vec![ScaledLora { adapter, scale: 1.0 }])?;
+    /// let adapted = session.prefill(&[1, 2, 3])?.to_vec();
+    /// assert_ne!(base, adapted);
+    /// session.set_lora(Vec::new())?;
+    /// assert_eq!(session.prefill(&[1, 2, 3])?, &base[..]);
+    /// # Ok::<(), qkv::Error>(())
+    /// ```
+    pub fn set_lora(&mut self, adapters: Vec<ScaledLora>) -> Result<()> {
+        self.model.decoder().check_lora(&adapters)?;
+        self.core.state.set_lora(adapters);
+        self.core.tokens.clear();
+        Ok(())
+    }
+
+    /// The LoRA adapters the session applies, with their scales.
+    pub fn lora(&self) -> &[ScaledLora] {
+        self.core.state.lora()
     }
 
     /// Forgets everything: position 0. The cache memory is kept.

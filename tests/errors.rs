@@ -57,12 +57,14 @@ fn a_state_made_by_another_model_is_refused() {
             tokens: &[1, 2],
             pos0: 0,
             logits: 1,
+            lora: &[],
         },
         Segment {
             cache: &mut foreign,
             tokens: &[3],
             pos0: 0,
             logits: 1,
+            lora: &[],
         },
     ];
     let mut logits = vec![0.0; 2 * 40];

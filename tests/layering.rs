@@ -95,6 +95,7 @@ const SERVER_BIN_LAYERS: &[&str] = &[
     "listen",
     "named_templates",
     "worker",
+    "lora",
     "models",
     "chat",
     "openai",

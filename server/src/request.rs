@@ -64,6 +64,10 @@ pub struct Params {
     /// llama-server's `n_keep`: prompt tokens a context shift keeps (-1: all of the
     /// prompt; `None`: the server's `--keep`).
     pub n_keep: Option<i64>,
+    /// llama-server's `lora`: the LoRA adapters for this request as `(id, scale)`, the
+    /// server's adapters not listed at scale 0; `None` (absent or empty): the server's
+    /// scales.
+    pub lora: Option<Vec<(usize, f32)>>,
 }
 
 /// The most choices (`n`) one request may ask for.
@@ -215,7 +219,42 @@ pub fn params(b: &Body, chat: bool, seed: impl FnOnce() -> u64) -> Result<Params
                 }
             },
         },
+        lora: match b.field("lora") {
+            None => None,
+            Some(v) => Some(lora_list(v, "lora")?).filter(|l| !l.is_empty()),
+        },
     })
+}
+
+/// A list of `{"id": n, "scale": x}` objects, as llama-server's `lora` field and the body of
+/// `POST /lora-adapters` give them (a missing scale is 0, as there); a 400 naming `param`
+/// for anything else. An id listed twice keeps its last scale.
+pub fn lora_list(v: &Value, param: &str) -> Result<Vec<(usize, f32)>, ApiError> {
+    let bad = |why: String| ApiError::invalid(param, format!("`{param}`: {why}"));
+    let list = v.as_array().ok_or_else(|| {
+        bad(format!(
+            "must be a list of {{\"id\", \"scale\"}} objects, got {v}"
+        ))
+    })?;
+    let mut out: Vec<(usize, f32)> = Vec::with_capacity(list.len());
+    for entry in list {
+        let id = entry
+            .get("id")
+            .and_then(Value::as_u64)
+            .and_then(|i| usize::try_from(i).ok())
+            .ok_or_else(|| bad(format!("{entry} has no `id` that is an adapter's number")))?;
+        let scale = match entry.get("scale") {
+            None | Some(Value::Null) => 0.0,
+            Some(s) => s
+                .as_f64()
+                .map(|s| s as f32)
+                .filter(|s| s.is_finite())
+                .ok_or_else(|| bad(format!("{entry}: `scale` must be a finite number")))?,
+        };
+        out.retain(|(i, _)| *i != id);
+        out.push((id, scale));
+    }
+    Ok(out)
 }
 
 /// The chat route's `messages` (each checked by [`message`]) and `tools` (a list, when

@@ -123,9 +123,9 @@ fn missing_features_and_bad_values_are_refused_by_name() {
     let model = synthetic();
     for (args, env, want) in [
         (
-            vec!["--lora", "a.gguf"],
+            vec!["--control-vector", "a.gguf"],
             vec![],
-            "--lora: qkv-server does not support LoRA adapters",
+            "--control-vector: qkv-server does not support control vectors",
         ),
         (
             vec!["--models-dir", "/m"],

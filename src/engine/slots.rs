@@ -92,6 +92,9 @@ impl Engine {
                 .filter(|(_, s)| s.running.is_none());
             // At least the prompt's last token runs again, for its logits.
             let reuse_len = |s: &Slot| {
+                if !super::same_lora(&s.lora, &request.lora) {
+                    return 0;
+                }
                 let cached = &s.tokens[..s.tokens.len().min(s.cache.filled())];
                 common_prefix(cached, &request.prompt).min(request.prompt.len() - 1)
             };
@@ -120,6 +123,7 @@ impl Engine {
                         self.slots.push(Slot {
                             cache,
                             tokens: Vec::new(),
+                            lora: Vec::new(),
                             running: None,
                             draft: None,
                         });
@@ -141,6 +145,7 @@ impl Engine {
             let keep = reuse_len(s);
             s.tokens.truncate(keep);
             s.cache.truncate(keep);
+            s.lora.clone_from(&request.lora);
             let total = request.prompt.len();
             s.running = Some(Running {
                 seq,
@@ -192,6 +197,7 @@ impl Engine {
             self.slots.push(Slot {
                 cache,
                 tokens: Vec::new(),
+                lora: Vec::new(),
                 running: None,
                 draft: None,
             });
@@ -215,12 +221,22 @@ impl Engine {
     }
 
     /// The tokens a slot caches and their keys and values, as bytes (see the [module
-    /// docs](self)). [`Error::Slot`] when the slot does not exist or a sequence runs in it.
+    /// docs](self)). [`Error::Slot`] when the slot does not exist, a sequence runs in it, or it
+    /// caches tokens run under LoRA adapters (the file records none).
     pub fn save_slot(&mut self, slot: usize) -> Result<SavedSlot> {
         let fingerprint = self.model.decoder().fingerprint();
         let c = self.model.config();
         let (layers, heads, dim) = (c.layers, c.kv_heads, c.head_dim);
         let s = self.free_slot(slot)?;
+        if s.lora.iter().any(|l| l.scale != 0.0) {
+            // The file names the model, not adapters: a cache made under them would be
+            // taken for the base model's when restored.
+            return Err(Error::Slot {
+                slot,
+                why: "caches tokens run under LoRA adapters, which a saved slot cannot record"
+                    .into(),
+            });
+        }
         let n = s.tokens.len().min(s.cache.filled());
         let kv = s.cache.saved_bytes(n);
         let mut bytes = Vec::with_capacity(HEADER + 4 * n + kv + 8);
@@ -258,6 +274,7 @@ impl Engine {
             return Err(e);
         }
         s.tokens = tokens;
+        s.lora.clear();
         Ok(s.tokens.len())
     }
 

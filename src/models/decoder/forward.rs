@@ -2,6 +2,7 @@
 //! [`Decoder::forward_all`]) or many at once ([`Decoder::forward_batch`]), through the same
 //! layers.
 
+use super::lora::{add_lora, Proj, ScaledLora, Target};
 use super::moe::Ffn;
 use super::{Activation, Block, Decoder, DecoderState, KvCache, Scratch};
 use crate::error::{Error, Result};
@@ -24,6 +25,16 @@ pub struct Segment<'a> {
     /// for a decode step, more for a pass that verifies drafted tokens. At most
     /// `tokens.len()`.
     pub logits: usize,
+    /// The LoRA adapters applied to this sequence's rows, each at its scale (`&[]`: none,
+    /// the base model's bits). See [`lora`](super::lora).
+    pub lora: &'a [ScaledLora],
+}
+
+/// Each segment's rows of the pass, with its adapters.
+fn token_groups<'s>(
+    segments: &'s [Segment<'_>],
+) -> impl Iterator<Item = (usize, &'s [ScaledLora])> + Clone {
+    segments.iter().map(|g| (g.tokens.len(), g.lora))
 }
 
 impl Decoder {
@@ -98,8 +109,13 @@ impl Decoder {
         out: &mut [f32],
     ) -> Result<()> {
         let d = self.config.dim;
-        let DecoderState { cache, scratch } = state;
+        let DecoderState {
+            cache,
+            scratch,
+            lora,
+        } = state;
         self.check_segment(cache, tokens, 0)?;
+        self.check_lora(lora)?;
         if out.len() != tokens.len().saturating_mul(d) {
             return Err(Error::Shape(format!(
                 "hidden-state buffer holds {}, {} tokens of width {d} need {}",
@@ -116,6 +132,7 @@ impl Decoder {
                 tokens: chunk,
                 pos0: pos,
                 logits: 0,
+                lora,
             }];
             self.layers(&mut seg, scratch)?;
             let rows = &mut out[pos * d..(pos + chunk.len()) * d];
@@ -137,8 +154,13 @@ impl Decoder {
         logits: &mut [f32],
     ) -> Result<()> {
         let c = &self.config;
-        let DecoderState { cache, scratch } = state;
+        let DecoderState {
+            cache,
+            scratch,
+            lora,
+        } = state;
         self.check_segment(cache, tokens, pos0)?;
+        self.check_lora(lora)?;
         check_wanted(wanted, tokens.len())?;
         let need = wanted.saturating_mul(c.vocab);
         if logits.len() != need {
@@ -159,6 +181,7 @@ impl Decoder {
                 tokens: chunk,
                 pos0: pos,
                 logits: 0,
+                lora,
             }];
             self.layers(&mut seg, scratch)?;
             // This chunk's share of the wanted tokens, as rows of the chunk.
@@ -166,7 +189,9 @@ impl Decoder {
             let from = first.max(start);
             if from < end {
                 let out = &mut logits[(from - first) * c.vocab..(end - first) * c.vocab];
-                self.head(scratch, from - start..end - start, end - from, out)?;
+                let rows = end - from;
+                let groups = std::iter::once((rows, &lora[..]));
+                self.head(scratch, from - start..end - start, rows, groups, out)?;
             }
             pos += chunk.len();
         }
@@ -194,12 +219,12 @@ impl Decoder {
     /// let mut logits = vec![0.0; 2 * 100];
     /// // A prompt of 3 tokens for `a` and of 5 for `b`, in one pass; then one step each.
     /// model.forward_batch(&mut [
-    ///     Segment { cache: &mut a, tokens: &[1, 2, 3], pos0: 0, logits: 1 },
-    ///     Segment { cache: &mut b, tokens: &[4, 5, 6, 7, 8], pos0: 0, logits: 1 },
+    ///     Segment { cache: &mut a, tokens: &[1, 2, 3], pos0: 0, logits: 1, lora: &[] },
+    ///     Segment { cache: &mut b, tokens: &[4, 5, 6, 7, 8], pos0: 0, logits: 1, lora: &[] },
     /// ], &mut scratch, &mut logits)?;
     /// model.forward_batch(&mut [
-    ///     Segment { cache: &mut a, tokens: &[9], pos0: 3, logits: 1 },
-    ///     Segment { cache: &mut b, tokens: &[9], pos0: 5, logits: 1 },
+    ///     Segment { cache: &mut a, tokens: &[9], pos0: 3, logits: 1, lora: &[] },
+    ///     Segment { cache: &mut b, tokens: &[9], pos0: 5, logits: 1, lora: &[] },
     /// ], &mut scratch, &mut logits)?;
     /// assert_eq!((a.filled(), b.filled()), (4, 6));
     /// # Ok::<(), qkv::Error>(())
@@ -214,6 +239,7 @@ impl Decoder {
         let (mut rows, mut wanted) = (0usize, 0usize);
         for seg in segments.iter() {
             self.check_segment(seg.cache, seg.tokens, seg.pos0)?;
+            self.check_lora(seg.lora)?;
             check_wanted(seg.logits, seg.tokens.len())?;
             rows += seg.tokens.len();
             wanted += seg.logits;
@@ -248,7 +274,8 @@ impl Decoder {
                     Some(*end - g.logits..*end)
                 })
                 .flatten();
-            self.head(scratch, tail_rows, wanted, logits)?;
+            let groups = segments.iter().map(|g| (g.logits, g.lora));
+            self.head(scratch, tail_rows, wanted, groups, logits)?;
         }
         Ok(())
     }
@@ -302,7 +329,7 @@ impl Decoder {
         }
         for (l, b) in self.blocks.iter().enumerate() {
             self.attention_block(l, b, segments, s, t)?;
-            self.ffn_block(b, s, t)?;
+            self.ffn_block(l, b, segments, s, t)?;
         }
         for seg in segments.iter_mut() {
             seg.cache.filled = seg.pos0 + seg.tokens.len();
@@ -338,6 +365,22 @@ impl Decoder {
             d,
             &mut [b.wq.projection(q), b.wk.projection(k), b.wv.projection(v)],
         )?;
+        let lora = &mut s.lora;
+        for (p, y, n) in [
+            (Proj::Q, &mut *q, qd),
+            (Proj::K, &mut *k, kvd),
+            (Proj::V, &mut *v, kvd),
+        ] {
+            add_lora(
+                Target::Layer(l, p),
+                token_groups(segments),
+                xn,
+                d,
+                y,
+                n,
+                lora,
+            )?;
+        }
         if let (Some(qn), Some(kn)) = (&b.q_norm, &b.k_norm) {
             qn.forward_inplace(q)?;
             kn.forward_inplace(k)?;
@@ -399,6 +442,16 @@ impl Decoder {
         s.calls = crate::alloc::recycle(calls);
         done?;
         b.wo.forward_into(att, t, xn)?;
+        let groups = token_groups(segments);
+        add_lora(
+            Target::Layer(l, Proj::O),
+            groups,
+            att,
+            qd,
+            xn,
+            d,
+            &mut s.lora,
+        )?;
         if let Some(n) = &b.attn_post_norm {
             n.forward_inplace(xn)?;
         }
@@ -408,7 +461,14 @@ impl Decoder {
 
     /// A block's feed-forward over the `t` rows of `s.x`: dense (gated, SiLU or GELU) or a
     /// mixture of experts, its output added to the residual stream.
-    fn ffn_block(&self, b: &Block, s: &mut Scratch, t: usize) -> Result<()> {
+    fn ffn_block(
+        &self,
+        l: usize,
+        b: &Block,
+        segments: &[Segment<'_>],
+        s: &mut Scratch,
+        t: usize,
+    ) -> Result<()> {
         let c = &self.config;
         let (d, ff) = (c.dim, c.ffn_dim);
         let x = &mut s.x[..t * d];
@@ -425,11 +485,33 @@ impl Decoder {
                     d,
                     &mut [f.gate.projection(gate), f.up.projection(up)],
                 )?;
+                let lora = &mut s.lora;
+                for (p, y) in [(Proj::Gate, &mut *gate), (Proj::Up, &mut *up)] {
+                    add_lora(
+                        Target::Layer(l, p),
+                        token_groups(segments),
+                        xn,
+                        d,
+                        y,
+                        ff,
+                        lora,
+                    )?;
+                }
                 match c.activation {
                     Activation::Silu => swiglu(hidden, gate, up)?,
                     Activation::GeluTanh => geglu_tanh(hidden, gate, up)?,
                 }
                 f.down.forward_into(hidden, t, xn)?;
+                let groups = token_groups(segments);
+                add_lora(
+                    Target::Layer(l, Proj::Down),
+                    groups,
+                    hidden,
+                    ff,
+                    xn,
+                    d,
+                    &mut s.lora,
+                )?;
             }
             (Ffn::Moe(block), Some(m), Some(ms)) => {
                 block.forward(m, xn, t, d, ms, &mut s.gate, &mut s.up, &mut s.hidden)?;
@@ -449,12 +531,14 @@ impl Decoder {
     }
 
     /// Final norm and output head for `count` rows of `s.x` (their indices from `rows`,
-    /// gathered into `s.xn`), into `logits` (`count·vocab`).
-    fn head(
+    /// gathered into `s.xn`), into `logits` (`count·vocab`); `groups` are runs of those rows
+    /// with their adapters.
+    fn head<'g>(
         &self,
         s: &mut Scratch,
         rows: impl Iterator<Item = usize>,
         count: usize,
+        groups: impl Iterator<Item = (usize, &'g [ScaledLora])> + Clone,
         logits: &mut [f32],
     ) -> Result<()> {
         let c = &self.config;
@@ -466,6 +550,7 @@ impl Decoder {
         self.final_norm.forward_inplace(xn)?;
         let w = self.output.as_ref().unwrap_or(&self.embedding);
         qkv_kernels::linear(logits, xn, w.weights(), None, count, d, c.vocab)?;
+        add_lora(Target::Output, groups, xn, d, logits, c.vocab, &mut s.lora)?;
         if let Some(cap) = c.final_softcap {
             softcap_inplace(logits, cap);
         }

@@ -35,10 +35,12 @@
 
 pub mod config;
 mod forward;
+pub mod lora;
 mod moe;
 mod state;
 
 pub use forward::Segment;
+pub use lora::{LoraAdapter, ScaledLora};
 
 use state::KvStore;
 pub use state::{DecoderState, KvCache, KvType, Scratch};
@@ -635,7 +637,11 @@ impl Decoder {
     ) -> Result<DecoderState> {
         let cache = self.new_cache(capacity, kv_type)?;
         let scratch = self.new_scratch(chunk.min(capacity))?;
-        Ok(DecoderState { cache, scratch })
+        Ok(DecoderState {
+            cache,
+            scratch,
+            lora: Vec::new(),
+        })
     }
 
     /// An empty KV cache of `capacity` positions stored as `kv_type` (a [`FloatType`] or a
@@ -716,6 +722,7 @@ impl Decoder {
                 .map(|m| MoeScratch::new(c, m, rows))
                 .transpose()?,
             calls: Vec::new(),
+            lora: lora::LoraScratch::default(),
         })
     }
 }

@@ -431,6 +431,8 @@ pub struct Scratch {
     /// The attention calls of a pass's segments, kept empty between passes (see
     /// [`recycle`](crate::alloc::recycle)).
     pub(super) calls: Vec<qkv_kernels::AttentionCall<'static>>,
+    /// The LoRA adapters' products, sized by the first pass that uses an adapter.
+    pub(super) lora: super::lora::LoraScratch,
 }
 
 impl std::fmt::Debug for Scratch {
@@ -452,6 +454,8 @@ impl Scratch {
 pub struct DecoderState {
     pub(super) cache: KvCache,
     pub(super) scratch: Scratch,
+    /// The LoRA adapters its passes apply, with their scales ([`DecoderState::set_lora`]).
+    pub(super) lora: Vec<super::ScaledLora>,
 }
 
 impl std::fmt::Debug for DecoderState {
@@ -487,5 +491,20 @@ impl DecoderState {
     /// The KV cache.
     pub fn cache(&self) -> &KvCache {
         &self.cache
+    }
+
+    /// The LoRA adapters the state's passes apply, each at its scale (none at first). The
+    /// cached keys and values were made under the adapters before: a caller that changes
+    /// them runs the sequence again from the first position the change affects (from 0,
+    /// as [`Session::set_lora`](crate::session::Session::set_lora) does). The adapters must
+    /// have been loaded for the model the state runs on ([`Error::ForeignState`] at the
+    /// next pass otherwise).
+    pub fn set_lora(&mut self, adapters: Vec<super::ScaledLora>) {
+        self.lora = adapters;
+    }
+
+    /// The LoRA adapters its passes apply.
+    pub fn lora(&self) -> &[super::ScaledLora] {
+        &self.lora
     }
 }

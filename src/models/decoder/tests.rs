@@ -358,6 +358,7 @@ fn a_batched_pass_gives_each_sequence_its_own_logits() {
                 tokens: if step == 0 { p } else { &toks[step - 1..step] },
                 pos0: if step == 0 { 0 } else { p.len() + step - 1 },
                 logits: 1,
+                lora: &[],
             })
             .collect();
         model
@@ -379,6 +380,7 @@ fn a_batched_pass_gives_each_sequence_its_own_logits() {
                 tokens: &long,
                 pos0: 0,
                 logits: 0,
+                lora: &[],
             }],
             &mut scratch,
             &mut [],
@@ -392,6 +394,7 @@ fn a_batched_pass_gives_each_sequence_its_own_logits() {
                 tokens: &[1],
                 pos0: 0,
                 logits: 1,
+                lora: &[],
             }],
             &mut scratch,
             &mut [0.0; 3],

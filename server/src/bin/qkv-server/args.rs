@@ -18,6 +18,26 @@ pub(crate) struct Args {
     /// A GGUF file or a Hugging Face directory; default: SmolLM2-135M-Instruct, fetched once.
     #[arg(short = 'm', long)]
     pub(crate) model: Option<PathBuf>,
+    /// A LoRA adapter (a GGUF file as llama.cpp's convert_lora_to_gguf.py writes it) applied
+    /// at scale 1 to every request that does not choose its own (repeatable; ids count from
+    /// 0 in command-line order, with --lora-scaled).
+    #[arg(long = "lora", value_name = "FILE")]
+    pub(crate) lora: Vec<PathBuf>,
+    /// A LoRA adapter applied at SCALE (repeatable).
+    #[arg(
+        long = "lora-scaled",
+        num_args = 2,
+        value_names = ["FILE", "SCALE"],
+        allow_negative_numbers = true
+    )]
+    pub(crate) lora_scaled: Vec<String>,
+    /// Load the adapters at scale 0: none applies until POST /lora-adapters or a request's
+    /// `lora` field sets a scale.
+    #[arg(long = "lora-init-without-apply")]
+    pub(crate) lora_init_without_apply: bool,
+    /// Which of `--lora` (false) and `--lora-scaled` (true) came in which order.
+    #[arg(skip)]
+    pub(crate) lora_order: Vec<bool>,
     /// Widen every weight matrix to this dtype at load (f16 or f32); by default each runs as
     /// stored, quantized blocks included.
     #[arg(long)]
@@ -305,7 +325,9 @@ impl Args {
                 for n in &e.notes {
                     eprintln!("qkv-server: note: {n}");
                 }
+                let order = lora_order(&e.args);
                 let mut args = Args::parse_from(&e.args);
+                args.lora_order = order;
                 args.argv = e.args;
                 args
             }
@@ -314,6 +336,50 @@ impl Args {
                 std::process::exit(2);
             }
         }
+    }
+
+    /// The LoRA adapters of the command line in its order, each with its starting scale
+    /// (0 under `--lora-init-without-apply`). An error names a scale that is not a finite
+    /// number.
+    pub(crate) fn lora_adapters(&self) -> Result<Vec<(PathBuf, f32)>, String> {
+        let mut plain = self.lora.iter();
+        let mut scaled = self.lora_scaled.chunks(2);
+        let mut out = Vec::new();
+        // Without the recorded order (tests build `Args` directly), --lora ones come first.
+        let order = if self.lora_order.len() == self.lora.len() + self.lora_scaled.len() / 2 {
+            self.lora_order.clone()
+        } else {
+            let mut o = vec![false; self.lora.len()];
+            o.resize(self.lora.len() + self.lora_scaled.len() / 2, true);
+            o
+        };
+        for is_scaled in order {
+            let (path, scale) = if is_scaled {
+                let Some([path, scale]) = scaled.next() else {
+                    break;
+                };
+                let s: f32 = scale
+                    .parse()
+                    .ok()
+                    .filter(|s: &f32| s.is_finite())
+                    .ok_or_else(|| {
+                        format!("--lora-scaled {path} {scale}: the scale is not a number")
+                    })?;
+                (PathBuf::from(path), s)
+            } else {
+                let Some(path) = plain.next() else { break };
+                (path.clone(), 1.0)
+            };
+            out.push((
+                path,
+                if self.lora_init_without_apply {
+                    0.0
+                } else {
+                    scale
+                },
+            ));
+        }
+        Ok(out)
     }
 
     /// How many sequences run at once: `--parallel` (as llama-server's `-np`), else
@@ -409,4 +475,17 @@ impl Args {
                 .map_err(|_| format!("--seed {s}: give 0 to 2^64-1, or -1")),
         }
     }
+}
+
+/// In which order `--lora` (false) and `--lora-scaled` (true) appear on a command line.
+fn lora_order(args: &[std::ffi::OsString]) -> Vec<bool> {
+    args.iter()
+        .skip(1)
+        .filter_map(|a| a.to_str())
+        .filter_map(|a| match a.split_once('=').map_or(a, |(n, _)| n) {
+            "--lora" => Some(false),
+            "--lora-scaled" => Some(true),
+            _ => None,
+        })
+        .collect()
 }

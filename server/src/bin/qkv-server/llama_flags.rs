@@ -108,9 +108,6 @@ const TABLE: &[(&str, Kind)] = &[
     ("--no-cont-batching", Refuse("batching without continuous batching")),
     ("-nocb", Refuse("batching without continuous batching")),
     ("--no-cache-prompt", Refuse("turning the prefix cache off server-wide")),
-    ("--lora", Refuse("LoRA adapters")),
-    ("--lora-scaled", Refuse("LoRA adapters")),
-    ("--lora-init-without-apply", Refuse("LoRA adapters")),
     ("--control-vector", Refuse("control vectors")),
     ("--control-vector-scaled", Refuse("control vectors")),
     ("--grp-attn-n", Refuse("group attention (self-extend)")),
@@ -463,9 +460,9 @@ mod tests {
 
     #[test]
     fn a_missing_feature_is_refused_by_name() {
-        let e = run(&["--lora", "a.gguf"], &[]).unwrap_err();
+        let e = run(&["--control-vector", "a.gguf"], &[]).unwrap_err();
         assert!(
-            e.starts_with("--lora: qkv-server does not support LoRA"),
+            e.starts_with("--control-vector: qkv-server does not support control vectors"),
             "{e}"
         );
         let e = run(&["--mmproj=/m"], &[]).unwrap_err();

@@ -8,6 +8,7 @@
 //!            [--api-key KEY]... [--api-key-file PATH] [--metrics-public]
 //!            [--metrics-vllm-names] [--no-metrics] [--no-slots] [--temp T] [--seed N]
 //!            [--n-predict N] [--chat-template-file PATH] [--reasoning on|off|auto]
+//!            [--lora FILE]... [--lora-scaled FILE SCALE]... [--lora-init-without-apply]
 //! ```
 //!
 //! Routes: `POST /v1/chat/completions` and `/chat/completions` (the model's chat template;
@@ -16,7 +17,8 @@
 //! llama-server's own (native.rs): `POST /completion` and `/completions`,
 //! `POST /apply-template`, `GET /props`, `GET /slots`, `POST /chat/completions/input_tokens`;
 //! Anthropic's `POST /v1/messages` and `POST /v1/messages/count_tokens` (anthropic.rs) and
-//! OpenAI's `POST /v1/responses` (responses.rs), both translated onto the chat route.
+//! OpenAI's `POST /v1/responses` (responses.rs), both translated onto the chat route;
+//! llama-server's `GET` and `POST /lora-adapters` for the `--lora` adapters (lora.rs).
 //! The model runs on one engine thread (and rayon's
 //! pool), never on the async runtime. A sentence-transformers directory (an encoder such as
 //! all-MiniLM-L6-v2) is served with `POST /v1/embeddings` instead of the generation routes
@@ -27,10 +29,11 @@
 //! The request bodies are read by the `qkv_server` library. This file holds what every
 //! route shares ([`AppState`], [`Shared`], reading a body, counting an answer) and the
 //! router; its modules import only downward, from the bottom: `llama_flags`, `args`, `cors`,
-//! `listen`, `named_templates`, `worker`, `models`, `chat`, `openai`, `native`, `infill`,
-//! `slot_files`, `embed_decoder`, `rerank`, `translate`, `anthropic`, `responses`, `embed`,
-//! `router` (`tests/layering.rs` checks it). With `--models-dir` or `--models-preset` and no
-//! model, the process is a router over instances of its models instead (router/mod.rs).
+//! `listen`, `named_templates`, `worker`, `lora`, `models`, `chat`, `openai`, `native`,
+//! `infill`, `slot_files`, `embed_decoder`, `rerank`, `translate`, `anthropic`, `responses`,
+//! `embed`, `router` (`tests/layering.rs` checks it). With `--models-dir` or
+//! `--models-preset` and no model, the process is a router over instances of its models
+//! instead (router/mod.rs).
 
 #![forbid(unsafe_code)]
 
@@ -43,6 +46,7 @@ mod embed_decoder;
 mod infill;
 mod listen;
 mod llama_flags;
+mod lora;
 mod models;
 mod named_templates;
 mod native;
@@ -110,6 +114,8 @@ pub struct AppState {
     pub grammars: Result<qkv_server::constraint::Grammars, String>,
     /// The flags the handlers read (template, defaults, `/props`, `/slots`).
     pub options: chat::ServeOptions,
+    /// The LoRA adapters and their server-wide scales.
+    pub lora: lora::Adapters,
 }
 
 /// Who may call which route.
@@ -173,7 +179,18 @@ fn serve(args: Args) -> AnyResult<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     });
+    let decoder_only = |what: &str| -> AnyResult<()> {
+        match args.lora_adapters()?.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
+                "--lora: {} is {what}; LoRA adapters apply to decoder models",
+                path.display()
+            )
+            .into()),
+        }
+    };
     let (routes, what, worker) = if qkv::models::bert::CrossEncoder::is_cross_encoder(&path) {
+        decoder_only("a cross-encoder")?;
         serve_cross_encoder(&args, &path, &shared)?
     } else if is_sentence_transformers(&path) {
         if args.reranking || rank {
@@ -184,6 +201,7 @@ fn serve(args: Args) -> AnyResult<()> {
             )
             .into());
         }
+        decoder_only("a sentence-transformers encoder")?;
         serve_encoder(&args, &path, &shared)?
     } else {
         let reranking = args.reranking || rank;
@@ -346,6 +364,7 @@ fn serve_decoder(
     let Some(tokenizer) = model.tokenizer() else {
         return Err(format!("{}: the model has no tokenizer", path.display()).into());
     };
+    let lora = lora::Adapters::load(&model, &args.lora_adapters()?)?;
     let reranker = match reranking {
         true => Some(rerank::Reranker::new(tokenizer, model.vocab_size())?),
         false => None,
@@ -431,6 +450,7 @@ fn serve_decoder(
         context: ctx,
         worker: worker.clone(),
         shared: shared.clone(),
+        lora,
     });
     Ok((
         decoder_routes(state).merge(rerank::routes(rerank)),
@@ -568,6 +588,7 @@ fn decoder_routes(state: Arc<AppState>) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
         .route("/responses", post(responses::create))
+        .route("/lora-adapters", get(lora::list).post(lora::set))
         .with_state(state)
 }
 

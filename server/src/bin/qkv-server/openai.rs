@@ -152,6 +152,7 @@ pub async fn start(
         speculation,
         slot: p.id_slot,
         context_shift,
+        lora: state.lora.for_request(p.lora.as_deref())?,
     };
     let submitted = Instant::now();
     let (seq, rx) = state.worker.submit(request, constraint).await?;
