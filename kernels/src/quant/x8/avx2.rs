@@ -4,6 +4,8 @@
 
 use super::avx2_byte::{q6_k as q6_k_bytes, q6_k_split, q8_0 as q8_0_bytes};
 use super::avx2_i16::{q6_k, q8_0};
+use super::avx2_iq4::{iq4_nl_bytes, iq4_nl_wide, iq4_xs_bytes, iq4_xs_wide};
+use super::avx2_q3_k::{q3_k_bytes, q3_k_wide};
 use super::ROWS;
 use crate::par::SharedOut;
 use crate::quant::act::{ActPrecision, ByteBlock, QuantizedActs, SplitBlock, TILE_ROWS};
@@ -208,7 +210,7 @@ impl Tiles for Vnni {
 /// # Safety
 /// `p..p + 32` readable; AVX2.
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
+pub(super) unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
     // SAFETY: the caller's contract.
     unsafe {
         let v = _mm256_loadu_si256(p as *const __m256i);
@@ -522,6 +524,12 @@ unsafe fn columns_with<const VNNI: bool>(
                     QuantFormat::Q6_K => run!(q6_k; false),
                     QuantFormat::Q8_0 if bytes => run!(q8_0_bytes; VNNI),
                     QuantFormat::Q8_0 => run!(q8_0),
+                    QuantFormat::Q3_K if bytes => run!(q3_k_bytes; VNNI),
+                    QuantFormat::Q3_K => run!(q3_k_wide),
+                    QuantFormat::IQ4_NL if bytes => run!(iq4_nl_bytes; VNNI),
+                    QuantFormat::IQ4_NL => run!(iq4_nl_wide),
+                    QuantFormat::IQ4_XS if bytes => run!(iq4_xs_bytes; VNNI),
+                    QuantFormat::IQ4_XS => run!(iq4_xs_wide),
                     _ if bytes && VNNI => run!(q4_k, Vnni),
                     _ if bytes => run!(q4_k, Bytes),
                     _ if VNNI => run!(q4_k, SplitVnni),
