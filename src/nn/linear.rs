@@ -63,7 +63,7 @@ impl Linear {
     }
 
     /// A layer from a `[out, in]` weight tensor and an optional bias of `out` values; Q4_0,
-    /// Q4_1, Q4_K, Q6_K, Q8_0, Q3_K, IQ4_NL and IQ4_XS weights are interleaved as in
+    /// Q4_1, Q4_K, Q6_K, Q8_0, Q3_K, Q5_K, IQ4_NL and IQ4_XS weights are interleaved as in
     /// [`Linear::load`].
     pub fn from_tensors(weight: Tensor, bias: Option<Vec<f32>>) -> Result<Self> {
         Self::from_tensors_with(weight, bias, &MatrixOptions::default())

@@ -120,9 +120,9 @@ impl std::fmt::Display for WeightFormat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatrixOptions {
     /// The precision at which activations meet interleaved quantized matrices on every
-    /// path (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, Q3_K, IQ4_NL, IQ4_XS; [`Weights::QuantX8`]): 16 bits, next to no error
-    /// of its own, or 8 bits, as llama.cpp's CPU kernels, faster where a matrix meets many
-    /// rows. Matrices in GGUF's layout always meet 16-bit activations.
+    /// path (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, Q3_K, Q5_K, IQ4_NL, IQ4_XS;
+    /// [`Weights::QuantX8`]): 16 bits, next to no error of its own, or 8 bits, as
+    /// llama.cpp's CPU kernels, faster where a matrix meets many rows. Matrices in GGUF's layout always meet 16-bit activations.
     pub act_precision: ActPrecision,
     /// Whether matrices are copied at load into the layout the matrix products read
     /// fastest (rows interleaved 8 by 8, f16 onto pages of their own): on by default; off,

@@ -394,6 +394,7 @@ mod tests {
                     | QuantFormat::Q6_K
                     | QuantFormat::Q8_0
                     | QuantFormat::Q3_K
+                    | QuantFormat::Q5_K
                     | QuantFormat::IQ4_NL
                     | QuantFormat::IQ4_XS
             ) {

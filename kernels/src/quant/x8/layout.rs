@@ -1,9 +1,9 @@
-//! The interleaved layouts of the low-bit K and IQ formats (Q3_K, IQ4_XS; IQ4_NL takes
-//! Q4_0's): weaving 8 rows' blocks into one column and taking one row back out. The tables
+//! The interleaved layouts of the low-bit K and IQ formats (Q3_K, Q5_K, IQ4_XS; IQ4_NL
+//! takes Q4_0's): weaving 8 rows' blocks into one column and taking one row back out. The tables
 //! of [`super`] describe them; every bit of the file's bytes is kept, so
 //! [`super::unpack_rows`] gives them back exactly.
 
-use super::ROWS;
+use super::{pack_q4_k, unpack_q4_k, ROWS};
 use crate::quant::blocks::{iq4_xs_scale, q3_k_scale};
 
 /// Stores `vals` (`n` six-bit values, `n` a multiple of 4) in `3n / 4` bytes: byte `i` of
@@ -130,4 +130,34 @@ pub(super) fn unpack_iq4_xs(column: &[u8], r: usize, out: &mut [u8]) {
         }
     }
     out[2..4].copy_from_slice(&high.to_le_bytes());
+}
+
+/// Offset of Q5_K's fifth-bit chunk `p` of row `r` in a column: bytes `4p..4p + 4` of the
+/// row's 32 bytes `qh`.
+pub(super) const fn q5_k_high(p: usize, r: usize) -> usize {
+    1152 + 32 * p + 4 * r
+}
+
+/// Q5_K (176-byte blocks `d, dmin, scales[12], qh[32], qs[128]`): Q4_K's column of the
+/// same rows (1152 bytes: `d`, `dmin`, scales and minimums, quant nibbles), then the fifth
+/// bits in 8 chunks (`q5_k_high`, 256), as Q3_K's high bits: bit `g` of a byte is the fifth
+/// bit of sub-block `g`'s element.
+pub(super) fn pack_q5_k<'a>(block: impl Fn(usize) -> &'a [u8] + Copy, out: &mut [u8]) {
+    pack_q4_k(block, 48, &mut out[..1152]);
+    for r in 0..ROWS {
+        let b = block(r);
+        for p in 0..8 {
+            let at = q5_k_high(p, r);
+            out[at..at + 4].copy_from_slice(&b[16 + 4 * p..20 + 4 * p]);
+        }
+    }
+}
+
+/// Row `r` of a Q5_K column back in GGUF's layout (176 bytes).
+pub(super) fn unpack_q5_k(column: &[u8], r: usize, out: &mut [u8]) {
+    unpack_q4_k(&column[..1152], r, 48, out);
+    for p in 0..8 {
+        let at = q5_k_high(p, r);
+        out[16 + 4 * p..20 + 4 * p].copy_from_slice(&column[at..at + 4]);
+    }
 }

@@ -33,8 +33,9 @@
 //! The low-bit formats' values meet 8-bit activations the same ways: IQ4_NL's and IQ4_XS's
 //! nibbles become the table's values by one `pshufb`, met as Q8_0's signed bytes (with VNNI,
 //! the values plus 128 unsigned and the offset taken off per block); Q3_K's 3-bit values,
-//! put together from their two chunks as `q + 4`, as Q6_K's (`avx2_iq4.rs`,
-//! `avx2_q3_k.rs`). Against 16-bit activations they are widened to 16 bits and meet pairs
+//! put together from their two chunks as `q + 4`, as Q6_K's; Q5_K's 5-bit values, put
+//! together the same way, in `maddubs` summed 4 at a time before they are widened, or
+//! `vpdpbusd` (`avx2_iq4.rs`, `avx2_q3_k.rs`, `avx2_q5_k.rs`). Against 16-bit activations they are widened to 16 bits and meet pairs
 //! of activations in `madd`, as Q8_0's.
 //!
 //! Layouts, for rows `8t..8t + 8` (a row group; groups follow each other, and within a group
@@ -49,6 +50,7 @@
 //! | Q4_K | 8 × 144 = 1152 | the 8 `d` (16), the 8 `dmin` (16); the 64 six-bit scales and 64 minimums re-packed (96, see below); then 4 pairs of 8 chunks: chunk `(j, p)` at `128 + 256j + 32p` holds bytes `32j + 4p..+4` of each row's 128 quant bytes, row `r` at `4r` |
 //! | IQ4_NL | 8 × 18 = 144 | as Q4_0: the 8 `d` (16), then 4 chunks of 32 bytes; a nibble indexes the table |
 //! | IQ4_XS | 8 × 136 = 1088 | the 8 `d` (16); the 64 six-bit scales `8g + r` (48, in the six-bit packing below); then per sub-block `g` of 32 the 4 chunks of Q4_0's layout at `64 + 128g + 32p` (bytes `16g + 4p..+4` of each row's 128 quant bytes, row `r` at `4r`) |
+//! | Q5_K | 8 × 176 = 1408 | Q4_K's column of the same rows (1152 bytes, the quant nibbles from each row's 128 bytes `qs`), then the fifth bits in 8 chunks, `p` at `1152 + 32p` holding bytes `4p..+4` of each row's 32 bytes `qh` (bit `g` of a byte for sub-block `g`, as in the file), row `r` at `4r` |
 //! | Q3_K | 8 × 110 = 880 | the 8 `d` (16); the 128 six-bit scales `8s + r` of the 16 sub-blocks of 16 (96, in the six-bit packing below); the low 2 bits in 16 chunks, `(h, p)` at `112 + 256h + 32p` holding bytes `32h + 4p..+4` of each row's 64 bytes `qs`; the high bits in 8 chunks, `p` at `624 + 32p` holding bytes `4p..+4` of each row's 32 bytes `hmask`; row `r` at `4r` |
 //!
 //! Q4_K's scales and minimums are numbered `v = 8g + r` (group `g`, row `r`). Byte `i`
@@ -77,6 +79,8 @@ mod avx2_i16;
 mod avx2_iq4;
 #[cfg(target_arch = "x86_64")]
 mod avx2_q3_k;
+#[cfg(target_arch = "x86_64")]
+mod avx2_q5_k;
 mod layout;
 
 use super::act::{ActPrecision, QuantizedActs};
@@ -90,7 +94,7 @@ use crate::par::SharedOut;
 pub const ROWS: usize = 8;
 
 /// True for the formats that have an interleaved layout (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0,
-/// Q3_K, IQ4_NL and IQ4_XS).
+/// Q3_K, Q5_K, IQ4_NL and IQ4_XS).
 pub fn supports(format: QuantFormat) -> bool {
     matches!(
         format,
@@ -100,6 +104,7 @@ pub fn supports(format: QuantFormat) -> bool {
             | QuantFormat::Q6_K
             | QuantFormat::Q8_0
             | QuantFormat::Q3_K
+            | QuantFormat::Q5_K
             | QuantFormat::IQ4_NL
             | QuantFormat::IQ4_XS
     )
@@ -131,8 +136,8 @@ pub const DEFAULT_ACT_PRECISION: ActPrecision = ActPrecision::Byte;
 pub fn check(format: QuantFormat, n: usize, k: usize) -> Result<usize> {
     if !supports(format) {
         return Err(KernelError::Invalid(format!(
-            "{format} has no interleaved layout (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, Q3_K, IQ4_NL \
-             and IQ4_XS do)"
+            "{format} has no interleaved layout (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, Q3_K, Q5_K, \
+             IQ4_NL and IQ4_XS do)"
         )));
     }
     if !n.is_multiple_of(ROWS) {
@@ -172,7 +177,8 @@ pub fn pack(format: QuantFormat, src: &[u8], n: usize, k: usize, dst: &mut [u8])
                 &src[at..at + bb]
             };
             match format {
-                QuantFormat::Q4_K => pack_q4_k(block, out),
+                QuantFormat::Q4_K => pack_q4_k(block, 16, out),
+                QuantFormat::Q5_K => layout::pack_q5_k(block, out),
                 QuantFormat::Q6_K => pack_q6_k(block, out),
                 QuantFormat::Q8_0 => pack_q8_0(block, out),
                 QuantFormat::Q3_K => layout::pack_q3_k(block, out),
@@ -216,7 +222,8 @@ pub fn unpack_rows(
             let at = ((j / ROWS) * nb + b) * ROWS * bb;
             let column = &packed[at..at + ROWS * bb];
             match format {
-                QuantFormat::Q4_K => unpack_q4_k(column, j % ROWS, out),
+                QuantFormat::Q4_K => unpack_q4_k(column, j % ROWS, 16, out),
+                QuantFormat::Q5_K => layout::unpack_q5_k(column, j % ROWS, out),
                 QuantFormat::Q6_K => unpack_q6_k(column, j % ROWS, out),
                 QuantFormat::Q8_0 => unpack_q8_0(column, j % ROWS, out),
                 QuantFormat::Q3_K => layout::unpack_q3_k(column, j % ROWS, out),
@@ -296,11 +303,13 @@ fn unpack_q4(fields: usize, column: &[u8], r: usize, out: &mut [u8]) {
 }
 
 /// Offset of Q4_K's chunk `(j, p)` for row `r` in a column.
-const fn q4_k_chunk(j: usize, p: usize, r: usize) -> usize {
+pub(super) const fn q4_k_chunk(j: usize, p: usize, r: usize) -> usize {
     128 + 256 * j + 32 * p + 4 * r
 }
 
-fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+/// Q4_K, and the first 1152 bytes of a Q5_K column: `qs` is where the block's 128 quant
+/// bytes start (16 in Q4_K, 48 in Q5_K).
+pub(super) fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], qs: usize, out: &mut [u8]) {
     let (mut sc, mut mn) = ([0u8; 64], [0u8; 64]);
     for r in 0..ROWS {
         let b = block(r);
@@ -312,7 +321,7 @@ fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
         for j in 0..4 {
             for p in 0..8 {
                 let at = q4_k_chunk(j, p, r);
-                let from = 16 + 32 * j + 4 * p;
+                let from = qs + 32 * j + 4 * p;
                 out[at..at + 4].copy_from_slice(&b[from..from + 4]);
             }
         }
@@ -337,7 +346,9 @@ fn q4_k_scale_min(column: &[u8], g: usize, r: usize) -> (u8, u8) {
     )
 }
 
-fn unpack_q4_k(column: &[u8], r: usize, out: &mut [u8]) {
+/// Row `r` of a Q4_K column (or the Q4_K part of a Q5_K one) back in GGUF's layout, its
+/// quant bytes at `qs`.
+pub(super) fn unpack_q4_k(column: &[u8], r: usize, qs: usize, out: &mut [u8]) {
     out[..2].copy_from_slice(&column[2 * r..2 * r + 2]);
     out[2..4].copy_from_slice(&column[16 + 2 * r..18 + 2 * r]);
     // The inverse of `k_scale_min`'s 12-byte packing.
@@ -352,7 +363,7 @@ fn unpack_q4_k(column: &[u8], r: usize, out: &mut [u8]) {
     for j in 0..4 {
         for p in 0..8 {
             let at = q4_k_chunk(j, p, r);
-            let to = 16 + 32 * j + 4 * p;
+            let to = qs + 32 * j + 4 * p;
             out[to..to + 4].copy_from_slice(&column[at..at + 4]);
         }
     }

@@ -5,13 +5,14 @@ use crate::quant::testing::{
     any_blocks, check_split_columns, weight_blocks, ColumnsKernel as Kernel, Rng,
 };
 
-const FORMATS: [QuantFormat; 8] = [
+const FORMATS: [QuantFormat; 9] = [
     QuantFormat::Q4_0,
     QuantFormat::Q4_1,
     QuantFormat::Q4_K,
     QuantFormat::Q6_K,
     QuantFormat::Q8_0,
     QuantFormat::Q3_K,
+    QuantFormat::Q5_K,
     QuantFormat::IQ4_NL,
     QuantFormat::IQ4_XS,
 ];
@@ -207,7 +208,7 @@ fn simd_matches_scalar_reference() {
 fn extreme_activations_are_exact() {
     // One row (the decode kernels) and two; every weight at one end of its format's range,
     // then at the other: nibbles of 15 and 0, Q6_K's −32 (all bits 0) and 31 (all bits 1),
-    // Q8_0's −128 and 127, Q3_K's −4 (all bits 0) and 3, the IQ4 table's −127 (nibble 0)
+    // Q8_0's −128 and 127, Q3_K's −4 (all bits 0) and 3, Q5_K's 31 and 0, the IQ4 table's −127 (nibble 0)
     // and 113 (nibble 15).
     for (format, m, top) in FORMATS
         .into_iter()
@@ -223,6 +224,7 @@ fn extreme_activations_are_exact() {
                 QuantFormat::Q6_K => (0..192, 0),
                 QuantFormat::Q8_0 => (2..34, 0x80),
                 QuantFormat::Q3_K => (0..96, 0),
+                QuantFormat::Q5_K => (16..176, 0xFF),
                 QuantFormat::IQ4_NL => (2..18, 0),
                 QuantFormat::IQ4_XS => (8..136, 0),
                 _ => (16..144, 0xFF),
