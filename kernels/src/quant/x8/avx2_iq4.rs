@@ -172,7 +172,7 @@ unsafe fn bytes<const M: usize, const XS: bool, const VNNI: bool>(
         for c in 0..cols {
             let base = col.add(c * column);
             let a = scales::<XS>(base);
-            for g in 0..groups {
+            for (g, &a) in a.iter().enumerate().take(groups) {
                 let q = base.add(chunks(XS, g));
                 for l in 0..2 {
                     _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * l) as *const i8);
@@ -213,7 +213,7 @@ unsafe fn bytes<const M: usize, const XS: bool, const VNNI: bool>(
                         // The values were looked up plus 128.
                         dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(128 * xm.isum));
                     }
-                    let xs = _mm256_mul_ps(a[g], _mm256_set1_ps(xm.scale));
+                    let xs = _mm256_mul_ps(a, _mm256_set1_ps(xm.scale));
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), xs, *acc);
                 }
             }
@@ -247,7 +247,7 @@ unsafe fn wide<const M: usize, const XS: bool>(
         for c in 0..cols {
             let base = col.add(c * column);
             let a = scales::<XS>(base);
-            for g in 0..groups {
+            for (g, &a) in a.iter().enumerate().take(groups) {
                 let q = base.add(chunks(XS, g));
                 for l in 0..2 {
                     _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(PREFETCH + 64 * l) as *const i8);
@@ -268,7 +268,7 @@ unsafe fn wide<const M: usize, const XS: bool>(
                     let at = (i0 + i) * k + 32 * (groups * c + g);
                     let dot =
                         _mm256_add_epi32(dot16(&w_lo, xq.add(at)), dot16(&w_hi, xq.add(at + 16)));
-                    let xs = _mm256_mul_ps(a[g], _mm256_set1_ps(*scale.add(at / 32)));
+                    let xs = _mm256_mul_ps(a, _mm256_set1_ps(*scale.add(at / 32)));
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), xs, *acc);
                 }
             }

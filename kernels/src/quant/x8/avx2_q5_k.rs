@@ -100,8 +100,8 @@ pub(super) unsafe fn q5_k_bytes<const M: usize, const VNNI: bool>(
                     } else {
                         let mut half = [_mm256_setzero_si256(); 2];
                         for (hh, h) in half.iter_mut().enumerate() {
-                            for v in 4 * hh..4 * hh + 4 {
-                                let p = _mm256_maddubs_epi16(q[v], splat4(x.add(4 * v)));
+                            for (v, &q) in q.iter().enumerate().skip(4 * hh).take(4) {
+                                let p = _mm256_maddubs_epi16(q, splat4(x.add(4 * v)));
                                 *h = _mm256_add_epi16(*h, p);
                             }
                         }
