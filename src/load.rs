@@ -40,8 +40,8 @@ pub struct ModelOptions {
     /// rounded) to `dtype` at load, as `decode --dtype` asks; those already in it stay
     /// mapped.
     pub dtype: Option<FloatType>,
-    /// The precision at which activations meet the interleaved quantized matrices (Q4_0,
-    /// Q4_1, Q4_K, Q6_K, Q8_0), on every path, alone or batched (`--act-bits`):
+    /// The precision at which activations meet the interleaved quantized matrices (Q3_K,
+    /// Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS), on every path, alone or batched (`--act-bits`):
     /// [`ActPrecision::Wide`] (16 bits) is the exact mode, whose rounding is far below the
     /// weights' own; [`ActPrecision::Byte`] (8 bits) is faster where a matrix meets many
     /// rows (prompts, batched steps). Default:

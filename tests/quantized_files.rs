@@ -184,12 +184,17 @@ const FILES: [(&str, &[QuantFormat]); 24] = [
 ];
 
 /// The bound on the quantized run's logits, as a fraction of the f32 run's range: 1e-3, but
-/// 1e-2 for the ternary files. Ternarized, this model amplifies any rounding of its
-/// activations: on TQ1_0, 16-bit activations left the last logits of "The capital of France
-/// is" up to 0.26 from the f32 run's (range 40), though its greedy text is the f32 run's.
+/// 2e-3 for the 1- and 2-bit lattice files and 1e-2 for the ternary files. Ternarized, this
+/// model amplifies any rounding of its activations: on TQ1_0, 16-bit activations left the
+/// last logits of "The capital of France is" up to 0.26 from the f32 run's (range 40),
+/// though its greedy text is the f32 run's. The lattice files do so less, but enough that
+/// kernels giving the same integer sums in another order of f32 steps move the worst logit
+/// of that prompt on IQ2_XS between 0.011 and 0.033 (range 31.8) from one kernel to another.
 fn tolerance(kind: &str) -> f32 {
     if kind.starts_with("TQ") {
         1e-2
+    } else if kind.starts_with("IQ2") || kind.starts_with("IQ1") {
+        2e-3
     } else {
         1e-3
     }

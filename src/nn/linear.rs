@@ -20,8 +20,8 @@ pub struct Linear {
 
 impl Linear {
     /// Loads `name.weight` `[out_dim, in_dim]` and, when the file has it, `name.bias`
-    /// `[out_dim]` (PyTorch's `bias=False` simply has none). Q4_0, Q4_1, Q4_K, Q6_K and Q8_0
-    /// weights are kept with their rows interleaved for the matrix products, and mapped f16
+    /// `[out_dim]` (PyTorch's `bias=False` simply has none). Q3_K, Q4_0, Q4_1, Q4_K, Q5_K,
+    /// Q6_K, Q8_0, IQ4_NL and IQ4_XS weights are kept with their rows interleaved for the matrix products, and mapped f16
     /// weights copied onto huge pages ([`Tensor::interleaved`], with the default
     /// [`MatrixOptions`]).
     ///
@@ -63,7 +63,8 @@ impl Linear {
     }
 
     /// A layer from a `[out, in]` weight tensor and an optional bias of `out` values; Q4_0,
-    /// Q4_1, Q4_K, Q6_K and Q8_0 weights are interleaved as in [`Linear::load`].
+    /// Q4_1, Q4_K, Q6_K, Q8_0, Q3_K, Q5_K, IQ4_NL and IQ4_XS weights are interleaved as in
+    /// [`Linear::load`].
     pub fn from_tensors(weight: Tensor, bias: Option<Vec<f32>>) -> Result<Self> {
         Self::from_tensors_with(weight, bias, &MatrixOptions::default())
     }

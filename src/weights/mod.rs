@@ -120,9 +120,9 @@ impl std::fmt::Display for WeightFormat {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatrixOptions {
     /// The precision at which activations meet interleaved quantized matrices on every
-    /// path (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0; [`Weights::QuantX8`]): 16 bits, next to no error
-    /// of its own, or 8 bits, as llama.cpp's CPU kernels, faster where a matrix meets many
-    /// rows. Matrices in GGUF's layout always meet 16-bit activations.
+    /// path (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, Q3_K, Q5_K, IQ4_NL, IQ4_XS;
+    /// [`Weights::QuantX8`]): 16 bits, next to no error of its own, or 8 bits, as
+    /// llama.cpp's CPU kernels, faster where a matrix meets many rows. Matrices in GGUF's layout always meet 16-bit activations.
     pub act_precision: ActPrecision,
     /// Whether matrices are copied at load into the layout the matrix products read
     /// fastest (rows interleaved 8 by 8, f16 onto pages of their own): on by default; off,
@@ -433,8 +433,8 @@ impl Tensor {
     /// The same matrix as the matrix products read it fastest, copied out of the mapped file
     /// onto pages of its own, huge where the kernel grants them ([`qkv_kernels::pages`]):
     /// with its rows interleaved 8 by 8 ([`qkv_kernels::quant::x8`]) when it is 2-D, of a
-    /// format that has that layout (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) and has a multiple of 8
-    /// rows; as it is when it is a mapped 2-D f16 matrix. Anything else comes back
+    /// format that has that layout ([`qkv_kernels::quant::x8::supports`]) and has a multiple
+    /// of 8 rows; as it is when it is a mapped 2-D f16 matrix. Anything else comes back
     /// unchanged. The copy takes as many bytes as the file's, and the mapped pages it was
     /// made from are let go, so the process holds one copy of the weights, not two. An
     /// interleaved matrix meets activations at `options.act_precision`. Without

@@ -142,13 +142,21 @@ fn one_pass(w: Weights<'_>, m: usize, k: usize) -> bool {
 /// again; at 8 bits the interleaved kernels (on `vpdpbusd` there) are faster at every
 /// count of rows, and at 16 bits until the GEMM's integer rate pays for that, past about
 /// 64 rows except for Q6_K (`gemm_rows`; [BENCHMARKS.md](../../BENCHMARKS.md), Kernels).
-/// The GEMM gives a row the bits the interleaved kernels give it.
+/// The GEMM gives a row the bits the interleaved kernels give it; Q3_K, Q5_K, IQ4_NL and
+/// IQ4_XS never take it.
 fn x8_one_pass_max_rows(format: QuantFormat, precision: ActPrecision) -> usize {
     if !quant::gemm::available() || precision == ActPrecision::Byte {
         return usize::MAX;
     }
     match format {
-        QuantFormat::Q6_K => usize::MAX,
+        // The 16-bit kernels of Q3_K, Q5_K and the IQ4 formats (`madd`, as Q8_0's) are not
+        // held to the GEMM's order of f32 steps (Q3_K's scales, per 16 elements, apply one
+        // by one there), so they keep every height to themselves.
+        QuantFormat::Q6_K
+        | QuantFormat::Q3_K
+        | QuantFormat::Q5_K
+        | QuantFormat::IQ4_NL
+        | QuantFormat::IQ4_XS => usize::MAX,
         _ => 64,
     }
 }
@@ -179,8 +187,8 @@ pub enum Weights<'a> {
     /// Blocks of a quantized format, row after row (each row `k / block` whole blocks),
     /// decoded inside the kernels.
     Quant(QuantFormat, &'a [u8]),
-    /// The same blocks with every 8 rows interleaved ([`quant::x8`]: Q4_0, Q4_1, Q4_K, Q6_K and
-    /// Q8_0, `n` a multiple of 8), the layout the matrix products read fastest for any
+    /// The same blocks with every 8 rows interleaved ([`quant::x8`]: Q4_0, Q4_1, Q4_K, Q6_K,
+    /// Q8_0, Q3_K, Q5_K, IQ4_NL and IQ4_XS, `n` a multiple of 8), the layout the matrix products read fastest for any
     /// number of rows, and the precision at which the activations meet them on every path
     /// (the operand carries it, so that every product of a model, alone or batched, sees
     /// the same one, and two models in one process may differ). As many bytes as

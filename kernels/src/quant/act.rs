@@ -12,7 +12,7 @@
 //!   `maddubs` (32 products per instruction): 4-bit weights where 16 bits take two, one per
 //!   byte of the integer ([`QuantizedActs::split`]), and Q6_K's and Q8_0's where 16 bits
 //!   take two `madd` of 16 products. Every interleaved format (Q4_0, Q4_1, Q4_K, Q6_K,
-//!   Q8_0) takes it when its operand asks for it (`Weights::QuantX8`'s precision; the
+//!   Q8_0, Q3_K, Q5_K, IQ4_NL, IQ4_XS) takes it when its operand asks for it (`Weights::QuantX8`'s precision; the
 //!   default is 8 bits: [`crate::quant::x8::DEFAULT_ACT_PRECISION`]).
 //!
 //! The precision is part of the weight operand, never of the number of rows, so a sequence

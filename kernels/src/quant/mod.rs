@@ -381,8 +381,8 @@ mod tests {
         }
     }
 
-    /// The low-bit formats have no interleaved layout yet: they stay in GGUF's, which every
-    /// kernel reads.
+    /// The other low-bit formats have no interleaved layout yet: they stay in GGUF's, which
+    /// every kernel reads.
     #[test]
     fn low_bit_formats_stay_in_file_layout() {
         for f in QuantFormat::ALL {
@@ -393,6 +393,10 @@ mod tests {
                     | QuantFormat::Q4_K
                     | QuantFormat::Q6_K
                     | QuantFormat::Q8_0
+                    | QuantFormat::Q3_K
+                    | QuantFormat::Q5_K
+                    | QuantFormat::IQ4_NL
+                    | QuantFormat::IQ4_XS
             ) {
                 assert!(!x8::supports(f), "{f}");
             }

@@ -136,8 +136,9 @@ struct RunArgs {
     /// cached positions (as `llama-bench -d N` does).
     #[arg(long, default_value_t = 0)]
     depth: usize,
-    /// Activations meet interleaved weights (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) as 8-bit or 16-bit
-    /// integers (default 8, as llama.cpp does; 16 is the exact mode, slower on prompts).
+    /// Activations meet interleaved weights (Q3_K, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL,
+    /// IQ4_XS) as 8-bit or 16-bit integers (default 8, as llama.cpp does; 16 is the exact
+    /// mode, slower on prompts).
     #[arg(long = "act-bits", value_name = "BITS", env = "QKV_ACT_BITS")]
     act_bits: Option<ActPrecision>,
     /// Benchmarking: run the prompt once, untimed, then start over, so that the figures

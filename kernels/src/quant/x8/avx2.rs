@@ -4,6 +4,9 @@
 
 use super::avx2_byte::{q6_k as q6_k_bytes, q6_k_split, q8_0 as q8_0_bytes};
 use super::avx2_i16::{q6_k, q8_0};
+use super::avx2_iq4::{iq4_nl_bytes, iq4_nl_wide, iq4_xs_bytes, iq4_xs_wide};
+use super::avx2_q3_k::{q3_k_bytes, q3_k_wide};
+use super::avx2_q5_k::{q5_k_bytes, q5_k_wide};
 use super::ROWS;
 use crate::par::SharedOut;
 use crate::quant::act::{ActPrecision, ByteBlock, QuantizedActs, SplitBlock, TILE_ROWS};
@@ -208,7 +211,7 @@ impl Tiles for Vnni {
 /// # Safety
 /// `p..p + 32` readable; AVX2.
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
+pub(super) unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
     // SAFETY: the caller's contract.
     unsafe {
         let v = _mm256_loadu_si256(p as *const __m256i);
@@ -279,6 +282,71 @@ unsafe fn q4_0<T: Tiles, const M: usize, const Q41: bool>(
     }
 }
 
+/// The 8 rows' scales `d·sc` and minimums `dmin·mn` of each of the 8 groups of a Q4_K (or
+/// Q5_K) column at `base`: its 8 `d`, 8 `dmin` and 96 bytes of re-packed six-bit fields.
+///
+/// # Safety
+/// `base..base + 128` readable; AVX2, F16C.
+#[inline(always)]
+pub(super) unsafe fn k_scales(base: *const u8) -> ([__m256; 8], [__m256; 8]) {
+    // SAFETY: the caller's contract; `tab` is this frame's.
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m30 = _mm256_set1_epi8(0x30);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
+        // The 64 scales and 64 minimums as bytes, `8g + r`.
+        let lsc = _mm256_loadu_si256(base.add(32) as *const __m256i);
+        let lmn = _mm256_loadu_si256(base.add(64) as *const __m256i);
+        let h = _mm256_loadu_si256(base.add(96) as *const __m256i);
+        let mut tab = [0u8; 128];
+        let t = tab.as_mut_ptr();
+        let put = |at: usize, v: __m256i| _mm256_storeu_si256(t.add(at) as *mut __m256i, v);
+        put(
+            0,
+            _mm256_or_si256(
+                _mm256_and_si256(lsc, m4),
+                _mm256_and_si256(_mm256_slli_epi16::<4>(h), m30),
+            ),
+        );
+        put(
+            32,
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(lsc), m4),
+                _mm256_and_si256(_mm256_slli_epi16::<2>(h), m30),
+            ),
+        );
+        put(
+            64,
+            _mm256_or_si256(_mm256_and_si256(lmn, m4), _mm256_and_si256(h, m30)),
+        );
+        put(
+            96,
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(lmn), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(h), m30),
+            ),
+        );
+        let byte8 = |at: usize| {
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                tab.as_ptr().add(at) as *const __m128i
+            )))
+        };
+        // Per group: the 8 rows' minimums.
+        let mut mn = [_mm256_setzero_ps(); 8];
+        for (g, mn) in mn.iter_mut().enumerate() {
+            *mn = byte8(64 + 8 * g);
+        }
+        // Per group: the 8 rows' scales `d·sc` and minimums `dmin·mn`.
+        let mut sc = [_mm256_setzero_ps(); 8];
+        for (g, (sc, mn)) in sc.iter_mut().zip(mn.iter_mut()).enumerate() {
+            *sc = _mm256_mul_ps(d, byte8(8 * g));
+            *mn = _mm256_mul_ps(dmin, *mn);
+        }
+        (sc, mn)
+    }
+}
+
 /// Q4_K: as [`q4_0`] over the `ns` super-block columns of the group at `col`.
 ///
 /// # Safety
@@ -293,64 +361,13 @@ unsafe fn q4_k<T: Tiles, const M: usize>(
 ) {
     let tile = acts.tile_at(i0, 0);
     // SAFETY: column s < ns lies inside `col` (1152 bytes each), and the tile's entries
-    // (8s + g)·M + i < 8·ns·M inside the tiles (the contract); `tab` is this frame's;
-    // prefetches never fault.
+    // (8s + g)·M + i < 8·ns·M inside the tiles (the contract); prefetches never fault.
     unsafe {
         let (tiles, meta) = (T::blocks(acts).add(tile), acts.tile_meta.as_ptr().add(tile));
         let m4 = _mm256_set1_epi8(0x0F);
-        let m30 = _mm256_set1_epi8(0x30);
         for s in 0..ns {
             let base = col.add(s * 1152);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
-            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
-            // The 64 scales and 64 minimums as bytes, `8g + r`.
-            let lsc = _mm256_loadu_si256(base.add(32) as *const __m256i);
-            let lmn = _mm256_loadu_si256(base.add(64) as *const __m256i);
-            let h = _mm256_loadu_si256(base.add(96) as *const __m256i);
-            let mut tab = [0u8; 128];
-            let t = tab.as_mut_ptr();
-            let put = |at: usize, v: __m256i| _mm256_storeu_si256(t.add(at) as *mut __m256i, v);
-            put(
-                0,
-                _mm256_or_si256(
-                    _mm256_and_si256(lsc, m4),
-                    _mm256_and_si256(_mm256_slli_epi16::<4>(h), m30),
-                ),
-            );
-            put(
-                32,
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(lsc), m4),
-                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), m30),
-                ),
-            );
-            put(
-                64,
-                _mm256_or_si256(_mm256_and_si256(lmn, m4), _mm256_and_si256(h, m30)),
-            );
-            put(
-                96,
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(lmn), m4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), m30),
-                ),
-            );
-            let byte8 = |at: usize| {
-                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    tab.as_ptr().add(at) as *const __m128i
-                )))
-            };
-            // Per group: the 8 rows' minimums.
-            let mut mn = [_mm256_setzero_ps(); 8];
-            for (g, mn) in mn.iter_mut().enumerate() {
-                *mn = byte8(64 + 8 * g);
-            }
-            // Per group: the 8 rows' scales `d·sc` and minimums `dmin·mn`.
-            let mut sc = [_mm256_setzero_ps(); 8];
-            for (g, (sc, mn)) in sc.iter_mut().zip(mn.iter_mut()).enumerate() {
-                *sc = _mm256_mul_ps(d, byte8(8 * g));
-                *mn = _mm256_mul_ps(dmin, *mn);
-            }
+            let (sc, mn) = k_scales(base);
             // A row's sum takes the same steps in the same order at every height of tile, so
             // that its bits never depend on the rows beside it: per group, the integer dot
             // product times `d·sc·xs`, then the minimums' term.
@@ -522,6 +539,14 @@ unsafe fn columns_with<const VNNI: bool>(
                     QuantFormat::Q6_K => run!(q6_k; false),
                     QuantFormat::Q8_0 if bytes => run!(q8_0_bytes; VNNI),
                     QuantFormat::Q8_0 => run!(q8_0),
+                    QuantFormat::Q3_K if bytes => run!(q3_k_bytes; VNNI),
+                    QuantFormat::Q3_K => run!(q3_k_wide),
+                    QuantFormat::Q5_K if bytes => run!(q5_k_bytes; VNNI),
+                    QuantFormat::Q5_K => run!(q5_k_wide),
+                    QuantFormat::IQ4_NL if bytes => run!(iq4_nl_bytes; VNNI),
+                    QuantFormat::IQ4_NL => run!(iq4_nl_wide),
+                    QuantFormat::IQ4_XS if bytes => run!(iq4_xs_bytes; VNNI),
+                    QuantFormat::IQ4_XS => run!(iq4_xs_wide),
                     _ if bytes && VNNI => run!(q4_k, Vnni),
                     _ if bytes => run!(q4_k, Bytes),
                     _ if VNNI => run!(q4_k, SplitVnni),

@@ -45,7 +45,7 @@ const PREFETCH: usize = 1024;
 /// # Safety
 /// `p..p + 4` readable; AVX.
 #[inline(always)]
-unsafe fn splat4(p: *const u8) -> __m256i {
+pub(super) unsafe fn splat4(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 4 readable bytes at `p`.
     unsafe { _mm256_set1_epi32(core::ptr::read_unaligned(p as *const i32)) }
 }
@@ -69,7 +69,11 @@ unsafe fn rows4() -> __m256i {
 
 /// The tile of activations of the `M` rows starting at `i0`: its blocks in `blocks` (the
 /// bytes, or the byte split) and its meta.
-fn tile<B>(blocks: &[B], acts: &QuantizedActs, i0: usize) -> (*const B, *const TileMeta) {
+pub(super) fn tile<B>(
+    blocks: &[B],
+    acts: &QuantizedActs,
+    i0: usize,
+) -> (*const B, *const TileMeta) {
     let at = acts.tile_at(i0, 0);
     (
         blocks.as_ptr().wrapping_add(at),
@@ -181,7 +185,11 @@ unsafe fn q6_k_rows(hg: *const u8, order: __m256i) -> [__m256i; 4] {
 /// # Safety
 /// `x..x + 16` readable; AVX2, and AVX-512 VNNI and VL with `VNNI`.
 #[inline(always)]
-unsafe fn q6_k_half_dot<const VNNI: bool>(u: &[__m256i], x: *const u8, sc: __m256i) -> __m256i {
+pub(super) unsafe fn q6_k_half_dot<const VNNI: bool>(
+    u: &[__m256i],
+    x: *const u8,
+    sc: __m256i,
+) -> __m256i {
     // SAFETY: the caller's contract.
     unsafe {
         if VNNI {

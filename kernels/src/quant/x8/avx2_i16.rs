@@ -31,7 +31,7 @@ unsafe fn pair(p: *const i16) -> __m256i {
 /// # Safety
 /// `x..x + 16` readable; AVX2.
 #[inline(always)]
-unsafe fn dot16(w: &[__m256i; 8], x: *const i16) -> __m256i {
+pub(super) unsafe fn dot16(w: &[__m256i; 8], x: *const i16) -> __m256i {
     // SAFETY: pairs 0..8 lie inside the caller's 16 activations.
     unsafe {
         let mut a = _mm256_madd_epi16(w[0], pair(x));

@@ -30,6 +30,14 @@
 //! in fewer instructions (`avx2::columns_vnni`); so do the 4-bit kernels' two byte products
 //! of the split at 16 bits (`SplitVnni`).
 //!
+//! The low-bit formats' values meet 8-bit activations the same ways: IQ4_NL's and IQ4_XS's
+//! nibbles become the table's values by one `pshufb`, met as Q8_0's signed bytes (with VNNI,
+//! the values plus 128 unsigned and the offset taken off per block); Q3_K's 3-bit values,
+//! put together from their two chunks as `q + 4`, as Q6_K's; Q5_K's 5-bit values, put
+//! together the same way, in `maddubs` summed 4 at a time before they are widened, or
+//! `vpdpbusd` (`avx2_iq4.rs`, `avx2_q3_k.rs`, `avx2_q5_k.rs`). Against 16-bit activations they are widened to 16 bits and meet pairs
+//! of activations in `madd`, as Q8_0's.
+//!
 //! Layouts, for rows `8t..8t + 8` (a row group; groups follow each other, and within a group
 //! the columns of blocks follow in order):
 //!
@@ -40,6 +48,10 @@
 //! | Q6_K | 8 × 210 = 1680 | the 8 rows' f16 `d` (16); the 16 scales of each of the 8 rows (128, scale `h` of row `r` at `16 + 8h + r`); then per 16 elements `h` (96 bytes at `144 + 96h`) the 6-bit values `q + 32` in three vectors: low nibbles in 64 bytes, top 2 bits in 32 (see `pack_q6_k`) |
 //! | Q8_0 | 8 × 34 = 272 | the 8 `d` (16); then 8 vectors of 32 bytes, vector `v` holding elements `4v..4v + 4` of the 8 rows (see `pair_byte`) |
 //! | Q4_K | 8 × 144 = 1152 | the 8 `d` (16), the 8 `dmin` (16); the 64 six-bit scales and 64 minimums re-packed (96, see below); then 4 pairs of 8 chunks: chunk `(j, p)` at `128 + 256j + 32p` holds bytes `32j + 4p..+4` of each row's 128 quant bytes, row `r` at `4r` |
+//! | IQ4_NL | 8 × 18 = 144 | as Q4_0: the 8 `d` (16), then 4 chunks of 32 bytes; a nibble indexes the table |
+//! | IQ4_XS | 8 × 136 = 1088 | the 8 `d` (16); the 64 six-bit scales `8g + r` (48, in the six-bit packing below); then per sub-block `g` of 32 the 4 chunks of Q4_0's layout at `64 + 128g + 32p` (bytes `16g + 4p..+4` of each row's 128 quant bytes, row `r` at `4r`) |
+//! | Q5_K | 8 × 176 = 1408 | Q4_K's column of the same rows (1152 bytes, the quant nibbles from each row's 128 bytes `qs`), then the fifth bits in 8 chunks, `p` at `1152 + 32p` holding bytes `4p..+4` of each row's 32 bytes `qh` (bit `g` of a byte for sub-block `g`, as in the file), row `r` at `4r` |
+//! | Q3_K | 8 × 110 = 880 | the 8 `d` (16); the 128 six-bit scales `8s + r` of the 16 sub-blocks of 16 (96, in the six-bit packing below); the low 2 bits in 16 chunks, `(h, p)` at `112 + 256h + 32p` holding bytes `32h + 4p..+4` of each row's 64 bytes `qs`; the high bits in 8 chunks, `p` at `624 + 32p` holding bytes `4p..+4` of each row's 32 bytes `hmask`; row `r` at `4r` |
 //!
 //! Q4_K's scales and minimums are numbered `v = 8g + r` (group `g`, row `r`). Byte `i`
 //! (0..32) of the first 32 holds scale `i`'s low 4 bits in its low nibble and scale
@@ -47,6 +59,15 @@
 //! 32 hold the top 2 bits of scale `i` (bits 0–1), scale `i + 32` (2–3), minimum `i` (4–5)
 //! and minimum `i + 32` (6–7). All 96 bits of each row's 12 bytes are kept, so
 //! [`unpack_rows`] gives the file's bytes back exactly.
+//!
+//! The six-bit packing of IQ4_XS's and Q3_K's scales, for `n` values (64 or 128, numbered
+//! `8s + r`, each the file's stored field, which less 32 is the scale): byte `i` of the
+//! first `n / 2` holds value `i`'s low 4 bits in its low nibble and value `i + n / 2`'s in
+//! its high nibble; byte `i` of the last `n / 4` holds the top 2 bits of values `i`,
+//! `i + n / 4`, `i + n / 2`, `i + 3n / 4` in bits 0–1, 2–3, 4–5, 6–7. In Q3_K a sub-block
+//! `g` of 32 takes bits `2j, 2j + 1` (`g = 4h + j`) of its low-bit chunks and bit `g` of the
+//! high-bit chunks: a chunk's 32 bytes serve 4 sub-blocks (low bits) or all 8 (high bits),
+//! as in the file. Every bit is kept here too.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -54,6 +75,13 @@ mod avx2;
 mod avx2_byte;
 #[cfg(target_arch = "x86_64")]
 mod avx2_i16;
+#[cfg(target_arch = "x86_64")]
+mod avx2_iq4;
+#[cfg(target_arch = "x86_64")]
+mod avx2_q3_k;
+#[cfg(target_arch = "x86_64")]
+mod avx2_q5_k;
+mod layout;
 
 use super::act::{ActPrecision, QuantizedActs};
 use super::blocks::{k_scale_min, q6_k_value};
@@ -65,7 +93,8 @@ use crate::par::SharedOut;
 /// Rows woven together.
 pub const ROWS: usize = 8;
 
-/// True for the formats that have an interleaved layout (Q4_0, Q4_1, Q4_K, Q6_K and Q8_0).
+/// True for the formats that have an interleaved layout (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0,
+/// Q3_K, Q5_K, IQ4_NL and IQ4_XS).
 pub fn supports(format: QuantFormat) -> bool {
     matches!(
         format,
@@ -74,6 +103,10 @@ pub fn supports(format: QuantFormat) -> bool {
             | QuantFormat::Q4_K
             | QuantFormat::Q6_K
             | QuantFormat::Q8_0
+            | QuantFormat::Q3_K
+            | QuantFormat::Q5_K
+            | QuantFormat::IQ4_NL
+            | QuantFormat::IQ4_XS
     )
 }
 
@@ -103,7 +136,8 @@ pub const DEFAULT_ACT_PRECISION: ActPrecision = ActPrecision::Byte;
 pub fn check(format: QuantFormat, n: usize, k: usize) -> Result<usize> {
     if !supports(format) {
         return Err(KernelError::Invalid(format!(
-            "{format} has no interleaved layout (Q4_0, Q4_1, Q4_K, Q6_K and Q8_0 do)"
+            "{format} has no interleaved layout (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0, Q3_K, Q5_K, \
+             IQ4_NL and IQ4_XS do)"
         )));
     }
     if !n.is_multiple_of(ROWS) {
@@ -143,9 +177,12 @@ pub fn pack(format: QuantFormat, src: &[u8], n: usize, k: usize, dst: &mut [u8])
                 &src[at..at + bb]
             };
             match format {
-                QuantFormat::Q4_K => pack_q4_k(block, out),
+                QuantFormat::Q4_K => pack_q4_k(block, 16, out),
+                QuantFormat::Q5_K => layout::pack_q5_k(block, out),
                 QuantFormat::Q6_K => pack_q6_k(block, out),
                 QuantFormat::Q8_0 => pack_q8_0(block, out),
+                QuantFormat::Q3_K => layout::pack_q3_k(block, out),
+                QuantFormat::IQ4_XS => layout::pack_iq4_xs(block, out),
                 _ => pack_q4(q4_fields(format), block, out),
             }
         }
@@ -185,9 +222,12 @@ pub fn unpack_rows(
             let at = ((j / ROWS) * nb + b) * ROWS * bb;
             let column = &packed[at..at + ROWS * bb];
             match format {
-                QuantFormat::Q4_K => unpack_q4_k(column, j % ROWS, out),
+                QuantFormat::Q4_K => unpack_q4_k(column, j % ROWS, 16, out),
+                QuantFormat::Q5_K => layout::unpack_q5_k(column, j % ROWS, out),
                 QuantFormat::Q6_K => unpack_q6_k(column, j % ROWS, out),
                 QuantFormat::Q8_0 => unpack_q8_0(column, j % ROWS, out),
+                QuantFormat::Q3_K => layout::unpack_q3_k(column, j % ROWS, out),
+                QuantFormat::IQ4_XS => layout::unpack_iq4_xs(column, j % ROWS, out),
                 _ => unpack_q4(q4_fields(format), column, j % ROWS, out),
             }
         }
@@ -220,7 +260,7 @@ fn check_rows(
     }
 }
 
-/// f16 fields per row at the head of a Q4_0 (`d`) or Q4_1 (`d`, `m`) block.
+/// f16 fields per row at the head of a Q4_0 or IQ4_NL (`d`) or Q4_1 (`d`, `m`) block.
 const fn q4_fields(format: QuantFormat) -> usize {
     match format {
         QuantFormat::Q4_1 => 2,
@@ -263,11 +303,13 @@ fn unpack_q4(fields: usize, column: &[u8], r: usize, out: &mut [u8]) {
 }
 
 /// Offset of Q4_K's chunk `(j, p)` for row `r` in a column.
-const fn q4_k_chunk(j: usize, p: usize, r: usize) -> usize {
+pub(super) const fn q4_k_chunk(j: usize, p: usize, r: usize) -> usize {
     128 + 256 * j + 32 * p + 4 * r
 }
 
-fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
+/// Q4_K, and the first 1152 bytes of a Q5_K column: `qs` is where the block's 128 quant
+/// bytes start (16 in Q4_K, 48 in Q5_K).
+pub(super) fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], qs: usize, out: &mut [u8]) {
     let (mut sc, mut mn) = ([0u8; 64], [0u8; 64]);
     for r in 0..ROWS {
         let b = block(r);
@@ -279,7 +321,7 @@ fn pack_q4_k<'a>(block: impl Fn(usize) -> &'a [u8], out: &mut [u8]) {
         for j in 0..4 {
             for p in 0..8 {
                 let at = q4_k_chunk(j, p, r);
-                let from = 16 + 32 * j + 4 * p;
+                let from = qs + 32 * j + 4 * p;
                 out[at..at + 4].copy_from_slice(&b[from..from + 4]);
             }
         }
@@ -304,7 +346,9 @@ fn q4_k_scale_min(column: &[u8], g: usize, r: usize) -> (u8, u8) {
     )
 }
 
-fn unpack_q4_k(column: &[u8], r: usize, out: &mut [u8]) {
+/// Row `r` of a Q4_K column (or the Q4_K part of a Q5_K one) back in GGUF's layout, its
+/// quant bytes at `qs`.
+pub(super) fn unpack_q4_k(column: &[u8], r: usize, qs: usize, out: &mut [u8]) {
     out[..2].copy_from_slice(&column[2 * r..2 * r + 2]);
     out[2..4].copy_from_slice(&column[16 + 2 * r..18 + 2 * r]);
     // The inverse of `k_scale_min`'s 12-byte packing.
@@ -319,7 +363,7 @@ fn unpack_q4_k(column: &[u8], r: usize, out: &mut [u8]) {
     for j in 0..4 {
         for p in 0..8 {
             let at = q4_k_chunk(j, p, r);
-            let to = 16 + 32 * j + 4 * p;
+            let to = qs + 32 * j + 4 * p;
             out[to..to + 4].copy_from_slice(&column[at..at + 4]);
         }
     }

@@ -5,12 +5,16 @@ use crate::quant::testing::{
     any_blocks, check_split_columns, weight_blocks, ColumnsKernel as Kernel, Rng,
 };
 
-const FORMATS: [QuantFormat; 5] = [
+const FORMATS: [QuantFormat; 9] = [
     QuantFormat::Q4_0,
     QuantFormat::Q4_1,
     QuantFormat::Q4_K,
     QuantFormat::Q6_K,
     QuantFormat::Q8_0,
+    QuantFormat::Q3_K,
+    QuantFormat::Q5_K,
+    QuantFormat::IQ4_NL,
+    QuantFormat::IQ4_XS,
 ];
 
 fn packed(format: QuantFormat, w: &[u8], n: usize, k: usize) -> Vec<u8> {
@@ -88,8 +92,8 @@ fn kernels() -> Vec<(&'static str, Kernel)> {
 
 /// The interleaved reference equals the GGUF-layout reference bit for bit, and every SIMD
 /// kernel equals it up to the order of f32 additions, at both precisions, on rows of x from
-/// 1 to 72 (one tile, several, a short last one), k of 1 to 8 super-blocks (Q4_0's and
-/// Q8_0's also a single block of 32), n of one group of 8 to 8 groups, column ranges that
+/// 1 to 72 (one tile, several, a short last one), k of 1 to 8 super-blocks (the formats of
+/// 32-element blocks also 1, 3 and 9 blocks), n of one group of 8 to 8 groups, column ranges that
 /// cut groups of 8, and x with outliers and an all-zero block.
 #[test]
 fn simd_matches_scalar_reference() {
@@ -99,7 +103,7 @@ fn simd_matches_scalar_reference() {
         (&[256], &[(1, 8), (3, 16)])
     } else {
         (
-            &[32, 256, 512, 768, 2048],
+            &[32, 96, 256, 288, 512, 768, 2048],
             &[
                 (1, 8),
                 (1, 64),
@@ -204,7 +208,8 @@ fn simd_matches_scalar_reference() {
 fn extreme_activations_are_exact() {
     // One row (the decode kernels) and two; every weight at one end of its format's range,
     // then at the other: nibbles of 15 and 0, Q6_K's −32 (all bits 0) and 31 (all bits 1),
-    // Q8_0's −128 and 127.
+    // Q8_0's −128 and 127, Q3_K's −4 (all bits 0) and 3, Q5_K's 31 and 0, the IQ4 table's −127 (nibble 0)
+    // and 113 (nibble 15).
     for (format, m, top) in FORMATS
         .into_iter()
         .flat_map(|f| [(f, 1, false), (f, 1, true), (f, 2, false), (f, 2, true)])
@@ -218,6 +223,10 @@ fn extreme_activations_are_exact() {
                 QuantFormat::Q4_1 => (4..20, 0xFF),
                 QuantFormat::Q6_K => (0..192, 0),
                 QuantFormat::Q8_0 => (2..34, 0x80),
+                QuantFormat::Q3_K => (0..96, 0),
+                QuantFormat::Q5_K => (16..176, 0xFF),
+                QuantFormat::IQ4_NL => (2..18, 0),
+                QuantFormat::IQ4_XS => (8..136, 0),
                 _ => (16..144, 0xFF),
             };
             let byte = match (top, format) {

@@ -51,9 +51,9 @@ pub(crate) struct Args {
     /// Worker threads for the model (default, or -1: one per core).
     #[arg(short = 't', long, allow_negative_numbers = true)]
     pub(crate) threads: Option<i64>,
-    /// Activations meet interleaved weights (Q4_0, Q4_1, Q4_K, Q6_K, Q8_0) as 8-bit or 16-bit
-    /// integers (default 8, as llama.cpp does; 16 is the exact mode, slower on prompts and
-    /// batched steps).
+    /// Activations meet interleaved weights (Q3_K, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_NL,
+    /// IQ4_XS) as 8-bit or 16-bit integers (default 8, as llama.cpp does; 16 is the exact
+    /// mode, slower on prompts and batched steps).
     #[arg(long = "act-bits", value_name = "BITS", env = "QKV_ACT_BITS")]
     pub(crate) act_bits: Option<qkv::kernels::quant::act::ActPrecision>,
     /// Most sequences generated at once.
