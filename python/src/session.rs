@@ -5,10 +5,10 @@
 
 use crate::errors::{self, from_qkv};
 use crate::model::{Model, Plan};
-use crate::text::TextOut;
 use pyo3::prelude::*;
 use qkv::engine::TokenConstraint;
 use qkv::sample::{Sampled, Sampler};
+use qkv_server::token_text::TokenText;
 use std::sync::{Arc, Mutex};
 
 /// A generation in progress.
@@ -17,7 +17,7 @@ struct Run {
     /// In a mutex only so that the session may be shared between threads (Python objects
     /// may be); the session's `&mut` methods reach it without locking.
     constraint: Mutex<Option<Box<dyn TokenConstraint>>>,
-    text: TextOut,
+    text: TokenText,
     remaining: usize,
     generated: usize,
     prompt_tokens: usize,
@@ -132,7 +132,7 @@ impl Session {
         self.run = Some(Run {
             sampler,
             constraint: Mutex::new(plan.take_constraint()),
-            text: TextOut::new(plan.parse.is_some()),
+            text: TokenText::new(plan.parse.is_some()),
             remaining: plan.max_tokens.unwrap_or(room),
             generated: 0,
             prompt_tokens: plan.prompt.len(),
