@@ -84,6 +84,8 @@ const SERVER_LAYERS: &[&str] = &[
     "constraint",
     "strict_calls",
     "compat",
+    "token_text",
+    "chat_prompt",
 ];
 
 /// The modules of the `qkv-server` binary (beside its main.rs), lowest layer first (main.rs

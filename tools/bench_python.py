@@ -64,8 +64,15 @@ def py_decode_tps(llm, n: int) -> float:
         assert out["usage"]["completion_tokens"] == k, out["usage"]
         return time.perf_counter() - t
 
-    one = min(run(1) for _ in range(3))
-    return (n - 1) / (run(n) - one)
+    # Each run of N is paired with a run of 1 just before it, and the median difference is
+    # taken: subtracting the quickest of a few runs of 1 instead would charge the whole
+    # variance of a loaded host to the N-token side.
+    run(1)
+    diffs = []
+    for _ in range(3):
+        one = run(1)
+        diffs.append(run(n) - one)
+    return (n - 1) / statistics.median(diffs)
 
 
 def stream_latency(llm, n: int) -> tuple[float, float]:

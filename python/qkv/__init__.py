@@ -6,8 +6,9 @@
 - :class:`Engine`: many concurrent requests on the batch engine, from threads or asyncio;
 - :mod:`qkv.serve`: a Ray Serve deployment of the OpenAI routes over an :class:`Engine`.
 
-Every call that computes releases the GIL; Ctrl-C stops a generation at the next token;
-errors are :class:`QkvError` subclasses carrying qkv's message.
+Every call that computes releases the GIL; Ctrl-C stops a streamed generation at the next
+token, and a whole answer after at most about 50 ms more of tokens; errors are
+:class:`QkvError` subclasses carrying qkv's message.
 
 >>> import qkv
 >>> llm = qkv.Llama(qkv._native._synthetic_model(), n_ctx=128)

@@ -256,11 +256,23 @@ class Llama(_Generator):
         s = self._session
         s.start(plan)
         try:
-            while True:
-                t = s.next()
-                if t is None:
-                    break
-                yield ("token",) + tuple(t)
+            if plan.stream:
+                # A chunk per token, as soon as it is known.
+                while True:
+                    t = s.next()
+                    if t is None:
+                        break
+                    yield ("token",) + tuple(t)
+            else:
+                # Tokens computed a run at a time, the model's steps back to back as in
+                # `decode`; the session ends a run at a stop string itself, so no token is
+                # computed past one.
+                while True:
+                    batch = s.next_batch()
+                    if not batch:
+                        break
+                    for t in batch:
+                        yield ("token",) + tuple(t)
             yield ("done", s.finish_reason, s.flush(), s.prompt_tokens, s.generated)
         finally:
             if s.finish_reason is None:
@@ -275,6 +287,10 @@ class Llama(_Generator):
         stopped = False
         for ev in self._events(plan):
             if ev[0] == "token":
+                if stopped:
+                    # Computed in the same run as the stop string's token: not part of the
+                    # answer (the session ends its runs at stop strings, so none come).
+                    continue
                 _, hit = shaper.on_token(*ev[1:])
                 if hit:
                     stopped = True

@@ -6,9 +6,9 @@
 
 use crate::errors::{self, from_qkv};
 use crate::model::{Model, Plan};
-use crate::text::TextOut;
 use pyo3::prelude::*;
 use qkv::engine::{EngineOptions, Event, FinishReason, GenRequest, SeqId, TokenConstraint};
+use qkv_server::token_text::TokenText;
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex};
@@ -88,15 +88,6 @@ impl Shared {
     }
 }
 
-/// The class a refused submission raises.
-fn kind_of(e: &qkv::Error) -> &'static str {
-    match e {
-        qkv::Error::QueueFull { .. } | qkv::Error::AllocationRefused { .. } => "OverloadedError",
-        qkv::Error::ContextFull { .. } => "ContextLengthError",
-        _ => "InvalidRequestError",
-    }
-}
-
 /// The engine thread: takes commands, steps the engine while it has work, posts events.
 fn run(mut engine: qkv::engine::Engine, rx: Receiver<Cmd>, shared: Arc<Shared>) {
     let model = engine.model().clone();
@@ -104,7 +95,7 @@ fn run(mut engine: qkv::engine::Engine, rx: Receiver<Cmd>, shared: Arc<Shared>) 
         shared.close("the model has no tokenizer".into());
         return;
     };
-    let mut seqs: HashMap<SeqId, (u64, TextOut)> = HashMap::new();
+    let mut seqs: HashMap<SeqId, (u64, TokenText)> = HashMap::new();
     let mut ids: HashMap<u64, SeqId> = HashMap::new();
     let mut events = Vec::new();
     let mut out = Vec::new();
@@ -138,14 +129,13 @@ fn run(mut engine: qkv::engine::Engine, rx: Receiver<Cmd>, shared: Arc<Shared>) 
                     markup,
                 } => match engine.submit_constrained(request, constraint) {
                     Ok(seq) => {
-                        seqs.insert(seq, (id, TextOut::new(markup)));
+                        seqs.insert(seq, (id, TokenText::new(markup)));
                         ids.insert(id, seq);
                     }
-                    Err(e) => out.push(Out::Error {
-                        id,
-                        kind: kind_of(&e),
-                        message: e.to_string(),
-                    }),
+                    Err(e) => {
+                        let (kind, message) = errors::classify(e);
+                        out.push(Out::Error { id, kind, message });
+                    }
                 },
                 Cmd::Cancel(id) => {
                     if let Some(seq) = ids.get(&id) {

@@ -52,7 +52,14 @@ pub fn from_api(e: ApiError) -> PyErr {
 /// A qkv error, classed as qkv-server answers it (a full queue is retryable, a prompt past
 /// the context a `ContextLengthError`, bad input an `InvalidRequestError`).
 pub fn from_qkv(e: qkv::Error) -> PyErr {
+    let (kind, message) = classify(e);
+    err(kind, message)
+}
+
+/// The exception class of `qkv.errors` a qkv error is raised as (see [`from_qkv`]), and its
+/// message: what a thread without the GIL keeps to raise later.
+pub fn classify(e: qkv::Error) -> (&'static str, String) {
     let message = e.to_string();
     let api = ApiError::from(e);
-    err(kind_of(api.status.as_u16(), api.code), message)
+    (kind_of(api.status.as_u16(), api.code), message)
 }

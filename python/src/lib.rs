@@ -24,7 +24,6 @@ pub mod engine;
 pub mod errors;
 pub mod model;
 pub mod session;
-pub mod text;
 
 use pyo3::prelude::*;
 

@@ -9,12 +9,11 @@ use qkv::engine::TokenConstraint;
 use qkv::load::ModelOptions;
 use qkv::sample::SamplerConfig;
 use qkv_server::body::Body;
+use qkv_server::chat_prompt::{self, ChatSetup, Post};
 use qkv_server::constraint::Grammars;
 use qkv_server::error::ApiError;
 use qkv_server::request::{self, Prompt};
-use qkv_server::structured::{output_constraint, OutputConstraint};
-use qkv_server::tools::{self, ToolChoice, ToolFormat};
-use serde_json::Value;
+use qkv_server::tools::{self, ToolFormat};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -22,8 +21,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 #[pyclass(module = "qkv._native", frozen)]
 pub struct Model {
     pub(crate) inner: Arc<qkv::load::Model>,
-    /// The grammar compiler over the vocabulary, made on the first constrained request.
-    grammars: OnceLock<Result<Arc<Grammars>, String>>,
+    /// The grammar compiler over the vocabulary, made on the first request that needs it.
+    grammars: OnceLock<Result<Grammars, String>>,
 }
 
 impl Model {
@@ -32,20 +31,15 @@ impl Model {
         self.inner.tokenizer().expect("checked at load")
     }
 
-    fn compile(&self, c: &OutputConstraint) -> Result<Box<dyn TokenConstraint>, ApiError> {
-        let g = self.grammar_compiler().map_err(|e| {
-            ApiError::invalid(
-                c.param(),
-                format!("constrained output is not available: {e}"),
-            )
-        })?;
-        Ok(Box::new(g.compile(c)?))
-    }
-
-    fn grammar_compiler(&self) -> Result<Arc<Grammars>, String> {
-        self.grammars
-            .get_or_init(|| Grammars::new(self.inner.clone()).map(Arc::new))
-            .clone()
+    /// The grammar compiler over the vocabulary, built on the first request that needs it.
+    fn grammars(&self) -> Result<&Grammars, &str> {
+        match self
+            .grammars
+            .get_or_init(|| Grammars::new(self.inner.clone()))
+        {
+            Ok(g) => Ok(g),
+            Err(e) => Err(e.as_str()),
+        }
     }
 
     /// Reads a completion body (OpenAI's `/v1/completions` fields) into a plan.
@@ -57,147 +51,37 @@ impl Model {
             Prompt::Text(t) => self.tokenizer().encode(&t)?,
             Prompt::Ids(ids) => ids,
         };
-        let constraint = match output_constraint(&b)? {
-            Some(c) => Some(self.compile(&c)?),
-            None => None,
-        };
-        Plan::new(prompt, params, constraint, None)
+        let grammars = || self.grammars();
+        let post = chat_prompt::completion_post(&self.setup(&grammars, false), &b)?;
+        Plan::new(prompt, params, post)
     }
 
-    /// Reads a chat body (OpenAI's `/v1/chat/completions` fields) into a plan: the messages
-    /// through the model's template (with the tools), the output constraint (a schema, a
-    /// grammar, forced tool calls, strict calls), and how the reply is parsed.
+    /// Reads a chat body (OpenAI's `/v1/chat/completions` fields) into a plan, as
+    /// qkv-server's chat route reads it: the messages through the model's template (with the
+    /// tools), the output constraint (a schema, a grammar, forced tool calls, strict calls),
+    /// and how the reply is parsed.
     fn chat_plan(&self, body: &str, seed: u64, no_reasoning: bool) -> Result<Plan, ApiError> {
         let b = Body::parse(body.as_bytes())?;
         let params = request::params(&b, true, || seed)?;
         check_supported(&params)?;
-        let (msgs, raw_tools) = request::chat_messages(&b)?;
-        let tool_req = tools::tool_request(&b, raw_tools.as_deref())?;
-        let output = output_constraint(&b)?;
-        let template = self.tokenizer().chat_template();
-        let format = ToolFormat::from_template(template);
-        let mut constraint = None;
-        if let Some(t) = &tool_req {
-            if t.choice != ToolChoice::None {
-                // Each schema compiles on its own, so that a bad one is named.
-                for (i, tool) in t.tools.iter().enumerate() {
-                    let c = OutputConstraint::JsonSchema {
-                        schema: tool.parameters.clone(),
-                        strict: tool.strict,
-                        param: format!("tools[{i}].function.parameters"),
-                    };
-                    self.compile(&c)?;
-                }
-            }
-            if let Some(g) = t.forced_grammar(format) {
-                if let Some(o) = &output {
-                    return Err(ApiError::invalid(
-                        o.param(),
-                        "a forced tool call cannot also follow an output format",
-                    ));
-                }
-                let c = OutputConstraint::Lark {
-                    grammar: g,
-                    param: "tools".into(),
-                };
-                constraint = Some(self.compile(&c)?);
-            }
-        }
-        if let Some(o) = &output {
-            constraint = Some(self.compile(o)?);
-        }
-        if let (Some(t), None) = (&tool_req, &output) {
-            if let Ok(g) = self.grammar_compiler() {
-                if let Some(c) =
-                    qkv_server::strict_calls::strict_calls(t, format, &g, self.inner.clone())?
-                {
-                    constraint = Some(Box::new(c));
-                }
-            }
-        }
-        let names: Vec<String> = match &tool_req {
-            Some(t) if t.choice != ToolChoice::None => {
-                t.tools.iter().map(|t| t.name.clone()).collect()
-            }
-            _ => Vec::new(),
-        };
-        let think = template.is_some_and(|t| t.contains("<think>"));
-        let parse = (!names.is_empty() || think).then_some((format, names));
-        let text = self.render(&b, msgs, raw_tools, tool_req.as_ref(), no_reasoning)?;
-        let prompt = self.tokenizer().encode(&text)?;
-        Plan::new(prompt, params, constraint, parse)
+        let grammars = || self.grammars();
+        let (prompt, post) = chat_prompt::prepare(&self.setup(&grammars, no_reasoning), &b)?;
+        Plan::new(prompt, params, post)
     }
 
-    /// The chat prompt's text, rendered as qkv-server renders it: a last assistant message
-    /// is continued rather than closed, the template gets the tools, `enable_thinking` and
-    /// today's date.
-    fn render(
-        &self,
-        b: &Body,
-        msgs: Vec<Value>,
-        raw_tools: Option<Vec<Value>>,
-        tool_req: Option<&tools::ToolRequest>,
+    /// The model as the library's chat preparation takes it: its own template, the grammar
+    /// compiler `grammars` hands out.
+    fn setup<'a>(
+        &'a self,
+        grammars: &'a dyn Fn() -> Result<&'a Grammars, &'a str>,
         no_reasoning: bool,
-    ) -> Result<String, ApiError> {
-        let tokenizer = self.tokenizer();
-        let template = tokenizer.chat_template();
-        let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
-        let n = msgs.len();
-        if n >= 2
-            && role(&msgs[n - 1]).as_deref() == Some("assistant")
-            && role(&msgs[n - 2]).as_deref() == Some("assistant")
-        {
-            return Err(ApiError::invalid(
-                &format!("messages[{}]", n - 1),
-                "two assistant messages in a row end the conversation: only the last one may \
-                 be continued",
-            ));
+    ) -> ChatSetup<'a> {
+        ChatSetup {
+            model: &self.inner,
+            template: None,
+            no_reasoning,
+            grammars,
         }
-        let prefill = match msgs.last() {
-            Some(m) if role(m).as_deref() == Some("assistant") && m.get("tool_calls").is_none() => {
-                m.get("content").and_then(Value::as_str).map(str::to_owned)
-            }
-            _ => None,
-        };
-        let mut msgs = msgs;
-        if prefill.is_some() {
-            msgs.pop();
-        }
-        let mut extra = serde_json::Map::new();
-        extra.insert("enable_thinking".into(), Value::Bool(!no_reasoning));
-        let date = |format| Value::from(qkv::tokenizer::strftime_now(format));
-        extra.insert("date_string".into(), date("%d %b %Y"));
-        extra.insert("datetime".into(), date("%b %d %Y"));
-        let functions = match raw_tools.as_deref() {
-            Some(t) if !t.is_empty() => serde_json::to_string_pretty(t).unwrap_or_default(),
-            _ => String::new(),
-        };
-        extra.insert("functions".into(), Value::String(functions));
-        let _ = b;
-        let options = qkv::tokenizer::ChatOptions {
-            add_generation_prompt: true,
-            tools: match tool_req {
-                Some(t) => t.template_tools(raw_tools.as_deref().unwrap_or(&[])),
-                None => raw_tools.filter(|t| !t.is_empty()),
-            },
-            extra,
-            ..Default::default()
-        };
-        let reads_calls = template.is_some_and(|t| t.contains("tool_calls"));
-        let msgs: Vec<Value> = msgs
-            .into_iter()
-            .map(|m| tools::template_message(m, reads_calls))
-            .collect();
-        let mut text = tokenizer
-            .render_chat(&msgs, &options)
-            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        if no_reasoning && text.trim_end().ends_with("<think>") {
-            text.push_str("</think>");
-        }
-        if let Some(p) = prefill {
-            text.push_str(&p);
-        }
-        Ok(text)
     }
 }
 
@@ -397,12 +281,7 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn new(
-        prompt: Vec<u32>,
-        p: request::Params,
-        constraint: Option<Box<dyn TokenConstraint>>,
-        parse: Option<(ToolFormat, Vec<String>)>,
-    ) -> Result<Plan, ApiError> {
+    fn new(prompt: Vec<u32>, p: request::Params, post: Post) -> Result<Plan, ApiError> {
         if prompt.is_empty() {
             return Err(ApiError::invalid(
                 "prompt",
@@ -419,8 +298,8 @@ impl Plan {
             ignore_eos: p.ignore_eos,
             logprobs: p.logprobs,
             top_logprobs: p.top_logprobs,
-            constraint: Mutex::new(constraint),
-            parse,
+            constraint: Mutex::new(post.constraint),
+            parse: post.parse.map(|r| (r.format, r.names)),
         })
     }
 

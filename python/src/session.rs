@@ -1,15 +1,18 @@
-//! [`Session`]: one sequence on a [`Model`], generated one token per call as `decode`
-//! generates (the same sampler over the same logits, so greedy runs give `decode`'s tokens).
-//! Each call releases the GIL while the model runs; Python regains control between tokens,
-//! so Ctrl-C stops a generation at the next token.
+//! [`Session`]: one sequence on a [`Model`], generated as `decode` generates (the same
+//! sampler over the same logits, so greedy runs give `decode`'s tokens): one token per call
+//! for a stream, or a run of tokens per call for an answer returned whole, so that the
+//! model's steps follow one another as closely as in `decode`, with no trip through Python
+//! between them. Each call releases the GIL while the model runs; Python regains control
+//! after each call, which a batch bounds in time, so Ctrl-C stops a generation promptly.
 
 use crate::errors::{self, from_qkv};
 use crate::model::{Model, Plan};
-use crate::text::TextOut;
 use pyo3::prelude::*;
 use qkv::engine::TokenConstraint;
 use qkv::sample::{Sampled, Sampler};
+use qkv_server::token_text::TokenText;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// A generation in progress.
 struct Run {
@@ -17,13 +20,53 @@ struct Run {
     /// In a mutex only so that the session may be shared between threads (Python objects
     /// may be); the session's `&mut` methods reach it without locking.
     constraint: Mutex<Option<Box<dyn TokenConstraint>>>,
-    text: TextOut,
+    text: TokenText,
     remaining: usize,
     generated: usize,
     prompt_tokens: usize,
     ignore_eos: bool,
     top_logprobs: usize,
+    stops: StopScan,
     finish: Option<&'static str>,
+}
+
+/// The stop strings of a run, looked for in its text as it grows; only the tail that could
+/// still hold the start of one is kept.
+struct StopScan {
+    stops: Vec<String>,
+    /// The longest stop string's length in bytes.
+    longest: usize,
+    tail: String,
+}
+
+impl StopScan {
+    fn new(stops: &[String]) -> StopScan {
+        let stops: Vec<String> = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
+        StopScan {
+            longest: stops.iter().map(String::len).max().unwrap_or(0),
+            stops,
+            tail: String::new(),
+        }
+    }
+
+    /// Adds `piece` to the text; whether a stop string now appears in it (it ends in
+    /// `piece`, since the text before was searched already).
+    fn hit(&mut self, piece: &str) -> bool {
+        if self.stops.is_empty() || piece.is_empty() {
+            return false;
+        }
+        self.tail.push_str(piece);
+        if self.stops.iter().any(|s| self.tail.contains(s.as_str())) {
+            return true;
+        }
+        // Keep what could be the first bytes of a stop string, from a character boundary.
+        let mut cut = self.tail.len().saturating_sub(self.longest - 1);
+        while !self.tail.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.tail.drain(..cut);
+        false
+    }
 }
 
 /// One sequence's KV cache and the generation running in it.
@@ -39,6 +82,58 @@ pub struct Session {
 type TokenTuple = (u32, String, f32, Vec<(u32, f32)>);
 
 impl Session {
+    fn check_started(&self) -> PyResult<()> {
+        match self.run {
+            Some(_) => Ok(()),
+            None => Err(errors::invalid("no generation was started on this session")),
+        }
+    }
+
+    /// One token of the started generation: sampled, its text, and the step that feeds it
+    /// back unless it ends the generation (the end of sequence, a complete constraint, a
+    /// stop string, the token limit); `None` once the generation has finished. Needs no GIL.
+    fn advance(&mut self) -> qkv::Result<Option<TokenTuple>> {
+        let run = self.run.as_mut().expect("checked by the caller");
+        if run.finish.is_some() {
+            return Ok(None);
+        }
+        if run.remaining == 0 || self.session.position() >= self.session.capacity() {
+            run.finish = Some("length");
+            return Ok(None);
+        }
+        let sampled = self.sample()?;
+        let top = match self.run.as_ref().map_or(0, |r| r.top_logprobs) {
+            0 => Vec::new(),
+            k => qkv::engine::top_logprobs(self.session.logits(), k),
+        };
+        let tokenizer = self.model.tokenizer().expect("checked at load");
+        let run = self.run.as_mut().expect("checked by the caller");
+        run.generated += 1;
+        run.remaining -= 1;
+        let text = run.text.push(tokenizer, sampled.id);
+        let eos = !run.ignore_eos && tokenizer.eos_id() == Some(sampled.id);
+        // A constraint that is complete allows nothing more: the output ends as at EOS.
+        let complete = run
+            .constraint
+            .get_mut()
+            .is_ok_and(|c| c.as_ref().is_some_and(|c| c.is_complete()));
+        let stopped = run.stops.hit(&text);
+        let finish = if eos || complete || stopped {
+            Some("stop")
+        } else if run.remaining == 0 {
+            Some("length")
+        } else {
+            None
+        };
+        match finish {
+            Some(f) => run.finish = Some(f),
+            None => {
+                self.session.step(sampled.id)?;
+            }
+        }
+        Ok(Some((sampled.id, text, sampled.logprob, top)))
+    }
+
     fn sample(&mut self) -> qkv::Result<Sampled> {
         let run = self.run.as_mut().expect("checked by the caller");
         let logits = self.session.logits();
@@ -132,12 +227,13 @@ impl Session {
         self.run = Some(Run {
             sampler,
             constraint: Mutex::new(plan.take_constraint()),
-            text: TextOut::new(plan.parse.is_some()),
+            text: TokenText::new(plan.parse.is_some()),
             remaining: plan.max_tokens.unwrap_or(room),
             generated: 0,
             prompt_tokens: plan.prompt.len(),
             ignore_eos: plan.ignore_eos,
             top_logprobs: plan.top_logprobs,
+            stops: StopScan::new(&plan.stop),
             finish: None,
         });
         Ok(())
@@ -147,48 +243,43 @@ impl Session {
     /// finished (then [`finish_reason`](Self::finish_reason) says why and
     /// [`flush`](Self::flush) gives the text held back).
     fn next(&mut self, py: Python<'_>) -> PyResult<Option<TokenTuple>> {
-        let Some(run) = self.run.as_ref() else {
-            return Err(errors::invalid("no generation was started on this session"));
-        };
-        if run.finish.is_some() {
-            return Ok(None);
+        self.check_started()?;
+        py.allow_threads(|| self.advance()).map_err(from_qkv)
+    }
+
+    /// The next tokens of the generation, as [`next`](Self::next) gives them, computed in
+    /// one call: up to `limit` of them, fewer when the generation finishes or when `seconds`
+    /// have passed (so that Python, and Ctrl-C, regain control); an empty list once it has
+    /// finished.
+    #[pyo3(signature = (limit = 64, seconds = 0.05))]
+    fn next_batch(
+        &mut self,
+        py: Python<'_>,
+        limit: usize,
+        seconds: f64,
+    ) -> PyResult<Vec<TokenTuple>> {
+        self.check_started()?;
+        if !(seconds.is_finite() && seconds >= 0.0) {
+            return Err(errors::invalid(format!(
+                "seconds {seconds}: must be a finite number of seconds, 0 or more"
+            )));
         }
-        if run.remaining == 0 || self.session.position() >= self.session.capacity() {
-            self.run.as_mut().expect("checked").finish = Some("length");
-            return Ok(None);
-        }
-        let sampled = self.sample().map_err(from_qkv)?;
-        let top = match self.run.as_ref().map_or(0, |r| r.top_logprobs) {
-            0 => Vec::new(),
-            k => qkv::engine::top_logprobs(self.session.logits(), k),
-        };
-        let tokenizer = self.model.tokenizer().expect("checked at load");
-        let run = self.run.as_mut().expect("checked");
-        run.generated += 1;
-        run.remaining -= 1;
-        let text = run.text.push(tokenizer, sampled.id);
-        let eos = !run.ignore_eos && tokenizer.eos_id() == Some(sampled.id);
-        // A constraint that is complete allows nothing more: the output ends as at EOS.
-        let complete = run
-            .constraint
-            .get_mut()
-            .is_ok_and(|c| c.as_ref().is_some_and(|c| c.is_complete()));
-        let finish = if eos || complete {
-            Some("stop")
-        } else if run.remaining == 0 {
-            Some("length")
-        } else {
-            None
-        };
-        match finish {
-            Some(f) => run.finish = Some(f),
-            None => {
-                let session = &mut self.session;
-                py.allow_threads(|| session.step(sampled.id).map(|_| ()))
-                    .map_err(from_qkv)?;
+        let budget = Duration::from_secs_f64(seconds.min(3600.0));
+        py.allow_threads(|| {
+            let start = Instant::now();
+            let mut out = Vec::new();
+            while out.len() < limit {
+                match self.advance()? {
+                    Some(t) => out.push(t),
+                    None => break,
+                }
+                if start.elapsed() >= budget {
+                    break;
+                }
             }
-        }
-        Ok(Some((sampled.id, text, sampled.logprob, top)))
+            Ok(out)
+        })
+        .map_err(from_qkv)
     }
 
     /// Why the generation finished (`"stop"`, `"length"`), or `None` while it runs.

@@ -93,9 +93,12 @@ def test_stop_strings(synthetic: qkv.Llama) -> None:
     out = synthetic("the cat", max_tokens=24, temperature=0, stop=[stop])
     assert out["choices"][0]["text"] == expect
     assert out["choices"][0]["finish_reason"] == "stop"
-    chunks = list(synthetic("the cat", max_tokens=24, temperature=0, stop=stop, stream=True))
-    assert text_of(chunks) == expect
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    chunks = list(synthetic("the cat", max_tokens=24, temperature=0, stop=stop, stream=True, stream_options={"include_usage": True}))
+    choices = [c for c in chunks if c["choices"]]
+    assert text_of(choices) == expect
+    assert choices[-1]["choices"][0]["finish_reason"] == "stop"
+    # The whole answer's run of tokens ends at the stop string, as the stream does.
+    assert chunks[-1]["usage"] == out["usage"]
 
 
 def test_logprobs(synthetic: qkv.Llama) -> None:
@@ -231,6 +234,22 @@ def test_ctrl_c_stops_a_generation(synthetic_path: str) -> None:
                 os.kill(os.getpid(), signal.SIGINT)
     assert got < 50
     # The model answers again afterwards.
+    assert llm("the cat", max_tokens=3, temperature=0)["usage"]["completion_tokens"] >= 1
+
+
+def test_ctrl_c_stops_a_whole_answer(synthetic_path: str) -> None:
+    llm = qkv.Llama(synthetic_path, n_ctx=4096)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            # Without Ctrl-C this runs to the end of the context (thousands of tokens).
+            while time.monotonic() - t0 < 60:
+                llm("the cat", max_tokens=None, temperature=0, ignore_eos=True)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 30
     assert llm("the cat", max_tokens=3, temperature=0)["usage"]["completion_tokens"] >= 1
 
 

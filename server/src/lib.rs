@@ -24,6 +24,10 @@
 //!   (`speculative.n_max`, …);
 //! - [`compat`]: Anthropic Messages and OpenAI Responses requests rewritten as chat
 //!   bodies;
+//! - [`token_text`]: a generated sequence's text, token by token, as it streams;
+//! - [`chat_prompt`]: a chat request rendered through the chat template and encoded, with
+//!   the constraint its output follows and how its reply is read back (what the server's
+//!   chat routes and the Python package share);
 //! - [`auth`]: the API keys, from the command line or a key file, checked in constant time.
 //!
 //! The default model (fetched when no `--model` is given) comes from the `qkv-fetch` crate.
@@ -32,17 +36,18 @@
 //!
 //! Modules import only downward, and never in a circle. From the bottom: [`error`],
 //! [`body`], [`auth`], [`native_fields`], [`speculative`], [`request`], [`embedding`],
-//! [`structured`], [`tools`], [`tool_stream`], [`constraint`], [`strict_calls`], [`compat`];
-//! each uses only those before it. This file only declares. The binary's modules are layered
-//! the same way (its main.rs lists them), and no two modules of the library and the binary
-//! share a name. `tests/layering.rs` at the workspace root checks all of this from the
-//! sources.
+//! [`structured`], [`tools`], [`tool_stream`], [`constraint`], [`strict_calls`], [`compat`],
+//! [`token_text`], [`chat_prompt`]; each uses only those before it. This file only
+//! declares. The binary's modules are layered the same way (its main.rs lists them), and no
+//! two modules of the library and the binary share a name. `tests/layering.rs` at the
+//! workspace root checks all of this from the sources.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod auth;
 pub mod body;
+pub mod chat_prompt;
 pub mod compat;
 pub mod constraint;
 pub mod embedding;
@@ -52,5 +57,6 @@ pub mod request;
 pub mod speculative;
 pub mod strict_calls;
 pub mod structured;
+pub mod token_text;
 pub mod tool_stream;
 pub mod tools;

@@ -1,15 +1,13 @@
-//! A chat request turned into a prompt and what shapes its answer: the constraint its
-//! output follows (a schema, a Lark grammar, or the grammar of forced tool calls), and how
-//! the reply is read back (tool calls in the model family's format, `<think>` reasoning).
+//! The server's settings the handlers read, and its chat requests prepared by the library's
+//! [`qkv_server::chat_prompt`] (the prompt, the constraint its output follows, how the
+//! reply is read back) with the server's model, template and grammar compiler.
 
 use crate::AppState;
-use qkv::engine::TokenConstraint;
 use qkv_server::body::Body;
+use qkv_server::chat_prompt::{self, ChatSetup};
 use qkv_server::error::ApiError;
-use qkv_server::request;
-use qkv_server::structured::{output_constraint, OutputConstraint};
-use qkv_server::tools::{self, ToolChoice, ToolFormat};
-use serde_json::Value;
+
+pub use qkv_server::chat_prompt::{Post, ReplyParse};
 
 /// The server's settings the handlers read besides the model (qkv-server's flags).
 #[derive(Default, Clone)]
@@ -61,226 +59,39 @@ pub fn template_source(state: &AppState) -> Option<&str> {
     }
 }
 
-/// How a reply is read back into its parts.
-pub struct ReplyParse {
-    /// The model family's tool-call format.
-    pub format: ToolFormat,
-    /// The functions that may be called (none: no call is parsed).
-    pub names: Vec<String>,
-    /// The reply read as it streams.
-    pub stream: qkv_server::tool_stream::ReplyStream,
-}
-
-/// What shapes a generation besides its sampling parameters.
-#[derive(Default)]
-pub struct Post {
-    /// The constraint on the tokens generated.
-    pub constraint: Option<Box<dyn TokenConstraint>>,
-    /// How the whole reply is split (chat only): `None` streams text as it comes.
-    pub parse: Option<ReplyParse>,
-}
-
-/// Compiles `c` with the server's grammar compiler (a 400 naming `c`'s field when it cannot
-/// compile, or when the server has none).
-fn compile(state: &AppState, c: &OutputConstraint) -> Result<Box<dyn TokenConstraint>, ApiError> {
-    let grammars = state.grammars.as_ref().map_err(|e| {
-        ApiError::invalid(
-            c.param(),
-            format!("constrained output is not available: {e}"),
-        )
-    })?;
-    Ok(Box::new(grammars.compile(c)?))
+/// The server's model, template, grammar compiler and reasoning setting, as the library's
+/// chat preparation takes them; `grammars` is the closure that hands out `state.grammars`.
+fn setup<'a>(
+    state: &'a AppState,
+    grammars: &'a dyn Fn() -> Result<&'a qkv_server::constraint::Grammars, &'a str>,
+) -> ChatSetup<'a> {
+    ChatSetup {
+        model: &state.model,
+        template: state
+            .options
+            .template
+            .as_ref()
+            .map(|(path, source)| (path.as_str(), source.as_str())),
+        no_reasoning: state.options.no_reasoning,
+        grammars,
+    }
 }
 
 /// The completion route's constraint (`response_format`, `json_schema` or `grammar`).
 pub fn completion_post(state: &AppState, b: &Body) -> Result<Post, ApiError> {
-    let constraint = match output_constraint(b)? {
-        Some(c) => Some(compile(state, &c)?),
-        None => None,
-    };
-    Ok(Post {
-        constraint,
-        parse: None,
-    })
+    let grammars = || state.grammars.as_ref().map_err(String::as_str);
+    chat_prompt::completion_post(&setup(state, &grammars), b)
 }
 
 /// The chat prompt's text for `b` (what `/apply-template` answers).
 pub fn render(state: &AppState, b: &Body) -> Result<String, ApiError> {
-    let (msgs, raw_tools) = request::chat_messages(b)?;
-    let tool_req = tools::tool_request(b, raw_tools.as_deref())?;
-    render_messages(state, b, msgs, raw_tools, tool_req.as_ref())
-}
-
-/// Renders `msgs` through the server's template, as llama-server does: a last assistant
-/// message is continued (prefilled) rather than closed; `add_generation_prompt` (default
-/// true) and `continue_final_message` may not both be true; two assistant messages may not
-/// end the conversation.
-fn render_messages(
-    state: &AppState,
-    b: &Body,
-    msgs: Vec<Value>,
-    raw_tools: Option<Vec<Value>>,
-    tool_req: Option<&tools::ToolRequest>,
-) -> Result<String, ApiError> {
-    let tokenizer = state.model.tokenizer().expect("checked at start");
-    let template = template_source(state);
-    let continue_final = b.bool("continue_final_message", false)?;
-    let add_generation = b.bool("add_generation_prompt", true)?;
-    if continue_final && b.field("add_generation_prompt").is_some() && add_generation {
-        return Err(ApiError::invalid(
-            "continue_final_message",
-            "`continue_final_message` and `add_generation_prompt` cannot both be true",
-        ));
-    }
-    let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
-    let n = msgs.len();
-    if n >= 2
-        && role(&msgs[n - 1]).as_deref() == Some("assistant")
-        && role(&msgs[n - 2]).as_deref() == Some("assistant")
-    {
-        return Err(ApiError::invalid(
-            &format!("messages[{}]", n - 1),
-            "two assistant messages in a row end the conversation: only the last one may be \
-             continued",
-        ));
-    }
-    // A final assistant message with text is continued: the rest renders with the
-    // generation prompt, and its text follows.
-    let prefill = match msgs.last() {
-        Some(m)
-            if role(m).as_deref() == Some("assistant")
-                && m.get("tool_calls").is_none()
-                && (continue_final || b.field("add_generation_prompt").is_none()) =>
-        {
-            m.get("content").and_then(Value::as_str).map(str::to_owned)
-        }
-        _ => None,
-    };
-    let mut msgs = msgs;
-    if prefill.is_some() {
-        msgs.pop();
-    }
-    // What llama-server gives every template besides the messages: whether to think,
-    // and today's date in the two spellings templates read.
-    let mut extra = serde_json::Map::new();
-    extra.insert(
-        "enable_thinking".into(),
-        Value::Bool(!state.options.no_reasoning),
-    );
-    let date = |format| Value::from(qkv::tokenizer::strftime_now(format));
-    extra.insert("date_string".into(), date("%d %b %Y"));
-    extra.insert("datetime".into(), date("%b %d %Y"));
-    // Templates written for a `functions` variable (FireFunction v2's) read the tools as
-    // indented JSON text, empty without tools.
-    let functions = match raw_tools.as_deref() {
-        Some(t) if !t.is_empty() => serde_json::to_string_pretty(t).unwrap_or_default(),
-        _ => String::new(),
-    };
-    extra.insert("functions".into(), Value::String(functions));
-    let options = qkv::tokenizer::ChatOptions {
-        add_generation_prompt: add_generation || prefill.is_some(),
-        tools: match tool_req {
-            Some(t) => t.template_tools(raw_tools.as_deref().unwrap_or(&[])),
-            None => raw_tools.filter(|t| !t.is_empty()),
-        },
-        extra,
-        ..Default::default()
-    };
-    let reads_calls = template.is_some_and(|t| t.contains("tool_calls"));
-    let msgs: Vec<Value> = msgs
-        .into_iter()
-        .map(|m| tools::template_message(m, reads_calls))
-        .collect();
-    // A template that refuses the conversation, or a model without one: the request's
-    // fault, a 400 whatever the error's kind.
-    let rendered = match &state.options.template {
-        Some((path, source)) => {
-            let name = |id: Option<u32>| id.and_then(|id| tokenizer.token_str(id).ok());
-            qkv::tokenizer::ChatTemplate::new(path.as_str(), source.as_str())
-                .with_special_tokens(name(tokenizer.bos_id()), name(tokenizer.eos_id()))
-                .render(&msgs, &options)
-        }
-        None => tokenizer.render_chat(&msgs, &options),
-    };
-    let mut text = rendered.map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    if state.options.no_reasoning && options.add_generation_prompt {
-        close_thinking(&mut text, template.unwrap_or(""));
-    }
-    if let Some(p) = prefill {
-        text.push_str(&p);
-    }
-    Ok(text)
-}
-
-/// With reasoning off: a generation prompt that opens a thinking block (`<think>`) gets it
-/// closed, and a template with Command R7B's thinking markers gets an empty block, so that
-/// the model answers at once.
-fn close_thinking(text: &mut String, template: &str) {
-    if text.trim_end().ends_with("<think>") {
-        text.push_str("</think>");
-    } else if template.contains("<|START_THINKING|>") && !text.ends_with("<|END_THINKING|>") {
-        text.push_str("<|START_THINKING|><|END_THINKING|>");
-    }
+    let grammars = || state.grammars.as_ref().map_err(String::as_str);
+    chat_prompt::render(&setup(state, &grammars), b)
 }
 
 /// The chat route's prompt (the messages, with tool calls and tool results, through the
 /// server's template) and its [`Post`].
 pub fn prepare(state: &AppState, b: &Body) -> Result<(Vec<u32>, Post), ApiError> {
-    let (msgs, raw_tools) = request::chat_messages(b)?;
-    let tool_req = tools::tool_request(b, raw_tools.as_deref())?;
-    let output = output_constraint(b)?;
-    let tokenizer = state.model.tokenizer().expect("checked at start");
-    let template = template_source(state);
-    let format = ToolFormat::from_template(template);
-    let mut constraint = None;
-    if let Some(t) = &tool_req {
-        if t.choice != ToolChoice::None {
-            // Each schema compiles on its own, so that a bad one is named.
-            for (i, tool) in t.tools.iter().enumerate() {
-                let c = OutputConstraint::JsonSchema {
-                    schema: tool.parameters.clone(),
-                    strict: tool.strict,
-                    param: format!("tools[{i}].function.parameters"),
-                };
-                let grammar = compile(state, &c)?;
-                drop(grammar);
-            }
-        }
-        if let Some(g) = t.forced_grammar(format) {
-            if let Some(o) = &output {
-                return Err(ApiError::invalid(
-                    o.param(),
-                    "a forced tool call cannot also follow an output format",
-                ));
-            }
-            let c = OutputConstraint::Lark {
-                grammar: g,
-                param: "tools".into(),
-            };
-            constraint = Some(compile(state, &c)?);
-        }
-    }
-    if let Some(o) = &output {
-        constraint = Some(compile(state, o)?);
-    }
-    // `strict` functions under `auto`: each call, once started, follows its schema.
-    if let (Some(t), None, Ok(g)) = (&tool_req, &output, &state.grammars) {
-        if let Some(c) = qkv_server::strict_calls::strict_calls(t, format, g, state.model.clone())?
-        {
-            constraint = Some(Box::new(c));
-        }
-    }
-    let names: Vec<String> = match &tool_req {
-        Some(t) if t.choice != ToolChoice::None => t.tools.iter().map(|t| t.name.clone()).collect(),
-        _ => Vec::new(),
-    };
-    let think = template.is_some_and(|t| t.contains("<think>"));
-    let parse = (!names.is_empty() || think).then(|| ReplyParse {
-        format,
-        stream: qkv_server::tool_stream::ReplyStream::new(format, names.clone()),
-        names,
-    });
-    let text = render_messages(state, b, msgs, raw_tools, tool_req.as_ref())?;
-    let ids = tokenizer.encode(&text)?;
-    Ok((ids, Post { constraint, parse }))
+    let grammars = || state.grammars.as_ref().map_err(String::as_str);
+    chat_prompt::prepare(&setup(state, &grammars), b)
 }

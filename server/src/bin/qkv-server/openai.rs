@@ -164,9 +164,9 @@ pub async fn start(
         text: String::new(),
         text_held: String::new(),
         started: false,
+        pending: qkv_server::token_text::TokenText::new(post.parse.is_some()),
         parse: post.parse,
         sent: 0,
-        pending: Vec::new(),
         p,
         id: format!(
             "{}-{}",
@@ -266,8 +266,8 @@ pub struct Run {
     /// All text generated so far, and how much of it went to the client.
     pub text: String,
     sent: usize,
-    /// Bytes of a character split across tokens.
-    pending: Vec<u8>,
+    /// Each token's text, bytes of a character split across tokens held back.
+    pending: qkv_server::token_text::TokenText,
     pub p: Params,
     /// How the whole reply is split into content, reasoning and tool calls; `None`: the
     /// text is the content, streamed as it comes.
@@ -434,17 +434,7 @@ impl Run {
                     self.first_token.get_or_insert(now);
                     self.last_token = Some(now);
                     self.tokens.push(token);
-                    let markup = self.parse.is_some()
-                        && tokenizer
-                            .token_str(token)
-                            .is_ok_and(|t| qkv_server::tools::MARKUP_TOKENS.contains(&t));
-                    if !tokenizer.is_special(token) || markup {
-                        if let Ok(bytes) = tokenizer.token_bytes(token) {
-                            self.pending.extend_from_slice(bytes);
-                        }
-                        self.text
-                            .push_str(&qkv::tokenizer::take_complete_utf8(&mut self.pending));
-                    }
+                    self.text.push_str(&self.pending.push(tokenizer, token));
                     let text = self.release();
                     Some(Piece {
                         text,
@@ -461,8 +451,7 @@ impl Run {
                 }) => {
                     self.guard.armed = false;
                     self.spec = spec;
-                    self.text.push_str(&String::from_utf8_lossy(&self.pending));
-                    self.pending.clear();
+                    self.text.push_str(&self.pending.finish());
                     self.cached_tokens = cached_tokens;
                     let text = self.release();
                     if reason == FinishReason::Length && self.context_cut {
