@@ -148,7 +148,6 @@ fn session(model: &Arc<Model>, chunk: Option<usize>) -> Session {
             context: Some(128),
             prefill_chunk: chunk,
             kv_dtype: kv,
-            ..SessionOptions::default()
         },
     )
     .unwrap()

@@ -653,7 +653,7 @@ fn copy_onto_pages<T: bytemuck::Pod>(
     piece: usize,
 ) -> Result<crate::alloc::Pages> {
     let size = std::mem::size_of::<T>();
-    let mut out = crate::alloc::pages(size * v.get().len(), || {
+    let mut out = crate::alloc::pages(std::mem::size_of_val(v.get()), || {
         format!("tensor `{name}` on its own pages")
     })?;
     for (i, dst) in out.chunks_mut(size * piece.max(1)).enumerate() {
