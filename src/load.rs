@@ -95,8 +95,8 @@ impl Model {
     ///
     /// Errors name the file at fault: [`Error::Io`] for an unreadable path, [`Error::Format`]
     /// for a malformed file, [`Error::TensorPastEnd`] for a tensor whose data runs past the end
-    /// of its file, [`Error::AllocationRefused`] when weights widened at load (bf16, or to
-    /// `options.dtype`) do not fit in memory, [`Error::Unsupported`] for another
+    /// of its file, [`Error::AllocationRefused`] when weights widened at load (to `options.dtype`)
+    /// or copied onto pages of their own do not fit in memory, [`Error::Unsupported`] for another
     /// architecture, and [`Error::InFile`] around [`Error::MissingTensor`],
     /// [`Error::TensorShape`], [`Error::UnsupportedDType`] or [`Error::Config`] for weights or
     /// hyper-parameters that do not fit.

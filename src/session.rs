@@ -59,7 +59,7 @@ pub struct SessionOptions {
     /// KV cache capacity in positions; `None` = the model's context length.
     pub context: Option<usize>,
     /// How the KV cache stores keys and values; `None` = the model's compute dtype (f16 for
-    /// f16 and quantized weights, f32 for f32 weights). [`KvType::Q8_0`] stores them in
+    /// f16, bf16 and quantized weights, f32 for f32 weights). [`KvType::Q8_0`] stores them in
     /// Q8_0 blocks as llama.cpp's `-ctk q8_0 -ctv q8_0` does: about half the bytes of f16
     /// per position (1.0625 bytes per element), for a small change in the logits
     /// (BENCHMARKS.md, "KV cache in Q8_0"). A [`FloatType`](crate::weights::FloatType)

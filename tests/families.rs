@@ -3,7 +3,9 @@
 //! Gemma 2, Gemma 3, the mixtures of experts Qwen3-MoE, Mixtral and Qwen2-MoE (8 experts,
 //! top 2), and Qwen3 with YaRN scaling on a prompt past its original context, made by `tools/family_fixtures.py` with transformers' own config
 //! classes, each as a Hugging Face directory and as the GGUF llama.cpp's
-//! `convert_hf_to_gguf.py` writes from it.
+//! `convert_hf_to_gguf.py` writes from it. `qwen2_bf16` is Qwen2's network stored in
+//! bfloat16 (safetensors saved from torch.bfloat16, a GGUF converted with `--outtype bf16`),
+//! run as stored, against transformers in f32 on the same rounded weights.
 //!
 //! In both layouts, qkv's logits at every prompt position must be within 1e-4 of the
 //! reference logits' range of transformers' f32 logits, whether the prompt runs as one
@@ -15,8 +17,10 @@
 //! `network_…`, skip with a message, except under CI (`CI=true`), where they fail.
 
 use qkv::load::{Model, ModelOptions};
+use qkv::models::decoder::KvType;
 use qkv::sample::argmax;
 use qkv::session::{Session, SessionOptions};
+use qkv::weights::FloatType;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -32,6 +36,7 @@ const FAMILIES: &[&str] = &[
     "mixtral",
     "qwen2moe",
     "qwen3yarn",
+    "qwen2_bf16",
 ];
 
 /// The families whose fixtures `root` holds. One that is missing is a failure under CI and
@@ -133,12 +138,16 @@ fn worst(got: &[f32], want: &[f32], range: f32) -> f32 {
 }
 
 fn session(model: &Arc<Model>, chunk: Option<usize>) -> Session {
+    // transformers keeps keys and values in f32; so does qkv for f32 weights by default, but
+    // for bf16 weights it keeps them in f16, whose rounding alone moves these logits by
+    // about 2e-4 of their range: the bf16 families ask for f32.
+    let kv = (model.decoder().kv_dtype() != FloatType::F32).then_some(KvType::F32);
     Session::new(
         model.clone(),
         SessionOptions {
             context: Some(128),
             prefill_chunk: chunk,
-            ..SessionOptions::default()
+            kv_dtype: kv,
         },
     )
     .unwrap()
@@ -151,6 +160,17 @@ fn check(family: &str, path: &Path, r: &Reference) -> f32 {
         Model::load(path, &ModelOptions::default())
             .unwrap_or_else(|e| panic!("{family}: {} does not load: {e}", path.display())),
     );
+    if family.ends_with("_bf16") {
+        // Run as stored: every matrix bf16, none widened at load.
+        for (name, f) in model.decoder().weight_formats().0 {
+            assert_eq!(
+                f,
+                qkv::weights::WeightFormat::BF16,
+                "{family} {}: {name}",
+                path.display()
+            );
+        }
+    }
     assert_eq!(model.vocab_size(), r.vocab, "{family}");
     let n = r.prompt.len();
     let mut err = 0.0f32;

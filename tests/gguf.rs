@@ -614,3 +614,66 @@ fn quantized_tensors_round_trip_and_bad_scales_are_refused() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A BF16 tensor, written by the writer as GGUF type 30 and read back, is a view of the file
+/// (never widened at load) whose values are exact; it widens exactly to f32, rounds to
+/// nearest for f16, splits into row views, survives a copy onto pages of its own, and
+/// `convert` writes its exact f32 values.
+#[test]
+fn bf16_tensors_are_mapped_exact_and_convert() {
+    use half::bf16;
+    use qkv::kernels::Weights;
+    use qkv::weights::{MatrixOptions, Tensor};
+    let dir = temp_dir("bf16");
+    let path = dir.join("b.gguf");
+    let values: Vec<bf16> = (0..24)
+        .map(|i| bf16::from_f32((i as f32 - 11.5) * 1.0e3_f32.powi(i % 3)))
+        .chain([bf16::from_bits(0x0001), bf16::from_bits(0x8000)])
+        .collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    write_gguf(
+        &path,
+        &[],
+        &[("w".into(), vec![2, 13], WeightFormat::BF16, &bytes[..])],
+    )
+    .unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    assert_eq!(f.tensor_infos()[0].ggml_type, GgmlType::BF16);
+    let t = f.tensor("w").unwrap();
+    assert!(t.is_mapped());
+    assert_eq!(t.format(), WeightFormat::BF16);
+    assert_eq!(t.bytes(), bytes.len());
+    match t.weights() {
+        Weights::BF16(v) => assert_eq!(v, &values[..]),
+        _ => panic!("not bf16"),
+    }
+    let exact: Vec<f32> = values.iter().map(|v| v.to_f32()).collect();
+    assert_eq!(t.to_f32_vec().unwrap(), exact);
+    let wide = f.tensor("w").unwrap().into_dtype(FloatType::F32).unwrap();
+    assert_eq!(wide.as_f32().unwrap(), &exact[..]);
+    let half = f.tensor("w").unwrap().into_dtype(FloatType::F16).unwrap();
+    let rounded: Vec<f32> = exact
+        .iter()
+        .map(|&v| half::f16::from_f32(v).to_f32())
+        .collect();
+    assert_eq!(half.to_f32_vec().unwrap(), rounded);
+    let parts = f.tensor("w").unwrap().split_rows(&[1, 1]).unwrap();
+    assert!(parts.iter().all(|p| p.is_mapped()));
+    assert_eq!(parts[1].to_f32_vec().unwrap(), &exact[13..]);
+    let paged = f
+        .tensor("w")
+        .unwrap()
+        .interleaved(&MatrixOptions::default())
+        .unwrap();
+    assert!(!paged.is_mapped() && paged.format() == WeightFormat::BF16);
+    assert_eq!(paged.to_f32_vec().unwrap(), exact);
+    // An owned bf16 tensor checks its element count.
+    assert!(Tensor::from_bf16("o", vec![3], values[..2].to_vec()).is_err());
+
+    let out = dir.join("f32.gguf");
+    convert(&path, &out, FloatType::F32).unwrap();
+    let c = GgufFile::open(&out).unwrap();
+    assert_eq!(c.tensor("w").unwrap().as_f32().unwrap(), &exact[..]);
+
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -37,15 +37,15 @@ fn safetensors_f32_views_are_mapped_and_named_as_pytorch() {
 }
 
 #[test]
-fn safetensors_f16_is_mapped_and_bf16_is_widened() {
+fn safetensors_f16_and_bf16_are_mapped() {
     let c = Case::open("mha000_f16");
     let w = c.weights.tensor("out.weight").unwrap();
     assert_eq!(w.format(), WeightFormat::F16);
     assert!(w.is_mapped());
     let c = Case::open("attn001_bf16");
     let w = c.weights.tensor("query.weight").unwrap();
-    assert_eq!(w.format(), WeightFormat::F32);
-    assert!(!w.is_mapped());
+    assert_eq!(w.format(), WeightFormat::BF16);
+    assert!(w.is_mapped());
 }
 
 #[test]

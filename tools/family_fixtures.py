@@ -13,6 +13,10 @@ tools/quantized_models.py unpacks into $QKV_CACHE/llamacpp), and writes transfor
 reference: the logits of every position of a prompt longer than any sliding window, and a greedy
 32-token continuation. tests/families.rs compares qkv against them in both layouts.
 
+The BF16_FAMILIES are the same networks with their weights rounded to bfloat16 and stored
+that way (safetensors saved from the model in torch.bfloat16, a GGUF converted with
+`--outtype bf16`); their reference is still transformers in f32, on those rounded weights.
+
 Everything lands in $QKV_CACHE/families/<family>/ (hf/, model.gguf, reference.json, logits.bin);
 a family whose reference.json carries the current VERSION is left alone.
 
@@ -49,6 +53,9 @@ FFN = 128
 WINDOW = 16
 PROMPT_LEN = 40
 GREEDY = 32
+# Families stored in bfloat16, each with the family whose network it takes: Qwen2's, for its
+# tied head (the bf16 embedding is gathered row by row and read as the head) and its biases.
+BF16_FAMILIES = {"qwen2_bf16": "qwen2"}
 
 
 def log(msg):
@@ -262,7 +269,7 @@ def reference(model, prompt):
     return logits, greedy, margin
 
 
-def convert(hf: Path, out: Path, family: str, arch: str, src: Path):
+def convert(hf: Path, out: Path, family: str, arch: str, src: Path, outtype: str = "f32"):
     """convert_hf_to_gguf.py on `hf`, driven from a child Python with the two adjustments the
     module docs describe."""
     driver = textwrap.dedent(f"""
@@ -280,7 +287,7 @@ def convert(hf: Path, out: Path, family: str, arch: str, src: Path):
                 base(self)
                 self.gguf_writer.add_sliding_window(self.hparams["sliding_window"])
             cls.set_gguf_parameters = with_window
-        sys.argv = ["convert_hf_to_gguf.py", {str(hf)!r}, "--outtype", "f32",
+        sys.argv = ["convert_hf_to_gguf.py", {str(hf)!r}, "--outtype", {outtype!r},
                     "--outfile", {str(out)!r}]
         runpy.run_path({str(src / 'convert_hf_to_gguf.py')!r}, run_name="__main__")
     """)
@@ -302,6 +309,10 @@ def build(family: str, config, arch: str, out: Path, src: Path):
                                           dtype=torch.float32)
     model.eval()
     randomize(model, gemma_norms=family.startswith("gemma"))
+    bf16 = family in BF16_FAMILIES
+    if bf16:
+        # Stored in bfloat16; reloaded below in f32, which widens each weight exactly.
+        model = model.to(torch.bfloat16)
     model.save_pretrained(hf, safe_serialization=True)
     make_tokenizer(hf)
     # Reload as a user would, to make sure the saved directory is what the reference ran.
@@ -325,7 +336,7 @@ def build(family: str, config, arch: str, out: Path, src: Path):
         f"smallest greedy margin {margin:.4f}")
 
     gguf = out / "model.gguf"
-    convert(hf, gguf, family, arch, src)
+    convert(hf, gguf, family, arch, src, "bf16" if bf16 else "f32")
     (out / "logits.bin").write_bytes(logits.contiguous().numpy().astype("<f4").tobytes())
     ref = {
         "version": VERSION,
@@ -350,7 +361,10 @@ def main():
                  "(it unpacks llama.cpp's source)")
     root = cache / "families"
     only = set(sys.argv[1:])
-    for family, (config, arch) in configs().items():
+    families = configs()
+    for family, base in BF16_FAMILIES.items():
+        families[family] = configs()[base]
+    for family, (config, arch) in families.items():
         if only and family not in only:
             continue
         out = root / family

@@ -5,7 +5,7 @@
 
 Builds llama.cpp's tools once into $QKV_CACHE/llamacpp (tools/peers.py), then writes into
 $QKV_CACHE/llamacpp/models, with `llama-quantize`, SmolLM2-135M-Instruct.<T>.gguf for F16, F32,
-peers.py's QUANT_TYPES and LOW_BIT_TYPES, and the `--pure` files of PURE_TYPES (the quantized
+BF16 (from the F32 file, kept as bf16 by qkv: tests/bf16_files.rs), peers.py's QUANT_TYPES and LOW_BIT_TYPES, and the `--pure` files of PURE_TYPES (the quantized
 ones from the F32 file, itself the published Q4_1 file dequantized), and the IMATRIX_TYPES
 files (SmolLM2-135M-Instruct.<T>.gguf) with an importance matrix that `llama-imatrix`
 makes once from the F32 file on tools/perplexity_text.py's text. Files already there are
@@ -110,7 +110,7 @@ def main():
     os.dup2(2, 1)
     try:
         _, quant = b.ensure_llamacpp(lc)
-        kinds = ("F16", "F32") + b.QUANT_TYPES + LOW_BIT_TYPES
+        kinds = ("F16", "F32", "BF16") + b.QUANT_TYPES + LOW_BIT_TYPES
         models = b.ensure_models(lc, cache, quant, None, kinds)
         for ty in PURE_TYPES:
             models[f"{ty.lower()}_pure"] = ensure_pure(lc, quant, ty)

@@ -140,8 +140,9 @@ fn network_decode_embed_writes_the_librarys_embeddings_in_order() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model"));
 }
 
-/// `decode` on the default model in every quantized format: 24 tokens, and a peak RSS within
-/// the file plus the KV cache plus 64 MiB (the matrices are the file's blocks, read in place).
+/// `decode` on the default model in every quantized format and in BF16: 24 tokens, and a
+/// peak RSS within the file plus the KV cache plus 64 MiB (the matrices are the file's
+/// blocks, or its bf16 values, read in place; BF16 once took twice its file, widened).
 #[test]
 fn network_decode_runs_every_format_within_its_memory_bound() {
     // Then the low-bit files, which between them run Q2_K, Q3_K, IQ4_NL and IQ4_XS blocks,
@@ -170,6 +171,7 @@ fn network_decode_runs_every_format_within_its_memory_bound() {
         "IQ1_M",
         "TQ1_0",
         "TQ2_0",
+        "BF16",
     ] {
         let Some(path) = qkv_fetch::testing::quant_model(kind) else {
             continue;

@@ -6,7 +6,7 @@
 //! are public only with the `testing` feature, which the tests and benches turn on.
 //!
 //! - [`matmul`]: `y = x·Wᵀ (+ b)` with `W` in the PyTorch `nn.Linear` layout, stored f32,
-//!   f16 or in a GGUF quantized format ([`quant`]); the gemm crate for many rows, our own
+//!   f16, bf16 or in a GGUF quantized format ([`quant`]); the gemm crate for many rows, our own
 //!   streaming GEMV for few rows.
 //! - [`mod@attention`]: one streaming-softmax attention kernel with fused causal, padding and
 //!   dense masks, for self-, cross- and causal attention, MHA/GQA/MQA, prefill and decode.
@@ -68,7 +68,7 @@ pub use attention::{
     QueryView,
 };
 pub use error::{KernelError, Result};
-pub use half::f16;
+pub use half::{bf16, f16};
 pub use matmul::{linear, linear_many, Projection, Weights};
 pub use norm::{layer_norm, rms_norm};
 pub use par::on_pool;

@@ -204,7 +204,7 @@ pub(crate) mod avx2 {
     //! Building blocks for `#[target_feature(enable = "avx2,fma,f16c")]` kernels. Each is
     //! `#[inline(always)]` so it inherits the caller's features.
     use core::arch::x86_64::*;
-    use half::f16;
+    use half::{bf16, f16};
 
     /// Elements that load into one 256-bit f32 register.
     pub trait Lane: Copy + Send + Sync + 'static {
@@ -238,6 +238,23 @@ pub(crate) mod avx2 {
         #[inline(always)]
         fn to_f32(self) -> f32 {
             f16::to_f32(self)
+        }
+    }
+
+    impl Lane for bf16 {
+        /// Zero-extended to 32 bits and shifted into the top half: the f32 whose top half
+        /// the bf16 is, exactly.
+        #[inline(always)]
+        unsafe fn load8(p: *const bf16) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable bf16 (16 bytes) at `p` and AVX2.
+            unsafe {
+                let h = _mm_loadu_si128(p as *const __m128i);
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+        }
+        #[inline(always)]
+        fn to_f32(self) -> f32 {
+            f32::from_bits(u32::from(self.to_bits()) << 16)
         }
     }
 

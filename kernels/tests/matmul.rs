@@ -2,7 +2,7 @@
 //! scalar reference and an f64 reference written here, on awkward shapes.
 
 use qkv_kernels::matmul::{linear_scalar, FLOAT_ONE_PASS_MAX_ROWS, GEMV_MAX_ROWS};
-use qkv_kernels::{f16, linear, KernelError, Weights};
+use qkv_kernels::{bf16, f16, linear, KernelError, Weights};
 
 struct Rng(u64);
 impl Rng {
@@ -22,6 +22,7 @@ impl Rng {
 enum Stored {
     F32,
     F16,
+    BF16,
     /// f32 transposed, `[k, n]`.
     F32T,
 }
@@ -41,14 +42,14 @@ fn check(m: usize, k: usize, n: usize, half: bool, with_bias: bool, rng: &mut Rn
 /// 1e-6 · Σ|x·w| + 1e-6, well above f32 rounding of a k-term sum (~√k·6e-8 relative) and far
 /// below any indexing mistake.
 fn check_stored(m: usize, k: usize, n: usize, stored: Stored, with_bias: bool, rng: &mut Rng) {
-    let half = stored == Stored::F16;
     let x = rng.vec(m * k);
     let w32 = rng.vec(n * k);
     let w16: Vec<f16> = w32.iter().map(|&v| f16::from_f32(v)).collect();
-    let wref: Vec<f32> = if half {
-        w16.iter().map(|v| v.to_f32()).collect()
-    } else {
-        w32.clone()
+    let wb16: Vec<bf16> = w32.iter().map(|&v| bf16::from_f32(v)).collect();
+    let wref: Vec<f32> = match stored {
+        Stored::F16 => w16.iter().map(|v| v.to_f32()).collect(),
+        Stored::BF16 => wb16.iter().map(|v| v.to_f32()).collect(),
+        _ => w32.clone(),
     };
     let bias = rng.vec(n);
     let b = with_bias.then_some(&bias[..]);
@@ -59,6 +60,7 @@ fn check_stored(m: usize, k: usize, n: usize, stored: Stored, with_bias: bool, r
     };
     let w = match stored {
         Stored::F16 => Weights::F16(&w16),
+        Stored::BF16 => Weights::BF16(&wb16),
         Stored::F32 => Weights::F32(&w32),
         Stored::F32T => Weights::F32T(&wt),
     };
@@ -207,6 +209,41 @@ fn f16_gemm_awkward_shapes() {
         // Taller than one packed chunk of x (2^22 values: 1020 rows at k = 4096): two
         // chunks, the second ragged.
         check(1031, 4096, 17, true, true, &mut rng);
+    }
+}
+
+/// bf16 weights on every path: the GEMV (every row count up to its limit, ragged tiles), the
+/// one pass, and past it the 16-bit GEMM (f16's, widening by a shift) around its tiles,
+/// slices and blocks, on pools of 1 to 3 threads; against the f64 reference and the scalar
+/// one. CI runs it again with `QKV_ISA=avx2` and `scalar`.
+#[test]
+fn bf16_awkward_shapes() {
+    let mut rng = Rng(0xbf);
+    let first = FLOAT_ONE_PASS_MAX_ROWS + 1;
+    let (ms, ks, ns): (&[usize], &[usize], &[usize]) = if cfg!(miri) {
+        (&[1, first], &[9], &[17])
+    } else {
+        (
+            &[1, 2, 5, GEMV_MAX_ROWS, 13, first, first + 5],
+            &[1, 7, 8, 9, 255, 257, 520],
+            &[1, 15, 17, 33, 300],
+        )
+    };
+    for threads in 1..=3 {
+        pool(threads).install(|| {
+            for &m in ms {
+                for &k in ks {
+                    for &n in ns {
+                        let bias = (m + k + n) % 2 == 0;
+                        check_stored(m, k, n, Stored::BF16, bias, &mut rng);
+                    }
+                }
+            }
+        });
+    }
+    if !cfg!(miri) {
+        // Too long an `x` for one pass (ONE_PASS_X_ELEMS): the GEMM at few rows.
+        check_stored(40, 7000, 33, Stored::BF16, true, &mut rng);
     }
 }
 

@@ -4,7 +4,9 @@
 //! activations and the positions in the two modules below.
 
 use qkv_kernels::activation::{add_inplace, swiglu};
-use qkv_kernels::convert::{f16_to_f32, f16_to_f32_scalar, f32_to_f16, f32_to_f16_scalar};
+use qkv_kernels::convert::{
+    bf16_to_f32, bf16_to_f32_scalar, f16_to_f32, f16_to_f32_scalar, f32_to_f16, f32_to_f16_scalar,
+};
 use qkv_kernels::f16;
 use qkv_kernels::norm::{
     layer_norm, layer_norm_scalar, rms_norm, rms_norm_inplace, rms_norm_scalar,
@@ -340,4 +342,34 @@ fn split_across_threads_matches_one_thread_bitwise() {
         .apply_scalar(&mut r, 700, heads, 17, RopeStyle::SplitHalf)
         .unwrap();
     assert_eq!(bits(&r), bits(&three.4[0].0), "rope vs scalar");
+}
+
+/// bf16 → f32 against its scalar reference, bit for bit, on lengths around the 8-lane step,
+/// over every bit pattern of the format (±0, subnormals, infinities, NaNs with payloads):
+/// each must be the f32 whose top half it is.
+#[test]
+fn bf16_widening_matches_scalar_on_every_pattern() {
+    let all: Vec<qkv_kernels::bf16> = (0..=u16::MAX).map(qkv_kernels::bf16::from_bits).collect();
+    for n in [0, 1, 7, 8, 9, 15, 17, 65536] {
+        // From an odd start, so that no load is aligned.
+        let src = &all[(all.len() - n) / 2 + (n < all.len()) as usize..][..n];
+        let (mut fast, mut slow) = (vec![0.0f32; n], vec![0.0f32; n]);
+        bf16_to_f32(src, &mut fast).unwrap();
+        bf16_to_f32_scalar(src, &mut slow).unwrap();
+        for (i, s) in src.iter().enumerate() {
+            let want = u32::from(s.to_bits()) << 16;
+            assert_eq!(
+                fast[i].to_bits(),
+                want,
+                "bf16_to_f32 of {:#06x}",
+                s.to_bits()
+            );
+            assert_eq!(slow[i].to_bits(), want, "scalar of {:#06x}", s.to_bits());
+        }
+    }
+    let mut short = [0.0f32; 2];
+    assert!(matches!(
+        bf16_to_f32(&[qkv_kernels::bf16::ONE; 3], &mut short),
+        Err(KernelError::Length { .. })
+    ));
 }

@@ -1,11 +1,10 @@
 //! Weights: files mapped with memmap2 and turned into named, typed tensor views.
 //!
-//! A [`Tensor`] knows how it is stored ([`WeightFormat`]: f32, f16 or a GGUF quantized
+//! A [`Tensor`] knows how it is stored ([`WeightFormat`]: f32, f16, bf16 or a GGUF quantized
 //! format) apart from what qkv computes in ([`FloatType`]: activations are f32, the KV cache
 //! f16 or f32). Its bytes stay in the mapped file whenever the kernels can read them there:
-//! f32 and f16 when aligned, quantized blocks always. Nothing is widened at load unless asked
-//! ([`Tensor::into_dtype`], `--dtype`); bf16, which no kernel reads, is converted once at load
-//! into an owned buffer.
+//! f32, f16 and bf16 when aligned, quantized blocks always. Nothing is widened at load unless
+//! asked ([`Tensor::into_dtype`], `--dtype`): the kernels widen f16 and bf16 in registers.
 //!
 //! - [`safetensors`]: PyTorch / Hugging Face `.safetensors` files.
 //! - [`hf_dir`]: a Hugging Face model directory (sharded `*.safetensors`) as one source.
@@ -25,7 +24,7 @@ pub use mmap::{map_file, MappedFile};
 pub use scope::Scope;
 
 use crate::error::{Error, Result};
-use half::f16;
+use half::{bf16, f16};
 use mmap::MappedSlice;
 use qkv_kernels::quant::act::ActPrecision;
 use qkv_kernels::{QuantFormat, Weights};
@@ -81,6 +80,8 @@ pub enum WeightFormat {
     F32,
     /// 16-bit IEEE floats.
     F16,
+    /// bfloat16: the top 16 bits of an f32, read in place by the kernels.
+    BF16,
     /// Blocks of a GGUF quantized format, read in place by the kernels.
     Quant(QuantFormat),
 }
@@ -99,7 +100,7 @@ impl WeightFormat {
     pub fn bytes_for(self, count: usize) -> Option<usize> {
         match self {
             WeightFormat::F32 => count.checked_mul(4),
-            WeightFormat::F16 => count.checked_mul(2),
+            WeightFormat::F16 | WeightFormat::BF16 => count.checked_mul(2),
             WeightFormat::Quant(f) => f.row_bytes(count).ok(),
         }
     }
@@ -110,6 +111,7 @@ impl std::fmt::Display for WeightFormat {
         match self {
             WeightFormat::F32 => f.write_str("F32"),
             WeightFormat::F16 => f.write_str("F16"),
+            WeightFormat::BF16 => f.write_str("BF16"),
             WeightFormat::Quant(q) => f.write_str(q.name()),
         }
     }
@@ -153,21 +155,13 @@ pub fn temp_sibling(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp-{}-{call}", std::process::id()))
 }
 
-/// bf16 values (little-endian bytes, two per value) widened exactly to f32, or
-/// [`Error::AllocationRefused`] when the memory for them cannot be had.
-pub(crate) fn widen_bf16(name: &str, bytes: &[u8]) -> Result<Vec<f32>> {
-    let mut out = crate::alloc::zeroed(bytes.len() / 2, || format!("tensor `{name}` in f32"))?;
-    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
-    }
-    Ok(out)
-}
-
 enum Storage {
     /// f32 elements borrowed from a mapped file.
     MappedF32(MappedSlice<f32>),
     /// f16 elements borrowed from a mapped file.
     MappedF16(MappedSlice<f16>),
+    /// bf16 elements borrowed from a mapped file.
+    MappedBF16(MappedSlice<bf16>),
     /// Quantized blocks borrowed from a mapped file.
     Quant(MappedSlice<u8>, QuantFormat),
     /// Quantized blocks with every 8 rows interleaved ([`Tensor::interleaved`]), owned, and
@@ -176,11 +170,14 @@ enum Storage {
     /// f16 elements copied out of a mapped file onto pages of their own
     /// ([`Tensor::interleaved`]), owned.
     PagesF16(crate::alloc::Pages),
+    /// bf16 elements copied onto pages of their own, as [`Storage::PagesF16`].
+    PagesBF16(crate::alloc::Pages),
     F32(Vec<f32>),
     F16(Vec<f16>),
+    BF16(Vec<bf16>),
 }
 
-/// A named tensor, f32, f16 or quantized, either borrowed from a mapped file or owned.
+/// A named tensor, f32, f16, bf16 or quantized, either borrowed from a mapped file or owned.
 pub struct Tensor {
     name: String,
     shape: Vec<usize>,
@@ -247,6 +244,33 @@ impl Tensor {
         })
     }
 
+    /// A view of `shape` bf16 elements at byte `offset` of `map`, as [`Tensor::from_mapped`]
+    /// makes for f32 and f16: borrowed when aligned (the kernels read it as stored), copied
+    /// otherwise. [`Error::TensorPastEnd`] if the range runs past the end of the file.
+    pub fn from_mapped_bf16(
+        name: &str,
+        shape: Vec<usize>,
+        map: Arc<MappedFile>,
+        offset: usize,
+    ) -> Result<Tensor> {
+        let count = numel_of(name, &shape)?;
+        let storage = match MappedSlice::new(map.clone(), name, offset, count) {
+            Ok(view) => Storage::MappedBF16(view),
+            Err(Error::MisalignedTensor { .. }) => Storage::BF16(
+                map[offset..offset + count * 2]
+                    .chunks_exact(2)
+                    .map(|b| bf16::from_le_bytes([b[0], b[1]]))
+                    .collect(),
+            ),
+            Err(e) => return Err(e),
+        };
+        Ok(Tensor {
+            name: name.to_owned(),
+            shape,
+            storage,
+        })
+    }
+
     /// A view of quantized blocks of `format` at byte `offset` of `map`, holding `shape`
     /// (outermost first; its innermost dimension, the row, must be whole blocks). Never
     /// copies. Errors name the tensor: a row that is not whole blocks, a range past the end
@@ -301,6 +325,16 @@ impl Tensor {
         })
     }
 
+    /// An owned bf16 tensor. Errors if `data` does not hold `shape`'s element count.
+    pub fn from_bf16(name: &str, shape: Vec<usize>, data: Vec<bf16>) -> Result<Tensor> {
+        Self::check_owned(name, &shape, data.len())?;
+        Ok(Tensor {
+            name: name.to_owned(),
+            shape,
+            storage: Storage::BF16(data),
+        })
+    }
+
     fn check_owned(name: &str, shape: &[usize], len: usize) -> Result<()> {
         let count = numel_of(name, shape)?;
         if count != len {
@@ -336,6 +370,7 @@ impl Tensor {
             }
             Storage::F32(_) => WeightFormat::F32,
             Storage::F16(_) | Storage::PagesF16(_) => WeightFormat::F16,
+            Storage::MappedBF16(_) | Storage::BF16(_) | Storage::PagesBF16(_) => WeightFormat::BF16,
         }
     }
 
@@ -343,7 +378,10 @@ impl Tensor {
     pub fn is_mapped(&self) -> bool {
         matches!(
             self.storage,
-            Storage::MappedF32(_) | Storage::MappedF16(_) | Storage::Quant(..)
+            Storage::MappedF32(_)
+                | Storage::MappedF16(_)
+                | Storage::MappedBF16(_)
+                | Storage::Quant(..)
         )
     }
 
@@ -357,14 +395,17 @@ impl Tensor {
         match &self.storage {
             Storage::MappedF32(v) => Weights::F32(v.get()),
             Storage::MappedF16(v) => Weights::F16(v.get()),
+            Storage::MappedBF16(v) => Weights::BF16(v.get()),
             Storage::Quant(blocks, format) => Weights::Quant(*format, blocks.get()),
             Storage::QuantX8(blocks, format, precision) => {
                 Weights::QuantX8(*format, *precision, blocks)
             }
             Storage::F32(v) => Weights::F32(v),
             Storage::F16(v) => Weights::F16(v),
-            // The pages start on a 2 MiB boundary and hold whole f16s.
+            Storage::BF16(v) => Weights::BF16(v),
+            // The pages start on a 2 MiB boundary and hold whole f16s (bf16s).
             Storage::PagesF16(p) => Weights::F16(bytemuck::cast_slice(p)),
+            Storage::PagesBF16(p) => Weights::BF16(bytemuck::cast_slice(p)),
         }
     }
 
@@ -399,7 +440,7 @@ impl Tensor {
     }
 
     /// This tensor in `dtype`: itself when it already is, else an owned copy, widened exactly
-    /// (f16, quantized blocks) or rounded to nearest (f32 to f16). A quantized tensor is
+    /// (f16, bf16, quantized blocks) or rounded to nearest (f32 and bf16 to f16). A quantized tensor is
     /// widened a chunk of rows at a time, so no f32 copy of the whole is held on the way to
     /// f16.
     pub fn into_dtype(self, dtype: FloatType) -> Result<Tensor> {
@@ -434,7 +475,7 @@ impl Tensor {
     /// onto pages of its own, huge where the kernel grants them ([`qkv_kernels::pages`]):
     /// with its rows interleaved 8 by 8 ([`qkv_kernels::quant::x8`]) when it is 2-D, of a
     /// format that has that layout ([`qkv_kernels::quant::x8::supports`]) and has a multiple
-    /// of 8 rows; as it is when it is a mapped 2-D f16 matrix. Anything else comes back
+    /// of 8 rows; as it is when it is a mapped 2-D f16 or bf16 matrix. Anything else comes back
     /// unchanged. The copy takes as many bytes as the file's, and the mapped pages it was
     /// made from are let go, so the process holds one copy of the weights, not two. An
     /// interleaved matrix meets activations at `options.act_precision`. Without
@@ -449,6 +490,14 @@ impl Tensor {
                     name: self.name,
                     shape: self.shape,
                     storage: Storage::PagesF16(out),
+                });
+            }
+            Storage::MappedBF16(v) if self.shape.len() == 2 && options.interleave => {
+                let out = copy_onto_pages(v, &self.name, 4 << 20)?;
+                return Ok(Tensor {
+                    name: self.name,
+                    shape: self.shape,
+                    storage: Storage::PagesBF16(out),
                 });
             }
             _ => return Ok(self),
@@ -502,6 +551,9 @@ impl Tensor {
                 Storage::MappedF16(v) => {
                     Storage::MappedF16(v.sub(r0 * k, r * k).ok_or_else(out_of_range)?)
                 }
+                Storage::MappedBF16(v) => {
+                    Storage::MappedBF16(v.sub(r0 * k, r * k).ok_or_else(out_of_range)?)
+                }
                 Storage::Quant(blocks, format) => Storage::Quant(
                     blocks
                         .sub(r0 * row_bytes, r * row_bytes)
@@ -523,9 +575,14 @@ impl Tensor {
                 }
                 Storage::F32(v) => Storage::F32(v[r0 * k..(r0 + r) * k].to_vec()),
                 Storage::F16(v) => Storage::F16(v[r0 * k..(r0 + r) * k].to_vec()),
+                Storage::BF16(v) => Storage::BF16(v[r0 * k..(r0 + r) * k].to_vec()),
                 Storage::PagesF16(p) => {
                     let v: &[f16] = bytemuck::cast_slice(p);
                     Storage::F16(v[r0 * k..(r0 + r) * k].to_vec())
+                }
+                Storage::PagesBF16(p) => {
+                    let v: &[bf16] = bytemuck::cast_slice(p);
+                    Storage::BF16(v[r0 * k..(r0 + r) * k].to_vec())
                 }
             };
             parts.push(Tensor {
@@ -586,16 +643,22 @@ impl Tensor {
     }
 }
 
-/// The elements of `v` copied onto pages of their own ([`crate::alloc::pages`]), `piece`
-/// elements at a time, each piece's mapped pages let go once copied, so that the process
-/// never holds two copies of more than a piece (4 Mi elements, 8 MiB, for the models).
-fn copy_onto_pages(v: &MappedSlice<f16>, name: &str, piece: usize) -> Result<crate::alloc::Pages> {
-    let mut out = crate::alloc::pages(2 * v.get().len(), || {
+/// The 16-bit elements (f16 or bf16) of `v` copied onto pages of their own
+/// ([`crate::alloc::pages`]), `piece` elements at a time, each piece's mapped pages let go
+/// once copied, so that the process never holds two copies of more than a piece (4 Mi
+/// elements, 8 MiB, for the models).
+fn copy_onto_pages<T: bytemuck::Pod>(
+    v: &MappedSlice<T>,
+    name: &str,
+    piece: usize,
+) -> Result<crate::alloc::Pages> {
+    let size = std::mem::size_of::<T>();
+    let mut out = crate::alloc::pages(std::mem::size_of_val(v.get()), || {
         format!("tensor `{name}` on its own pages")
     })?;
-    for (i, dst) in out.chunks_mut(2 * piece.max(1)).enumerate() {
+    for (i, dst) in out.chunks_mut(size * piece.max(1)).enumerate() {
         let src = v
-            .sub(i * piece.max(1), dst.len() / 2)
+            .sub(i * piece.max(1), dst.len() / size)
             .ok_or_else(|| Error::Shape(format!("tensor `{name}`: a piece past its end")))?;
         dst.copy_from_slice(bytemuck::cast_slice(src.get()));
         src.release();
@@ -605,9 +668,8 @@ fn copy_onto_pages(v: &MappedSlice<f16>, name: &str, piece: usize) -> Result<cra
 
 /// Anything that hands out tensors by name: a safetensors file, a GGUF file, a directory.
 pub trait TensorSource: Send + Sync {
-    /// The tensor called `name`, as it is stored when the kernels can read that (f32, f16,
-    /// the quantized formats of [`QuantFormat`]), else converted once (bf16).
-    /// [`Error::MissingTensor`] when absent.
+    /// The tensor called `name`, as it is stored (f32, f16, bf16, the quantized formats of
+    /// [`QuantFormat`]). [`Error::MissingTensor`] when absent.
     fn tensor(&self, name: &str) -> Result<Tensor>;
     /// True when the source has a tensor of that name.
     fn contains(&self, name: &str) -> bool;
@@ -628,6 +690,31 @@ mod tests {
         for piece in [1, 7, 1000, 4096] {
             let pages = copy_onto_pages(&v, "w", piece).unwrap();
             assert_eq!(bytemuck::cast_slice::<u8, f16>(&pages), &values[1..]);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// bf16 is mapped where aligned and copied where not, the same values either way; a
+    /// range past the end is an error naming the tensor.
+    #[test]
+    fn bf16_is_mapped_when_aligned_and_copied_when_not() {
+        let values: Vec<bf16> = (0..9).map(|i| bf16::from_f32(i as f32 * -1.5)).collect();
+        // The values at byte 1 (misaligned), then again at byte 20 (aligned).
+        let mut bytes = vec![0u8];
+        bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        bytes.push(0);
+        bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        let (dir, file) = mmap::tests::mapped_bytes("bf16", &bytes);
+        let want: Vec<f32> = values.iter().map(|v| v.to_f32()).collect();
+        let odd = Tensor::from_mapped_bf16("w", vec![3, 3], file.clone(), 1).unwrap();
+        assert!(!odd.is_mapped() && odd.format() == WeightFormat::BF16);
+        assert_eq!(odd.to_f32_vec().unwrap(), want);
+        let even = Tensor::from_mapped_bf16("w", vec![3, 3], file.clone(), 20).unwrap();
+        assert!(even.is_mapped());
+        assert_eq!(even.to_f32_vec().unwrap(), want);
+        match Tensor::from_mapped_bf16("w", vec![10], file, 20) {
+            Err(Error::TensorPastEnd { tensor, .. }) => assert_eq!(tensor, "w"),
+            other => panic!("{other:?}"),
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -1,9 +1,9 @@
 //! `.safetensors` files (PyTorch / Hugging Face) mapped with memmap2.
 //!
 //! The header is parsed and validated by the `safetensors` crate over the mapped bytes; this
-//! module turns its entries into [`Tensor`]s. f32 and f16 tensors borrow the mapped bytes
-//! (no copy, [`Tensor::is_mapped`] is true); bf16 tensors are widened to owned f32 once, at
-//! [`TensorSource::tensor`] time. Other dtypes (integers, f64, fp8…) give
+//! module turns its entries into [`Tensor`]s. f32, f16 and bf16 tensors borrow the mapped
+//! bytes (no copy, [`Tensor::is_mapped`] is true; the kernels widen f16 and bf16 in
+//! registers). Other dtypes (integers, f64, fp8…) give
 //! [`Error::UnsupportedDType`].
 //!
 //! A state_dict written by `safetensors.torch.save_file(module.state_dict(), path)` loads as
@@ -123,8 +123,8 @@ impl TensorSource for SafeTensorsFile {
             .checked_add(start)
             .filter(|_| end >= start)
             .ok_or_else(|| self.format_error(format!("tensor `{name}`: bad data offsets")))?;
-        let stop = self
-            .data_start
+        // The end checked here too, so that a range past the file names the file.
+        self.data_start
             .checked_add(end)
             .filter(|&s| s <= self.map.len())
             .ok_or_else(|| Error::TensorPastEnd {
@@ -150,8 +150,7 @@ impl TensorSource for SafeTensorsFile {
                     .map_err(in_file)
             }
             Dtype::BF16 => {
-                let data = super::widen_bf16(name, &self.map[offset..stop])?;
-                Tensor::from_f32(name, shape, data).map_err(in_file)
+                Tensor::from_mapped_bf16(name, shape, self.map.clone(), offset).map_err(in_file)
             }
             other => Err(Error::UnsupportedDType {
                 name: name.to_owned(),

@@ -200,8 +200,8 @@ fn gguf_seeds(corpus: &Path, scratch: &Path) {
             &gguf_bytes(scratch, &meta, &tensors),
         );
     }
-    // BF16 is read but never written by qkv: patch the type code of an F16 tensor (1 -> 30)
-    // in a file holding only that tensor.
+    // A BF16 tensor: an F16 one with its type code patched (1 -> 30), in a file holding only
+    // that tensor.
     let halves: Vec<u8> = [0x3f80u16, 0xc000]
         .iter()
         .flat_map(|x| x.to_le_bytes())

@@ -1,7 +1,8 @@
-//! The prefill product for f16 weights (more rows than
+//! The prefill product for f16 and bf16 weights (more rows than
 //! [`FLOAT_ONE_PASS_MAX_ROWS`](super::FLOAT_ONE_PASS_MAX_ROWS)): our own blocked GEMM with
-//! AVX2/FMA, reading `W` in f16 and widening it (F16C) once per call, straight into the
-//! layout the micro-kernel reads.
+//! AVX2/FMA, reading `W` in its 16 bits and widening it (F16C for f16, a shift for bf16) once
+//! per call, straight into the layout the micro-kernel reads. The two formats differ only
+//! in how 8 values are widened ([`Lane::load8`]).
 //!
 //! - `x` is packed once per call into panels of [`MR`] rows, [`KC`] values of `k` at a time
 //!   (`k`-major inside a panel): one read of `x` serves every block of `W`.
@@ -24,9 +25,8 @@
 //! rows of `x` was slower; 12-row tiles and other `KC` were no better.
 
 use crate::par::SharedOut;
-use crate::simd::avx2::transpose8;
+use crate::simd::avx2::{transpose8, Lane};
 use core::arch::x86_64::*;
-use half::f16;
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,18 +59,18 @@ pub(super) fn available() -> bool {
     crate::simd::isa().avx2_fma_f16c
 }
 
-/// `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)` for f16 `W`, on the pool's threads. The shapes are
+/// `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)` for f16 or bf16 `W`, on the pool's threads. The shapes are
 /// validated by the caller; [`available`] must be true.
-pub(super) fn gemm(
+pub(super) fn gemm<T: Lane>(
     y: &mut [f32],
     x: &[f32],
-    w: &[f16],
+    w: &[T],
     bias: Option<&[f32]>,
     m: usize,
     k: usize,
     n: usize,
 ) {
-    assert!(available(), "f16 gemm needs AVX2, FMA and F16C");
+    assert!(available(), "the 16-bit gemm needs AVX2, FMA and F16C");
     assert!(y.len() == m * n && x.len() == m * k && w.len() == n * k);
     assert!(bias.is_none_or(|b| b.len() == n));
     // Tall x runs in chunks of rows, so that its packed copy stays bounded (and in L3).
@@ -94,10 +94,10 @@ pub(super) fn gemm(
     if crate::simd::isa().prefer_512() {
         // SAFETY: AVX-512 F and VL are present (prefer_512 implies avx512), besides
         // AVX2/FMA/F16C.
-        unsafe { run_blocks::<NR512>(y, &xp[..m_pad * k], w, bias, m, k, n) };
+        unsafe { run_blocks::<T, NR512>(y, &xp[..m_pad * k], w, bias, m, k, n) };
     } else {
         // SAFETY: AVX2/FMA/F16C are present (asserted above).
-        unsafe { run_blocks::<NR>(y, &xp[..m_pad * k], w, bias, m, k, n) };
+        unsafe { run_blocks::<T, NR>(y, &xp[..m_pad * k], w, bias, m, k, n) };
     }
     PACKED_X.with(|p| {
         let mut kept = p.borrow_mut();
@@ -113,10 +113,10 @@ pub(super) fn gemm(
 /// # Safety
 /// The CPU has the features of the block kernel taken; `xp` is `x` packed by [`pack_x`].
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_blocks<const R: usize>(
+unsafe fn run_blocks<T: Lane, const R: usize>(
     y: &mut [f32],
     xp_ref: &[f32],
-    w: &[f16],
+    w: &[T],
     bias: Option<&[f32]>,
     m: usize,
     k: usize,
@@ -209,10 +209,10 @@ fn pack_x(xp: &mut [f32], x: &[f32], m: usize, k: usize) {
 /// [`block_avx512`]) times [`KC`] values.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn block_avx2(
+unsafe fn block_avx2<T: Lane>(
     y: SharedOut,
     xp: &[f32],
-    w: &[f16],
+    w: &[T],
     bias: Option<&[f32]>,
     m: usize,
     k: usize,
@@ -222,7 +222,7 @@ unsafe fn block_avx2(
     wb: &mut [f32],
 ) {
     // SAFETY: the contract, with this function's features.
-    unsafe { block::<NR>(y, xp, w, bias, m, k, n, j0, j1, wb) }
+    unsafe { block::<T, NR>(y, xp, w, bias, m, k, n, j0, j1, wb) }
 }
 
 /// [`block_avx2`] with micro-tiles of [`NR512`] rows of `W` in 512-bit vectors: half the
@@ -233,10 +233,10 @@ unsafe fn block_avx2(
 /// As [`block_avx2`], and AVX-512 F and VL.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
-unsafe fn block_avx512(
+unsafe fn block_avx512<T: Lane>(
     y: SharedOut,
     xp: &[f32],
-    w: &[f16],
+    w: &[T],
     bias: Option<&[f32]>,
     m: usize,
     k: usize,
@@ -246,7 +246,7 @@ unsafe fn block_avx512(
     wb: &mut [f32],
 ) {
     // SAFETY: the contract, with this function's features.
-    unsafe { block::<NR512>(y, xp, w, bias, m, k, n, j0, j1, wb) }
+    unsafe { block::<T, NR512>(y, xp, w, bias, m, k, n, j0, j1, wb) }
 }
 
 /// The body of [`block_avx2`] and [`block_avx512`], for micro-tiles of `R` rows of `W`.
@@ -255,10 +255,10 @@ unsafe fn block_avx512(
 /// As theirs; inlined into them, it runs with their features.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn block<const R: usize>(
+unsafe fn block<T: Lane, const R: usize>(
     y: SharedOut,
     xp: &[f32],
-    w: &[f16],
+    w: &[T],
     bias: Option<&[f32]>,
     m: usize,
     k: usize,
@@ -279,7 +279,7 @@ unsafe fn block<const R: usize>(
             // SAFETY: the micro-panel jp of wb holds kc·R values (wb's size, above); rows
             // jr.. of W lie in w (only those below j1 ≤ n are read).
             unsafe {
-                pack_w::<R>(
+                pack_w::<T, R>(
                     &mut wb[jp * R * kc..(jp + 1) * R * kc],
                     w,
                     k,
@@ -339,9 +339,9 @@ unsafe fn block<const R: usize>(
 /// # Safety
 /// AVX2 and F16C; rows `jr..min(jr + R, j_end)` of `w` exist, `p0 + kc ≤ k`.
 #[inline(always)]
-unsafe fn pack_w<const R: usize>(
+unsafe fn pack_w<T: Lane, const R: usize>(
     dst: &mut [f32],
-    w: &[f16],
+    w: &[T],
     k: usize,
     jr: usize,
     j_end: usize,
@@ -360,8 +360,7 @@ unsafe fn pack_w<const R: usize>(
                 unsafe {
                     let mut rows = [_mm256_setzero_ps(); 8];
                     for (r, v) in rows.iter_mut().enumerate() {
-                        let src = w.as_ptr().add((jr + 8 * part + r) * k + p0 + p);
-                        *v = _mm256_cvtph_ps(_mm_loadu_si128(src as *const __m128i));
+                        *v = T::load8(w.as_ptr().add((jr + 8 * part + r) * k + p0 + p));
                     }
                     let t = transpose8(rows);
                     for (q, v) in t.iter().enumerate() {

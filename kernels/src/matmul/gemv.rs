@@ -1,7 +1,10 @@
 //! The decode GEMV (`m ≤` [`GEMV_MAX_ROWS`](super::GEMV_MAX_ROWS)): every weight byte is
 //! read once per call, the rows of `W` split across the pool's threads.
 //!
-//! f32 and f16 rows are streamed with f32 FMAs (f16 widened in registers). Quantized rows
+//! f32, f16 and bf16 rows are streamed with f32 FMAs (f16 and bf16 widened in registers,
+//! exactly, so bf16 gets the bits of the same values stored in f32). bf16 takes 512-bit
+//! registers where [`crate::simd::Isa::prefer_512`] says so, two rows of `W` to a register,
+//! with the bits of the 256-bit kernel. Quantized rows
 //! go to [`crate::quant::gemv`] or [`crate::quant::x8`], after `x` is quantized to integers
 //! per block of 32 (once per call, before the split, at each precision the matrices read:
 //! [`Weights::act_precision`]); the kernels take integer dot products per block.
@@ -239,6 +242,14 @@ unsafe fn gemv_columns(
         return;
     }
     #[cfg(target_arch = "x86_64")]
+    if let (Weights::BF16(w), true) = (w, crate::simd::isa().prefer_512()) {
+        // SAFETY: the CPU has AVX-512 F/BW/VL besides AVX2, FMA and F16C (`prefer_512`
+        // implies them all); the bounds and the exclusive columns are this function's
+        // contract.
+        unsafe { gemv_avx512::columns(y, x, w, bias, m, k, n, j0, j1) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::simd::isa().avx2_fma_f16c {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked just above); the bounds and the
         // exclusive columns are this function's contract.
@@ -246,6 +257,7 @@ unsafe fn gemv_columns(
             match w {
                 Weights::F32(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
                 Weights::F16(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
+                Weights::BF16(w) => gemv_avx2::columns(y, x, w, bias, m, k, n, j0, j1),
                 Weights::Quant(..) | Weights::QuantX8(..) => unreachable!("handled above"),
                 Weights::F32T(_) => unreachable!("F32T always goes to gemm (`plan`)"),
             }
@@ -255,6 +267,7 @@ unsafe fn gemv_columns(
     let get = |i: usize| match w {
         Weights::F32(w) => w[i],
         Weights::F16(w) => w[i].to_f32(),
+        Weights::BF16(w) => f32::from_bits(u32::from(w[i].to_bits()) << 16),
         Weights::Quant(..) | Weights::QuantX8(..) => unreachable!("handled above"),
         Weights::F32T(_) => unreachable!("F32T always goes to gemm (`plan`)"),
     };
@@ -404,6 +417,157 @@ mod gemv_avx2 {
                     }
                     let b = bias.map_or(0.0, |b| b[j0 + c]);
                     *y.get().add((i0 + r) * n + j0 + c) = s + b;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod gemv_avx512 {
+    //! bf16 rows in 512-bit registers, with the bits of the AVX2 kernel (and so of the same
+    //! values in f32): each 512-bit accumulator holds two rows of `W` side by side, each in
+    //! its own 8 lanes, where the AVX2 kernel holds one row in a 256-bit accumulator. Lane
+    //! `l` of a row still sums the products of `k ≡ l (mod 8)` in order with FMAs, the two
+    //! halves are summed across their lanes as `hsum` does, then the tail and the bias are
+    //! added as there: only the instructions per multiply-add are halved.
+    use crate::par::SharedOut;
+    use crate::simd::avx2::{hsum, prefetch_far, FAR_AHEAD};
+    use core::arch::x86_64::*;
+    use half::bf16;
+
+    /// Columns `j0..j1` of `y[m, n] = x[m, k]·Wᵀ (+ b)` for bf16 `W`: 6 rows of `W` (3 pairs)
+    /// at a time against 4 rows of `x` ([`tile`]), 12 accumulators, in blocks of `W` of
+    /// about [`W_BLOCK_BYTES`] that every 4 rows of `x` meet in turn, as the AVX2 kernel
+    /// walks them.
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C and AVX-512 F/BW/VL must be available; `y` points to m·n floats whose
+    /// columns `j0..j1` only this call touches, `x` is m·k, `w` n·k, `j1 ≤ n`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn columns(
+        y: SharedOut,
+        x: &[f32],
+        w: &[bf16],
+        bias: Option<&[f32]>,
+        m: usize,
+        k: usize,
+        n: usize,
+        j0: usize,
+        j1: usize,
+    ) {
+        debug_assert!(x.len() == m * k && w.len() == n * k && j1 <= n);
+        let block = (W_BLOCK_BYTES / (2 * k).max(1)).max(6) / 6 * 6;
+        let mut jb = j0;
+        while jb < j1 {
+            let je = (jb + block).min(j1);
+            let mut i = 0;
+            while i < m {
+                let mr = (m - i).min(4);
+                let mut j = jb;
+                while j < je {
+                    let nc = (je - j).min(6);
+                    macro_rules! go {
+                        ($($r:literal, $p:literal);*) => {
+                            match (mr, nc.div_ceil(2)) {
+                                $(($r, $p) => tile::<$r, $p>(y, x, w, bias, k, n, i, j, nc),)*
+                                _ => unreachable!("1 ≤ mr ≤ 4 and 1 ≤ pairs ≤ 3"),
+                            }
+                        };
+                    }
+                    // SAFETY: i + mr ≤ m and j + nc ≤ je ≤ j1 ≤ n; the rest is the contract.
+                    unsafe {
+                        go!(1, 1; 1, 2; 1, 3; 2, 1; 2, 2; 2, 3; 3, 1; 3, 2; 3, 3; 4, 1; 4, 2; 4, 3)
+                    };
+                    j += nc;
+                }
+                i += mr;
+            }
+            jb = je;
+        }
+    }
+
+    /// The bytes of `W` in a block of [`columns`], as in the AVX2 kernel.
+    const W_BLOCK_BYTES: usize = 48 << 10;
+
+    /// `y[i0 + r, j0 + c] = x[i0 + r, :]·W[j0 + c, :] + b[j0 + c]` for `r < R`, `c < nc`,
+    /// `nc` being `2·P` or `2·P − 1` (the last pair then reads its one row twice and keeps
+    /// one result).
+    ///
+    /// # Safety
+    /// As [`columns`]' features; `x` holds rows `i0..i0 + R` of `k`, `w` rows
+    /// `j0..j0 + nc` of `k`, and `y` points to `m·n` floats whose columns `j0..j0 + nc`
+    /// only this call touches, with `i0 + R ≤ m` and `j0 + nc ≤ n`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const R: usize, const P: usize>(
+        y: SharedOut,
+        x: &[f32],
+        w: &[bf16],
+        bias: Option<&[f32]>,
+        k: usize,
+        n: usize,
+        i0: usize,
+        j0: usize,
+        nc: usize,
+    ) {
+        debug_assert!(nc == 2 * P || nc + 1 == 2 * P);
+        // SAFETY: every load reads 8 values at `p` with `p + 8 ≤ k` of rows j0..j0 + nc of
+        // W (the pairs' second rows are clamped to the last) and i0..i0 + R of x; the tail
+        // reads `q < k`; the stores write this call's own columns (the contract).
+        unsafe {
+            let wp = w.as_ptr().add(j0 * k);
+            let xp = x.as_ptr().add(i0 * k);
+            let rows: [[*const bf16; 2]; P] =
+                core::array::from_fn(|q| [wp.add(2 * q * k), wp.add((2 * q + 1).min(nc - 1) * k)]);
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
+            let ahead = (wp as *const u8).wrapping_add(FAR_AHEAD);
+            let mut p = 0;
+            while p + 8 <= k {
+                // The block's rows lie back to back: one stream, asked for ahead at the rate
+                // it is read (nc·8 weights per step), as in the AVX2 kernel.
+                for line in (0..nc * 16).step_by(64) {
+                    prefetch_far(ahead.wrapping_add(nc * 2 * p + line));
+                }
+                let mut wv = [_mm512_setzero_ps(); P];
+                for (v, [a, b]) in wv.iter_mut().zip(&rows) {
+                    let lo = _mm_loadu_si128(a.add(p) as *const __m128i);
+                    let hi = _mm_loadu_si128(b.add(p) as *const __m128i);
+                    let h = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+                    *v = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+                }
+                for (r, a) in acc.iter_mut().enumerate() {
+                    // The same 8 values of x in both halves.
+                    let xv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(
+                        xp.add(r * k + p) as *const f64,
+                    )));
+                    for (a, v) in a.iter_mut().zip(&wv) {
+                        *a = _mm512_fmadd_ps(xv, *v, *a);
+                    }
+                }
+                p += 8;
+            }
+            for (r, a) in acc.iter().enumerate() {
+                for (q, a) in a.iter().enumerate() {
+                    let halves = [
+                        _mm512_castps512_ps256(*a),
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a))),
+                    ];
+                    for (h, half) in halves.iter().enumerate() {
+                        let c = 2 * q + h;
+                        if c >= nc {
+                            break;
+                        }
+                        let mut s = hsum(*half);
+                        for t in p..k {
+                            let wt =
+                                f32::from_bits(u32::from((*wp.add(c * k + t)).to_bits()) << 16);
+                            s += *xp.add(r * k + t) * wt;
+                        }
+                        let b = bias.map_or(0.0, |b| b[j0 + c]);
+                        *y.get().add((i0 + r) * n + j0 + c) = s + b;
+                    }
                 }
             }
         }

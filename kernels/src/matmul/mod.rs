@@ -1,24 +1,26 @@
 //! `y[m, n] = x[m, k] · W[n, k]ᵀ (+ bias[n])`: the `nn.Linear` product, with `W` stored f32,
-//! f16 or in GGUF quantized blocks ([`Weights`]) in PyTorch's `[out_features, in_features]`
+//! f16, bf16 or in GGUF quantized blocks ([`Weights`]) in PyTorch's `[out_features, in_features]`
 //! layout (or, for f32 weights that only ever meet many rows, transposed: [`Weights::F32T`]),
 //! and activations in f32.
 //!
 //! - Few rows (`m ≤` [`GEMV_MAX_ROWS`], decode): our own GEMV streams `W` once, split across
-//!   threads by rows of `W`: f16 widened to f32 in registers, quantized blocks multiplied as
+//!   threads by rows of `W`: f16 and bf16 widened to f32 in registers (bf16 then runs the
+//!   f32 kernel's FMAs in its order, so it gives the bits of the same matrix stored in f32),
+//!   quantized blocks multiplied as
 //!   integers against `x` rounded to 16 bits per 32 values ([`crate::quant::gemv`]).
 //! - Interleaved quantized weights ([`Weights::QuantX8`]), any number of rows: the same
 //!   split of `W`'s rows across threads, each group of 8 rows met by every row of `x` in
 //!   tiles of 8 while it sits in cache, as integers ([`crate::quant::x8`]): `W` is read from
 //!   memory once per call, for a decode step, a batched step or a prompt alike.
-//! - f32 and f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`] rows whose `x` stays in L2
+//! - f32, f16 and bf16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`] rows whose `x` stays in L2
 //!   ([`ONE_PASS_X_ELEMS`]; a batched step): the same split, every row of `x` in one pass,
 //!   in register tiles of 4 rows of `x` by 3 of `W`.
-//! - Many rows (prefill) of f16 weights, where the CPU has AVX2, FMA and F16C: our own
-//!   blocked GEMM, widening each block of `W` once into the micro-kernel's layout
+//! - Many rows (prefill) of f16 and bf16 weights, where the CPU has AVX2, FMA and F16C: our
+//!   own blocked GEMM, widening each block of `W` once into the micro-kernel's layout
 //!   (`f16gemm`).
 //! - Many rows (prefill) of other formats: the gemm crate in f32, parallel with rayon; the
 //!   crate picks its AVX-512 micro-kernels at run time where the CPU has them (its `x86-v4`
-//!   feature), else AVX2/FMA. f16 and quantized weights are widened to f32 one cache-sized
+//!   feature), else AVX2/FMA. 16-bit and quantized weights are widened to f32 one cache-sized
 //!   panel of rows at a time inside the call, never as a whole-matrix copy.
 //!
 //! ```
@@ -42,7 +44,7 @@ use crate::error::{check_len, check_nonzero, KernelError, Result};
 use crate::par::SharedOut;
 use crate::quant::{self, act::ActPrecision, QuantFormat};
 use gemv::{gemv, gemv_parts, GemvPart};
-use half::f16;
+use half::{bf16, f16};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -84,7 +86,7 @@ enum Path {
     Gemv { rows: usize },
     /// f32 weights (either layout) through the gemm crate.
     F32Gemm,
-    /// f16 weights through our own blocked GEMM (AVX2, FMA, F16C).
+    /// f16 and bf16 weights through our own blocked GEMM (AVX2, FMA, F16C).
     F16Gemm,
     /// Quantized weights (either layout) through the integer GEMM (AVX-512 VNNI).
     IntGemm,
@@ -105,7 +107,7 @@ fn plan(w: Weights<'_>, m: usize, k: usize) -> Path {
     let gemv_max = match w {
         Weights::F32T(_) => 0,
         Weights::Quant(..) | Weights::QuantX8(..) => QUANT_GEMV_MAX_ROWS,
-        Weights::F32(_) | Weights::F16(_) => GEMV_MAX_ROWS,
+        Weights::F32(_) | Weights::F16(_) | Weights::BF16(_) => GEMV_MAX_ROWS,
     };
     if m <= gemv_max {
         return Path::Gemv {
@@ -115,7 +117,7 @@ fn plan(w: Weights<'_>, m: usize, k: usize) -> Path {
     match w {
         Weights::F32(_) | Weights::F32T(_) => Path::F32Gemm,
         #[cfg(target_arch = "x86_64")]
-        Weights::F16(_) if f16gemm::available() => Path::F16Gemm,
+        Weights::F16(_) | Weights::BF16(_) if f16gemm::available() => Path::F16Gemm,
         Weights::Quant(..) | Weights::QuantX8(..) if quant::gemm::available() => Path::IntGemm,
         _ => Path::Panels,
     }
@@ -124,12 +126,12 @@ fn plan(w: Weights<'_>, m: usize, k: usize) -> Path {
 /// True when the GEMV takes all `m` rows of `x` in one pass over `w`, so that `W` is read
 /// from memory once per call: interleaved weights, whose kernel takes the rows in tiles of
 /// 8 against each group of `W` while it sits in cache (up to [`x8_one_pass_max_rows`], in
-/// chunks of [`one_pass_chunk_rows`]); and f32/f16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`]
+/// chunks of [`one_pass_chunk_rows`]); and f32/f16/bf16 weights up to [`FLOAT_ONE_PASS_MAX_ROWS`]
 /// rows and [`ONE_PASS_X_ELEMS`] elements of `x`.
 fn one_pass(w: Weights<'_>, m: usize, k: usize) -> bool {
     match w {
         Weights::QuantX8(format, precision, _) => m <= x8_one_pass_max_rows(format, precision),
-        Weights::F32(_) | Weights::F16(_) => {
+        Weights::F32(_) | Weights::F16(_) | Weights::BF16(_) => {
             m <= FLOAT_ONE_PASS_MAX_ROWS && m.saturating_mul(k) <= ONE_PASS_X_ELEMS
         }
         _ => false,
@@ -171,7 +173,7 @@ fn one_pass_chunk_rows(k: usize) -> usize {
 }
 
 /// A weight matrix `[n, k]` (row-major, one row per output feature) as it is stored:
-/// f32, f16, or whole blocks of a GGUF quantized format; or f32 transposed. Activations are
+/// f32, f16, bf16, or whole blocks of a GGUF quantized format; or f32 transposed. Activations are
 /// always f32.
 #[derive(Clone, Copy, Debug)]
 pub enum Weights<'a> {
@@ -184,6 +186,11 @@ pub enum Weights<'a> {
     F32T(&'a [f32]),
     /// IEEE half floats, widened to f32 inside the kernels.
     F16(&'a [f16]),
+    /// bfloat16 (the top 16 bits of an f32), widened to f32 inside the kernels: exactly, by
+    /// a shift, so every product gives the bits of the same matrix in [`Weights::F32`] on
+    /// the paths that take both alike (the GEMV, and the one pass up to
+    /// [`FLOAT_ONE_PASS_MAX_ROWS`]).
+    BF16(&'a [bf16]),
     /// Blocks of a quantized format, row after row (each row `k / block` whole blocks),
     /// decoded inside the kernels.
     Quant(QuantFormat, &'a [u8]),
@@ -203,6 +210,7 @@ impl Weights<'_> {
         match self {
             Weights::F32(w) | Weights::F32T(w) => w.len(),
             Weights::F16(w) => w.len(),
+            Weights::BF16(w) => w.len(),
             Weights::Quant(f, b) | Weights::QuantX8(f, _, b) => {
                 b.len() / f.block_bytes() * f.block_elems()
             }
@@ -219,6 +227,7 @@ impl Weights<'_> {
         match self {
             Weights::F32(w) | Weights::F32T(w) => std::mem::size_of_val(*w),
             Weights::F16(w) => std::mem::size_of_val(*w),
+            Weights::BF16(w) => std::mem::size_of_val(*w),
             Weights::Quant(_, b) | Weights::QuantX8(_, _, b) => b.len(),
         }
     }
@@ -282,6 +291,7 @@ impl Weights<'_> {
                 Ok(())
             }
             Weights::F16(w) => crate::convert::f16_to_f32(&w[span(k, w.len(), "weights")?], dst),
+            Weights::BF16(w) => crate::convert::bf16_to_f32(&w[span(k, w.len(), "weights")?], dst),
             Weights::F32T(w) => {
                 // Row j of W is column j of the stored [k, n]: every n-th value.
                 let n = w.len().checked_div(k).unwrap_or(0);
@@ -368,6 +378,8 @@ pub fn linear(
         (Path::F32Gemm, Weights::F32T(w)) => gemm_f32(y, x, Rhs::Cols(w), bias, m, k, n),
         #[cfg(target_arch = "x86_64")]
         (Path::F16Gemm, Weights::F16(w)) => f16gemm::gemm(y, x, w, bias, m, k, n),
+        #[cfg(target_arch = "x86_64")]
+        (Path::F16Gemm, Weights::BF16(w)) => f16gemm::gemm(y, x, w, bias, m, k, n),
         (Path::IntGemm, Weights::Quant(format, blocks)) => {
             gemv::with_quantized(x, m, k, ActPrecision::Wide, false, |acts| {
                 quant::gemm::gemm(y, acts, format, blocks, bias, n)

@@ -139,7 +139,8 @@ pub struct Decoder {
     /// Unique per model ([`super::next_model_id`]): a state made by another is refused.
     id: u64,
     config: DecoderConfig,
-    /// The KV cache's default dtype: f32 for a model whose matrices are f32, else f16.
+    /// The KV cache's default dtype: f32 for a model whose matrices are f32, else f16 (bf16
+    /// matrices included, as 16-bit weights).
     kv_dtype: FloatType,
     /// The precision at which activations meet its interleaved quantized matrices
     /// ([`MatrixOptions::act_precision`]).

@@ -15,14 +15,13 @@
 //! however few bytes it takes on disk, so this bounds the metadata's memory whatever the file
 //! claims.
 //!
-//! As a [`TensorSource`], F32 and F16 tensors are zero-copy views of the map, and so are the
-//! quantized formats qkv's kernels run in place (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
+//! As a [`TensorSource`], F32, F16 and BF16 tensors are zero-copy views of the map, and so
+//! are the quantized formats qkv's kernels run in place (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
 //! Q4_K, Q5_K, Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS,
-//! TQ1_0, TQ2_0: [`qkv_kernels::QuantFormat`]); BF16 is widened once, at load, to f32; other
-//! types (Q8_1, Q8_K, MXFP4, the integer types, …) give [`Error::UnsupportedDType`] naming
+//! TQ1_0, TQ2_0: [`qkv_kernels::QuantFormat`]); other types (Q8_1, Q8_K, MXFP4, the integer types, …) give [`Error::UnsupportedDType`] naming
 //! the tensor and its type.
 //!
-//! [`write_gguf`] writes version 3 files with f32/f16 tensors, and [`convert`] turns any
+//! [`write_gguf`] writes version 3 files with f32/f16/bf16 tensors (and quantized blocks), and [`convert`] turns any
 //! readable GGUF into such a file (what `decode convert` runs).
 //!
 //! The code is split along the format's seams: the format's types here, then `reader`
@@ -488,8 +487,8 @@ impl GgmlType {
         }
     }
 
-    /// True for the types qkv can load (F32, F16 and the quantized formats mapped; BF16
-    /// converted).
+    /// True for the types qkv can load (F32, F16, BF16 and the quantized formats, all
+    /// mapped).
     pub fn is_loadable(self) -> bool {
         matches!(self, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
             || self.quant_format().is_some()
@@ -562,6 +561,7 @@ impl From<WeightFormat> for GgmlType {
         match t {
             WeightFormat::F32 => GgmlType::F32,
             WeightFormat::F16 => GgmlType::F16,
+            WeightFormat::BF16 => GgmlType::BF16,
             WeightFormat::Quant(q) => match q {
                 QuantFormat::Q8_0 => GgmlType::Q8_0,
                 QuantFormat::Q4_0 => GgmlType::Q4_0,

@@ -570,10 +570,7 @@ impl GgufFile {
             GgmlType::F16 => {
                 Tensor::from_mapped(name, shape, self.map.clone(), info.offset, FloatType::F16)
             }
-            GgmlType::BF16 => {
-                let src = &self.map[info.offset..info.offset + info.n_bytes];
-                Tensor::from_f32(name, shape, crate::weights::widen_bf16(name, src)?)
-            }
+            GgmlType::BF16 => Tensor::from_mapped_bf16(name, shape, self.map.clone(), info.offset),
             other => match other.quant_format() {
                 Some(format) => {
                     Tensor::from_mapped_quant(name, shape, self.map.clone(), info.offset, format)

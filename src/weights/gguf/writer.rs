@@ -327,6 +327,13 @@ pub(super) fn write_tensor_bytes(tensor: &Tensor, w: &mut dyn Write, path: &Path
                 w.write_all(&buf).map_err(io_err(path))?;
             }
         }
+        qkv_kernels::Weights::BF16(v) => {
+            for chunk in v.chunks(1 << 15) {
+                buf.clear();
+                buf.extend(chunk.iter().flat_map(|x| x.to_le_bytes()));
+                w.write_all(&buf).map_err(io_err(path))?;
+            }
+        }
         qkv_kernels::Weights::Quant(_, bytes) => w.write_all(bytes).map_err(io_err(path))?,
         // The file's layout back, a group of 8 rows at a time.
         qkv_kernels::Weights::QuantX8(format, _, packed) => {
