@@ -12,7 +12,7 @@
 //! - [`tokenizer`]: SentencePiece BPE, byte-level BPE and WordPiece, and chat templates;
 //! - [`models`]: one decoder for the Llama, Qwen, Mistral, Phi-3 and Gemma families
 //!   ([`models::decoder`]), BERT encoders ([`models::bert`]) and the seed-004 seq2seq Transformer;
-//! - [`sample`]: sampling;
+//! - [`sample`], the samplers;
 //! - [`speculative`]: drafting for speculative decoding (n-gram lookup), the governor that
 //!   judges whether it pays, and the speculative-sampling rule that keeps or replaces drafts;
 //! - [`load`], [`session`]: a model loaded from disk with its tokenizer and shared by

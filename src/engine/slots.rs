@@ -3,20 +3,7 @@
 //! and a slot's tokens and KV cache as bytes, to keep a conversation's cache across restarts
 //! (llama-server's `/slots/{id}?action=save|restore|erase`).
 //!
-//! The bytes (all integers little-endian):
-//!
-//! | bytes | what |
-//! |---|---|
-//! | 8 | `QKVSLOT\0` |
-//! | 4 | version, 1 |
-//! | 4 | KV type: 0 f32, 1 f16, 2 q8_0 |
-//! | 8 | the model's [`fingerprint`](crate::models::decoder::Decoder::fingerprint) |
-//! | 4 × 3 | layers, KV heads, head dimension |
-//! | 4 | tokens, `n` |
-//! | 8 | bytes of the KV cache, `kv` |
-//! | 4 × `n` | the token ids |
-//! | `kv` | the keys then the values of positions `0..n`, per layer and head, as stored ([`KvCache::save_positions`](crate::models::decoder::KvCache::save_positions)) |
-//! | 8 | FNV-1a of every byte before it |
+//! The layout of the bytes is [`SavedSlot`]'s.
 //!
 //! A restore checks all of it before touching the slot: bytes of another model, KV type
 //! or shape, of another version, truncated, padded or corrupt are refused with
@@ -37,6 +24,21 @@ const VERSION: u32 = 1;
 const HEADER: usize = 8 + 4 + 4 + 8 + 12 + 4 + 8;
 
 /// A slot as bytes ([`Engine::save_slot`]).
+///
+/// The bytes (all integers little-endian):
+///
+/// | bytes | what |
+/// |---|---|
+/// | 8 | `QKVSLOT\0` |
+/// | 4 | version, 1 |
+/// | 4 | KV type: 0 f32, 1 f16, 2 q8_0 |
+/// | 8 | the model's [`fingerprint`](crate::models::decoder::Decoder::fingerprint) |
+/// | 4 × 3 | layers, KV heads, head dimension |
+/// | 4 | tokens, `n` |
+/// | 8 | bytes of the KV cache, `kv` |
+/// | 4 × `n` | the token ids |
+/// | `kv` | the keys then the values of positions `0..n`, per layer and head, as stored ([`KvCache::save_positions`](crate::models::decoder::KvCache::save_positions)) |
+/// | 8 | FNV-1a of every byte before it |
 #[derive(Clone, Debug)]
 pub struct SavedSlot {
     /// The file's bytes.
@@ -220,9 +222,9 @@ impl Engine {
         Ok(s)
     }
 
-    /// The tokens a slot caches and their keys and values, as bytes (see the [module
-    /// docs](self)). [`Error::Slot`] when the slot does not exist, a sequence runs in it, or it
-    /// caches tokens run under LoRA adapters (the file records none).
+    /// The tokens a slot caches and their keys and values, as bytes (laid out as
+    /// [`SavedSlot`] says). [`Error::Slot`] when the slot does not exist, a sequence runs in
+    /// it, or it caches tokens run under LoRA adapters (the file records none).
     pub fn save_slot(&mut self, slot: usize) -> Result<SavedSlot> {
         let fingerprint = self.model.decoder().fingerprint();
         let c = self.model.config();
