@@ -96,6 +96,7 @@ const SERVER_BIN_LAYERS: &[&str] = &[
     "cors",
     "listen",
     "named_templates",
+    "metrics",
     "worker",
     "lora",
     "models",

@@ -19,9 +19,9 @@
 //! activations' scale: the same steps at every height of tile, so a row's bits never
 //! depend on the rows beside it.
 
-use super::avx2::nibbles;
 use super::avx2_byte::{splat4, tile};
 use super::avx2_i16::dot16;
+use super::avx2_parts::nibbles;
 use super::layout::iq4_xs_chunk;
 use super::ROWS;
 use crate::quant::act::QuantizedActs;

@@ -15,10 +15,10 @@
 //! with the same steps at every height of tile, so a row's bits never depend on the rows
 //! beside it.
 
-use super::avx2::k_scales;
 use super::avx2_byte::{splat4, tile};
 use super::avx2_i16::dot16;
 use super::avx2_iq4::to_pairs;
+use super::avx2_parts::k_scales;
 use super::layout::q5_k_high;
 use super::{q4_k_chunk, ROWS};
 use crate::quant::act::QuantizedActs;

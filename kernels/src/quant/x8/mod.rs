@@ -78,6 +78,8 @@ mod avx2_i16;
 #[cfg(target_arch = "x86_64")]
 mod avx2_iq4;
 #[cfg(target_arch = "x86_64")]
+mod avx2_parts;
+#[cfg(target_arch = "x86_64")]
 mod avx2_q3_k;
 #[cfg(target_arch = "x86_64")]
 mod avx2_q5_k;

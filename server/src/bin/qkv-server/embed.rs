@@ -4,7 +4,7 @@
 //! together (one [`SentenceEncoder::embed_sorted`] call, which sorts and packs the sequences
 //! as `decode embed` does), so concurrent clients share the matrix products.
 
-use crate::worker::Metrics;
+use crate::metrics::Metrics;
 use crate::{body, counted, Shared};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

@@ -29,7 +29,7 @@
 //! The request bodies are read by the `qkv_server` library. This file holds what every
 //! route shares ([`AppState`], [`Shared`], reading a body, counting an answer) and the
 //! router; its modules import only downward, from the bottom: `llama_flags`, `args`, `cors`,
-//! `listen`, `named_templates`, `worker`, `lora`, `models`, `chat`, `openai`, `native`,
+//! `listen`, `named_templates`, `metrics`, `worker`, `lora`, `models`, `chat`, `openai`, `native`,
 //! `infill`, `slot_files`, `embed_decoder`, `rerank`, `translate`, `anthropic`, `responses`,
 //! `embed`, `router` (`tests/layering.rs` checks it). With `--models-dir` or
 //! `--models-preset` and no model, the process is a router over instances of its models
@@ -47,6 +47,7 @@ mod infill;
 mod listen;
 mod llama_flags;
 mod lora;
+mod metrics;
 mod models;
 mod named_templates;
 mod native;
@@ -66,6 +67,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use metrics::Metrics;
 use openai::Kind;
 use qkv::engine::{Engine, EngineOptions};
 use qkv::load::{Model, ModelOptions};
@@ -79,7 +81,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use worker::{Metrics, Worker};
+use worker::Worker;
 
 use args::Args;
 
