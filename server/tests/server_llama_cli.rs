@@ -130,7 +130,8 @@ fn missing_features_and_bad_values_are_refused_by_name() {
         (
             vec!["--models-dir", "/m"],
             vec![],
-            "--models-dir: qkv-server does not support router",
+            "--model with --models-dir or --models-preset: give one model, or the models of a \
+             router, not both",
         ),
         (
             vec!["-hf", "org/repo"],
