@@ -24,6 +24,9 @@
 #[path = "../../server/src/bin/qkv-server/chat.rs"]
 mod chat;
 #[allow(dead_code)]
+#[path = "../../server/src/bin/qkv-server/metrics.rs"]
+mod metrics;
+#[allow(dead_code)]
 #[path = "../../server/src/bin/qkv-server/openai.rs"]
 mod openai;
 #[allow(dead_code)]
@@ -50,6 +53,27 @@ pub struct AppState {
     pub worker: worker::Worker,
     pub grammars: Result<qkv_server::constraint::Grammars, String>,
     pub options: chat::ServeOptions,
+    pub lora: NoAdapters,
+}
+
+/// The adapters of a server started without `--lora` (the binary's `lora::Adapters` is made
+/// from files, and its routes need the binary's root): a request naming an adapter is
+/// refused, as that server refuses it, and none runs.
+pub struct NoAdapters;
+
+impl NoAdapters {
+    pub fn for_request(
+        &self,
+        asked: Option<&[(usize, f32)]>,
+    ) -> Result<Vec<qkv::models::decoder::ScaledLora>, qkv_server::error::ApiError> {
+        match asked.and_then(|l| l.first()) {
+            Some((id, _)) => Err(qkv_server::error::ApiError::invalid(
+                "lora",
+                format!("no adapter has id {id}: the server has none"),
+            )),
+            None => Ok(Vec::new()),
+        }
+    }
 }
 
 const CONTEXT: usize = 64;
@@ -112,8 +136,9 @@ fn setup() -> (tokio::runtime::Runtime, Arc<AppState>) {
         model,
         model_name: "tiny".into(),
         context: CONTEXT,
-        worker: worker::Worker::spawn(engine, Arc::new(worker::Metrics::default()), None),
+        worker: worker::Worker::spawn(engine, Arc::new(metrics::Metrics::default()), None),
         options: chat::ServeOptions::default(),
+        lora: NoAdapters,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -153,7 +178,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = qkv_server::embedding::format(&body);
     let _ = qkv_server::native_fields::logit_bias(&body, "logit_bias");
     if let Ok(f) = qkv_server::native_fields::fields(&body) {
-        let _ = body.field("content").map(|v| qkv_server::native_fields::select_fields(v, &f.response_fields));
+        let _ = body
+            .field("content")
+            .map(|v| qkv_server::native_fields::select_fields(v, &f.response_fields));
     }
     // The chat prompt as /apply-template renders it (message order, prefill,
     // continue_final_message and add_generation_prompt).
