@@ -77,18 +77,7 @@ def wait_ready(port, proc, timeout=120):
 
 
 def ensure_llama_server(lc: Path) -> Path:
-    src = lc / f"llama_cpp_python-{b.LLAMA_CPP_PY_VERSION}" / "vendor" / "llama.cpp"
-    exe = src / "build" / "bin" / "llama-server"
-    if exe.is_file():
-        return exe
-    b.ensure_llamacpp(lc)
-    cmake = b.shutil.which("cmake") or "cmake"
-    log("building llama-server (cmake target llama-server)")
-    b.run([cmake, "-S", src, "-B", src / "build", "-DLLAMA_BUILD_SERVER=ON",
-           "-DLLAMA_BUILD_TOOLS=ON"], stdout=sys.stderr)
-    b.run([cmake, "--build", src / "build", "--config", "Release", "-j2", "--target",
-           "llama-server"], stdout=sys.stderr)
-    return exe
+    return b.build_llamacpp(lc, ["llama-server"], b.SERVER_CMAKE) / "llama-server"
 
 
 def start(kind, exe, model, slots, port, qkv_args=()):

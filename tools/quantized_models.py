@@ -51,12 +51,7 @@ def ensure_imatrix(lc: Path, quant: Path) -> Path:
     target = lc / "models" / f"{b.MODEL_STEM}.imatrix.gguf"
     if target.is_file():
         return target
-    build = quant.parent.parent
-    tool = build / "bin" / "llama-imatrix"
-    if not tool.is_file():
-        b.log("building llama-imatrix")
-        b.run(["cmake", "--build", build, "--config", "Release", "-j2", "--target",
-               "llama-imatrix"])
+    tool = b.build_llamacpp(lc, ["llama-imatrix"]) / "llama-imatrix"
     text = lc / "imatrix.txt"
     b.run([sys.executable, Path(__file__).resolve().parent / "perplexity_text.py", text,
            "--chars", IMATRIX_CHARS])

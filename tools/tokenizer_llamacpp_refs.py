@@ -249,14 +249,8 @@ class Library:
 
 def ensure_tokenize(lc: Path) -> tuple[Path, Path]:
     """Returns (llama-tokenize, llama.cpp source), building the tool once."""
-    b.ensure_llamacpp(lc)
-    src = lc / f"llama_cpp_python-{b.LLAMA_CPP_PY_VERSION}" / "vendor" / "llama.cpp"
-    exe = src / "build" / "bin" / "llama-tokenize"
-    if not exe.is_file():
-        b.log("building llama-tokenize")
-        b.run(["cmake", "--build", src / "build", "--config", "Release", "-j2",
-               "--target", "llama-tokenize"])
-    return exe, src
+    bin_dir = b.build_llamacpp(lc, ["llama-tokenize"])
+    return bin_dir / "llama-tokenize", b.llamacpp_source(lc)
 
 
 def key(vocab: str, mode: str, text: str) -> str:
