@@ -125,7 +125,9 @@ def build_llamacpp(lc: Path, targets, extra=()) -> Path:
     want = llamacpp_cmake_args(extra)
     have = json.loads(stamp.read_text()) if stamp.is_file() else None
     built = sorted(p.name for p in bin_dir.glob("llama-*") if p.is_file()) if bin_dir.is_dir() else []
-    fresh = have is not None and all(a in have for a in want)
+    # Only the flags every build gets decide whether the binaries are stale; a tool's own
+    # options (the server's, say) matter only when its target has to be built.
+    fresh = have is not None and all(a in have for a in llamacpp_cmake_args())
     missing = [t for t in targets if not (bin_dir / t).is_file()]
     if fresh and not missing:
         return bin_dir
