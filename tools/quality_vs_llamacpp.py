@@ -26,13 +26,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers as b  # noqa: E402
 import perplexity_text  # noqa: E402
+import quantized_models as qm  # noqa: E402
 
-KINDS = ("q4_1", "q8_0", "q4_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k")
+# One row per file tools/quantized_models.py makes: the published Q4_1, the K and legacy
+# mixes, the low-bit mixes, Q2_K made pure (so its own blocks are scored), the imatrix ones.
+KINDS = ("q4_1", *(t.lower() for t in b.QUANT_TYPES + qm.LOW_BIT_TYPES),
+         *(f"{t.lower()}_pure" for t in qm.PURE_TYPES), *(t.lower() for t in qm.IMATRIX_TYPES),
+         "bf16")
 
 
-def qkv_ppl(qkv, model, text, ctx, threads, base):
+def qkv_ppl(qkv, model, text, ctx, threads, base, extra=()):
     cmd = [qkv, "perplexity", "--model", model, "--file", text, "--ctx", ctx,
-           "--threads", threads, "--kl-base", base]
+           "--threads", threads, "--kl-base", base, *extra]
     b.log("$ " + " ".join(map(str, cmd)))
     res = subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True)
     return json.loads(res.stdout.strip().splitlines()[-1]), " ".join(map(str, cmd))
@@ -69,6 +74,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--chars", type=int, default=260_000, help="length of the text")
+    ap.add_argument("--act-bits", choices=["8", "16"],
+                    help="qkv's activation precision for quantized weights (default: qkv's own, 8)")
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
     kinds = args.kinds.split(",")
@@ -78,8 +85,14 @@ def main():
     _, quant = b.ensure_llamacpp(lc)
     tool = quant.parent / "llama-perplexity"
     qkv, rev = b.ensure_qkv(lc)
-    wanted = ("F32",) + tuple(k.upper() for k in kinds if k != "q4_1")
-    models = b.ensure_models(lc, cache, quant, qkv, wanted)
+    models = b.ensure_models(lc, cache, quant, qkv, ("F32",))
+    for k in kinds:
+        if k != "q4_1":
+            models[k] = lc / "models" / f"{b.MODEL_STEM}.{k.upper()}.gguf"
+    if not all(p.is_file() for p in models.values()):
+        b.run([sys.executable, Path(__file__).resolve().parent / "quantized_models.py"],
+              stdout=subprocess.DEVNULL)
+    extra = ("--act-bits", args.act_bits) if args.act_bits else ()
     text = lc / "ppl.txt"
     text.write_text(perplexity_text.text(args.chars), encoding="utf-8")
     kl = lc / "kl"
@@ -93,7 +106,7 @@ def main():
     l, lcmd = lc_ppl(tool, models["f32"], text, ctx, t, lbase, False)
     rows["f32"] = dict(qkv=q, llamacpp=l, cmds=[qcmd, lcmd])
     for k in kinds:
-        q, qcmd = qkv_ppl(qkv, models[k], text, ctx, t, qbase)
+        q, qcmd = qkv_ppl(qkv, models[k], text, ctx, t, qbase, extra)
         l, lcmd = lc_ppl(tool, models[k], text, ctx, t, lbase, True)
         rows[k] = dict(qkv=q, llamacpp=l, cmds=[qcmd, lcmd])
         b.log(f"{k}: qkv KLD {q['kld']:.6f}, same top {q['same_top']:.2%}; "
@@ -101,7 +114,8 @@ def main():
 
     print()
     print(f"qkv git {rev}; text: {text.name} ({len(text.read_text())} characters, "
-          f"tools/perplexity_text.py); windows of {ctx}, second half scored; {t} threads")
+          f"tools/perplexity_text.py); windows of {ctx}, second half scored; {t} threads; "
+          f"qkv at {args.act_bits or 'its default 8'}-bit activations")
     print()
     print("| file | qkv PPL | llama.cpp PPL | qkv KLD vs its F32 | llama.cpp KLD vs its F32 | "
           "qkv same top | llama.cpp same top | KLD ≤ llama.cpp | top ≥ llama.cpp |")
