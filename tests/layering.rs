@@ -101,6 +101,7 @@ const SERVER_BIN_LAYERS: &[&str] = &[
     "lora",
     "models",
     "chat",
+    "generation",
     "openai",
     "native",
     "infill",
@@ -111,7 +112,9 @@ const SERVER_BIN_LAYERS: &[&str] = &[
     "anthropic",
     "responses",
     "embed",
+    "routes",
     "router",
+    "startup",
 ];
 
 /// The workspace root.

@@ -7,7 +7,7 @@
 //! arguments streamed as `input_json_delta` as they are generated). Errors are in Anthropic's
 //! shape, `{"type": "error", "error": {"type", "message"}}`.
 
-use crate::openai::StopWord;
+use crate::generation::StopWord;
 use crate::translate::{self, Delta};
 use crate::AppState;
 use axum::body::Bytes;

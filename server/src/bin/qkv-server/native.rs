@@ -1,12 +1,13 @@
 //! llama-server's native API on the same engine as the OpenAI one: `POST /completion` (and
 //! `/completions`, as llama-server routes it), `POST /apply-template`, `GET /props`,
 //! `GET /slots`, and `POST /chat/completions/input_tokens`. The request fields are read by
-//! [`qkv_server::native_fields`]; the generation is [`openai::start`]'s run, answered in
+//! [`qkv_server::native_fields`]; the generation is [`generation::start`]'s run, answered in
 //! llama-server's shapes: `content`, `tokens`, `stop`, `stop_type`, `timings`,
 //! `tokens_predicted`, `tokens_evaluated`, `completion_probabilities`, and its stream (one
 //! `data:` event per token, the last with `stop: true`, no `[DONE]`).
 
-use crate::openai::{self, Kind, Piece, Run, TokenLogprob, FINGERPRINT};
+use crate::generation::{self, Kind, Piece, Run, TokenLogprob};
+use crate::openai::FINGERPRINT;
 use crate::{body, chat, counted, AppState};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -124,7 +125,7 @@ pub async fn answer(
         for prompt in ids {
             let post = chat::completion_post(state, b)?;
             runs.push(
-                openai::start(state.clone(), Kind::Completion, prompt, p.clone(), post).await?,
+                generation::start(state.clone(), Kind::Completion, prompt, p.clone(), post).await?,
             );
         }
         if p.stream {

@@ -3,7 +3,8 @@
 //! `openai::generate`), and the chat route's answer read back, whole as JSON or streamed as
 //! [`Delta`]s parsed from its SSE chunks.
 
-use crate::openai::{self, Kind};
+use crate::generation::Kind;
+use crate::openai;
 use crate::AppState;
 use axum::response::Response;
 use futures_util::{Stream, StreamExt};

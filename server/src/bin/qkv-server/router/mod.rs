@@ -18,7 +18,8 @@ mod pool;
 mod proxy;
 
 use crate::args::Args;
-use crate::{authorize, cors, listen, shutdown_signal, AnyResult, Auth};
+use crate::routes::{authorize, Auth};
+use crate::{cors, listen, shutdown_signal, AnyResult};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, StatusCode};
