@@ -106,7 +106,10 @@ pub async fn serve_all(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut others = Vec::with_capacity(more.len());
     for other in more {
-        eprintln!("qkv-server: also listening on http://{}", other.local_addr()?);
+        eprintln!(
+            "qkv-server: also listening on http://{}",
+            other.local_addr()?
+        );
         let mut stopped = stop_rx.clone();
         others.push(tokio::spawn(serve(other, app.clone(), async move {
             stopped.wait_for(|stop| *stop).await.ok();
