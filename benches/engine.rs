@@ -17,7 +17,7 @@
 //! `summary`): for B = 1, 4, 16 and 64, the fastest of 15 timed steps, as aggregate
 //! tokens/s, as a share of the FMA peak (2 FLOP per weight of every matrix product, each
 //! sequence's token once, over the best of 5 [`qkv_kernels::probe::fma_gflops`] in the same
-//! sitting) and as a fraction of the same file's prefill tokens/s (one 512-token prompt read
+//! run) and as a fraction of the same file's prefill tokens/s (one 512-token prompt read
 //! in one step, the fastest of 5). Fastest, not median: on a shared host other jobs (and
 //! benchmarks that stop niced processes) only ever slow a sample down. Attention, norms and sampling are not counted as FLOP, so the share
 //! is of useful matrix work only. A step's tokens each go through the output head; a

@@ -24,6 +24,8 @@ use qkv::weights::FloatType;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod common;
+
 const FAMILIES: &[&str] = &[
     "llama",
     "qwen2",
@@ -64,29 +66,14 @@ fn present(root: &Path) -> Vec<&'static str> {
 /// Allowed distance from transformers' logits, as a share of their range.
 const TOLERANCE: f32 = 1e-4;
 
+/// The fixtures' directory (`tools/family_fixtures.py` makes it).
 fn fixtures() -> Option<PathBuf> {
-    let dir = match std::env::var_os("QKV_FAMILIES_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => std::env::var_os("QKV_CACHE")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("qkv")))
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/qkv")))
-            .unwrap_or_default()
-            .join("families"),
-    };
-    if dir.join("llama/reference.json").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "the family fixtures are not at {} (.ci/run makes them with tools/family_fixtures.py)",
-        dir.display()
-    );
-    eprintln!(
-        "skipped: the family fixtures are not at {} (run python3 tools/family_fixtures.py)",
-        dir.display()
-    );
-    None
+    common::reference_dir(
+        "QKV_FAMILIES_DIR",
+        "families",
+        "llama/reference.json",
+        "tools/family_fixtures.py",
+    )
 }
 
 struct Reference {
@@ -109,11 +96,7 @@ fn reference(dir: &Path) -> Reference {
             .map(|v| v.as_u64().unwrap() as u32)
             .collect()
     };
-    let bytes = std::fs::read(dir.join("logits.bin")).unwrap();
-    let logits: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let logits = common::read_f32s(&dir.join("logits.bin"));
     let (prompt, vocab) = (ids("prompt"), json["vocab"].as_u64().unwrap() as usize);
     assert_eq!(logits.len(), prompt.len() * vocab);
     Reference {
@@ -123,18 +106,6 @@ fn reference(dir: &Path) -> Reference {
         range: json["logit_range"].as_f64().unwrap() as f32,
         logits,
     }
-}
-
-/// The largest difference between two logit rows, as a share of the reference range.
-fn worst(got: &[f32], want: &[f32], range: f32) -> f32 {
-    assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            assert!(g.is_finite(), "non-finite logit {g}");
-            (g - w).abs() / range
-        })
-        .fold(0.0, f32::max)
 }
 
 fn session(model: &Arc<Model>, chunk: Option<usize>) -> Session {
@@ -180,7 +151,7 @@ fn check(family: &str, path: &Path, r: &Reference) -> f32 {
         let mut s = session(&model, chunk);
         let mut all = vec![0.0; n * r.vocab];
         s.prefill_all(&r.prompt, &mut all).unwrap();
-        let e = worst(&all, &r.logits, r.range);
+        let e = common::share_of_range(&all, &r.logits, r.range);
         assert!(
             e <= TOLERANCE,
             "{family} {} chunk {chunk:?}: {e:e}",
@@ -197,7 +168,7 @@ fn check(family: &str, path: &Path, r: &Reference) -> f32 {
         } else {
             s.step(tok).unwrap()
         };
-        let e = worst(logits, &r.logits[i * r.vocab..(i + 1) * r.vocab], r.range);
+        let e = common::share_of_range(logits, &r.logits[i * r.vocab..(i + 1) * r.vocab], r.range);
         assert!(
             e <= TOLERANCE,
             "{family} {} position {i}: {e:e}",

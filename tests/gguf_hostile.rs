@@ -100,7 +100,7 @@ impl Raw {
 }
 
 #[test]
-fn hostile_files_are_errors_not_panics() {
+fn hostile_headers_and_metadata_are_errors_not_panics() {
     // Sanity: the hand builder makes valid files.
     let ok = Raw::header(3, 1, 1)
         .kv_u32("k", 1)
@@ -208,6 +208,10 @@ fn hostile_files_are_errors_not_panics() {
         &Raw::header(3, 0, 1).kv_u32("general.alignment", 3).0,
         "alignment",
     );
+}
+
+#[test]
+fn hostile_tensor_infos_are_errors_not_panics() {
     expect_format_error(
         "n_dims 0",
         &Raw::header(3, 1, 0).tensor("t", &[], 0, 0).pad_and_data(32),
@@ -292,6 +296,10 @@ fn hostile_files_are_errors_not_panics() {
             .pad_and_data(64),
         "appears twice",
     );
+}
+
+#[test]
+fn tensor_types_load_in_place_or_are_named_errors() {
     // A tensor of a type qkv parses but cannot load is a typed error at load, naming it.
     for (code, ty, block, bytes) in [
         (9u32, "Q8_1", 32u64, 36usize),

@@ -361,51 +361,9 @@ fn adapters_are_checked_against_the_model() {
 
 // ------------------------------------------------------------ against transformers+peft
 
-fn fixture() -> Option<PathBuf> {
-    let dir = match std::env::var_os("QKV_LORA_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => std::env::var_os("QKV_CACHE")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("qkv")))
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/qkv")))
-            .unwrap_or_default()
-            .join("lora"),
-    };
-    if dir.join("reference.json").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "the LoRA fixture is not at {} (.ci/run makes it with tools/lora_fixture.py)",
-        dir.display()
-    );
-    eprintln!(
-        "skipped: no LoRA fixture at {} (run python3 tools/lora_fixture.py)",
-        dir.display()
-    );
-    None
-}
-
-fn read_logits(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
-}
-
-/// The largest distance from `want`, as a share of `want`'s range.
+/// The largest distance from peft's logits `want`, as a share of their range.
 fn distance(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let (lo, hi) = want
-        .iter()
-        .fold((f32::MAX, f32::MIN), |(l, h), &x| (l.min(x), h.max(x)));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .fold(0.0, f32::max);
-    worst / (hi - lo)
+    common::share_of_range(got, want, common::range_of(want))
 }
 
 /// Allowed distance from peft's f32 logits, as a share of their range.
@@ -413,7 +371,14 @@ const TOLERANCE: f32 = 1e-4;
 
 #[test]
 fn network_lora_logits_match_peft() {
-    let Some(dir) = fixture() else { return };
+    let Some(dir) = common::reference_dir(
+        "QKV_LORA_DIR",
+        "lora",
+        "reference.json",
+        "tools/lora_fixture.py",
+    ) else {
+        return;
+    };
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
@@ -454,7 +419,7 @@ fn network_lora_logits_match_peft() {
         ),
     ];
     for (case, got) in &cases {
-        let want = read_logits(&dir.join(format!("{case}.bin")));
+        let want = common::read_f32s(&dir.join(format!("{case}.bin")));
         let d = distance(got, &want);
         eprintln!("{case}: {d:.2e} of the range from peft");
         assert!(d <= TOLERANCE, "{case}: {d:e} of the range from peft");
@@ -471,7 +436,7 @@ fn network_lora_logits_match_peft() {
         ("first-q8_0.gguf", "first_1_q8_0"),
     ] {
         let got = logits(vec![scaled(&load(name), 1.0)]);
-        let want = read_logits(&dir.join(format!("{case}.bin")));
+        let want = common::read_f32s(&dir.join(format!("{case}.bin")));
         let d = distance(&got, &want);
         eprintln!("{name}: {d:.2e} of the range from peft");
         assert!(d <= TOLERANCE, "{name}: {d:e} of the range from peft");

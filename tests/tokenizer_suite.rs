@@ -49,13 +49,8 @@ fn models_dir() -> Option<PathBuf> {
     let root = match std::env::var_os("QKV_LLAMACPP_DIR") {
         Some(d) => PathBuf::from(d),
         None => {
-            let cache = std::env::var_os("QKV_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("qkv"))
-                })
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/qkv")))
-                .unwrap_or_default();
+            // No cache directory at all: an empty path, where nothing is found.
+            let cache = qkv_fetch::cache_dir().unwrap_or_default();
             cache.join("llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp")
         }
     };

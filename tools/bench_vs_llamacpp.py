@@ -385,7 +385,7 @@ def main():
         if name not in wanted:
             continue
         # Other work on the machine hurts llama.cpp far more (its threads spin at barriers):
-        # seen 4–25 tok/s instead of ~95 at tg128 with a third busy process. Check the load.
+        # a third busy process can cut its decode speed several-fold. Check the load.
         load = os.getloadavg()[0]
         log(f"row {name}: {args.reps} alternations (load average {load:.2f}"
             f"{'; the machine is busy, figures are unreliable' if load > 2.5 else ''})")

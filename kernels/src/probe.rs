@@ -2,7 +2,7 @@
 //! memory read bandwidth (what a decode step, which reads every weight once, cannot beat) and
 //! the FMA peak (what a prefill, which is matmul-bound, cannot beat) with the widest vectors
 //! the CPU has ([`FmaIsa`]: AVX-512 where present, else AVX2). The benchmarks and
-//! `examples/roofline.rs` use them; measure in the same sitting as what they are compared
+//! `examples/roofline.rs` use them; measure them in the same run as what they are compared
 //! with, because on a shared host both move by tens of percent from minute to minute.
 //!
 //! ```

@@ -169,7 +169,11 @@ pub(super) fn verify(
     let mut kept = 0;
     for (i, row) in rows.chunks_exact(vocab).enumerate() {
         let chosen = if i < k {
-            choose(slot, i, draft[i], row, masked, tmp, eos_id, events)
+            let drafted = Drafted {
+                index: i,
+                token: draft[i],
+            };
+            choose(slot, drafted, row, masked, tmp, eos_id, events)
         } else {
             sample_next(slot, row, masked, eos_id, events)
         };
@@ -201,15 +205,21 @@ pub(super) fn verify(
     kept
 }
 
-/// The token of draft row `i` (drafted: `x`): without a draft distribution, sampled as plain
-/// decoding samples it; with one, `x` kept or replaced by the speculative-sampling rule
-/// against the target's distribution (the constraint's included), the token committed to
-/// the constraint. Reported; `None` when the sequence failed.
-#[allow(clippy::too_many_arguments)]
+/// A drafted token and its index among the drafts (that of the row of logits that checks
+/// it).
+#[derive(Clone, Copy)]
+struct Drafted {
+    index: usize,
+    token: u32,
+}
+
+/// The token of draft row `i` (drafted: `x`), whose logits are `row`: without a draft
+/// distribution, sampled as plain decoding samples it; with one, `x` kept or replaced by the
+/// speculative-sampling rule against the target's distribution (the constraint's included),
+/// the token committed to the constraint. Reported; `None` when the sequence failed.
 fn choose(
     slot: &mut Slot,
-    i: usize,
-    x: u32,
+    Drafted { index: i, token: x }: Drafted,
     row: &[f32],
     masked: &mut Vec<f32>,
     tmp: &mut [f32],

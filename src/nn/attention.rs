@@ -259,9 +259,7 @@ impl AttentionCore {
         let (b, tq) = (query.batch(), query.len());
         let mut out = vec![0.0; b * tq * self.out_dim()];
         self.run_into(
-            query,
-            key,
-            value,
+            [query, key, value],
             mask,
             &mut AttentionScratch::default(),
             probs,
@@ -270,12 +268,11 @@ impl AttentionCore {
         SeqBuf::new(out, b, tq, self.out_dim())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The attention of `query` over `key` and `value` into `out`, the projections kept in
+    /// `scratch`, each batch item's probabilities appended to `probs` when it is given.
     fn run_into(
         &self,
-        query: Seq<'_>,
-        key: Seq<'_>,
-        value: Seq<'_>,
+        [query, key, value]: [Seq<'_>; 3],
         mask: &Mask<'_>,
         scratch: &mut AttentionScratch,
         mut probs: Option<&mut Vec<f32>>,
@@ -331,7 +328,7 @@ impl AttentionCore {
         scratch: &mut AttentionScratch,
         out: &mut [f32],
     ) -> Result<()> {
-        self.run_into(query, key, value, mask, scratch, None, out)
+        self.run_into([query, key, value], mask, scratch, None, out)
     }
 
     /// `out(attention(q(query), k(key), v(value)))` for `query` `[B, T_q, q_in]` and

@@ -112,3 +112,68 @@ pub fn hf_vocab(f: &GgufFile) -> (Map<String, Value>, Vec<Value>) {
         .collect();
     (vocab, added)
 }
+
+/// The directory of references that a script of `tools/` makes with the network: `$var`,
+/// else `name` in the cache, when it holds `marker`. Otherwise `None` after a printed skip,
+/// or a failure under CI (`CI=true`), which makes them.
+///
+/// # Panics
+/// Under CI, when the directory has no `marker`.
+pub fn reference_dir(var: &str, name: &str, marker: &str, tool: &str) -> Option<PathBuf> {
+    let dir = match std::env::var_os(var) {
+        Some(d) => PathBuf::from(d),
+        // No cache directory at all: an empty path, where nothing is found.
+        None => qkv_fetch::cache_dir()
+            .map(|c| c.join(name))
+            .unwrap_or_default(),
+    };
+    if dir.join(marker).is_file() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var("CI").map_or(true, |v| v != "true"),
+        "the {name} references are not at {} (.ci/run makes them with {tool})",
+        dir.display()
+    );
+    eprintln!(
+        "skipped: the {name} references are not at {} (run python3 {tool})",
+        dir.display()
+    );
+    None
+}
+
+/// The little-endian f32 values of a file (logits a reference script wrote).
+pub fn read_f32s(path: &std::path::Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        bytes.len() % 4,
+        0,
+        "{}: not whole f32 values",
+        path.display()
+    );
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// The largest difference between `got` and the reference `want`, as a share of `range`
+/// (the reference logits' range). A value that is not finite fails.
+pub fn share_of_range(got: &[f32], want: &[f32], range: f32) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            assert!(g.is_finite(), "non-finite logit {g}");
+            (g - w).abs() / range
+        })
+        .fold(0.0, f32::max)
+}
+
+/// The range of `values`: the largest less the smallest.
+pub fn range_of(values: &[f32]) -> f32 {
+    let (lo, hi) = values
+        .iter()
+        .fold((f32::MAX, f32::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+    hi - lo
+}

@@ -227,7 +227,7 @@ unsafe fn block_avx2<T: Lane>(
 
 /// [`block_avx2`] with micro-tiles of [`NR512`] rows of `W` in 512-bit vectors: half the
 /// instructions per multiply-add, which CPUs that split 512-bit operations (Zen 4) also
-/// turn into a higher rate (its FMA probe: 117 against 110 GFLOP/s on one core).
+/// turn into a higher rate, as the FMA probe shows (BENCHMARKS.md, Kernels).
 ///
 /// # Safety
 /// As [`block_avx2`], and AVX-512 F and VL.

@@ -514,7 +514,8 @@ impl Decoder {
                 )?;
             }
             (Ffn::Moe(block), Some(m), Some(ms)) => {
-                block.forward(m, xn, t, d, ms, &mut s.gate, &mut s.up, &mut s.hidden)?;
+                let ffn = [&mut s.gate[..], &mut s.up[..], &mut s.hidden[..]];
+                block.forward(m, xn, t, d, ms, ffn)?;
                 xn.copy_from_slice(&ms.acc[..t * d]);
             }
             _ => {

@@ -6,12 +6,14 @@
 //!
 //! Graceful shutdown as `axum::serve` does it: once `stop` resolves, no new connection is
 //! accepted, each open one finishes the request it is on (keep-alive is turned off), and
-//! [`serve`] returns when the last has closed.
+//! [`serve`] returns when the last has closed. [`serve_all`] does the same on every address
+//! of `--host`, for a model's server and a router alike.
 
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
+use std::io;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -71,4 +73,77 @@ pub async fn serve(
     drop(listener);
     done_tx.closed().await;
     Ok(())
+}
+
+/// Binds every address of `hosts` on `port` (the first's, with port 0 the one the system
+/// picked for it), says so on stderr (`qkv-server: {about} listening on http://…`, then a line
+/// for each other address), and serves `app` on all of them until `stop` resolves; returns
+/// once every open connection has finished.
+pub async fn serve_all(
+    hosts: &[String],
+    port: u16,
+    app: Router,
+    about: &str,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let Some((first, rest)) = hosts.split_first() else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no address to listen on",
+        ));
+    };
+    let listener = TcpListener::bind((first.as_str(), port)).await?;
+    let port = listener.local_addr()?.port();
+    let mut more = Vec::with_capacity(rest.len());
+    for host in rest {
+        more.push(TcpListener::bind((host.as_str(), port)).await?);
+    }
+    eprintln!(
+        "qkv-server: {about} listening on http://{}",
+        listener.local_addr()?
+    );
+    // The first address's `stop` stops the others too.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut others = Vec::with_capacity(more.len());
+    for other in more {
+        eprintln!(
+            "qkv-server: also listening on http://{}",
+            other.local_addr()?
+        );
+        let mut stopped = stop_rx.clone();
+        others.push(tokio::spawn(serve(other, app.clone(), async move {
+            stopped.wait_for(|stop| *stop).await.ok();
+        })));
+    }
+    serve(listener, app, async move {
+        stop.await;
+        stop_tx.send(true).ok();
+    })
+    .await?;
+    for other in others {
+        other.await.map_err(io::Error::other)??;
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    ctrl_c.await.ok();
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.ok();
 }

@@ -177,7 +177,7 @@ fn serve(args: Args) -> AnyResult<()> {
             .into()),
         }
     };
-    let (routes, what, worker) = if qkv::models::bert::CrossEncoder::is_cross_encoder(&path) {
+    let served = if qkv::models::bert::CrossEncoder::is_cross_encoder(&path) {
         decoder_only("a cross-encoder")?;
         startup::serve_cross_encoder(&args, &path, &shared)?
     } else if startup::is_sentence_transformers(&path) {
@@ -203,7 +203,7 @@ fn serve(args: Args) -> AnyResult<()> {
         )?
     };
     let app = routes::router(
-        routes,
+        served.routes,
         shared.clone(),
         auth.clone(),
         Arc::new(cors::Cors::parse(Some(
@@ -215,31 +215,15 @@ fn serve(args: Args) -> AnyResult<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let about = startup::about(&path, &shared, &served.what, &auth);
     runtime.block_on(startup::listen_until_stopped(
-        &args, &hosts, app, &auth, &path, &shared, &what, worker,
+        &args,
+        &hosts,
+        app,
+        &about,
+        &shared,
+        served.worker,
     ))
-}
-
-/// SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    ctrl_c.await.ok();
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    ctrl_c.await.ok();
 }
 
 /// The body of a POST, or the error of reading it (413 past the limit), in OpenAI's shape;

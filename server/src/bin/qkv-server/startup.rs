@@ -7,7 +7,7 @@ use crate::args::Args;
 use crate::metrics::Metrics;
 use crate::routes::{decoder_routes, Auth};
 use crate::worker::Worker;
-use crate::{chat, embed, listen, lora, named_templates, rerank, shutdown_signal};
+use crate::{chat, embed, listen, lora, named_templates, rerank};
 use crate::{AnyResult, AppState, Shared};
 use axum::Router;
 use qkv::engine::{Engine, EngineOptions};
@@ -18,9 +18,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What a model becomes in the server: its routes, a line saying what it serves, and the
-/// batch engine's worker (none for an encoder).
-pub type Served = (Router, String, Option<Worker>);
+/// What a model becomes in the server.
+pub struct Served {
+    /// The routes of its kind (without those every server has).
+    pub routes: Router,
+    /// What it serves, for the line that says the server listens.
+    pub what: String,
+    /// The batch engine's worker (none for an encoder).
+    pub worker: Option<Worker>,
+}
 
 /// `--threads`: the process's pool.
 pub fn set_up_process(args: &Args) -> AnyResult<()> {
@@ -116,7 +122,11 @@ pub fn serve_encoder(args: &Args, path: &Path, shared: &Arc<Shared>) -> AnyResul
         embedder.encoder().config().max_seq_length
     );
     let state = embed::EmbedState::spawn(shared.clone(), embedder, args.queue)?;
-    Ok((embed::routes(Arc::new(state)), what, None))
+    Ok(Served {
+        routes: embed::routes(Arc::new(state)),
+        what,
+        worker: None,
+    })
 }
 
 /// A BERT cross-encoder: the rerank routes, with or without `--reranking`.
@@ -131,7 +141,11 @@ pub fn serve_cross_encoder(args: &Args, path: &Path, shared: &Arc<Shared>) -> An
         context,
         model_name: shared.model_name.clone(),
     });
-    Ok((rerank::cross_routes(state), what, None))
+    Ok(Served {
+        routes: rerank::cross_routes(state),
+        what,
+        worker: None,
+    })
 }
 
 /// A decoder: the batch engine's worker and the chat, completion and native routes.
@@ -242,33 +256,16 @@ pub fn serve_decoder(
         shared: shared.clone(),
         lora,
     });
-    Ok((
-        decoder_routes(state).merge(rerank::routes(rerank)),
+    Ok(Served {
+        routes: decoder_routes(state).merge(rerank::routes(rerank)),
         what,
-        Some(worker),
-    ))
+        worker: Some(worker),
+    })
 }
 
-/// Binds every address, serves `app` until SIGTERM or Ctrl-C, then drains: running
-/// requests get `--grace` seconds before the worker cancels what still runs.
-#[allow(clippy::too_many_arguments)]
-pub async fn listen_until_stopped(
-    args: &Args,
-    hosts: &[String],
-    app: Router,
-    auth: &Auth,
-    path: &Path,
-    shared: &Arc<Shared>,
-    what: &str,
-    worker: Option<Worker>,
-) -> AnyResult<()> {
-    let listener = tokio::net::TcpListener::bind((hosts[0].as_str(), args.port)).await?;
-    // The other addresses on the same port (the one picked for the first, with port 0).
-    let port = listener.local_addr()?.port();
-    let mut more = Vec::new();
-    for h in &hosts[1..] {
-        more.push(tokio::net::TcpListener::bind((h.as_str(), port)).await?);
-    }
+/// The start of the line that says the server listens: the model, the name it is served
+/// as, what it serves and who may call it.
+pub fn about(path: &Path, shared: &Shared, what: &str, auth: &Auth) -> String {
     let keys = match auth.keys.len() {
         0 => "no API key".to_owned(),
         n => format!(
@@ -281,30 +278,27 @@ pub async fn listen_until_stopped(
             }
         ),
     };
-    eprintln!(
-        "qkv-server: {} as `{}` ({what}; {keys}) listening on http://{}",
+    format!(
+        "{} as `{}` ({what}; {keys})",
         path.display(),
-        shared.model_name,
-        listener.local_addr()?
-    );
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut others = Vec::new();
-    for l in more {
-        eprintln!("qkv-server: also listening on http://{}", l.local_addr()?);
-        let mut rx = stop_rx.clone();
-        let app = app.clone();
-        others.push(tokio::spawn(async move {
-            listen::serve(l, app, async move {
-                rx.wait_for(|stop| *stop).await.ok();
-            })
-            .await
-        }));
-    }
+        shared.model_name
+    )
+}
+
+/// Serves `app` on every address until SIGTERM or Ctrl-C, then drains: running requests
+/// get `--grace` seconds before the worker cancels what still runs.
+pub async fn listen_until_stopped(
+    args: &Args,
+    hosts: &[String],
+    app: Router,
+    about: &str,
+    shared: &Arc<Shared>,
+    worker: Option<Worker>,
+) -> AnyResult<()> {
     let grace = Duration::from_secs(args.grace);
     let st = shared.clone();
-    listen::serve(listener, app, async move {
-        shutdown_signal().await;
-        stop_tx.send(true).ok();
+    listen::serve_all(hosts, args.port, app, about, async move {
+        listen::shutdown_signal().await;
         eprintln!("qkv-server: shutting down: finishing the running requests");
         st.draining.store(true, Ordering::SeqCst);
         if let Some(worker) = worker {
@@ -316,9 +310,6 @@ pub async fn listen_until_stopped(
         }
     })
     .await?;
-    for o in others {
-        o.await??;
-    }
     eprintln!("qkv-server: stopped");
     Ok(())
 }

@@ -175,6 +175,8 @@ struct Client {
     last_token: Option<Instant>,
 }
 
+/// The engine thread: takes the commands, steps the engine while it has work, and sends each
+/// step's events to their clients, until the last sender of commands is gone.
 fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics, sleep_after: Option<Duration>) {
     let mut clients: HashMap<SeqId, Client> = HashMap::new();
     let mut events = Vec::new();
@@ -229,108 +231,122 @@ fn run(mut engine: Engine, rx: mpsc::Receiver<Cmd>, m: &Metrics, sleep_after: Op
         m.step_seconds.observe(now - started);
         let mut batch = 0u64;
         for event in events.drain(..) {
-            match event {
-                Event::Token {
-                    seq,
-                    token,
-                    logprob,
-                    top,
-                } => {
-                    batch += 1;
-                    m.generated_tokens.fetch_add(1, Ordering::Relaxed);
-                    let Some(c) = clients.get_mut(&seq) else {
-                        continue;
-                    };
-                    match c.last_token {
-                        None => {
-                            m.ttft.observe(now - c.submitted);
-                            m.ttft_recent.observe(now - c.submitted);
-                        }
-                        Some(t) => {
-                            m.inter_token.observe(now - t);
-                            m.inter_token_recent.observe(now - t);
-                        }
-                    }
-                    c.last_token = Some(now);
-                    if c.out
-                        .send(Out::Token {
-                            token,
-                            logprob,
-                            top,
-                        })
-                        .is_err()
-                    {
-                        // The client is gone: free its slot now.
-                        engine.cancel(seq);
-                        clients.remove(&seq);
-                        m.disconnects.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                Event::Done {
-                    seq,
-                    reason,
-                    prompt_tokens,
-                    cached_tokens,
-                    generated,
-                    spec,
-                } => {
-                    m.spec_draft_tokens
-                        .fetch_add(spec.draft_tokens as u64, Ordering::Relaxed);
-                    m.spec_accepted_tokens
-                        .fetch_add(spec.accepted_tokens as u64, Ordering::Relaxed);
-                    m.spec_drafts
-                        .fetch_add(spec.verify_passes as u64, Ordering::Relaxed);
-                    m.prompt_tokens
-                        .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
-                    if reason == FinishReason::Cancelled {
-                        m.cancelled.fetch_add(1, Ordering::Relaxed);
-                    }
-                    m.cached_tokens
-                        .fetch_add(cached_tokens as u64, Ordering::Relaxed);
-                    if let Some(c) = clients.remove(&seq) {
-                        c.out
-                            .send(Out::Done {
-                                reason,
-                                prompt_tokens,
-                                cached_tokens,
-                                generated,
-                                spec,
-                            })
-                            .ok();
-                    }
-                }
-                Event::Shifted { seq, .. } => {
-                    if let Some(c) = clients.get(&seq) {
-                        c.out.send(Out::Shifted).ok();
-                    }
-                }
-                Event::Failed { seq, error } => {
-                    if let Some(c) = clients.remove(&seq) {
-                        c.out.send(Out::Failed(error)).ok();
-                    }
-                }
-                Event::Prompt {
-                    seq,
-                    cached,
-                    read,
-                    total,
-                } => {
-                    // A client that is gone is noticed at its next token.
-                    if let Some(c) = clients.get(&seq) {
-                        c.out
-                            .send(Out::Progress {
-                                cached,
-                                read,
-                                total,
-                            })
-                            .ok();
-                    }
-                }
+            if matches!(event, Event::Token { .. }) {
+                batch += 1;
             }
+            deliver(&mut engine, &mut clients, m, now, event);
         }
         m.batch.observe_count(batch);
         m.max_batch.fetch_max(batch, Ordering::Relaxed);
         m.set_gauges(&engine);
+    }
+}
+
+/// Sends one event of a step, which ended at `now`, to its client and counts it; a client
+/// that is gone has its sequence cancelled at its next token.
+fn deliver(
+    engine: &mut Engine,
+    clients: &mut HashMap<SeqId, Client>,
+    m: &Metrics,
+    now: Instant,
+    event: Event,
+) {
+    match event {
+        Event::Token {
+            seq,
+            token,
+            logprob,
+            top,
+        } => {
+            m.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            let Some(c) = clients.get_mut(&seq) else {
+                return;
+            };
+            match c.last_token {
+                None => {
+                    m.ttft.observe(now - c.submitted);
+                    m.ttft_recent.observe(now - c.submitted);
+                }
+                Some(t) => {
+                    m.inter_token.observe(now - t);
+                    m.inter_token_recent.observe(now - t);
+                }
+            }
+            c.last_token = Some(now);
+            if c.out
+                .send(Out::Token {
+                    token,
+                    logprob,
+                    top,
+                })
+                .is_err()
+            {
+                // The client is gone: free its slot now.
+                engine.cancel(seq);
+                clients.remove(&seq);
+                m.disconnects.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Event::Done {
+            seq,
+            reason,
+            prompt_tokens,
+            cached_tokens,
+            generated,
+            spec,
+        } => {
+            m.spec_draft_tokens
+                .fetch_add(spec.draft_tokens as u64, Ordering::Relaxed);
+            m.spec_accepted_tokens
+                .fetch_add(spec.accepted_tokens as u64, Ordering::Relaxed);
+            m.spec_drafts
+                .fetch_add(spec.verify_passes as u64, Ordering::Relaxed);
+            m.prompt_tokens
+                .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+            if reason == FinishReason::Cancelled {
+                m.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            m.cached_tokens
+                .fetch_add(cached_tokens as u64, Ordering::Relaxed);
+            if let Some(c) = clients.remove(&seq) {
+                c.out
+                    .send(Out::Done {
+                        reason,
+                        prompt_tokens,
+                        cached_tokens,
+                        generated,
+                        spec,
+                    })
+                    .ok();
+            }
+        }
+        Event::Shifted { seq, .. } => {
+            if let Some(c) = clients.get(&seq) {
+                c.out.send(Out::Shifted).ok();
+            }
+        }
+        Event::Failed { seq, error } => {
+            if let Some(c) = clients.remove(&seq) {
+                c.out.send(Out::Failed(error)).ok();
+            }
+        }
+        Event::Prompt {
+            seq,
+            cached,
+            read,
+            total,
+        } => {
+            // A client that is gone is noticed at its next token.
+            if let Some(c) = clients.get(&seq) {
+                c.out
+                    .send(Out::Progress {
+                        cached,
+                        read,
+                        total,
+                    })
+                    .ok();
+            }
+        }
     }
 }
 

@@ -22,7 +22,6 @@ struct Task<'a> {
 impl MoeBlock {
     /// The block over `t` rows of `xn` (`[t, dim]`, normalised), into `s.acc[..t·dim]`.
     /// `gate`, `up` and `hidden` are scratch of [`super::ffn_elems`] elements.
-    #[allow(clippy::too_many_arguments)]
     pub(in crate::models::decoder) fn forward(
         &self,
         m: &Moe,
@@ -30,9 +29,7 @@ impl MoeBlock {
         t: usize,
         d: usize,
         s: &mut MoeScratch,
-        gate: &mut [f32],
-        up: &mut [f32],
-        hidden: &mut [f32],
+        [gate, up, hidden]: [&mut [f32]; 3],
     ) -> Result<()> {
         let pairs = t * m.used;
         if xn.len() != t * d
@@ -50,8 +47,8 @@ impl MoeBlock {
         group_by_expert(m, t, s);
         self.run_experts(m, xn, t, d, s, [gate, &mut *up, &mut *hidden])?;
         combine(m, t, d, s);
-        if let Some((shared, gate_row)) = &self.shared {
-            add_shared(shared, gate_row, m, xn, t, d, s, [gate, up, hidden])?;
+        if let Some(shared) = &self.shared {
+            add_shared(shared, m, xn, t, d, s, [gate, up, hidden])?;
         }
         Ok(())
     }
@@ -135,7 +132,14 @@ impl MoeBlock {
                 hidden,
             } = task;
             if *rows == t {
-                experts.run(*expert, xn, t, d, gate, up, hidden, xo)
+                experts.run(
+                    *expert,
+                    xn,
+                    t,
+                    d,
+                    [&mut **gate, &mut **up, &mut **hidden],
+                    xo,
+                )
             } else {
                 // The gathered rows are read by gate and up before down overwrites them.
                 experts.gate_up(*expert, xo, *rows, d, gate, up)?;
@@ -209,10 +213,8 @@ fn combine(m: &Moe, t: usize, d: usize, s: &mut MoeScratch) {
 
 /// Adds the shared expert's output, scaled per row by the sigmoid of its gate row, to
 /// `s.acc`.
-#[allow(clippy::too_many_arguments)]
 fn add_shared(
-    shared: &GatedMlp,
-    gate_row: &[f32],
+    (shared, gate_row): &(GatedMlp, Vec<f32>),
     m: &Moe,
     xn: &[f32],
     t: usize,

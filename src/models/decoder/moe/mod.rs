@@ -271,16 +271,13 @@ impl Experts {
 
     /// Expert `e` over the `n` rows of `x`: `down · swiglu(gate · x, up · x)` into `y`
     /// (`[n, dim]`), with `g`, `u` and `h` (`n · expert_ffn` each) as scratch.
-    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         e: usize,
         x: &[f32],
         n: usize,
         d: usize,
-        g: &mut [f32],
-        u: &mut [f32],
-        h: &mut [f32],
+        [g, u, h]: [&mut [f32]; 3],
         y: &mut [f32],
     ) -> Result<()> {
         self.gate_up(e, x, n, d, g, u)?;

@@ -69,7 +69,7 @@ fn check_block(
     let n = ffn_elems(c, t).unwrap();
     let (mut g, mut u, mut h) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
     block
-        .forward(m, xn, t, d, &mut s, &mut g, &mut u, &mut h)
+        .forward(m, xn, t, d, &mut s, [&mut g[..], &mut u[..], &mut h[..]])
         .unwrap();
     // Errors relative to the largest output (plus one): single outputs that nearly
     // cancel carry the rounding of the large terms they sum.
@@ -85,7 +85,7 @@ fn check_block(
     for r in 0..t {
         let x = &xn[r * d..(r + 1) * d];
         block
-            .forward(m, x, 1, d, &mut s, &mut g, &mut u, &mut h)
+            .forward(m, x, 1, d, &mut s, [&mut g[..], &mut u[..], &mut h[..]])
             .unwrap();
         let e = worst(&s.acc[..d], &want[r * d..(r + 1) * d]);
         assert!(e <= tol, "row {r}: error {e}");

@@ -19,7 +19,7 @@ mod proxy;
 
 use crate::args::Args;
 use crate::routes::{authorize, Auth};
-use crate::{cors, listen, shutdown_signal, AnyResult};
+use crate::{cors, listen, AnyResult};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{Method, StatusCode};
@@ -153,43 +153,19 @@ pub fn serve(args: Args, auth: Arc<Auth>, hosts: Vec<String>) -> AnyResult<()> {
             load_in_background(&pool, id);
         }
         let app = routes(state.clone(), auth.clone(), &args);
-        let listener = tokio::net::TcpListener::bind((hosts[0].as_str(), args.port)).await?;
-        let mut more = Vec::new();
-        let port = listener.local_addr()?.port();
-        for h in &hosts[1..] {
-            more.push(tokio::net::TcpListener::bind((h.as_str(), port)).await?);
-        }
         let limit = match args.models_max {
             0 => "no limit".to_owned(),
             n => format!("at most {n} at once"),
         };
-        eprintln!(
-            "qkv-server: router of {count} models ({limit}; {} API keys) listening on http://{}",
-            auth.keys.len(),
-            listener.local_addr()?
+        let about = format!(
+            "router of {count} models ({limit}; {} API keys)",
+            auth.keys.len()
         );
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let mut others = Vec::new();
-        for l in more {
-            eprintln!("qkv-server: also listening on http://{}", l.local_addr()?);
-            let mut rx = stop_rx.clone();
-            let app = app.clone();
-            others.push(tokio::spawn(async move {
-                listen::serve(l, app, async move {
-                    rx.wait_for(|stop| *stop).await.ok();
-                })
-                .await
-            }));
-        }
-        listen::serve(listener, app, async move {
-            shutdown_signal().await;
-            stop_tx.send(true).ok();
+        listen::serve_all(&hosts, args.port, app, &about, async {
+            listen::shutdown_signal().await;
             eprintln!("qkv-server: shutting down the router and its instances");
         })
         .await?;
-        for o in others {
-            o.await??;
-        }
         eprintln!("qkv-server: stopped");
         Ok(())
     })
