@@ -104,13 +104,15 @@ def ensure_test_deps():
              *TEST_DEPS])
 
 
-def run_suite(backend, server, model, stand_ins, tests, files, out: Path, keyword, nodes=None):
-    """Runs pytest for `backend`, leaving its junit XML in `out`."""
+def run_suite(backend, server, model, stand_ins, tests, files, out: Path, keyword, nodes=None,
+              port=None):
+    """Runs pytest for `backend` (its servers on `port`, else PORTS'), leaving its junit XML in
+    `out`."""
     xml = out / f"{backend}.xml"
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(SHIM), "QKV_SHIM_BACKEND": backend,
            "QKV_SHIM_SERVER": str(server), "QKV_SHIM_MODEL": str(model),
            "QKV_SHIM_MAP": str(stand_ins),
-           "PORT": PORTS[backend],
+           "PORT": str(port or PORTS[backend]),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tools"),
                                                       os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "pytest", "-m", "not slow", "-p", "no:cacheprovider",
@@ -173,6 +175,9 @@ def main():
                     help="print the table from the XML already in --out, running nothing")
     ap.add_argument("--qkv-server", default=None,
                     help="a qkv-server binary to test instead of building this checkout's")
+    ap.add_argument("--port-offset", type=int, default=0,
+                    help="added to both backends' ports (18480, 18490), so that two runs (of "
+                         "other files, into another --out) can go at once")
     ap.add_argument("--llama-server", default=None,
                     help="a llama-server binary to run as the control, as it is (no build "
                          "step: for a build another tool keeps, with its own flags)")
@@ -199,8 +204,8 @@ def main():
         nodes = None
         if a.nodes:
             nodes = [n.strip() for n in open(a.nodes) if n.strip()]
-        jobs = [(b, servers[b], model, stand_ins, tests, files, out, a.keyword, nodes)
-                for b in backends]
+        jobs = [(b, servers[b], model, stand_ins, tests, files, out, a.keyword, nodes,
+                 int(PORTS[b]) + a.port_offset) for b in backends]
         if a.sequential:
             for j in jobs:
                 run_suite(*j)
