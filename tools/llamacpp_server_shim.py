@@ -6,14 +6,17 @@ QKV_SHIM_SERVER (qkv-server, or llama-server itself as the control; QKV_SHIM_BAC
 which, for the log), with the command line the tests wrote, unchanged but for the model's
 source: nothing can be downloaded here, so `--hf-repo`, `--hf-file`, `--model-url` and
 `--model` (and their short forms) become one `--model QKV_SHIM_MODEL`, the local file both
-servers run (the default SmolLM2-135M-Instruct Q4_1). qkv-server reads llama-server's flags
+servers run. That file is the stand-in QKV_SHIM_MAP names for the repository asked for (a JSON
+map that tools/llamacpp_suite_models.py writes: a LoRA base, an infill-capable model), else
+QKV_SHIM_MODEL (the default SmolLM2-135M-Instruct Q4_1). qkv-server reads llama-server's flags
 itself: there is no mapping here.
 
 A router started with no model and no `--models-dir`/`--models-preset` serves llama-server's
 download cache; here the cache is stood in for by a preset file that names the models the
-router tests ask for (ROUTER_CACHE), each the same local file.
+router tests ask for (ROUTER_CACHE), each its stand-in, for both servers alike.
 """
 
+import json
 import os
 import sys
 import tempfile
@@ -27,15 +30,37 @@ def log(msg):
     print(f"shim: {msg}", file=sys.stderr, flush=True)
 
 
+REPO_FLAGS = {"--hf-repo", "-hf", "-hfr"}
+
+
+def stand_ins():
+    """{repository: local file} from QKV_SHIM_MAP (empty without it)."""
+    path = os.environ.get("QKV_SHIM_MAP")
+    if not path:
+        return {}
+    with open(path) as f:
+        return json.load(f).get("repos", {})
+
+
+def stand_in(repo, model):
+    """The local file for a repository (its `:QUANT` tag aside), else `model`."""
+    if repo is None:
+        return model
+    return stand_ins().get(repo.split(":")[0], model)
+
+
 def with_local_model(argv, model):
-    """`argv` with its model flags replaced by one `--model model` (none when it had none)."""
+    """`argv` with its model flags replaced by one `--model FILE` (none when it had none):
+    the stand-in of the `--hf-repo` it names, else `model`."""
+    repo = next((argv[i + 1] for i in range(len(argv) - 1) if argv[i] in REPO_FLAGS), None)
+    local = stand_in(repo, model)
     args, has_model, i = [], False, 0
     while i < len(argv):
         flag = argv[i]
         if flag in MODEL_FLAGS and i + 1 < len(argv):
-            log(f"{flag} {argv[i + 1]} -> --model {model}")
+            log(f"{flag} {argv[i + 1]} -> --model {local}")
             if not has_model:
-                args += ["--model", model]
+                args += ["--model", local]
                 has_model = True
             i += 2
             continue
@@ -56,7 +81,7 @@ def with_stand_in_cache(args, model):
     fd, path = tempfile.mkstemp(prefix="qkv-shim-cache-", suffix=".ini")
     with os.fdopen(fd, "w") as f:
         for name in ROUTER_CACHE:
-            f.write(f"[{name}]\nmodel = {model}\n\n")
+            f.write(f"[{name}]\nmodel = {stand_in(name, model)}\n\n")
     log(f"router over the download cache -> --models-preset {path}")
     return args + ["--models-preset", path]
 
@@ -67,9 +92,7 @@ def main():
     model = os.environ.get("QKV_SHIM_MODEL")
     if backend not in ("qkv", "llama") or not server or not model:
         sys.exit("shim: set QKV_SHIM_BACKEND (qkv or llama), QKV_SHIM_SERVER and QKV_SHIM_MODEL")
-    args = with_local_model(sys.argv[1:], model)
-    if backend == "qkv":
-        args = with_stand_in_cache(args, model)
+    args = with_stand_in_cache(with_local_model(sys.argv[1:], model), model)
     log(f"exec {server} {' '.join(args)}")
     os.execv(server, [server, *args])
 

@@ -5,27 +5,35 @@ prints the per-file pass/fail table of both.
 
     python3 tools/llamacpp_server_suite.py [--files test_basic,test_completion,...]
         [--backends qkv,llama] [-k EXPR] [--nodes FILE] [--out DIR] [--qkv-server PATH]
-        [--sequential] [--report-only]
+        [--sequential] [--report-only] [--llama-server PATH]
 
 What it does, each step cached:
 1. llama.cpp: the sdist unpacked under $QKV_CACHE/llamacpp (as tools/peers.py
    leaves it; fetched with pip when missing), and, when the llama backend runs, its
-   `llama-server` target built once into the same build directory (cmake, Release, -DLLAMA_BUILD_SERVER=ON, no web UI, -j2, nice).
+   `llama-server` target built once into the same build directory (tools/peers.py's
+   build_llamacpp: Release, -DLLAMA_BUILD_SERVER=ON, no web UI, -j2, nice), unless
+   --llama-server names a binary to run as it is.
 2. qkv: `cargo build --release --bin qkv-server` (honours CARGO_TARGET_DIR).
 3. The tests' Python dependencies (pytest, wget, prometheus-client) with pip when missing.
-4. For each backend, pytest on the suite's files (`-m "not slow"`) with LLAMA_SERVER_BIN_PATH
+4. The local stand-ins for the models the tests download (tools/llamacpp_suite_models.py:
+   a LoRA base and its adapter, a draft model, an infill-capable model), built once.
+5. For each backend, pytest on the suite's files (`-m "not slow"`) with LLAMA_SERVER_BIN_PATH
    set to tools/llamacpp_server_shim.py, which execs the backend with the tests' own
-   command line, the model's download replaced by the local SmolLM2-135M Instruct Q4_1 file
-   (every preset: nothing can be downloaded here). Both backends run at
-   once, on their own ports; tools/llamacpp_suite_plugin.py gives each server 300 s to
-   start instead of 60 (llama-server's load is slow on a busy machine at nice 19).
-5. The table: per file, passed / failed (/ skipped) for both; then the tests that pass on
+   command line, the model's download replaced by its stand-in, else by the local
+   SmolLM2-135M Instruct Q4_1 file (nothing can be downloaded here). Both backends run at
+   once, on their own ports, with the same files; tools/llamacpp_suite_plugin.py gives each
+   server 300 s to start instead of 60 (llama-server's load is slow on a busy machine at
+   nice 19) and hands the tests' own downloads (an adapter, a draft) their stand-ins.
+6. The table: per file, passed / failed (/ skipped) for both; then the tests that pass on
    llama-server and fail on qkv-server. Each backend's junit XML is kept in --out.
 
-The default files are issue 31's targets and, from issue 50, test_rerank (whose preset
+The default files are issue 31's targets and issue 50's: test_rerank (whose preset
 reranker is replaced by the local decoder too, so its ordering and token-count tests measure
 a model that is not a reranker: they expect jina-reranker-v1-tiny's order and token
-counts). Exit status 0 whatever the counts: this is a report, not a gate.
+counts), test_router, test_lora, test_slot_save, test_infill, test_ctx_shift,
+test_kv_keep_only_active, test_sleep, test_speculative and test_stream. The stand-ins are
+random-weight models, so a test that expects the downloaded model's words fails on both
+servers. Exit status 0 whatever the counts: this is a report, not a gate.
 """
 
 import argparse
@@ -38,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llamacpp_suite_models  # noqa: E402
 import peers  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +55,9 @@ SHIM = REPO / "tools" / "llamacpp_server_shim.py"
 TARGET_FILES = ("test_basic", "test_completion", "test_chat_completion", "test_tokenize",
                 "test_security", "test_ignore_eos", "test_metrics", "test_embedding",
                 "test_tool_call", "test_template", "test_compat_anthropic",
-                "test_compat_oai_responses", "test_rerank", "test_router")
+                "test_compat_oai_responses", "test_rerank", "test_router",
+                "test_lora", "test_slot_save", "test_infill", "test_ctx_shift",
+                "test_kv_keep_only_active", "test_sleep", "test_speculative", "test_stream")
 TEST_DEPS = ("pytest==8.3.5", "wget==3.2", "prometheus-client==0.20.0", "filelock", "requests")
 # Ports of their own, away from the 8080 the tests default to (other servers may run there).
 PORTS = {"llama": "18480", "qkv": "18490"}
@@ -93,12 +104,15 @@ def ensure_test_deps():
              *TEST_DEPS])
 
 
-def run_suite(backend, server, model, tests, files, out: Path, keyword, nodes=None):
-    """Runs pytest for `backend`, leaving its junit XML in `out`."""
+def run_suite(backend, server, model, stand_ins, tests, files, out: Path, keyword, nodes=None,
+              port=None):
+    """Runs pytest for `backend` (its servers on `port`, else PORTS'), leaving its junit XML in
+    `out`."""
     xml = out / f"{backend}.xml"
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(SHIM), "QKV_SHIM_BACKEND": backend,
            "QKV_SHIM_SERVER": str(server), "QKV_SHIM_MODEL": str(model),
-           "PORT": PORTS[backend],
+           "QKV_SHIM_MAP": str(stand_ins),
+           "PORT": str(port or PORTS[backend]),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tools"),
                                                       os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, "-m", "pytest", "-m", "not slow", "-p", "no:cacheprovider",
@@ -161,6 +175,12 @@ def main():
                     help="print the table from the XML already in --out, running nothing")
     ap.add_argument("--qkv-server", default=None,
                     help="a qkv-server binary to test instead of building this checkout's")
+    ap.add_argument("--port-offset", type=int, default=0,
+                    help="added to both backends' ports (18480, 18490), so that two runs (of "
+                         "other files, into another --out) can go at once")
+    ap.add_argument("--llama-server", default=None,
+                    help="a llama-server binary to run as the control, as it is (no build "
+                         "step: for a build another tool keeps, with its own flags)")
     a = ap.parse_args()
     cache = cache_dir()
     files = [f.strip().removesuffix(".py") for f in a.files.split(",") if f.strip()]
@@ -171,16 +191,21 @@ def main():
     out = Path(a.out) if a.out else cache / "llamacpp_server_suite"
     out.mkdir(parents=True, exist_ok=True)
     if not a.report_only:
-        llama, src = ensure_llama_server(cache / "llamacpp", "llama" in backends)
+        build_it = "llama" in backends and a.llama_server is None
+        llama, src = ensure_llama_server(cache / "llamacpp", build_it)
+        if a.llama_server:
+            llama = Path(a.llama_server)
         tests = src / "tools" / "server" / "tests"
         servers = {"llama": llama}
         if "qkv" in backends:
             servers["qkv"] = Path(a.qkv_server) if a.qkv_server else ensure_qkv_server()
         ensure_test_deps()
+        stand_ins = llamacpp_suite_models.ensure()
         nodes = None
         if a.nodes:
             nodes = [n.strip() for n in open(a.nodes) if n.strip()]
-        jobs = [(b, servers[b], model, tests, files, out, a.keyword, nodes) for b in backends]
+        jobs = [(b, servers[b], model, stand_ins, tests, files, out, a.keyword, nodes,
+                 int(PORTS[b]) + a.port_offset) for b in backends]
         if a.sequential:
             for j in jobs:
                 run_suite(*j)
