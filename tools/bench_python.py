@@ -389,7 +389,7 @@ def embed_rows(model_dir: str, lib: Path | None, args) -> None:
                 peer_rates.append(got["texts_per_s"])
                 theirs = np.asarray(got["vectors"], dtype=np.float32)
     q = statistics.median(rates)
-    line = f"embeddings ({len(texts)} texts, {Path(model_dir).name}): qkv {q:.1f} texts/s"
+    line = f"embeddings ({len(texts)} texts, {model_dir}): qkv {q:.1f} texts/s"
     if peer_rates and theirs is not None and mine is not None:
         p = statistics.median(peer_rates)
         a = mine / np.linalg.norm(mine, axis=1, keepdims=True)
