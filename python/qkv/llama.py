@@ -184,7 +184,7 @@ class Llama(_Generator):
     for :meth:`create_embedding`.
 
     ``n_ctx`` is the KV cache's length (0: the model's context), ``n_threads`` the compute
-    threads (set once per process), ``act_bits`` 16 (exact) or 8 (faster prompts),
+    threads (set once per process), ``act_bits`` 8 (the default, as ``decode``'s) or 16 (exact, slower prompts),
     ``kv_type`` ``"f16"``, ``"f32"`` or ``"q8_0"``.
 
     >>> import qkv
