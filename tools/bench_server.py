@@ -4,6 +4,8 @@
     python3 tools/bench_server.py [--streams 1,4,16,64] [--rounds 2] [--model GGUF]
                                   [--qkv-args "--step-tokens 128"] [--json-out FILE]
                                   [--only qkv|llama] [--no-build]
+                                  [--spec off,ngram,draft [--model-draft GGUF] [--spec-max N]
+                                   [--prompt-style open|copy]]
 
 Both servers load the same file (default: the default model, Q4_1) with 2 threads, 512
 positions per sequence and as many parallel sequences as the largest stream count (llama-
@@ -18,6 +20,15 @@ llama.cpp source that tools/peers.py unpacks; qkv-server is built with
 `cargo build --release` into $CARGO_TARGET_DIR (or target/) unless --no-build.
 
 Neither server is given a model name: the load generator asks each one's `/v1/models`.
+
+With `--spec`, qkv-server alone runs, once per listed setting in every round (the order
+turning by one each round, so that none always runs first): `off` (no speculation), `ngram`
+(`--spec ngram`: drafts looked up in each sequence's own text) and `draft` (`--model-draft
+FILE --spec draft`: a second model of the vocabulary drafts). The table then gives, per stream
+count and setting, the aggregate tokens/s and its ratio to the first setting (list `off`
+first), the latencies, and the drafted and kept tokens the server's `/metrics` counted during
+the run. `--prompt-style copy` asks the load generator for prompts that end by starting to
+repeat their own text, which drafts can follow; `open` (the default) for plain continuations.
 
 Paused runs are run again. This machine is shared, and other benchmarks stop niced
 processes (SIGSTOP) while they run; a stopped server or load generator makes latencies
@@ -80,8 +91,22 @@ def ensure_llama_server(lc: Path) -> Path:
     return b.build_llamacpp(lc, ["llama-server"], b.SERVER_CMAKE) / "llama-server"
 
 
+def spec_args(setting, model_draft, spec_max):
+    """qkv-server's flags for a `--spec` setting."""
+    extra = ["--spec-max", str(spec_max)] if spec_max else []
+    if setting == "off":
+        return ["--spec", "off"]
+    if setting == "ngram":
+        return ["--spec", "ngram", *extra]
+    if setting == "draft":
+        if not model_draft:
+            sys.exit("--spec draft needs --model-draft FILE")
+        return ["--model-draft", str(model_draft), "--spec", "draft", *extra]
+    sys.exit(f"--spec {setting}: off, ngram or draft")
+
+
 def start(kind, exe, model, slots, port, qkv_args=()):
-    if kind == "qkv":
+    if kind.startswith("qkv"):
         cmd = [exe, "--model", model, "--port", str(port), "--threads", "2", "--ctx", "512",
                "--max-sequences", str(slots), "--queue", str(4 * slots), *qkv_args]
     else:
@@ -159,16 +184,35 @@ class Watch:
 NEXT_PROMPT = [0]
 
 
-def load(port, streams, pid=None, retries=0, stats=None, max_other=float("inf")):
+def spec_counters(port):
+    """qkv-server's speculation counters (tokens drafted, of those kept) from `/metrics`, or
+    zeros from a server that has none."""
+    import urllib.request
+
+    want = {"qkv_spec_draft_tokens_total": 0, "qkv_spec_accepted_tokens_total": 0}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                name, _, value = line.partition(" ")
+                if name in want:
+                    want[name] = float(value)
+    except OSError:
+        pass
+    return want["qkv_spec_draft_tokens_total"], want["qkv_spec_accepted_tokens_total"]
+
+
+def load(port, streams, pid=None, retries=0, stats=None, max_other=float("inf"),
+         style="open"):
     for attempt in range(retries + 1):
         first = NEXT_PROMPT[0]
         NEXT_PROMPT[0] += streams
+        drafted0, kept0 = spec_counters(port)
         watch = Watch(pid) if pid else None
         out = subprocess.run(
             [sys.executable, str(ROOT / "tools/server_load.py"), "--base-url",
              f"http://127.0.0.1:{port}/v1", "--streams", str(streams),
              "--prompt-tokens", "128", "--max-tokens", "128", "--first-prompt", str(first),
-             "--json"],
+             "--prompt-style", style, "--json"],
             capture_output=True, text=True, timeout=1800)
         other = watch.other_cores() if watch else 0.0
         paused = watch.stop() if watch else False
@@ -184,6 +228,8 @@ def load(port, streams, pid=None, retries=0, stats=None, max_other=float("inf"))
     r = json.loads(out.stdout)
     r["paused"] = paused
     r["other_cores"] = other
+    drafted1, kept1 = spec_counters(port)
+    r["drafted"], r["kept"] = drafted1 - drafted0, kept1 - kept0
     return r
 
 
@@ -199,6 +245,13 @@ def main():
                     help="repeat a run where other processes averaged more cores than this")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--spec", help="compare qkv-server's speculation settings instead of the "
+                    "two servers: a comma list of off, ngram, draft (the first is the "
+                    "baseline of the ratios)")
+    ap.add_argument("--model-draft", type=Path, help="the draft model of --spec draft")
+    ap.add_argument("--spec-max", type=int, help="most tokens per draft (qkv's --spec-max)")
+    ap.add_argument("--prompt-style", choices=["open", "copy"], default="open",
+                    help="plain continuations, or prompts that start repeating themselves")
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     cache = b.cache_dir()
@@ -207,28 +260,39 @@ def main():
         subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "qkv-server"],
                        cwd=ROOT, check=True)
     target = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target")
-    exes = {"qkv": target / "release/qkv-server",
-            "llama": ensure_llama_server(cache / "llamacpp")}
-    if args.only:
-        exes = {args.only: exes[args.only]}
     qkv_args = args.qkv_args.split()
+    extra = {}
+    if args.spec:
+        settings = args.spec.split(",")
+        extra = {f"qkv-{s}": spec_args(s, args.model_draft, args.spec_max) for s in settings}
+        exes = {k: target / "release/qkv-server" for k in extra}
+    else:
+        exes = {"qkv": target / "release/qkv-server",
+                "llama": ensure_llama_server(cache / "llamacpp")}
+        if args.only:
+            exes = {args.only: exes[args.only]}
+    kinds = list(exes)
     stats = {"repeated": 0}
     results = {(k, s): [] for k in exes for s in streams}
     for rnd in range(args.rounds):
-        order = [k for k in (["qkv", "llama"] if rnd % 2 == 0 else ["llama", "qkv"])
-                 if k in exes]
+        # Each round starts with the next server (or setting), so none always runs first.
+        order = kinds[rnd % len(kinds):] + kinds[:rnd % len(kinds)]
         for kind in order:
             port = free_port()
-            proc = start(kind, exes[kind], model, max(streams), port, qkv_args)
+            proc = start(kind, exes[kind], model, max(streams), port,
+                         qkv_args + extra.get(kind, []))
             NEXT_PROMPT[0] = 0
             try:
-                load(port, 1)  # warm-up
+                load(port, 1, style=args.prompt_style)  # warm-up
                 for s in streams:
-                    r = load(port, s, proc.pid, args.retries, stats, args.max_other)
+                    r = load(port, s, proc.pid, args.retries, stats, args.max_other,
+                             args.prompt_style)
                     results[(kind, s)].append(r)
                     log(f"round {rnd + 1} {kind} {s} streams: {r['tok_s']:.1f} tok/s, "
                         f"TTFT p50/p99 {r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms, "
                         f"ITL p50/p99 {r['itl_p50_ms']:.1f}/{r['itl_p99_ms']:.1f} ms"
+                        + (f", drafted {r['drafted']:.0f} kept {r['kept']:.0f}"
+                           if r["drafted"] else "")
                         + f", other processes {r['other_cores']:.2f} cores"
                         + (" (paused)" if r["paused"] else ""))
             finally:
@@ -248,6 +312,25 @@ def main():
                        for r in rs]), indent=1))
     print(f"model {model.name}; medians of {args.rounds} rounds; runs repeated (paused or "
           f"busy host): {stats['repeated']}")
+    if args.spec:
+        base = kinds[0]
+        print(f"prompts: {args.prompt_style}; ratios against {base}; drafted and kept: "
+              "medians per run")
+        print("| streams | setting | tok/s | / " + base + " | TTFT p50 ms | ITL p50/p99 ms | "
+              "drafted | kept | other cores |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for s in streams:
+            for k in kinds:
+                # The ratio of each round's pair, then their median: the runs of one round
+                # met the same host.
+                ratio = statistics.median(
+                    r["tok_s"] / b0["tok_s"]
+                    for r, b0 in zip(results[(k, s)], results[(base, s)]))
+                print(f"| {s} | {k[4:]} | {med(k, s, 'tok_s'):.1f} | {ratio:.2f}× | "
+                      f"{med(k, s, 'ttft_p50_ms'):.0f} | {med(k, s, 'itl_p50_ms'):.1f} / "
+                      f"{med(k, s, 'itl_p99_ms'):.1f} | {med(k, s, 'drafted'):.0f} | "
+                      f"{med(k, s, 'kept'):.0f} | {med(k, s, 'other_cores'):.2f} |")
+        return
     if args.only:
         print("| streams | tok/s | TTFT p50/p99 ms | ITL p50/p99 ms | other cores |")
         print("|---|---|---|---|---|")

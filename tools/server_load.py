@@ -3,6 +3,7 @@
 
     python3 tools/server_load.py --base-url http://127.0.0.1:8080/v1 --streams 16 \
         [--requests 2] [--prompt-tokens 128] [--max-tokens 128] [--model NAME] [--json]
+        [--prompt-style open|copy]
 
 `--streams` clients run at once, each sending `--requests` streamed completions one after the
 other (a closed loop), with prompts of about `--prompt-tokens` tokens cut from CPython's
@@ -32,16 +33,24 @@ def words():
     return text.split()
 
 
-def prompts(n, prompt_tokens, first=0):
+def prompts(n, prompt_tokens, first=0, style="open"):
     """`n` distinct prompts of about `prompt_tokens` tokens (~0.75 words per token), slices
-    `first..first + n` of the text; past its end, the slices wrap round."""
+    `first..first + n` of the text; past its end, the slices wrap round. With `style`
+    "copy", each slice is followed by a blank line and its own first quarter, so that the
+    text goes on by repeating itself (what speculative decoding's drafts can follow)."""
     w = words()
     per = max(1, int(prompt_tokens * 0.75))
     slices = len(w) // per
     if slices == 0:
         sys.exit("the prompt text is shorter than one prompt")
-    return [" ".join(w[(i % slices) * per:(i % slices + 1) * per])
-            for i in range(first, first + n)]
+    out = []
+    for i in range(first, first + n):
+        piece = w[(i % slices) * per:(i % slices + 1) * per]
+        text = " ".join(piece)
+        if style == "copy":
+            text += "\n\n" + " ".join(piece[:max(1, per // 4)])
+        out.append(text)
+    return out
 
 
 def percentile(xs, p):
@@ -81,7 +90,8 @@ async def run(args):
     model = args.model
     if model is None:
         model = (await client.models.list()).data[0].id
-    ps = prompts(args.streams * args.requests, args.prompt_tokens, args.first_prompt)
+    ps = prompts(args.streams * args.requests, args.prompt_tokens, args.first_prompt,
+                 args.prompt_style)
 
     async def worker(i):
         out = []
@@ -118,6 +128,9 @@ def main():
     ap.add_argument("--first-prompt", type=int, default=0,
                     help="the first slice of the text to use (a run's prompts are the next "
                          "streams × requests slices)")
+    ap.add_argument("--prompt-style", choices=["open", "copy"], default="open",
+                    help="plain slices of the text, or slices followed by their own start "
+                         "(the continuation repeats them)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
