@@ -24,6 +24,9 @@
 #[path = "../../server/src/bin/qkv-server/chat.rs"]
 mod chat;
 #[allow(dead_code)]
+#[path = "../../server/src/bin/qkv-server/generation.rs"]
+mod generation;
+#[allow(dead_code)]
 #[path = "../../server/src/bin/qkv-server/metrics.rs"]
 mod metrics;
 #[allow(dead_code)]
@@ -242,18 +245,18 @@ fuzz_target!(|data: &[u8]| {
         _ => vec![256, 72, 105, 257],
     };
     for (kind, params) in [
-        (openai::Kind::Chat, chat_params),
-        (openai::Kind::Completion, legacy_params),
+        (generation::Kind::Chat, chat_params),
+        (generation::Kind::Completion, legacy_params),
     ] {
         let Ok(params) = params else { continue };
         // The chat route's prompt and constraint, when its fields are accepted.
         let (prompt, post) = match kind {
-            openai::Kind::Chat => match chat::prepare(&state, &body) {
+            generation::Kind::Chat => match chat::prepare(&state, &body) {
                 Ok((ids, post)) if !ids.is_empty() && ids.len() < CONTEXT => (ids, post),
                 Ok(_) => continue,
                 Err(_) => (prompt.clone(), chat::Post::default()),
             },
-            openai::Kind::Completion => match chat::completion_post(&state, &body) {
+            generation::Kind::Completion => match chat::completion_post(&state, &body) {
                 Ok(post) => (prompt.clone(), post),
                 Err(_) => continue,
             },
